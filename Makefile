@@ -1,0 +1,30 @@
+# make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
+# make test  -> set up .venv if missing, then run the test suite
+# make setup -> only the install;  make bench -> the aggregation benchmark
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.gvq-installed
+
+.PHONY: setup run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) cli.py
+
+test: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -ra
+
+bench: $(STAMP)
+	$(PY) -m gvq.bench aggregate
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,150 @@
+"""Aggregators: what the training loop calls to turn per-rank gradients into their mean.
+
+An aggregator owns the flat gradient buffer and the transport; :meth:`Aggregator.aggregate` overwrites
+every ``param.grad`` with the mean over ranks and returns the iteration's measurements
+(``compress_s``, ``decompress_s``, ``wire_s``, ``bytes_sent`` and aggregator-specific columns).
+Aggregators are built by ``hydra.utils.instantiate(cfg.aggregator)`` and bound to the run with
+:meth:`setup`; the training loop knows nothing about any particular one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import ring
+from .comm import P2P
+from .compressors.base import Compressor, split_on_cuts
+
+TOPOLOGIES = ("ring", "allgather", "ps")
+
+
+@dataclass
+class RunContext:
+    """What an aggregator needs to know about the run it is bound to."""
+    rank: int
+    world_size: int
+    seed: int = 0
+    timeout_s: float = 60.0
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+    cfg: dict | None = None        # the resolved run config, for aggregators with run-level knobs
+
+
+class Aggregator:
+    """Base: flatten grads, sum them over ranks with :meth:`allreduce_`, divide by N, write back."""
+
+    #: extra per-iteration CSV columns this aggregator reports (values: rank 0's)
+    extra_fields: tuple[str, ...] = ()
+    name = "aggregator"
+
+    def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.ctx = ctx
+        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
+        self.clock = ring.Clock()
+
+    def flatten(self) -> torch.Tensor:
+        return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    def unflatten(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
+            offset += n
+
+    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
+        raise NotImplementedError
+
+    def measure(self, flat: torch.Tensor) -> dict:
+        """Untimed per-iteration measurements on this rank's own gradient (before aggregation)."""
+        return {}
+
+    def aggregate(self, iteration: int) -> dict:
+        """Replace every grad by the mean over ranks; ``aggregate_s`` excludes :meth:`measure`."""
+        self.p2p.reset()
+        self.clock = ring.Clock()
+        t0 = time.perf_counter()
+        flat = self.flatten()
+        t_flat = time.perf_counter() - t0
+        extra = self.measure(flat)
+        t0 = time.perf_counter()
+        extra.update(self.allreduce_(flat, iteration) or {})
+        flat.div_(self.ctx.world_size)
+        self.unflatten(flat)
+        return {"aggregate_s": t_flat + time.perf_counter() - t0,
+                "compress_s": self.clock.get("compress"), "decompress_s": self.clock.get("decompress"),
+                "wire_s": self.p2p.wire_s, "bytes_sent": self.p2p.bytes_sent, **extra}
+
+    def close(self) -> None:
+        if hasattr(self, "p2p"):
+            self.p2p.close()
+
+
+class RingAllReduce(Aggregator):
+    """(a) Uncompressed ring all-reduce over N equal segments (the baseline)."""
+
+    name = "rar"
+
+    def allreduce_(self, flat, iteration):
+        segs = [slice(int(c[0]), int(c[-1]) + 1) if len(c) else slice(0, 0)
+                for c in torch.arange(flat.numel()).tensor_split(self.ctx.world_size)]
+        segs = _fix_empty(segs)
+        ring.allreduce_(flat, segs, self.p2p)
+
+
+def _fix_empty(segs: list[slice]) -> list[slice]:
+    """Give empty segments a position (the end of the previous one), so slicing stays valid."""
+    out, last = [], 0
+    for s in segs:
+        s = s if s.stop > s.start else slice(last, last)
+        out.append(s)
+        last = s.stop
+    return out
+
+
+class CompressedAggregator(Aggregator):
+    """A compressor on a topology: ``ring`` picks mode (b) for additive compressors, else (c);
+    ``allgather`` / ``ps`` is mode (d).  Logs rank 0's relative compression error per iteration."""
+
+    extra_fields = ("compression_error",)
+
+    def __init__(self, compressor: Compressor, topology: str = "ring"):
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"aggregator.topology={topology!r}: must be one of {', '.join(TOPOLOGIES)}")
+        self.compressor, self.topology = compressor, topology
+        self.name = getattr(compressor, "name", type(compressor).__name__)
+
+    def setup(self, params, ctx):
+        super().setup(params, ctx)
+        if hasattr(self.compressor, "reseed"):
+            self.compressor.reseed(ctx.seed * 1000 + ctx.rank)
+        self._segs: tuple[int, list[slice]] | None = None
+
+    def segments(self, numel: int) -> list[slice]:
+        if self._segs is None or self._segs[0] != numel:
+            self._segs = (numel, split_on_cuts(self.compressor.cuts(numel), self.ctx.world_size))
+        return self._segs[1]
+
+    def measure(self, flat):
+        # every rank pays the same cost, so no rank waits for rank 0's measurement
+        return {"compression_error": self.local_error(flat)}
+
+    def allreduce_(self, flat, iteration):
+        comp = self.compressor
+        if self.topology != "ring":
+            ring.gather_allreduce_(flat, comp, self.p2p, self.clock, self.topology)
+        elif comp.additive:
+            ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)
+        else:
+            ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)
+
+    def local_error(self, flat: torch.Tensor) -> float:
+        """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""
+        whole = slice(0, flat.numel())
+        with torch.no_grad():
+            q = self.compressor.decompress(self.compressor.compress(flat, whole), whole)
+            denom = float(flat.pow(2).sum())
+            return float((q - flat).pow(2).sum()) / denom if denom > 0 else 0.0

@@ -1,0 +1,79 @@
+"""The compressor seam: what a gradient compressor must offer the ring engine.
+
+A compressor turns a contiguous piece (a *segment*) of the flat gradient into a payload, the tensor that
+really travels on the wire, and back.  The engine never looks inside a payload; it only needs
+
+* ``additive``: whether payloads of the same segment can be summed in the compressed domain
+  (``decompress(compress(a, seg) + compress(b, seg), seg) == a + b`` up to the compressor's own loss, as
+  for linear maps such as GradiVeQ or a random projection).  The ring engine picks its hop from it:
+  additive => sum payloads and decompress once (Algorithm 1 of GradiVeQ); otherwise
+  decompress-add-recompress at every hop (the papers' QSGD-RAR).
+* ``cuts(numel)``: the offsets where a segment may start or end (whole buckets, whole slices), so that
+  every segment is made of whole compression units;
+* ``payload_spec(seg)``: dtype and length of the payload of a segment, so that a receiver can post its
+  receive before the sender has compressed anything (fixed-size formats only: no size headers travel).
+
+Positions are passed as a ``slice`` of the flat gradient because some compressors (GradiVeQ) hold
+position-dependent state (one PCA basis per conv layer); position-free ones (QSGD) ignore it.
+Horovod's ``Compressor`` (``compress -> (tensor, ctx)``) is the model: what does not travel stays local.
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+from torch import Tensor
+
+
+class Compressor:
+    """Base class; subclasses override ``compress`` / ``decompress`` / ``payload_spec``."""
+
+    #: payloads can be summed elementwise in the compressed domain (linear compressors)
+    additive: bool = False
+    #: payloads are random (stochastic rounding): the engine seeds per rank and iteration
+    stochastic: bool = False
+    #: short name used in logs
+    name: str = "identity"
+
+    def cuts(self, numel: int) -> list[int]:
+        """Allowed segment boundaries in ``[0, numel]``, sorted, including both ends."""
+        return list(range(numel + 1))
+
+    def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
+        """(dtype, number of elements) of the payload of ``seg``."""
+        return torch.float32, seg.stop - seg.start
+
+    def compress(self, x: Tensor, seg: slice) -> Tensor:
+        return x.clone()
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        return payload.clone()
+
+    # -- helpers the engine uses; rarely overridden ---------------------------------------------
+    def empty_payload(self, seg: slice) -> Tensor:
+        dtype, n = self.payload_spec(seg)
+        return torch.empty(n, dtype=dtype)
+
+    def payload_nbytes(self, seg: slice) -> int:
+        dtype, n = self.payload_spec(seg)
+        return n * torch.empty((), dtype=dtype).element_size()
+
+    def ratio(self, numel: int) -> float:
+        """Achieved compression ratio on a whole vector of ``numel`` fp32 values (bytes in / bytes out)."""
+        whole = slice(0, numel)
+        return 4.0 * numel / max(1, self.payload_nbytes(whole))
+
+
+def split_on_cuts(cuts: list[int], n: int) -> list[slice]:
+    """Split ``[0, cuts[-1]]`` into ``n`` contiguous segments whose ends lie on ``cuts``, as equal in
+    size as the cuts allow.  Segments may be empty (fewer units than ranks)."""
+    numel = cuts[-1]
+    bounds = [0]
+    for i in range(1, n):
+        target = numel * i / n
+        # the cut nearest the ideal boundary, never before the previous boundary
+        j = bisect.bisect_left(cuts, target)
+        near = min((c for c in cuts[max(0, j - 1): j + 1]), key=lambda c: abs(c - target))
+        bounds.append(max(bounds[-1], near))
+    bounds.append(numel)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]

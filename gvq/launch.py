@@ -1,0 +1,101 @@
+"""Start a run from a composed Hydra config: validate, then spawn ``world_size`` ranks (or, under
+torchrun, become the rank its environment names), rendezvous through a file in the run dir (never a
+fixed port), and turn any rank's failure into a non-zero exit carrying that rank's traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .logs import setup_logging
+from .validate import ConfigError, validate
+
+
+def config_error(msg: str) -> None:
+    print(f"gvq: config error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Fail fast, with one line and no traceback, on values only the code can judge."""
+    try:
+        validate(cfg)
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device=cuda: no CUDA device is visible here; use device=cpu")
+        instantiate(cfg.aggregator, _convert_="object")
+        data = instantiate(cfg.dataset)
+        instantiate(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        config_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except TypeError as e:  # an unknown kwarg in a group, e.g. aggregator.foo=1
+        config_error(str(e).splitlines()[-1])
+
+
+def run_meta(cfg: DictConfig) -> dict:
+    """Names for logs: run dir, wandb group / job_type / name from Hydra's view of this job."""
+    hc = HydraConfig.get()
+    choices = hc.runtime.choices
+    multirun = str(hc.mode) == "RunMode.MULTIRUN"
+    group = cfg.logger.wandb.group or choices.get("experiment") or (
+        Path(hc.sweep.dir).name if multirun else None)
+    name = hc.job.override_dirname or "default"
+    return {"run_dir": hc.runtime.output_dir, "group": group, "name": name,
+            "job_type": choices.get("aggregator"), "overrides": list(hc.overrides.task)}
+
+
+def launch(cfg: DictConfig) -> dict | None:
+    preflight(cfg)
+    meta = run_meta(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun
+        return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://")
+    run_dir = Path(meta["run_dir"])
+    init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
+    try:
+        mp.spawn(worker, args=(plain, meta, init), nprocs=cfg.world_size, join=True)
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        write_failure(run_dir, plain, meta, str(e))
+        print(f"gvq: run failed: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        Path(init[len("file://"):]).unlink(missing_ok=True)
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if summary.exists() else None
+
+
+def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str) -> None:
+    """Record the failure unless rank 0 already wrote a summary."""
+    path = run_dir / "summary.json"
+    first = reason.strip().splitlines()
+    data = {"status": "failed", "reason": first[-1] if first else "unknown", "config": cfg, **meta}
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
+    """Entry of one rank (spawned, or the torchrun process itself)."""
+    torchrun = init_method == "env://"
+    rank = int(os.environ["RANK"]) if torchrun else local_rank
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else cfg["world_size"]
+    setup_logging(rank)
+    torch.set_num_threads(1 if cfg["device"] == "cpu" else torch.get_num_threads())
+    backend = "nccl" if cfg["device"] == "cuda" else "gloo"
+    if cfg["device"] == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    from .train import train  # after init: keeps the spawn import light
+    try:
+        return train(cfg, rank, world, meta["run_dir"], meta)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,99 @@
+"""Rank 0's outputs: ``metrics.csv`` (one row per iteration, flushed per row), wandb, ``summary.json``.
+
+Only rank 0 constructs a :class:`RunLog`; other ranks never touch files or wandb.  wandb gets the resolved
+config, a group (the experiment or the sweep), the run name from the overrides, and metrics namespaced
+``train/``, ``test/``, ``time/``, ``comm/``; :meth:`RunLog.close` always finishes it (call it in
+``finally``), marking the run failed when it was.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+BASE_FIELDS = ("iteration", "epoch", "phase", "compute_s", "aggregate_s", "compress_s", "decompress_s",
+               "wire_s", "bytes_sent", "train_loss", "train_acc", "lr", "wall_s", "test_loss", "test_acc")
+_NAMESPACE = {"train_loss": "train/loss", "train_acc": "train/acc", "lr": "train/lr",
+              "test_loss": "test/loss", "test_acc": "test/acc", "bytes_sent": "comm/bytes_sent",
+              "epoch": "train/epoch"}
+
+log = logging.getLogger("gvq")
+
+
+def setup_logging(rank: int) -> None:
+    """Spawned ranks do not inherit Hydra's logging: configure each one (rank 0 INFO, others WARNING)."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
+                        format=f"[%(asctime)s][rank {rank}][%(levelname)s] %(message)s")
+
+
+def wandb_key(field: str) -> str:
+    if field in _NAMESPACE:
+        return _NAMESPACE[field]
+    if field.endswith("_s"):
+        return f"time/{field}"
+    return f"comm/{field}"
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, fields: tuple[str, ...], cfg: dict, meta: dict):
+        self.run_dir = Path(run_dir)
+        self.fields = tuple(BASE_FIELDS) + tuple(f for f in fields if f not in BASE_FIELDS)
+        self.cfg, self.meta = cfg, meta
+        self._csv = None
+        if cfg["logger"]["csv"]:
+            self._file = open(self.run_dir / "metrics.csv", "w", newline="")
+            self._csv = csv.DictWriter(self._file, fieldnames=self.fields, extrasaction="ignore")
+            self._csv.writeheader()
+            self._file.flush()
+        self.wandb = self._init_wandb()
+
+    def _init_wandb(self):
+        wcfg = self.cfg["logger"]["wandb"]
+        if not wcfg["enabled"] or wcfg["mode"] == "disabled":
+            return None
+        import wandb  # lazily: costs ~1 s and is only needed on rank 0
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(project=wcfg["project"], entity=wcfg["entity"], mode=wcfg["mode"],
+                          dir=str(self.run_dir), config=self.cfg, group=self.meta.get("group"),
+                          job_type=self.meta.get("job_type"), name=self.meta.get("name"),
+                          tags=list(wcfg["tags"]), reinit="finish_previous")
+
+    def row(self, values: dict) -> None:
+        if self._csv is not None:
+            self._csv.writerow({k: _fmt(v) for k, v in values.items()})
+            self._file.flush()
+        if self.wandb is not None:
+            data = {wandb_key(k): v for k, v in values.items()
+                    if k not in ("iteration", "phase") and isinstance(v, (int, float)) and not _nan(v)}
+            self.wandb.log(data, step=int(values["iteration"]))
+
+    def summary(self, summary: dict) -> None:
+        path = self.run_dir / "summary.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        tmp.replace(path)
+        if self.wandb is not None:
+            for k, v in summary.items():
+                if isinstance(v, (int, float, str)):
+                    self.wandb.summary[k] = v
+
+    def close(self, failed: bool = False) -> None:
+        if self._csv is not None:
+            self._file.close()
+            self._csv = None
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=1 if failed else 0)
+            self.wandb = None
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return v

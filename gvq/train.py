@@ -1,0 +1,172 @@
+"""One rank's training loop.  Started by :mod:`gvq.launch` (spawned, or as a torchrun rank).
+
+Each iteration: forward/backward on this rank's shard batch (``compute_s``), then
+``aggregator.aggregate`` replaces every gradient by the mean over ranks (``aggregate_s`` and its
+breakdown), then the optimizer steps.  Per-iteration times are the max over ranks, loss/accuracy the
+mean; rank 0 logs them.  At the end every rank's parameters are compared bitwise: replicas that drift
+apart fail the run.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from .aggregate import RunContext
+from .data import iterate_batches
+from .logs import RunLog
+
+log = logging.getLogger("gvq")
+
+
+def lr_lambda(o: dict, iterations: int):
+    """Multiplier of ``optim.lr`` at iteration ``it``: linear warm-up, then cosine / step / constant."""
+    def f(it: int) -> float:
+        if it < o["warmup_iters"]:
+            return (it + 1) / o["warmup_iters"]
+        if o["schedule"] == "cosine":
+            span = max(1, iterations - o["warmup_iters"])
+            return 0.5 * (1 + math.cos(math.pi * (it - o["warmup_iters"]) / span))
+        if o["schedule"] == "step":
+            return o["gamma"] ** sum(it >= m * iterations for m in o["milestones"])
+        return 1.0
+    return f
+
+
+def build(cfg: dict, rank: int, world: int):
+    """Data, model (identical on all ranks: same seed, then a broadcast), optimizer, aggregator."""
+    torch.manual_seed(cfg["seed"])
+    data = instantiate(cfg["dataset"])
+    model = instantiate(cfg["model"], num_classes=data.num_classes, in_channels=data.in_channels)
+    for t in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(t.data, 0)
+    o = cfg["optim"]
+    opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"],
+                          weight_decay=o["weight_decay"], nesterov=o["nesterov"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, cfg["iterations"]))
+    agg = instantiate(cfg["aggregator"], _convert_="object")
+    net = cfg["net"]
+    agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
+                                                   net["bandwidth_bps"], net["latency_s"], cfg))
+    return data, model, opt, sched, agg
+
+
+@torch.no_grad()
+def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple[float, float]:
+    """Exact test loss/accuracy over the whole test set, each rank scoring a disjoint shard."""
+    for b in model.buffers():          # BN running stats differ per rank: use rank 0's everywhere
+        dist.broadcast(b, 0)
+    model.eval()
+    idx = torch.arange(rank, len(data.y_test), world)
+    tot = torch.zeros(3, dtype=torch.float64)
+    for chunk in idx.split(batch_size):
+        out = model(data.x_test[chunk])
+        y = data.y_test[chunk]
+        tot += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
+                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    dist.all_reduce(tot)
+    model.train()
+    return float(tot[0] / tot[2]), float(tot[1] / tot[2])
+
+
+def reduce_stats(stats: dict, max_keys: tuple[str, ...], mean_keys: tuple[str, ...]) -> dict:
+    """Times/bytes: max over ranks; loss/accuracy: mean over ranks; anything else: rank 0's."""
+    mx = torch.tensor([float(stats[k]) for k in max_keys], dtype=torch.float64)
+    mn = torch.tensor([float(stats[k]) for k in mean_keys], dtype=torch.float64)
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    dist.all_reduce(mn)
+    out = dict(stats)
+    out.update({k: float(v) for k, v in zip(max_keys, mx)})
+    out.update({k: float(v) / dist.get_world_size() for k, v in zip(mean_keys, mn)})
+    out["bytes_sent"] = int(out["bytes_sent"])
+    return out
+
+
+def step(model, opt, agg, x, y, it: int) -> dict:
+    t0 = time.perf_counter()
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    opt.zero_grad(set_to_none=False)
+    loss.backward()
+    compute_s = time.perf_counter() - t0
+    stats = agg.aggregate(it)
+    opt.step()
+    acc = (out.argmax(1) == y).float().mean().item()
+    return {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, **stats}
+
+
+TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent")
+MEAN_KEYS = ("train_loss", "train_acc")
+
+
+def replicas_identical(model) -> bool:
+    """True when every rank holds bitwise the same parameters (compared against rank 0's)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    ref = flat.clone()
+    dist.broadcast(ref, 0)
+    same = torch.tensor([int(torch.equal(flat, ref))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
+
+
+def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
+    """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
+    data, model, opt, sched, agg = build(cfg, rank, world)
+    runlog = RunLog(run_dir, agg.extra_fields, cfg, meta) if rank == 0 else None
+    failed = True
+    try:
+        summary = _loop(cfg, rank, world, data, model, opt, sched, agg, runlog)
+        failed = False
+        return summary
+    finally:
+        agg.close()
+        if runlog is not None:
+            runlog.close(failed=failed)
+
+
+def _loop(cfg, rank, world, data, model, opt, sched, agg, runlog):
+    iters, bar = cfg["iterations"], None
+    if runlog is not None and cfg["logger"]["progress"]:
+        from tqdm import tqdm
+        bar = tqdm(total=iters, desc=f"{agg.name} x{world}", unit="it", leave=False)
+    totals = dict.fromkeys(TIME_KEYS, 0.0)
+    batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"])
+    start = time.perf_counter()
+    test_loss = test_acc = float("nan")
+    for it in range(iters):
+        epoch, x, y = next(batches)
+        lr = opt.param_groups[0]["lr"]
+        row = reduce_stats(step(model, opt, agg, x, y, it), TIME_KEYS, MEAN_KEYS)
+        sched.step()
+        row.update(iteration=it, epoch=epoch, lr=lr, wall_s=time.perf_counter() - start)
+        row.setdefault("phase", agg.name)
+        if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
+            test_loss, test_acc = evaluate(model, data, rank, world)
+            row.update(test_loss=test_loss, test_acc=test_acc)
+        for k in TIME_KEYS:
+            totals[k] += row[k]
+        if runlog is not None:
+            runlog.row(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{test_acc:.3f}")
+    if bar is not None:
+        bar.close()
+    identical = replicas_identical(model)
+    if not identical:
+        raise RuntimeError("replicas diverged: ranks hold different parameters after training")
+    if runlog is None:
+        return None
+    summary = {"status": "completed", "iterations": iters, "final_test_acc": test_acc,
+               "final_test_loss": test_loss, "wall_s": time.perf_counter() - start,
+               "replicas_identical": identical, **{f"total_{k}": v for k, v in totals.items()},
+               "mean_aggregate_s": totals["aggregate_s"] / iters, "config": cfg, **meta}
+    runlog.summary(summary)
+    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs -> %s", test_acc, test_loss,
+             summary["wall_s"], runlog.run_dir)
+    return summary

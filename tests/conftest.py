@@ -1,0 +1,30 @@
+"""Shared fixtures: in-process Hydra composition and a spawner for gloo ranks."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+from gvq.schema import register  # noqa: E402
+
+register()
+
+
+@pytest.fixture
+def compose_cfg():
+    """compose_cfg(*overrides) -> the composed DictConfig, as the CLI would build it."""
+    def _compose(*overrides, return_hydra_config=False):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    yield _compose
+    GlobalHydra.instance().clear()

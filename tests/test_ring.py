@@ -1,0 +1,128 @@
+"""The ring engine's four modes against direct references, on 2-4 gloo ranks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_helpers import run_ranks
+from gvq import ring
+from gvq.aggregate import RingAllReduce, _fix_empty
+from gvq.comm import P2P
+from gvq.compressors.base import split_on_cuts
+from toy_compressors import Half, Projection, Sign
+
+
+def _x(rank: int, numel: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 + rank))
+
+
+def _uncompressed(rank, world, numel):
+    flat = _x(rank, numel)
+    ref = flat.clone()
+    dist.all_reduce(ref)
+    segs = _fix_empty([slice(int(c[0]), int(c[-1]) + 1) if len(c) else slice(0, 0)
+                       for c in torch.arange(numel).tensor_split(world)])
+    ring.allreduce_(flat, segs, P2P(rank, world))
+    return flat, ref
+
+
+def _uncompressed_cases(rank, world, sizes):
+    return [_uncompressed(rank, world, n) for n in sizes]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rar_equals_dist_all_reduce(tmp_path, world):
+    """Sizes N does not divide, smaller than N, and empty."""
+    sizes = [0, 1, world - 1, 7, 10, 1001]
+    for per_rank in run_ranks(_uncompressed_cases, world, tmp_path, sizes):
+        for numel, (flat, ref) in zip(sizes, per_rank):
+            assert flat.shape == (numel,)
+            assert torch.allclose(flat, ref, atol=1e-5, rtol=1e-5)
+
+
+def _cases(rank, world, cases):
+    return [_compressed(rank, world, comp, numel, mode) for comp, numel, mode in cases]
+
+
+def _compressed(rank, world, comp, numel, mode):
+    flat = _x(rank, numel)
+    p2p, clock = P2P(rank, world), ring.Clock()
+    if mode in ("allgather", "ps"):
+        ring.gather_allreduce_(flat, comp, p2p, clock, mode)
+    else:
+        segs = split_on_cuts(comp.cuts(numel), world)
+        fn = ring.additive_allreduce_ if mode == "additive" else ring.reencode_allreduce_
+        fn(flat, segs, comp, p2p, clock)
+    return flat
+
+
+def _decode_sum(comp, world, numel, seg):
+    return sum(comp.decompress(comp.compress(_x(r, numel)[seg], seg), seg) for r in range(world))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("units", [1, 5, 13])
+def test_additive_ring_equals_compressing_the_sum(tmp_path, world, units):
+    """Eq. (1): sum of payloads decompressed once == compressor applied to the summed gradient."""
+    comp, numel = Projection(unit=8, d=3), 8 * units
+    outs = run_ranks(_compressed, world, tmp_path, comp, numel, "additive")
+    whole = slice(0, numel)
+    total = sum(_x(r, numel) for r in range(world))
+    expect = comp.decompress(comp.compress(total, whole), whole)
+    for out in outs:
+        assert torch.allclose(out, expect, atol=1e-4)
+        assert torch.allclose(out, _decode_sum(comp, world, numel, whole), atol=1e-4)
+        assert torch.equal(out, outs[0])
+
+
+def _reencode_reference(comp, world, numel):
+    """Replays the decode-add-encode ring hop by hop in one process."""
+    segs = split_on_cuts(comp.cuts(numel), world)
+    out = torch.empty(numel)
+    for j, seg in enumerate(segs):
+        p = comp.compress(_x(j, numel)[seg], seg)
+        for k in range(1, world):
+            p = comp.compress(comp.decompress(p, seg) + _x((j + k) % world, numel)[seg], seg)
+        out[seg] = comp.decompress(p, seg)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_reencode_ring_matches_hop_by_hop_reference(tmp_path, world):
+    cases = [(Half(), 11, "reencode"), (Sign(unit=4), 23, "reencode"), (Sign(unit=4), 2, "reencode")]
+    per_rank = run_ranks(_cases, world, tmp_path, cases)
+    for k, (comp, numel, _) in enumerate(cases):
+        expect = _reencode_reference(comp, world, numel)
+        for outs in per_rank:
+            assert torch.equal(outs[k], expect)
+    total = sum(_x(r, 11) for r in range(world))   # fp16 partial sums stay close to the true sum
+    assert torch.allclose(per_rank[0][0], total, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gather_modes_equal_direct_decode_and_sum(tmp_path, world):
+    comp, numel, whole = Sign(unit=4), 19, slice(0, 19)
+    per_rank = run_ranks(_cases, world, tmp_path, [(comp, numel, "allgather"), (comp, numel, "ps")])
+    direct = _decode_sum(comp, world, numel, whole)
+    # the parameter server re-encodes the sum before sending it back
+    expect = [direct, comp.decompress(comp.compress(direct, whole), whole)]
+    for outs in per_rank:
+        for k in range(2):
+            assert torch.allclose(outs[k], expect[k], atol=1e-5)
+            assert torch.equal(outs[k], per_rank[0][k])
+
+
+def test_additive_mode_rejects_non_additive_compressor():
+    with pytest.raises(ValueError, match="not additive"):
+        ring.additive_allreduce_(torch.zeros(4), [slice(0, 4)], Half(), P2P(0, 1), ring.Clock())
+
+
+def test_split_on_cuts_respects_units_and_balances():
+    cuts = list(range(0, 101, 10))
+    segs = split_on_cuts(cuts, 3)
+    assert [s.start for s in segs] == [0, 30, 70] or [s.start for s in segs] == [0, 30, 60]
+    assert all(s.start in cuts and s.stop in cuts for s in segs)
+    assert segs[-1].stop == 100
+    tiny = split_on_cuts([0, 5], 4)   # fewer units than ranks: empty segments
+    assert sum(s.stop - s.start for s in tiny) == 5 and len(tiny) == 4
