@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,13 +34,23 @@ def preflight(cfg: DictConfig) -> None:
         validate(cfg)
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device=cuda: no CUDA device is visible here; use device=cpu")
-        instantiate(cfg.aggregator, _convert_="object")
-        data = instantiate(cfg.dataset)
-        instantiate(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        config_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    except TypeError as e:  # an unknown kwarg in a group, e.g. aggregator.foo=1
-        config_error(str(e).splitlines()[-1])
+    except ConfigError as e:
+        config_error(str(e))
+    data = _try_instantiate("aggregator", cfg.aggregator, _convert_="object") and \
+        _try_instantiate("dataset", cfg.dataset)
+    _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+
+
+def _try_instantiate(group: str, node, **kwargs):
+    try:
+        return instantiate(node, **kwargs)
+    except (ValueError, TypeError, FileNotFoundError, InstantiationException) as e:
+        inner = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+        text = (str(inner).strip() or type(inner).__name__).splitlines()
+        if isinstance(inner, TypeError):   # an unknown kwarg, e.g. aggregator.foo=1
+            keys = ", ".join(k for k in node if k != "_target_")
+            config_error(f"{group}: {text[-1]} (keys given: {keys or 'none'}; see conf/{group}/)")
+        config_error(text[0])
 
 
 def run_meta(cfg: DictConfig) -> dict:

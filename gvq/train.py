@@ -133,7 +133,7 @@ def _loop(cfg, rank, world, data, model, opt, sched, agg, runlog):
     iters, bar = cfg["iterations"], None
     if runlog is not None and cfg["logger"]["progress"]:
         from tqdm import tqdm
-        bar = tqdm(total=iters, desc=f"{agg.name} x{world}", unit="it", leave=False)
+        bar = tqdm(total=iters, desc=f"{agg.name} x{world}", unit="it", leave=False, mininterval=1.0)
     totals = dict.fromkeys(TIME_KEYS, 0.0)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"])
     start = time.perf_counter()
@@ -165,7 +165,7 @@ def _loop(cfg, rank, world, data, model, opt, sched, agg, runlog):
     summary = {"status": "completed", "iterations": iters, "final_test_acc": test_acc,
                "final_test_loss": test_loss, "wall_s": time.perf_counter() - start,
                "replicas_identical": identical, **{f"total_{k}": v for k, v in totals.items()},
-               "mean_aggregate_s": totals["aggregate_s"] / iters, "config": cfg, **meta}
+               "mean_aggregate_s": totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
     runlog.summary(summary)
     log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs -> %s", test_acc, test_loss,
              summary["wall_s"], runlog.run_dir)

@@ -1,0 +1,222 @@
+"""Data sets held in memory as tensors, and the sharded, resumable batch stream each rank trains on.
+
+Loaders are built from Hydra (``conf/dataset/*.yaml``) and return a :class:`TensorData`::
+
+    python cli.py dataset=digits                     # bundled with scikit-learn, no download
+    python cli.py dataset=cifar100 dataset.root=/data  # reads /data/cifar-100-python/{train,test}
+    python cli.py dataset=synthetic                  # CIFAR-shaped random data, for benchmarks
+
+Training is iteration-based: :func:`iterate_batches` yields ``(epoch, x, y)`` forever.  Every epoch
+is one permutation shared by all ranks (seeded by ``(seed, epoch)``); rank r takes
+``perm[r::world]`` cut to whole batches, so shards are disjoint and equally long.  Everything
+random is a pure function of ``(seed, epoch, rank, batch)``, so starting at iteration ``i`` gives
+exactly the batches a run that got there by stepping would see.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+CIFAR_STATS = {  # per-channel mean/std of the training images (values in [0, 1])
+    10: ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    100: ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+CIFAR_LAYOUT = {  # classes -> (folder, train files, test files, label key, archive url)
+    10: ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
+         b"labels", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    100: ("cifar-100-python", ["train"], ["test"], b"fine_labels",
+          "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+}
+AUG_PAD = 4  # pixels of zero padding before the random crop (He et al. 2016, sec. 4.2)
+
+
+@dataclass
+class TensorData:
+    """Train/test tensors: x ``(N, C, H, W)`` float32 normalised, y int64 class indices."""
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    in_channels: int
+    augment: bool = False  # pad-and-crop + horizontal flip on training batches
+
+    def __len__(self) -> int:
+        return len(self.y_train)
+
+
+def _seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from integer parts (nearby tuples give unrelated streams)."""
+    words = [int(p) & 0xFFFFFFFF for p in parts]
+    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _generator(*parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(*parts))
+
+
+# ---------------------------------------------------------------------------------------- loaders
+
+def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
+    """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
+    d = load_digits()
+    x = (d.images.astype(np.float32) / 16.0)[:, None]  # (1797, 1, 8, 8)
+    xtr, xte, ytr, yte = train_test_split(x, d.target, test_size=test_fraction,
+                                          stratify=d.target, random_state=seed)
+    mean, std = float(xtr.mean()), float(xtr.std())
+    norm = lambda a: torch.from_numpy((a - mean) / std).float()  # noqa: E731
+    return TensorData(norm(xtr), torch.from_numpy(ytr).long(), norm(xte),
+                      torch.from_numpy(yte).long(), num_classes=10, in_channels=1, augment=False)
+
+
+def cifar10(root: str = "data", download: bool = False) -> TensorData:
+    """CIFAR-10 from ``root/cifar-10-batches-py`` (or ``root`` being that folder)."""
+    return _cifar(10, root, download)
+
+
+def cifar100(root: str = "data", download: bool = False) -> TensorData:
+    """CIFAR-100 (fine labels) from ``root/cifar-100-python`` (or ``root`` being that folder)."""
+    return _cifar(100, root, download)
+
+
+def _cifar(classes: int, root: str, download: bool) -> TensorData:
+    root = os.path.expanduser(str(root))
+    folder = _find_cifar(classes, root)
+    if folder is None and download:
+        _download_cifar(classes, root)
+        folder = _find_cifar(classes, root)
+    if folder is None:
+        raise FileNotFoundError(_missing_message(classes, root))
+    _, train, test, key, _ = CIFAR_LAYOUT[classes]
+    xtr, ytr = _read_batches(folder, train, key)
+    xte, yte = _read_batches(folder, test, key)
+    mean, std = (torch.tensor(s).view(1, 3, 1, 1) for s in CIFAR_STATS[classes])
+    norm = lambda a: (a.float().div_(255.0) - mean) / std  # noqa: E731
+    return TensorData(norm(xtr), ytr, norm(xte), yte, num_classes=classes, in_channels=3,
+                      augment=True)
+
+
+def _find_cifar(classes: int, root: str) -> str | None:
+    """The folder holding all CIFAR files: ``root/<folder>`` or ``root`` itself, else None."""
+    name, train, test, _, _ = CIFAR_LAYOUT[classes]
+    for folder in (os.path.join(root, name), root):
+        if all(os.path.isfile(os.path.join(folder, f)) for f in train + test):
+            return folder
+    return None
+
+
+def _missing_message(classes: int, root: str) -> str:
+    name, train, test, _, url = CIFAR_LAYOUT[classes]
+    files = ",".join(train + test + (["meta"] if classes == 100 else ["batches.meta"]))
+    return (f"dataset.root={root}: CIFAR-{classes} not found; put {name}/{{{files}}} from {url} "
+            f"under {root} (or set dataset.download=true where torchvision works)")
+
+
+def _download_cifar(classes: int, root: str) -> None:
+    """Fetch with torchvision if it imports here; failures fall through to the FileNotFoundError."""
+    try:
+        import torchvision  # lazily: it fails to import on some machines (missing C++ ops)
+        cls = torchvision.datasets.CIFAR10 if classes == 10 else torchvision.datasets.CIFAR100
+        cls(root, train=True, download=True)
+        cls(root, train=False, download=True)
+    except Exception:  # noqa: BLE001 - any failure means "not available"; caller reports it
+        pass
+
+
+def _read_batches(folder: str, files: list[str], key: bytes) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = [], []
+    for f in files:
+        with open(os.path.join(folder, f), "rb") as fh:
+            d = pickle.load(fh, encoding="bytes")
+        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[key], dtype=np.int64))
+    return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+
+def synthetic(num_classes: int = 100, n_train: int = 2048, n_test: int = 512,
+              image_size: int = 32, channels: int = 3, seed: int = 0) -> TensorData:
+    """Gaussian images around a per-class random mean image (learnable), for benchmarks only."""
+    g = _generator(seed, 0x5E7)
+    means = 0.5 * torch.randn(num_classes, channels, image_size, image_size, generator=g)
+
+    def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.randint(num_classes, (n,), generator=g)
+        return means[y] + torch.randn(n, channels, image_size, image_size, generator=g), y
+
+    (xtr, ytr), (xte, yte) = draw(n_train), draw(n_test)
+    return TensorData(xtr, ytr, xte, yte, num_classes=num_classes, in_channels=channels,
+                      augment=False)
+
+
+# ---------------------------------------------------------------------------------------- batches
+
+def batches_per_epoch(n: int, world_size: int, batch_size: int) -> int:
+    """Full batches each rank gets per epoch (every rank the same number; the rest is dropped)."""
+    nb = (n // world_size) // batch_size
+    if nb < 1:
+        raise ValueError(f"batch_size={batch_size} x world_size={world_size} exceeds the "
+                         f"{n} training examples: no full batch per rank")
+    return nb
+
+
+def epoch_shard(n: int, rank: int, world_size: int, batch_size: int, seed: int,
+                epoch: int) -> torch.Tensor:
+    """This rank's training indices for ``epoch``: ``perm[rank::world]``, cut to full batches."""
+    perm = torch.randperm(n, generator=_generator(seed, epoch))  # same on every rank
+    return perm[rank::world_size][:batches_per_epoch(n, world_size, batch_size) * batch_size]
+
+
+def iterate_batches(data: TensorData, rank: int, world_size: int, batch_size: int, seed: int,
+                    start_iteration: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yield ``(epoch, x, y)`` forever, starting at global iteration ``start_iteration``."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} outside [0, world_size={world_size})")
+    n = len(data.y_train)
+    nb = batches_per_epoch(n, world_size, batch_size)
+    epoch, b = divmod(int(start_iteration), nb)
+    while True:
+        shard = epoch_shard(n, rank, world_size, batch_size, seed, epoch)
+        for b in range(b, nb):
+            idx = shard[b * batch_size:(b + 1) * batch_size]
+            x = data.x_train[idx]
+            if data.augment:
+                # Seeded per batch (not per epoch): a resumed run needs no replay of earlier draws.
+                x = augment_batch(x, _generator(seed, rank, epoch, b))
+            yield epoch, x, data.y_train[idx]
+        epoch, b = epoch + 1, 0
+
+
+def augment_batch(x: torch.Tensor, generator: torch.Generator, pad: int = AUG_PAD) -> torch.Tensor:
+    """Random crop of the ``pad``-zero-padded images back to (H, W), and random horizontal flip.
+
+    Zero padding is applied to the normalised tensor (i.e. the mean colour).  One gather for the
+    whole batch: per-image row and column index maps, the flip folded into the column map.
+    """
+    n, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator)
+    flip = torch.rand(n, 1, generator=generator) < 0.5
+    rows = dy + torch.arange(h)                                   # (n, h)
+    cols = dx + torch.where(flip, torch.arange(w - 1, -1, -1), torch.arange(w))  # (n, w)
+    out = padded[torch.arange(n)[:, None, None], :, rows[:, :, None], cols[:, None, :]]  # (n,h,w,c)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def test_batches(data: TensorData,
+                 batch_size: int = 512) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole test set in order, in batches of at most ``batch_size``."""
+    for i in range(0, len(data.y_test), batch_size):
+        yield data.x_test[i:i + batch_size], data.y_test[i:i + batch_size]
+
+
+test_batches.__test__ = False  # not a pytest test, despite the name
