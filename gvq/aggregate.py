@@ -18,6 +18,7 @@ from .comm import P2P
 from .compressors.base import Compressor, split_on_cuts
 
 TOPOLOGIES = ("ring", "allgather", "ps")
+HOPS = ("auto", "sum", "reencode")   # ring hop: from the compressor's property, or forced
 
 
 @dataclass
@@ -30,6 +31,7 @@ class RunContext:
     bandwidth_bps: float | None = None
     latency_s: float = 0.0
     cfg: dict | None = None        # the resolved run config, for aggregators with run-level knobs
+    run_dir: str | None = None     # where rank 0 may write aggregator-specific files (None: nowhere)
 
 
 class Aggregator:
@@ -44,11 +46,39 @@ class Aggregator:
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
         self.clock = ring.Clock()
+        self.bucket = self._grad_bucket()
+
+    def _grad_bucket(self) -> torch.Tensor:
+        """One flat buffer that every ``p.grad`` is a view of (as DDP's buckets): backward writes
+        straight into it, so flatten / unflatten cost nothing in the default layout."""
+        flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
+                           device=self.params[0].device) if self.params else torch.zeros(0)
+        offset = 0
+        for p in self.params:
+            view = flat[offset: offset + p.numel()].view_as(p)
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view
+            offset += p.numel()
+        return flat
+
+    def _grads_in_bucket(self) -> bool:
+        offset, base = 0, self.bucket.data_ptr()
+        for p in self.params:
+            if p.grad is None or p.grad.data_ptr() != base + offset * self.bucket.element_size():
+                return False
+            offset += p.numel()
+        return True
 
     def flatten(self) -> torch.Tensor:
+        """The gradient as one flat vector (the bucket itself while grads still live there)."""
+        if self._grads_in_bucket():
+            return self.bucket
         return torch.cat([p.grad.reshape(-1) for p in self.params])
 
     def unflatten(self, flat: torch.Tensor) -> None:
+        if flat is self.bucket and self._grads_in_bucket():
+            return
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -111,10 +141,17 @@ class CompressedAggregator(Aggregator):
 
     extra_fields = ("compression_error",)
 
-    def __init__(self, compressor: Compressor, topology: str = "ring"):
+    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto"):
         if topology not in TOPOLOGIES:
             raise ValueError(f"aggregator.topology={topology!r}: must be one of {', '.join(TOPOLOGIES)}")
+        if hop not in HOPS:
+            raise ValueError(f"aggregator.hop={hop!r}: must be one of {', '.join(HOPS)}")
+        if hop == "sum" and not compressor.additive:
+            raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
+                             "payloads cannot be summed in the compressed domain; use hop=auto or reencode")
         self.compressor, self.topology = compressor, topology
+        # ring hop: sum payloads (mode b) when the compressor allows it, unless forced to re-encode
+        self.sum_hop = compressor.additive and hop != "reencode"
         self.name = getattr(compressor, "name", type(compressor).__name__)
 
     def setup(self, params, ctx):
@@ -136,7 +173,7 @@ class CompressedAggregator(Aggregator):
         comp = self.compressor
         if self.topology != "ring":
             ring.gather_allreduce_(flat, comp, self.p2p, self.clock, self.topology)
-        elif comp.additive:
+        elif self.sum_hop:
             ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)
         else:
             ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)

@@ -7,7 +7,10 @@ Emulated links (``net`` config group) model one outgoing link per rank, full dup
 ``B`` bit/s and a per-message latency ``alpha`` s: a message of ``b`` bytes handed to the link at time
 ``t`` starts when the link is free, occupies it for ``8b/B`` s and arrives ``alpha`` s after it has left.
 The real send happens at the emulated arrival time from a sender thread that *sleeps* until then, so
-waiting burns no CPU and the main thread keeps computing (the overlap Algorithm 1 needs).  Receivers
+waiting burns no CPU and the main thread keeps computing (the overlap Algorithm 1 needs).  Messages
+travel as chunks of ``CHUNK_BYTES`` (both sides cut them the same way), each released when the link
+would have finished serialising it: a real link streams, so the receiver's last byte arrives one
+chunk's real transfer after the emulated finish, not one whole message's.  Receivers
 need no emulation: a message simply cannot be received before it is sent.  Only traffic that goes
 through this class is shaped; collectives the runner does not own (e.g. DDP's) need kernel shaping
 (``scripts/netns_shaping.sh``).
@@ -23,6 +26,14 @@ import torch
 import torch.distributed as dist
 
 
+CHUNK_BYTES = 128 * 1024   # >= alpha*B at 1 Gbit/s (PERFORMANCE.md), small next to a ring segment
+
+
+def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    per = max(1, CHUNK_BYTES // tensor.element_size())
+    return list(tensor.split(per)) if tensor.numel() > per else [tensor]
+
+
 class PeerLostError(RuntimeError):
     """A peer did not answer within the timeout, or its connection broke."""
 
@@ -31,6 +42,18 @@ class _Done:
     """A finished handle (empty messages, or non-distributed runs)."""
 
     def wait(self, timeout=None):
+        return True
+
+
+class _All:
+    """Several handles as one (a message sent or received as chunks)."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def wait(self, timeout=None):
+        for h in self.handles:
+            h.wait(timeout=timeout)
         return True
 
 
@@ -115,12 +138,14 @@ class P2P:
             return _Done()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         if self.link is not None:
-            return self.link.submit(tensor, dst, tag)
+            return _All([self.link.submit(c, dst, tag) for c in chunks(tensor)])
         return dist.isend(tensor, dst, tag=tag)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
+        if self.link is not None:
+            return _All([dist.irecv(c, src, tag=tag) for c in chunks(tensor)])
         return dist.irecv(tensor, src, tag=tag)
 
     def wait(self, handle, peer: int | None = None) -> None:

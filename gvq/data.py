@@ -14,6 +14,7 @@ exactly the batches a run that got there by stepping would see.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 from dataclasses import dataclass
@@ -64,18 +65,26 @@ def _generator(*parts: int) -> torch.Generator:
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
     """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats."""
-    from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
-    d = load_digits()
-    x = (d.images.astype(np.float32) / 16.0)[:, None]  # (1797, 1, 8, 8)
-    xtr, xte, ytr, yte = train_test_split(x, d.target, test_size=test_fraction,
-                                          stratify=d.target, random_state=seed)
+    x, y = _digits_arrays()
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y,
+                                          random_state=seed)
     mean, std = float(xtr.mean()), float(xtr.std())
     norm = lambda a: torch.from_numpy((a - mean) / std).float()  # noqa: E731
     return TensorData(norm(xtr), torch.from_numpy(ytr).long(), norm(xte),
                       torch.from_numpy(yte).long(), num_classes=10, in_channels=1, augment=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """Images (1797, 1, 8, 8) in [0, 1] and labels; cached because parsing the CSV takes ~0.5 s."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = (d.images.astype(np.float32) / 16.0)[:, None]
+    x.flags.writeable = d.target.flags.writeable = False  # shared: callers get split copies
+    return x, d.target
 
 
 def cifar10(root: str = "data", download: bool = False) -> TensorData:

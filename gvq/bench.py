@@ -1,0 +1,198 @@
+"""Aggregation benchmark: ``python -m gvq.bench aggregate [flags]`` (``make bench`` runs the default).
+
+Spawns ``--world-size`` gloo ranks (file rendezvous in a temp dir), gives every rank a gradient with a
+real model's shapes (default ResNet-32 / CIFAR-100, 470,004 values) and times each aggregator over
+``--reps`` repetitions after ``--warmup``, with compute paused (a barrier before each repetition; the
+time of a repetition is the max over ranks).  Aggregators are the Hydra option files of
+``conf/aggregator/`` (plus ``allreduce``: gloo's own ``dist.all_reduce``, unshaped only) composed as the
+CLI would, with ``--set key=value`` overrides.  ``--bandwidth`` emulates every rank's outgoing link.
+Prints a table and writes the records as JSON (``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .aggregate import RunContext
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def model_shapes(model: str, num_classes: int) -> list[torch.Size]:
+    from hydra.utils import instantiate
+    cfg = compose([f"model={model}"])
+    net = instantiate(cfg.model, num_classes=num_classes, in_channels=1 if model == "cnn" else 3)
+    return [p.shape for p in net.parameters()]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hcompose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from .schema import register
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return hcompose("config", overrides=overrides)
+
+
+def make_aggregator(name: str, overrides: list[str]):
+    from hydra.utils import instantiate
+    cfg = compose([f"aggregator={name}", *overrides])
+    return instantiate(cfg.aggregator, _convert_="object")
+
+
+class AllReduceRef:
+    """gloo's ``dist.all_reduce`` on the flat buffer: the reference our ring is held to."""
+    name = "allreduce"
+
+    def setup(self, params, ctx):
+        self.params, self.bytes = params, sum(p.numel() for p in params) * 4
+
+    def aggregate(self, it):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        t0 = time.perf_counter()
+        dist.all_reduce(flat)
+        return {"aggregate_s": time.perf_counter() - t0, "bytes_sent": float("nan"), "wire_s": 0.0,
+                "compress_s": 0.0, "decompress_s": 0.0}
+
+    def close(self):
+        pass
+
+
+def time_aggregator(agg, params, grads, ctx, args) -> dict:
+    agg.setup(params, ctx)
+    if hasattr(agg, "prepare_benchmark"):       # e.g. GradiVeQ: fit a basis before timing
+        agg.prepare_benchmark(grads, args)
+    rows = []
+    for rep in range(args.warmup + args.reps):
+        for p, g in zip(params, grads):
+            p.grad.copy_(g)
+        dist.barrier()
+        t0 = time.perf_counter()
+        stats = agg.aggregate(rep)
+        wall = torch.tensor([time.perf_counter() - t0, stats["wire_s"], stats["compress_s"],
+                             stats["decompress_s"]], dtype=torch.float64)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        if rep >= args.warmup:
+            rows.append([float(v) for v in wall] + [stats["bytes_sent"]])
+    agg.close()
+    return summarize(rows, agg, args, ctx.world_size)
+
+
+def summarize(rows, agg, args, world) -> dict:
+    times = [r[0] for r in rows]
+    sent = rows[-1][4]
+    bw = args.bandwidth
+    bound = sent * 8 / bw if bw and sent == sent else None
+    med = statistics.median(times)
+    return {"aggregator": agg.name, "world_size": world, "bandwidth_bps": bw, "bytes_per_rank": sent,
+            "median_s": med, "min_s": min(times), "bound_s": bound,
+            "time_over_bound": med / bound if bound else None,
+            "wire_s": statistics.median(r[1] for r in rows),
+            "compress_s": statistics.median(r[2] for r in rows),
+            "decompress_s": statistics.median(r[3] for r in rows), "reps": len(rows)}
+
+
+def _rank(rank, args, init, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
+                            timeout=timedelta(seconds=120))
+    try:
+        gen = torch.Generator().manual_seed(1000 + rank)
+        shapes = model_shapes(args.model, args.num_classes)
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        ctx = RunContext(rank, args.world_size, 0, 120.0, args.bandwidth, args.latency)
+        records = []
+        for name in args.aggregators:
+            if name == "allreduce" and args.bandwidth:
+                continue                      # gloo's collective cannot be shaped in-process
+            agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
+            records.append(time_aggregator(agg, params, grads, ctx, args))
+        if rank == 0:
+            Path(out).write_text(json.dumps(records))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(args) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/records.json"
+        mp.spawn(_rank, args=(args, f"file://{tmp}/rendezvous", out), nprocs=args.world_size)
+        records = json.loads(Path(out).read_text())
+    base = next((r for r in records if r["aggregator"] == "rar"), None)
+    for r in records:
+        r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
+        r["model"], r["latency_s"] = args.model, args.latency
+    return records
+
+
+def print_table(records: list[dict]) -> None:
+    import pandas as pd
+    df = pd.DataFrame(records)
+    cols = ["aggregator", "bytes_per_rank", "median_s", "min_s", "ratio_to_rar", "bound_s",
+            "time_over_bound", "compress_s", "wire_s", "decompress_s"]
+    r0 = records[0]
+    link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
+    print(f"\n# aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, "
+          f"reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
+    print(df[cols].to_markdown(index=False, floatfmt=".4g"))
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["aggregate"], help="what to benchmark")
+    p.add_argument("--aggregators", nargs="+", default=["rar", "allreduce"])
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--bandwidth", type=float, nargs="*", default=[None],
+                   help="per-rank link in bit/s (several => one table each); omit for unshaped")
+    p.add_argument("--latency", type=float, default=0.0, help="extra per-message latency, s")
+    p.add_argument("--model", default="resnet32")
+    p.add_argument("--num-classes", type=int, default=100)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05")
+    p.add_argument("--out", default=None, help="write all records as JSON here")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
+    p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
+    args = p.parse_args(argv)
+    if args.world_size < 1 or args.reps < 1:
+        p.error("--world-size and --reps must be >= 1")
+    if any(b is not None and b <= 0 for b in args.bandwidth):
+        p.error("--bandwidth must be > 0")
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.rank is not None:                 # one externally started rank (gvq.netns)
+        args.bandwidth = args.bandwidth[0]
+        _rank(args.rank, args, args.init, args.out or "/dev/null")
+        return []
+    records = []
+    for bw in args.bandwidth:
+        one = argparse.Namespace(**{**vars(args), "bandwidth": bw})
+        recs = run(one)
+        print_table(recs)
+        records += recs
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+        print(f"records -> {args.out}")
+    return records
+
+
+if __name__ == "__main__":
+    main()
