@@ -1,4 +1,5 @@
 """Aggregation benchmark: ``python -m gvq.bench aggregate [flags]`` (``make bench`` runs the default).
+(``python -m gvq.bench train`` compares whole iterations with torch DDP: :mod:`gvq.bench_train`.)
 
 Spawns ``--world-size`` gloo ranks (file rendezvous in a temp dir), gives every rank a gradient with a
 real model's shapes (default ResNet-32 / CIFAR-100, 470,004 values) and times each aggregator over
@@ -177,7 +178,11 @@ def parse(argv):
 
 
 def main(argv=None) -> list[dict]:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "train":
+        from .bench_train import main as train_main
+        return train_main(argv[1:])
+    args = parse(argv)
     if args.rank is not None:                 # one externally started rank (gvq.netns)
         args.bandwidth = args.bandwidth[0]
         _rank(args.rank, args, args.init, args.out or "/dev/null")
