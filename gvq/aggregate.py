@@ -8,6 +8,7 @@ Aggregators are built by ``hydra.utils.instantiate(cfg.aggregator)`` and bound t
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -119,20 +120,17 @@ class RingAllReduce(Aggregator):
     name = "rar"
 
     def allreduce_(self, flat, iteration):
-        segs = [slice(int(c[0]), int(c[-1]) + 1) if len(c) else slice(0, 0)
-                for c in torch.arange(flat.numel()).tensor_split(self.ctx.world_size)]
-        segs = _fix_empty(segs)
-        ring.allreduce_(flat, segs, self.p2p)
+        ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
 
 
-def _fix_empty(segs: list[slice]) -> list[slice]:
-    """Give empty segments a position (the end of the previous one), so slicing stays valid."""
-    out, last = [], 0
-    for s in segs:
-        s = s if s.stop > s.start else slice(last, last)
-        out.append(s)
-        last = s.stop
-    return out
+@functools.lru_cache(maxsize=64)
+def equal_segments(numel: int, n: int) -> list[slice]:
+    """``n`` contiguous segments of sizes differing by at most one (empty when numel < n)."""
+    base, extra = divmod(numel, n)
+    bounds = [0]
+    for i in range(n):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class CompressedAggregator(Aggregator):

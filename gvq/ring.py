@@ -54,7 +54,7 @@ def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
     n, r = p2p.world_size, p2p.rank
     if n == 1:
         return
-    bufs = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype) for s in segs}
+    bufs = _scratch(flat, segs)
     for i in range(n - 1):
         out, inc = segs[(r - i) % n], segs[(r - i - 1) % n]
         recv = p2p.irecv(bufs[inc.start], p2p.left)
@@ -68,6 +68,19 @@ def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
         send = p2p.isend(flat[out], p2p.right)
         p2p.wait(recv, p2p.left)
         p2p.wait(send, p2p.right)
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
+    """Receive buffers per segment start, reused across calls (allocation is not free at 1.9 MB)."""
+    key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
+    if key not in _SCRATCH:
+        _SCRATCH.clear()
+        _SCRATCH[key] = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device)
+                         for s in segs}
+    return _SCRATCH[key]
 
 
 def additive_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from dist_helpers import run_ranks
 from gvq import ring
-from gvq.aggregate import RingAllReduce, _fix_empty
+from gvq.aggregate import equal_segments
 from gvq.comm import P2P
 from gvq.compressors.base import split_on_cuts
 from toy_compressors import Half, Projection, Sign
@@ -21,8 +21,7 @@ def _uncompressed(rank, world, numel):
     flat = _x(rank, numel)
     ref = flat.clone()
     dist.all_reduce(ref)
-    segs = _fix_empty([slice(int(c[0]), int(c[-1]) + 1) if len(c) else slice(0, 0)
-                       for c in torch.arange(numel).tensor_split(world)])
+    segs = equal_segments(numel, world)
     ring.allreduce_(flat, segs, P2P(rank, world))
     return flat, ref
 
@@ -126,3 +125,13 @@ def test_split_on_cuts_respects_units_and_balances():
     assert segs[-1].stop == 100
     tiny = split_on_cuts([0, 5], 4)   # fewer units than ranks: empty segments
     assert sum(s.stop - s.start for s in tiny) == 5 and len(tiny) == 4
+
+
+def test_equal_segments_cover_the_vector_contiguously():
+    for numel in (0, 1, 3, 7, 470004):
+        for n in (1, 2, 3, 4):
+            segs = equal_segments(numel, n)
+            assert len(segs) == n and segs[0].start == 0 and segs[-1].stop == numel
+            assert all(a.stop == b.start for a, b in zip(segs, segs[1:]))
+            sizes = [s.stop - s.start for s in segs]
+            assert max(sizes) - min(sizes) <= 1
