@@ -1,0 +1,46 @@
+"""The honest 16-bit baseline: every value sent as IEEE float16 (2 bytes; ratio 2).
+
+Not additive in our protocol (like the quantizers, a ring hop decodes, adds in float32, re-encodes: summing
+float16 payloads would round each partial sum to 11 bits and can overflow).  Values beyond float16's range
+(|v| > 65504) raise ``ValueError`` rather than travel as Inf; magnitudes under 6e-8 flush to zero and
+under 6e-5 lose precision (subnormals) -- the real cost of a 16-bit wire.  NaN/Inf inputs raise.
+"""
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor
+
+from .base import Compressor
+from .bucketing import check_finite
+
+FP16_MAX = 65504.0
+
+
+class FP16(Compressor):
+    name = "fp16"
+    additive = False
+    stochastic = False
+    ideal_ratio = 2.0
+
+    def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
+        return torch.uint8, 2 * (seg.stop - seg.start)
+
+    def compress(self, x: Tensor, seg: slice) -> Tensor:
+        x = x.reshape(-1)
+        if x.numel():
+            peak = float(x.abs().max())                 # NaN propagates: one pass checks both
+            if not peak <= FP16_MAX:
+                check_finite(x, self.name)
+                raise ValueError(f"{self.name}: |value| {peak:.4g} exceeds float16's range ({FP16_MAX:g}); "
+                                 "scale the gradient (e.g. divide by the world size) before sending")
+        return x.to(torch.float16).view(torch.uint8)
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        n = seg.stop - seg.start
+        if payload.numel() != 2 * n or payload.dtype != torch.uint8:
+            raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for a segment of "
+                             f"{n} values; expected {2 * n} uint8")
+        if payload.storage_offset() % 2:
+            payload = payload.clone()
+        return payload.view(torch.float16).to(torch.float32)

@@ -1,0 +1,45 @@
+"""Linear-s (the ORQ paper's naive baseline, as in Deep Compression): s levels at equal steps of the
+bucket's empirical CDF, i.e. its quantiles 0, 1/(s-1), ..., 1 (min and max included, linear interpolation
+between order statistics as ``numpy.quantile``), each value rounded at random to a neighbouring level
+(Eq. 7): unbiased.  Every level gets about the same number of values, which wastes levels where the
+density is high (the paper's Fig. 1).
+
+Wire: the s levels (s float32 a bucket) + base-s codes (``bucketing.word_format``: s=5 -> 2.35 bits a
+value, s=9 -> 3.2).  Encoding sorts each bucket once (the dominant cost).
+"""
+from __future__ import annotations
+
+import torch
+
+from .bucketing import MAX_LEVELS, BucketQuantizer, check_int
+
+
+def quantile_levels(sorted_rows: torch.Tensor, s: int) -> torch.Tensor:
+    """(m, s) quantiles j/(s-1) of each sorted row, linearly interpolated between order statistics."""
+    n = sorted_rows.shape[1]
+    pos = torch.linspace(0, n - 1, s, dtype=torch.float64)
+    lo = pos.floor().long()
+    hi = torch.clamp(lo + 1, max=n - 1)
+    frac = (pos - lo).float()
+    a, b = sorted_rows[:, lo], sorted_rows[:, hi]
+    return torch.lerp(a, b, frac).clamp_(min=a, max=b)   # clamp: lerp round-off must not leave [a, b]
+
+
+class Linear(BucketQuantizer):
+    name = "linear"
+    stochastic = True
+    side_flags_nonfinite = True    # min and max are levels: NaN/Inf propagate into them
+
+    def __init__(self, levels: int = 5,             # fewer => more compression, more error
+                 bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
+                 clip: float | None = None):        # c: clip to +-c*RMS first (narrower range, biased)
+        super().__init__(bucket, clip)
+        self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
+        self.n_side = self.levels
+
+    def _encode(self, rows):
+        levels = quantile_levels(rows.sort(dim=1).values, self.levels)
+        return self.round_to_levels(rows, levels), levels
+
+    def _decode(self, codes, side, out):
+        torch.gather(side, 1, codes.long(), out=out)

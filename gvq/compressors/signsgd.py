@@ -1,0 +1,32 @@
+"""Scaled SignSGD (the ORQ paper's Eq. 13), per bucket: Q(G) = ||G||_1 / dim(G) * sign(G).
+
+Deterministic and biased.  Wire: the scale mean|v| (one float32) + 1 bit a value, 8 per byte (ratio 31.5 at
+bucket 2048).  sign(0) := +1 (zeros, -0.0 included, are sent as +scale): one bit has no room for a third
+symbol, and +1 matches BinGrad-b's rule ``v >= b_0 -> b_1`` (Eq. 16).  An all-zero bucket has scale 0 and
+decodes to exact zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from .bucketing import BucketQuantizer
+
+
+class ScaledSignSGD(BucketQuantizer):
+    name = "signsgd"
+    stochastic = False
+    levels = 2
+    n_side = 1
+    side_flags_nonfinite = True    # mean|v| is NaN/Inf if any value is
+
+    def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one scale for more values
+                 clip: float | None = None):       # c: clip to +-c*RMS first (lowers the scale)
+        super().__init__(bucket, clip)
+
+    def _encode(self, rows):
+        scale = rows.abs().mean(dim=1, keepdim=True)
+        codes = torch.ge(rows, 0, out=self.scratch("codes", rows.shape, torch.bool))
+        return codes.view(torch.uint8), scale
+
+    def _decode(self, codes, side, out):
+        torch.mul(codes, 2 * side, out=out).sub_(side)   # 2s - s == s exactly: no rounding
