@@ -152,6 +152,32 @@ def print_table(records: list[dict]) -> None:
     print(df[cols].to_markdown(index=False, floatfmt=".4g"))
 
 
+QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
+
+
+def quantizer_table(argv) -> list[dict]:
+    """``python -m gvq.bench quantizers``: quantize / dequantize GB/s of every scalar quantizer, one
+    thread, on a ResNet-32-sized gradient, with achieved and ideal compression ratios."""
+    p = argparse.ArgumentParser(prog="python -m gvq.bench quantizers")
+    p.add_argument("--aggregators", nargs="+", default=list(QUANTIZERS))
+    p.add_argument("--numel", type=int, default=470_004)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides, e.g. aggregator.compressor.bucket=512")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from .compressors.throughput import quantizer_throughput
+    rows = []
+    for name in args.aggregators:
+        comp = make_aggregator(name, args.set).compressor
+        rows.append({"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)})
+    import pandas as pd
+    print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}")
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["aggregate"], help="what to benchmark")
@@ -182,6 +208,8 @@ def main(argv=None) -> list[dict]:
     if argv and argv[0] == "train":
         from .bench_train import main as train_main
         return train_main(argv[1:])
+    if argv and argv[0] == "quantizers":
+        return quantizer_table(argv[1:])
     args = parse(argv)
     if args.rank is not None:                 # one externally started rank (gvq.netns)
         args.bandwidth = args.bandwidth[0]
