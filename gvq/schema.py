@@ -74,6 +74,7 @@ def build_schema() -> Any:
         "eval_every": IntegerNode(50),
         "batch_size": IntegerNode(32),
         "timeout_s": FloatNode(60.0),
+        "nan_policy": StringNode("error"),
         "lambda": FloatNode(0.01),
         "K": AnyNode("auto"),
         "s": FloatNode(float("inf")),

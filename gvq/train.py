@@ -38,7 +38,7 @@ def lr_lambda(o: dict, iterations: int):
     return f
 
 
-def build(cfg: dict, rank: int, world: int):
+def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     """Data, model (identical on all ranks: same seed, then a broadcast), optimizer, aggregator."""
     torch.manual_seed(cfg["seed"])
     data = instantiate(cfg["dataset"])
@@ -52,7 +52,9 @@ def build(cfg: dict, rank: int, world: int):
     agg = instantiate(cfg["aggregator"], _convert_="object")
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
-                                                   net["bandwidth_bps"], net["latency_s"], cfg))
+                                                   net["bandwidth_bps"], net["latency_s"], cfg, run_dir))
+    if hasattr(agg, "wrap"):           # aggregators that live inside backward (torch DDP)
+        model = agg.wrap(model)
     return data, model, opt, sched, agg
 
 
@@ -87,20 +89,55 @@ def reduce_stats(stats: dict, max_keys: tuple[str, ...], mean_keys: tuple[str, .
     return out
 
 
-def step(model, opt, agg, x, y, it: int) -> dict:
+def nonfinite(model, agg) -> str | None:
+    """Name of the first parameter whose gradient holds NaN/Inf on this rank, or None."""
+    bucket = getattr(agg, "bucket", None)
+    if bucket is not None and bool(torch.isfinite(bucket).all()):
+        return None                      # one pass over the flat buffer in the common case
+    for name, p in model.named_parameters():
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            return name
+    return None
+
+
+def check_gradients(model, agg, it: int, policy: str) -> bool:
+    """Agree across ranks whether any gradient is non-finite, *before* aggregation (a NaN summed
+    into the ring would poison every replica).  Returns True to skip the iteration (policy ``skip``);
+    raises naming the rank and layer (policy ``error``)."""
+    bad = nonfinite(model, agg)
+    flag = torch.tensor([0 if bad is None else 1])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return False
+    names = [None] * dist.get_world_size()
+    dist.all_gather_object(names, bad)
+    where = ", ".join(f"rank {r}: {n}" for r, n in enumerate(names) if n is not None)
+    if policy == "skip":
+        log.warning("iteration %d skipped on all ranks: non-finite gradient (%s)", it, where)
+        return True
+    raise FloatingPointError(f"non-finite gradient at iteration {it} ({where}); "
+                             "nan_policy=skip skips such iterations on all ranks")
+
+
+def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     t0 = time.perf_counter()
     out = model(x)
     loss = F.cross_entropy(out, y)
     opt.zero_grad(set_to_none=False)
     loss.backward()
     compute_s = time.perf_counter() - t0
+    acc = (out.argmax(1) == y).float().mean().item()
+    row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
+    if check_gradients(model, agg, it, nan_policy):
+        opt.zero_grad(set_to_none=False)
+        zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent"), 0)
+        return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
     opt.step()
-    acc = (out.argmax(1) == y).float().mean().item()
-    return {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, **stats}
+    return {**row, **stats}
 
 
-TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent")
+TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent", "skipped")
 MEAN_KEYS = ("train_loss", "train_acc")
 
 
@@ -116,8 +153,8 @@ def replicas_identical(model) -> bool:
 
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
     """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
-    data, model, opt, sched, agg = build(cfg, rank, world)
-    runlog = RunLog(run_dir, agg.extra_fields, cfg, meta) if rank == 0 else None
+    data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
+    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
     failed = True
     try:
         summary = _loop(cfg, rank, world, data, model, opt, sched, agg, runlog)
@@ -141,7 +178,7 @@ def _loop(cfg, rank, world, data, model, opt, sched, agg, runlog):
     for it in range(iters):
         epoch, x, y = next(batches)
         lr = opt.param_groups[0]["lr"]
-        row = reduce_stats(step(model, opt, agg, x, y, it), TIME_KEYS, MEAN_KEYS)
+        row = reduce_stats(step(model, opt, agg, x, y, it, cfg["nan_policy"]), TIME_KEYS, MEAN_KEYS)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=time.perf_counter() - start)
         row.setdefault("phase", agg.name)

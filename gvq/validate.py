@@ -32,6 +32,7 @@ def validate(cfg) -> None:
         _require(cfg[key] >= 1, f"{key}={cfg[key]}: must be >= 1")
     _require(cfg.timeout_s > 0, f"timeout_s={cfg.timeout_s}: must be > 0")
     _require(cfg.device in ("cpu", "cuda"), f"device={cfg.device}: must be cpu or cuda")
+    _require(cfg.nan_policy in ("error", "skip"), f"nan_policy={cfg.nan_policy}: must be error or skip")
     lam = cfg["lambda"]
     _require(0.0 <= lam < 1.0, f"lambda={lam}: must be in [0, 1)")
     check_k(cfg.K)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from gvq.aggregate import RingAllReduce
 
 
@@ -18,3 +20,21 @@ class FailAt(RingAllReduce):
                 os._exit(3)
             raise RuntimeError(f"injected failure on rank {self.rank} at iteration {iteration}")
         return super().allreduce_(flat, iteration)
+
+
+class NaNAt(torch.nn.Module):
+    """DigitsCNN whose forward poisons the loss with NaN on ``rank`` at its ``at``-th call."""
+
+    def __init__(self, num_classes=10, in_channels=1, at: int = 3, rank: int = 1, width: int = 4):
+        super().__init__()
+        from gvq.models import DigitsCNN
+        self.net, self.at, self.rank, self.calls = DigitsCNN(num_classes, in_channels, width=width), at, rank, 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            self.calls += 1
+            import torch.distributed as dist
+            if self.calls == self.at + 1 and dist.get_rank() == self.rank:
+                out = out * float("nan")
+        return out

@@ -69,3 +69,24 @@ def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, ho
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.iteration) == list(range(7))       # every completed iteration, no torn row
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path):
+    run = tmp_path / "run"
+    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "model._target_=faulty.NaNAt",
+            "+model.at=3")
+    assert r.returncode != 0
+    assert "non-finite gradient at iteration 3 (rank 1: net." in r.stderr
+    assert list(pd.read_csv(run / "metrics.csv").iteration) == [0, 1, 2]
+
+
+def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
+    run = tmp_path / "run"
+    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "eval_every=5", "nan_policy=skip",
+            "model._target_=faulty.NaNAt", "+model.at=3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    df = pd.read_csv(run / "metrics.csv")
+    assert list(df.skipped) == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert df.phase[3] == "skipped" and df.bytes_sent[3] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["total_skipped"] == 1 and summary["replicas_identical"]
