@@ -9,6 +9,7 @@ Aggregators are built by ``hydra.utils.instantiate(cfg.aggregator)`` and bound t
 from __future__ import annotations
 
 import functools
+import pickle
 import time
 from dataclasses import dataclass
 
@@ -113,6 +114,13 @@ class Aggregator:
         if hasattr(self, "p2p"):
             self.p2p.close()
 
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep for a bitwise resume (nothing, for a stateless aggregator)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 class RingAllReduce(Aggregator):
     """(a) Uncompressed ring all-reduce over N equal segments (the baseline)."""
@@ -157,6 +165,13 @@ class CompressedAggregator(Aggregator):
         if hasattr(self.compressor, "reseed"):
             self.compressor.reseed(ctx.seed * 1000 + ctx.rank)
         self._segs: tuple[int, list[slice]] | None = None
+
+    def state_dict(self) -> dict:
+        # the compressor whole: dither generators and banks, learned bases (pickling is its contract)
+        return {"compressor": pickle.dumps(self.compressor)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.compressor = pickle.loads(state["compressor"])
 
     def segments(self, numel: int) -> list[slice]:
         if self._segs is None or self._segs[0] != numel:

@@ -61,11 +61,12 @@ class RunLog:
                           job_type=self.meta.get("job_type"), name=self.meta.get("name"),
                           tags=list(wcfg["tags"]), reinit="finish_previous")
 
-    def row(self, values: dict) -> None:
+    def row(self, values: dict, replay: bool = False) -> None:
+        """Append one iteration's row; ``replay`` rows (kept from a resumed run) skip wandb."""
         if self._csv is not None:
             self._csv.writerow({k: _fmt(v) for k, v in values.items()})
             self._file.flush()
-        if self.wandb is not None:
+        if self.wandb is not None and not replay:
             data = {wandb_key(k): v for k, v in values.items()
                     if k not in ("iteration", "phase") and isinstance(v, (int, float)) and not _nan(v)}
             self.wandb.log(data, step=int(values["iteration"]))

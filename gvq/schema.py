@@ -46,6 +46,11 @@ class WandbSchema:
 
 
 @dataclass
+class CheckpointSchema:
+    every: int = 0
+
+
+@dataclass
 class LoggerSchema:
     csv: bool = True
     wandb: WandbSchema = field(default_factory=WandbSchema)
@@ -75,6 +80,8 @@ def build_schema() -> Any:
         "batch_size": IntegerNode(32),
         "timeout_s": FloatNode(60.0),
         "nan_policy": StringNode("error"),
+        "checkpoint": OmegaConf.structured(CheckpointSchema),
+        "resume": StringNode(None),
         "lambda": FloatNode(0.01),
         "K": AnyNode("auto"),
         "s": FloatNode(float("inf")),

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from . import checkpoint
 from .aggregate import RunContext
 from .data import iterate_batches
 from .logs import RunLog
@@ -151,13 +153,31 @@ def replicas_identical(model) -> bool:
     return bool(same.item())
 
 
+@dataclass
+class Progress:
+    """What the loop carries between iterations (and across a checkpoint)."""
+    start: int = 0                     # first iteration of this process's run
+    totals: dict = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    test_loss: float = float("nan")
+    test_acc: float = float("nan")
+    wall_offset: float = 0.0           # wall_s already spent before a resume
+
+
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
     """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
+    prog, old_rows = Progress(), []
+    if cfg["resume"]:
+        state = checkpoint.load(cfg["resume"], rank, world)
+        checkpoint.restore(state, model, opt, sched, agg)
+        prog = Progress(**state["progress"])
+        old_rows = checkpoint.previous_rows(cfg["resume"], prog.start) if rank == 0 else []
     runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
     failed = True
     try:
-        summary = _loop(cfg, rank, world, data, model, opt, sched, agg, runlog)
+        for row in old_rows:
+            runlog.row(row, replay=True)
+        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog)
         failed = False
         return summary
     finally:
@@ -166,44 +186,57 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
             runlog.close(failed=failed)
 
 
-def _loop(cfg, rank, world, data, model, opt, sched, agg, runlog):
-    iters, bar = cfg["iterations"], None
-    if runlog is not None and cfg["logger"]["progress"]:
-        from tqdm import tqdm
-        bar = tqdm(total=iters, desc=f"{agg.name} x{world}", unit="it", leave=False, mininterval=1.0)
-    totals = dict.fromkeys(TIME_KEYS, 0.0)
-    batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"])
-    start = time.perf_counter()
-    test_loss = test_acc = float("nan")
-    for it in range(iters):
+def _progress_bar(cfg, runlog, agg, world, prog):
+    if runlog is None or not cfg["logger"]["progress"]:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=cfg["iterations"], initial=prog.start, desc=f"{agg.name} x{world}", unit="it",
+                leave=False, mininterval=1.0)
+
+
+def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
+    data, model, opt, sched, agg = parts
+    iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
+    bar = _progress_bar(cfg, runlog, agg, world, prog)
+    batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
+    t0 = time.perf_counter() - prog.wall_offset
+    for it in range(prog.start, iters):
         epoch, x, y = next(batches)
         lr = opt.param_groups[0]["lr"]
         row = reduce_stats(step(model, opt, agg, x, y, it, cfg["nan_policy"]), TIME_KEYS, MEAN_KEYS)
         sched.step()
-        row.update(iteration=it, epoch=epoch, lr=lr, wall_s=time.perf_counter() - start)
+        row.update(iteration=it, epoch=epoch, lr=lr, wall_s=time.perf_counter() - t0)
         row.setdefault("phase", agg.name)
         if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
-            test_loss, test_acc = evaluate(model, data, rank, world)
-            row.update(test_loss=test_loss, test_acc=test_acc)
+            prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
+            row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
         for k in TIME_KEYS:
-            totals[k] += row[k]
+            prog.totals[k] += row[k]
         if runlog is not None:
             runlog.row(row)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{test_acc:.3f}")
+                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}")
+        if every and (it + 1) % every == 0 and it + 1 < iters:
+            state = {**vars(prog), "start": it + 1, "wall_offset": time.perf_counter() - t0}
+            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state})
     if bar is not None:
         bar.close()
+    return _finish(cfg, model, runlog, prog, time.perf_counter() - t0)
+
+
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float):
     identical = replicas_identical(model)
     if not identical:
         raise RuntimeError("replicas diverged: ranks hold different parameters after training")
     if runlog is None:
         return None
-    summary = {"status": "completed", "iterations": iters, "final_test_acc": test_acc,
-               "final_test_loss": test_loss, "wall_s": time.perf_counter() - start,
-               "replicas_identical": identical, **{f"total_{k}": v for k, v in totals.items()},
-               "mean_aggregate_s": totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
+    iters = cfg["iterations"]
+    summary = {"status": "completed", "iterations": iters, "final_test_acc": prog.test_acc,
+               "final_test_loss": prog.test_loss, "wall_s": wall_s, "replicas_identical": identical,
+               **{f"total_{k}": v for k, v in prog.totals.items()},
+               "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
     runlog.summary(summary)
-    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs -> %s", test_acc, test_loss,
-             summary["wall_s"], runlog.run_dir)
+    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs -> %s", prog.test_acc, prog.test_loss,
+             wall_s, runlog.run_dir)
     return summary

@@ -3,6 +3,7 @@ allowed; :func:`gvq.launch.launch` prints it and exits with status 2, without a 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import re
 
 from .schema import TOP_LEVEL_KEYS
@@ -32,6 +33,9 @@ def validate(cfg) -> None:
         _require(cfg[key] >= 1, f"{key}={cfg[key]}: must be >= 1")
     _require(cfg.timeout_s > 0, f"timeout_s={cfg.timeout_s}: must be > 0")
     _require(cfg.device in ("cpu", "cuda"), f"device={cfg.device}: must be cpu or cuda")
+    _require(cfg.checkpoint.every >= 0, f"checkpoint.every={cfg.checkpoint.every}: must be >= 0 (0: never)")
+    _require(cfg.resume is None or (Path(cfg.resume) / "checkpoint" / "latest.json").exists(),
+             f"resume={cfg.resume}: no complete checkpoint there (checkpoint/latest.json)")
     _require(cfg.nan_policy in ("error", "skip"), f"nan_policy={cfg.nan_policy}: must be error or skip")
     lam = cfg["lambda"]
     _require(0.0 <= lam < 1.0, f"lambda={lam}: must be in [0, 1)")

@@ -38,3 +38,18 @@ class NaNAt(torch.nn.Module):
             if self.calls == self.at + 1 and dist.get_rank() == self.rank:
                 out = out * float("nan")
         return out
+
+
+class DieAt:
+    """Wraps any aggregator; rank ``rank`` dies with ``os._exit`` at iteration ``at``."""
+
+    def __init__(self, inner, at: int = 13, rank: int = 1):
+        self.inner, self.at, self.rank = inner, at, rank
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def aggregate(self, iteration):
+        if iteration == self.at and self.inner.ctx.rank == self.rank:
+            os._exit(3)
+        return self.inner.aggregate(iteration)

@@ -248,8 +248,10 @@ class BucketQuantizer(Compressor):
         self.clip = check_clip(clip)
         self.reseed(0)
 
-    def __getstate__(self):       # scratch buffers are not state; the generator travels as bytes,
-        return {**self.__dict__, "_ws": {}, "gen": self.gen.get_state().numpy().tobytes()}
+    def __getstate__(self):       # scratch buffers are not state (the dither bank is: checkpoints
+        # resume bitwise); the generator travels as bytes,
+        bank = {k: v.clone() for k, v in self._ws.items() if k == "bank"}
+        return {**self.__dict__, "_ws": bank, "gen": self.gen.get_state().numpy().tobytes()}
 
     def __setstate__(self, state):  # not as a tensor (spawn would share it through a file descriptor)
         gen = torch.Generator()
