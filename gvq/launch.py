@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import uuid
 from datetime import timedelta
@@ -69,7 +70,8 @@ def launch(cfg: DictConfig) -> dict | None:
     preflight(cfg)
     meta = run_meta(cfg)
     plain = OmegaConf.to_container(cfg, resolve=True)
-    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun
+    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun: be that rank
+        plain["world_size"] = int(os.environ["WORLD_SIZE"])
         return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://")
     run_dir = Path(meta["run_dir"])
     init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
@@ -93,6 +95,19 @@ def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
+def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
+    """Under torchrun every rank is a Hydra job with its own output dir (timestamps may differ): all
+    adopt rank 0's, and the other ranks remove the dir Hydra made for them if it holds only Hydra's
+    own files, so outputs are written once."""
+    box = [meta["run_dir"]]
+    dist.broadcast_object_list(box, 0)
+    mine = Path(meta["run_dir"])
+    if rank != 0 and box[0] != meta["run_dir"] and mine.exists():
+        if {p.name for p in mine.iterdir()} <= {".hydra", "cli.log"}:
+            shutil.rmtree(mine, ignore_errors=True)
+    return {**meta, "run_dir": box[0]}
+
+
 def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
     """Entry of one rank (spawned, or the torchrun process itself)."""
     torchrun = init_method == "env://"
@@ -106,6 +121,8 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg["timeout_s"]))
     from .train import train  # after init: keeps the spawn import light
+    if torchrun:
+        meta = _adopt_rank0_run_dir(rank, meta)
     try:
         return train(cfg, rank, world, meta["run_dir"], meta)
     finally:
