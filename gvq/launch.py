@@ -75,6 +75,7 @@ def launch(cfg: DictConfig) -> dict | None:
         return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://")
     run_dir = Path(meta["run_dir"])
     init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
+    _plain_start_method()
     try:
         mp.spawn(worker, args=(plain, meta, init), nprocs=cfg.world_size, join=True)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
@@ -85,6 +86,14 @@ def launch(cfg: DictConfig) -> dict | None:
         Path(init[len("file://"):]).unlink(missing_ok=True)
     summary = run_dir / "summary.json"
     return json.loads(summary.read_text()) if summary.exists() else None
+
+
+def _plain_start_method() -> None:
+    """Inside a joblib (loky) worker the global start method is 'loky', which spawned children then
+    try, and fail, to restore; reset it to 'spawn' so parallel Hydra launchers can run our jobs."""
+    import multiprocessing
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        multiprocessing.set_start_method("spawn", force=True)
 
 
 def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str) -> None:

@@ -90,3 +90,13 @@ def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
     assert df.phase[3] == "skipped" and df.bytes_sent[3] == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["total_skipped"] == 1 and summary["replicas_identical"]
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_jobs_that_spawn_their_own_ranks(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "aggregator=rar,signsgd",
+            "iterations=10", "eval_every=5", "logger=csv", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    done = [json.loads(p.read_text())["status"] for p in sweep.glob("*/summary.json")]
+    assert done == ["completed", "completed"]
