@@ -26,6 +26,13 @@ from .logs import RunLog
 log = logging.getLogger("gvq")
 
 
+def comm_device() -> torch.device:
+    """Where small bookkeeping tensors must live for the process group's backend (NCCL: the GPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def lr_lambda(o: dict, iterations: int):
     """Multiplier of ``optim.lr`` at iteration ``it``: linear warm-up, then cosine / step / constant."""
     def f(it: int) -> float:
@@ -45,6 +52,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     torch.manual_seed(cfg["seed"])
     data = instantiate(cfg["dataset"])
     model = instantiate(cfg["model"], num_classes=data.num_classes, in_channels=data.in_channels)
+    model.to(comm_device())
     for t in list(model.parameters()) + list(model.buffers()):
         dist.broadcast(t.data, 0)
     o = cfg["optim"]
@@ -67,12 +75,13 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
         dist.broadcast(b, 0)
     model.eval()
     idx = torch.arange(rank, len(data.y_test), world)
-    tot = torch.zeros(3, dtype=torch.float64)
+    dev = comm_device()
+    tot = torch.zeros(3, dtype=torch.float64, device=dev)
     for chunk in idx.split(batch_size):
-        out = model(data.x_test[chunk])
-        y = data.y_test[chunk]
+        out = model(data.x_test[chunk].to(dev))
+        y = data.y_test[chunk].to(dev)
         tot += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
-                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=dev)
     dist.all_reduce(tot)
     model.train()
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
@@ -80,8 +89,9 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
 
 def reduce_stats(stats: dict, max_keys: tuple[str, ...], mean_keys: tuple[str, ...]) -> dict:
     """Times/bytes: max over ranks; loss/accuracy: mean over ranks; anything else: rank 0's."""
-    mx = torch.tensor([float(stats[k]) for k in max_keys], dtype=torch.float64)
-    mn = torch.tensor([float(stats[k]) for k in mean_keys], dtype=torch.float64)
+    dev = comm_device()
+    mx = torch.tensor([float(stats[k]) for k in max_keys], dtype=torch.float64, device=dev)
+    mn = torch.tensor([float(stats[k]) for k in mean_keys], dtype=torch.float64, device=dev)
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     dist.all_reduce(mn)
     out = dict(stats)
@@ -107,7 +117,7 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
     into the ring would poison every replica).  Returns True to skip the iteration (policy ``skip``);
     raises naming the rank and layer (policy ``error``)."""
     bad = nonfinite(model, agg)
-    flag = torch.tensor([0 if bad is None else 1])
+    flag = torch.tensor([0 if bad is None else 1], device=comm_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if not flag.item():
         return False
@@ -148,7 +158,7 @@ def replicas_identical(model) -> bool:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ref = flat.clone()
     dist.broadcast(ref, 0)
-    same = torch.tensor([int(torch.equal(flat, ref))])
+    same = torch.tensor([int(torch.equal(flat, ref))], device=comm_device())
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     return bool(same.item())
 
@@ -199,9 +209,11 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
+    dev = comm_device()
     t0 = time.perf_counter() - prog.wall_offset
     for it in range(prog.start, iters):
         epoch, x, y = next(batches)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
         row = reduce_stats(step(model, opt, agg, x, y, it, cfg["nan_policy"]), TIME_KEYS, MEAN_KEYS)
         sched.step()
