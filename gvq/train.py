@@ -228,7 +228,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
             runlog.row(row)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}")
+                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}", refresh=False)
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": time.perf_counter() - t0}
             checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state})
