@@ -61,18 +61,19 @@ def _decode_sum(comp, world, numel, seg):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("units", [1, 5, 13])
-def test_additive_ring_equals_compressing_the_sum(tmp_path, world, units):
-    """Eq. (1): sum of payloads decompressed once == compressor applied to the summed gradient."""
-    comp, numel = Projection(unit=8, d=3), 8 * units
-    outs = run_ranks(_compressed, world, tmp_path, comp, numel, "additive")
-    whole = slice(0, numel)
-    total = sum(_x(r, numel) for r in range(world))
-    expect = comp.decompress(comp.compress(total, whole), whole)
-    for out in outs:
-        assert torch.allclose(out, expect, atol=1e-4)
-        assert torch.allclose(out, _decode_sum(comp, world, numel, whole), atol=1e-4)
-        assert torch.equal(out, outs[0])
+def test_additive_ring_equals_compressing_the_sum(tmp_path, world):
+    """Eq. (1): sum of payloads decompressed once == compressor applied to the summed gradient;
+    unit counts below, at and not divisible by N."""
+    comp, unit_counts = Projection(unit=8, d=3), [1, 5, 13]
+    per_rank = run_ranks(_cases, world, tmp_path, [(comp, 8 * u, "additive") for u in unit_counts])
+    for k, u in enumerate(unit_counts):
+        numel, whole = 8 * u, slice(0, 8 * u)
+        total = sum(_x(r, numel) for r in range(world))
+        expect = comp.decompress(comp.compress(total, whole), whole)
+        for outs in per_rank:
+            assert torch.allclose(outs[k], expect, atol=1e-4)
+            assert torch.allclose(outs[k], _decode_sum(comp, world, numel, whole), atol=1e-4)
+            assert torch.equal(outs[k], per_rank[0][k])
 
 
 def _reencode_reference(comp, world, numel):
