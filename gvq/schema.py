@@ -89,7 +89,11 @@ def build_schema() -> Any:
         "L_c": IntegerNode(400),
         "warmup": IntegerNode(0),
     })
-    OmegaConf.set_struct(schema, True)
+    # struct on the fixed-shape groups only: a struct root would be inherited by Hydra's own ``hydra``
+    # node and break presets that set ``hydra.sweeper.params``.  Unknown top-level keys are still
+    # rejected: Hydra refuses overrides of absent keys, and gvq.validate checks the key set.
+    for group in ("optim", "net", "logger"):
+        OmegaConf.set_struct(schema[group], True)
     return schema
 
 

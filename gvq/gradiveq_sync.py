@@ -1,0 +1,131 @@
+"""Helpers of :mod:`gvq.gradiveq_agg`: making every rank hold the same PCA state, payload-balanced
+ring segments, and the per-refresh layer log.
+
+Identical state (SPEC: "Every rank must hold the *identical* U_d and mu"):
+
+* ``broadcast`` (default): rank 0 fits; the state (the d's first, whose count is fixed by the layout,
+  then the float values, whose length depends on the d's) is relayed along the ring 0 -> 1 -> ... -> N-1
+  in pipelined chunks through :class:`gvq.comm.P2P`.  The relay goes through P2P rather than
+  ``torch.distributed.broadcast`` so that its bytes are counted in ``bytes_sent`` and its time is shaped
+  by the emulated links like every other byte the aggregator moves (a relay sends each byte once per
+  rank, as a pipelined ring broadcast does).  The state is large (mu alone is as big as the conv
+  gradient; U_d is K x d per layer), so this is a real cost of a refresh and shows in that iteration.
+* ``local``: the paper's way -- every rank holds the same aggregated samples (the ring leaves bitwise
+  identical sums everywhere), so every rank fits itself; a sha256 of the state is compared with one
+  tiny all-reduce, and only if any rank differs (SVD round-off/sign between processes) is rank 0's state
+  relayed as above.  Costs an SVD per rank instead of the relay's bytes.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .comm import P2P
+from .compressors.gradiveq import GradiVeQ
+
+log = logging.getLogger("gvq")
+CHUNK = 1 << 18     # relay chunk (floats): small enough to pipeline, large enough to amortise latency
+
+
+def relay_(t: torch.Tensor, p2p: P2P, chunk: int = CHUNK) -> None:
+    """Overwrite ``t`` on every rank with rank 0's ``t``, forwarded along the ring in chunks."""
+    n, r = p2p.world_size, p2p.rank
+    if n == 1 or t.numel() == 0:
+        return
+    send = None
+    for piece in t.split(chunk):
+        if r != 0:
+            p2p.wait(p2p.irecv(piece, p2p.left), p2p.left)
+        if send is not None:
+            p2p.wait(send, p2p.right)
+        send = p2p.isend(piece, p2p.right) if r != n - 1 else None
+    if send is not None:
+        p2p.wait(send, p2p.right)
+
+
+def relay_state(comp: GradiVeQ, p2p: P2P) -> None:
+    """Rank 0's fitted state onto every rank (rank 0 reloads its own, so all take the same path)."""
+    if p2p.rank == 0:
+        ds, vals = comp.state_tensors()
+    else:
+        ds = comp.state_d_buffer()
+    relay_(ds, p2p)
+    if p2p.rank != 0:
+        vals = comp.state_value_buffer(ds)
+    relay_(vals, p2p)
+    comp.load_state_tensors([ds, vals])
+
+
+def state_digest(comp: GradiVeQ) -> int:
+    h = hashlib.sha256()
+    for t in comp.state_tensors():
+        h.update(t.contiguous().numpy().tobytes())
+    return int.from_bytes(h.digest()[:7], "little")        # < 2**56: exact in an int64
+
+
+def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -> bool:
+    """Fit and make the state identical on all ranks; returns True when the relay was needed."""
+    if mode == "broadcast":
+        if p2p.rank == 0:
+            comp.fit(samples)
+        relay_state(comp, p2p)
+        return True
+    comp.fit(samples)
+    if p2p.world_size == 1:
+        return False
+    h = state_digest(comp)
+    both = torch.tensor([h, -h], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)             # max == -min  <=>  all digests equal
+    if int(both[0]) == -int(both[1]):
+        return False
+    log.warning("gradiveq: PCA state differs between ranks after a local fit; relaying rank 0's")
+    relay_state(comp, p2p)
+    return True
+
+
+def balanced_segments(comp: GradiVeQ, numel: int, n: int) -> list[slice]:
+    """N segments on ``comp.cuts`` with about equal *payload* (raw value = 1, compressed slice = d):
+    the ring's time is set by its largest segment, and raw layers (e.g. a classifier) would otherwise
+    make one segment many times larger on the wire than the others."""
+    cuts = comp.cuts(numel)
+    weight = torch.ones(numel, dtype=torch.float64)
+    for g in comp.groups:
+        d = comp.basis(g.gid)[0].shape[1]
+        weight[g.start: g.stop] = d / g.K
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
+    at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
+    bounds = [0]
+    for i in range(1, n):
+        target = at[-1] * i / n
+        j = bisect.bisect_left(at, target)
+        near = min(range(max(0, j - 1), min(j + 1, len(at) - 1) + 1), key=lambda k: abs(at[k] - target))
+        bounds.append(max(bounds[-1], cuts[near]))
+    bounds.append(numel)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def equal_segments(numel: int, n: int) -> list[slice]:
+    """Uncompressed RAR segments: sizes differ by at most one, empty ones (numel < n) at the end."""
+    sizes = [numel // n + (i < numel % n) for i in range(n)]
+    out, pos = [], 0
+    for s in sizes:
+        out.append(slice(pos, pos + s))
+        pos += s
+    return out
+
+
+def write_layer_stats(run_dir: str | None, comp: GradiVeQ, extra: dict) -> None:
+    """Append one JSON line per compressor group (layer, K, d, K/d, energy, ...) to
+    ``<run_dir>/gradiveq_layers.jsonl``; no run dir (tests, library use) -> nothing written."""
+    if run_dir is None:
+        return
+    with open(Path(run_dir) / "gradiveq_layers.jsonl", "a") as f:
+        for st in comp.layer_stats():
+            row = {**extra, **st, "shape": list(st["shape"])}
+            f.write(json.dumps(row) + "\n")
