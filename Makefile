@@ -24,7 +24,8 @@ test: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra
 
 bench: $(STAMP)
-	$(PY) -m gvq.bench aggregate
+	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 --aggregators rar fp16 qsgd gradiveq \
+	    --set K=x1 gradiveq:aggregator.compressor.pool=true gradiveq:aggregator.compressor.target_ratio=8
 
 clean:
 	rm -rf $(VENV) build *.egg-info

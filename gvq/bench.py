@@ -47,8 +47,11 @@ def compose(overrides: list[str]):
 
 
 def make_aggregator(name: str, overrides: list[str]):
+    """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only."""
     from hydra.utils import instantiate
-    cfg = compose([f"aggregator={name}", *overrides])
+    mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
+            if ":" not in o.split("=", 1)[0] or o.split(":", 1)[0] == name]
+    cfg = compose([f"aggregator={name}", *mine])
     return instantiate(cfg.aggregator, _convert_="object")
 
 
@@ -136,6 +139,8 @@ def run(args) -> list[dict]:
     base = next((r for r in records if r["aggregator"] == "rar"), None)
     for r in records:
         r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
+        r["speedup_vs_rar"] = base["median_s"] / r["median_s"] if base else None
+        r["byte_ratio"] = base["bytes_per_rank"] / r["bytes_per_rank"] if base and r["bytes_per_rank"] else None
         r["model"], r["latency_s"] = args.model, args.latency
     return records
 
@@ -143,7 +148,7 @@ def run(args) -> list[dict]:
 def print_table(records: list[dict]) -> None:
     import pandas as pd
     df = pd.DataFrame(records)
-    cols = ["aggregator", "bytes_per_rank", "median_s", "min_s", "ratio_to_rar", "bound_s",
+    cols = ["aggregator", "bytes_per_rank", "byte_ratio", "median_s", "min_s", "speedup_vs_rar", "bound_s",
             "time_over_bound", "compress_s", "wire_s", "decompress_s"]
     r0 = records[0]
     link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
@@ -190,7 +195,8 @@ def parse(argv):
     p.add_argument("--num-classes", type=int, default=100)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05")
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; prefix name: to target one, "
+                        "e.g. gradiveq:aggregator.compressor.target_ratio=8")
     p.add_argument("--out", default=None, help="write all records as JSON here")
     p.add_argument("--rank", type=int, default=None,
                    help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
