@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 
-CHUNK_BYTES = 128 * 1024   # >= alpha*B at 1 Gbit/s (PERFORMANCE.md), small next to a ring segment
+CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (PERFORMANCE.md); small next to a ring segment
 
 
 def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
