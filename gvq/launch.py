@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -77,15 +79,44 @@ def launch(cfg: DictConfig) -> dict | None:
     init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
     _plain_start_method()
     try:
-        mp.spawn(worker, args=(plain, meta, init), nprocs=cfg.world_size, join=True)
+        _spawn_and_join(plain, meta, init)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         write_failure(run_dir, plain, meta, str(e))
         print(f"gvq: run failed: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        write_failure(run_dir, plain, meta, "interrupted (Ctrl-C): every rank was stopped")
+        print("gvq: interrupted; every rank stopped", file=sys.stderr)
+        sys.exit(130)
     finally:
         Path(init[len("file://"):]).unlink(missing_ok=True)
     summary = run_dir / "summary.json"
     return json.loads(summary.read_text()) if summary.exists() else None
+
+
+def _spawn_and_join(plain: dict, meta: dict, init: str, grace_s: float = 10.0) -> None:
+    """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
+    N+1 tracebacks racing), the launcher sends them SIGTERM (they finish their logs) and, after
+    ``grace_s``, SIGKILL."""
+    ctx = mp.start_processes(worker, args=(plain, meta, init), nprocs=plain["world_size"], join=False,
+                             start_method="spawn")
+    try:
+        while not ctx.join():
+            pass
+    except KeyboardInterrupt:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in ctx.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+        raise
+
+
+def _on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)     # unwinds through ``finally``: CSV closed, wandb marked failed
 
 
 def _plain_start_method() -> None:
@@ -123,6 +154,9 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
     rank = int(os.environ["RANK"]) if torchrun else local_rank
     world = int(os.environ["WORLD_SIZE"]) if torchrun else cfg["world_size"]
     setup_logging(rank)
+    if not torchrun:                   # Ctrl-C is the launcher's to handle (see _spawn_and_join)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     torch.set_num_threads(1 if cfg["device"] == "cpu" else torch.get_num_threads())
     backend = "nccl" if cfg["device"] == "cuda" else "gloo"
     if cfg["device"] == "cuda":

@@ -100,3 +100,25 @@ def test_joblib_launcher_runs_jobs_that_spawn_their_own_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     done = [json.loads(p.read_text())["status"] for p in sweep.glob("*/summary.json")]
     assert done == ["completed", "completed"]
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
+    import signal
+    run = tmp_path / "run"
+    env = dict(os.environ, WANDB_MODE="disabled")
+    p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "iterations=1000000", "logger=csv",
+                          f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.csv").exists() or len((run / "metrics.csv").read_text().splitlines()) < 5:
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGINT)              # what a terminal's Ctrl-C does: the whole group
+    try:
+        p.wait(timeout=60)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None
+    assert p.returncode == 130
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    out = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
+    assert out.strip() == ""                     # no rank left behind
