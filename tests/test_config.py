@@ -85,3 +85,11 @@ def test_bad_input_exits_nonzero_with_one_line_and_no_traceback(tmp_path, args, 
     assert r.returncode != 0
     assert "Traceback" not in r.stderr + r.stdout
     assert needle in r.stderr
+
+
+def test_slurm_launcher_config_composes(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    r = _cli("--cfg", "hydra", "hydra/launcher=slurm", "hydra.launcher.partition=cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "submitit_slurm" in r.stdout or "SlurmLauncher" in r.stdout
+    assert "partition: cpu" in r.stdout
