@@ -1,0 +1,222 @@
+"""Rendering for :mod:`gvq.report`: figures (matplotlib, Agg), the display table and ``report.html``."""
+from __future__ import annotations
+
+import base64
+import html
+import math
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+PER = 500                     # Fig. 7b: seconds per this many iterations
+PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
+         ("wire_s", "wire (blocked on links)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
+         ("other_s", "other aggregation", "tab:purple"))
+DASH = "—"
+
+
+# -- setting ------------------------------------------------------------------------------------------
+def _net(net: dict) -> str:
+    bps = (net or {}).get("bandwidth_bps")
+    text = "unshaped" if bps is None else (f"{bps / 1e9:g} Gbit/s" if bps >= 1e9 else f"{bps / 1e6:g} Mbit/s")
+    lat = (net or {}).get("latency_s") or 0
+    return f"{text} + {lat * 1e3:g} ms/msg" if lat else text
+
+
+def _name(node) -> str:
+    return str((node or {}).get("_target_", "?")).rsplit(".", 1)[-1]
+
+
+def describe_setting(runs) -> str:
+    """One line: model, dataset, ranks, link, iterations, batch (every distinct value across runs)."""
+    fields = {"model": lambda c: _name(c.get("model")), "dataset": lambda c: _name(c.get("dataset")),
+              "world_size": lambda c: c.get("world_size"), "net": lambda c: _net(c.get("net")),
+              "iterations": lambda c: c.get("iterations"), "batch/rank": lambda c: c.get("batch_size"),
+              "device": lambda c: c.get("device")}
+    parts = []
+    for name, get in fields.items():
+        values = sorted({str(get(r.config)) for r in runs if r.config}, key=str)
+        parts.append(f"{name}: {', '.join(values) or '?'}")
+    return " · ".join(parts)
+
+
+# -- figures ------------------------------------------------------------------------------------------
+def _series(group, col: str, smooth: int = 1) -> pd.DataFrame:
+    """Mean / std of ``col`` over the group's runs at each iteration, with the mean ``wall_s``."""
+    frames = []
+    for r in group.runs:
+        m = r.metrics
+        if m is None or col not in m or not m[col].notna().any():
+            continue
+        m = m.dropna(subset=[col])[["iteration", "wall_s", col]].copy()
+        m[col] = m[col].rolling(smooth, min_periods=1).mean()
+        frames.append(m)
+    if not frames:
+        return pd.DataFrame(columns=["iteration", "wall_s", "mean", "std"])
+    agg = pd.concat(frames).groupby("iteration").agg(wall_s=("wall_s", "mean"), mean=(col, "mean"),
+                                                     std=(col, "std"))
+    return agg.reset_index()
+
+
+def _plot_group(axes, group, color, smooth: int) -> None:
+    style = "-" if group.status == "completed" else "--"
+    label = group.label + ("" if group.status == "completed" else f" ({group.status})")
+    for row, (col, sm) in enumerate((("test_acc", 1), ("train_loss", smooth))):
+        s = _series(group, col, sm)
+        for ax, x in zip(axes[row], ("iteration", "wall_s")):
+            first = row == 0 and x == "iteration"
+            ax.plot(s[x], s["mean"], style, color=color, label=label if first else None, lw=1.4)
+            if len(group.runs) > 1 and s["std"].notna().any():
+                ax.fill_between(s[x], s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.2)
+
+
+def _loss_limits(axes, groups, smooth: int) -> None:
+    """Log scale, limits from the completed groups: a diverged run must not flatten the others."""
+    values = [_series(g, "train_loss", smooth)["mean"] for g in groups if g.status == "completed"]
+    values = pd.concat(values) if values else pd.Series(dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    for ax in axes:
+        ax.set_yscale("log")
+        if len(values):
+            ax.set_ylim(values.min() / 1.5, values.max() * 1.5)
+
+
+def plot_curves(groups, path: Path, setting: str) -> Path:
+    """2 x 2: test accuracy / train loss against iteration / wall-clock; shading: +- std over seeds."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
+    longest = max((len(r.metrics) for g in groups for r in g.runs if r.metrics is not None), default=1)
+    smooth = max(1, longest // 50)
+    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
+    for i, g in enumerate(groups):
+        _plot_group(axes, g, colors[i % len(colors)], smooth)
+    axes[0][0].set_ylabel("test accuracy (top-1)")
+    axes[1][0].set_ylabel(f"train loss (running mean of {smooth})" if smooth > 1 else "train loss")
+    axes[1][0].set_xlabel("iteration")
+    axes[1][1].set_xlabel("wall-clock (s)")
+    _loss_limits(axes[1], groups, smooth)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(textwrap.fill(f"Convergence ({setting})", 150), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def breakdown(groups, stats_of) -> pd.DataFrame:
+    """Seconds per ``PER`` iterations of each completed group; ``other_s`` = aggregate_s minus the three
+    measured parts (each part is a max over ranks, so their sum can exceed aggregate_s: clipped at 0)."""
+    rows = []
+    for g in groups:
+        s = stats_of(g)
+        if g.status != "completed" or math.isnan(s.get("aggregate_s", math.nan)) or "compute_s" not in s:
+            continue
+        row = {"group": g.label, **{k: PER * s.get(k, 0.0) for k, _, _ in PARTS[:4]}}
+        row["other_s"] = max(0.0, PER * s["aggregate_s"] - row["compress_s"] - row["wire_s"] - row["decompress_s"])
+        row["aggregate_s"] = PER * s["aggregate_s"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
+    """GradiVeQ Fig. 7b: stacked computation + aggregation (compress / wire / decompress / other)."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table) + 2), 4.5))
+    x, bottom = np.arange(len(table)), np.zeros(len(table))
+    for key, label, color in PARTS:
+        values = table[key].to_numpy() if len(table) else np.zeros(0)
+        ax.bar(x, values, 0.6, bottom=bottom, label=label, color=color)
+        bottom += values
+    for xi, (total, agg) in enumerate(zip(bottom, table.get("aggregate_s", []))):
+        ax.text(xi, total, f"agg {agg:.1f}s", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, table.get("group", []), rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"seconds per {PER} iterations")
+    ax.set_title(textwrap.fill(f"Computation vs aggregation ({setting})", 12 * fig.get_figwidth()),
+                 fontsize=8)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# -- display table ------------------------------------------------------------------------------------
+def _pm(mean, std, fmt: str) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return DASH
+    text = format(mean, fmt)
+    return text if std is None or math.isnan(std) else f"{text} ± {format(std, fmt)}"
+
+
+def _num(v, fmt: str, suffix: str = "") -> str:
+    return DASH if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt) + suffix
+
+
+def _target(row) -> str:
+    k, n = (int(x) for x in row["reached"].split("/"))
+    if k == 0:
+        return "not reached"
+    return _num(row["time_to_target_s"], ".2f", " s") + ("" if k == n else f" ({k}/{n} runs)")
+
+
+def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
+    """The human table (Markdown / HTML): units, ± std, '—' where a value cannot be known."""
+    return pd.DataFrame({
+        "group": df["group"], "aggregator": df["aggregator"], "runs": df["runs"],
+        "status": [s if not r else f"{s}: {r}" for s, r in zip(df["status"], df["reason"])],
+        "final top-1": [_pm(m, s, ".4f") for m, s in zip(df["final_top1"], df["final_top1_std"])],
+        f"time to {target:g} acc": [_target(r) for _, r in df.iterrows()],
+        "aggregation / iter": [_num(v * 1e3, ".2f", " ms") for v in df["aggregate_s_per_iter"]],
+        "agg. speed-up vs rar": [_num(v, ".2f", "x") for v in df["aggregation_speedup"]],
+        "iter. speed-up vs rar": [_num(v, ".2f", "x") for v in df["iteration_speedup"]],
+        "bytes / iter": [_num(v, ",.0f") for v in df["bytes_per_iter"]],
+        "compression ratio": [_num(v, ".2f") for v in df["compression_ratio"]],
+        "compression error": [_num(v, ".3g") for v in df["compression_error"]]})
+
+
+# -- HTML ---------------------------------------------------------------------------------------------
+CSS = """body{font-family:sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #bbb;padding:3px 7px;text-align:right}td:first-child,th{text-align:left}
+tr.failed td{background:#fdd}tr.incomplete td{background:#ffe9c4}.setting{background:#eef;padding:6px}
+.warn{color:#a00}img{max-width:100%}figcaption{font-size:12px;color:#444}"""
+
+
+def _html_table(display: pd.DataFrame, statuses) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in display.columns)
+    body = []
+    for (_, row), status in zip(display.iterrows(), statuses):
+        cells = "".join(f"<td>{html.escape(str(v))}</td>" for v in row)
+        body.append(f'<tr class="{html.escape(status)}">{cells}</tr>')
+    return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _img(path: Path, alt: str, setting: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(alt)}. Setting: {html.escape(setting)}</figcaption></figure>")
+
+
+def write_html(path: Path, title: str, setting: str, display, table, figures, groups, note: str) -> Path:
+    bad = [f"<li>{html.escape(r.status)}: {html.escape(str(r.path))} ({html.escape(r.reason or '?')})</li>"
+           for g in groups for r in g.runs if r.status != "completed"]
+    runs = "".join(f"<li>{html.escape(g.label)}: {html.escape(', '.join(str(r.path) for r in g.runs))}</li>"
+                   for g in groups)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p class='setting'><b>Setting</b> · {html.escape(setting)}</p>",
+             f"<div class='warn'><b>Not completed:</b><ul>{''.join(bad)}</ul></div>" if bad else "",
+             "<h2>Summary</h2>", _html_table(display, table["status"]), f"<p>{html.escape(note)}</p>",
+             "<h2>Figures</h2>", *(_img(p, alt, setting) for p, alt in figures),
+             f"<h2>Runs</h2><details><summary>{sum(len(g.runs) for g in groups)} run dirs</summary>"
+             f"<ul>{runs}</ul></details>",
+             f"<p><small>gvq.report, {datetime.now():%Y-%m-%d %H:%M}</small></p></body></html>"]
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
