@@ -11,7 +11,7 @@ import torch
 from gvq.compressors import bucketing
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
-from gvq.compressors.bucketing import Layout, pack, unpack, word_format
+from gvq.compressors.packing import Layout, pack, unpack, word_format
 from gvq.compressors.fp16 import FP16
 from gvq.compressors.linear import Linear
 from gvq.compressors.orq import ORQ

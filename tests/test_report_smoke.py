@@ -2,7 +2,6 @@
 failed / incomplete runs marked, a non-run directory rejected with one line."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys

@@ -30,20 +30,18 @@ E||Q(v) - v||^2 unchanged.
 """
 from __future__ import annotations
 
-import functools
 import math
 import sys
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .base import Compressor
+from .packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401 (re-exported)
+                      unpack, word_format)
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
-MAX_WORD_BYTES = 6            # words < 2**48: exact in int64 and float64 arithmetic
-MAX_LEVELS = 1 << 16           # codes must fit 16 bits (the ``bits <= 16`` limit)
 BANK_MIN = 1 << 16             # dither values kept per compressor (and >= 2x the largest batch)
 BANK_REFRESH = 8              # each call redraws 1/8 as many bank values as it read
 
@@ -91,141 +89,6 @@ def clip_rows(rows: Tensor, c: float) -> Tensor:
     """TernGrad clipping, per bucket: clamp to +-c * RMS(bucket).  Returns a new tensor."""
     lim = c * rows.pow(2).mean(dim=1, keepdim=True).sqrt_()
     return torch.clamp(rows, -lim, lim)
-
-
-# ---- layout: every size is a function of (numel, config) only ----------------------------------
-@functools.lru_cache(maxsize=None)
-def word_format(levels: int, dense: bool) -> tuple[int, int, int]:
-    """(radix, per_word, word_bytes) for codes in [0, levels): fewest bits per value, ties to the
-    smaller word (cheaper kernels)."""
-    radix = levels if dense else 1 << max(1, (levels - 1).bit_length())
-    best = None
-    for nbytes in range(1, MAX_WORD_BYTES + 1):
-        k = 0
-        while radix ** (k + 1) <= 1 << (8 * nbytes):
-            k += 1
-        if k and (best is None or nbytes * best[1] < best[2] * k):
-            best = (radix, k, nbytes)
-    return best
-
-
-@dataclass(frozen=True)
-class Layout:
-    numel: int
-    bucket: int          # 0 => one bucket for the whole segment
-    n_side: int          # float32 side values per bucket
-    radix: int
-    per_word: int
-    word_bytes: int
-
-    @property
-    def n_buckets(self) -> int:
-        if self.numel == 0:
-            return 0
-        return 1 if self.bucket == 0 else -(-self.numel // self.bucket)
-
-    @property
-    def side_bytes(self) -> int:
-        return 4 * self.n_buckets * self.n_side
-
-    @property
-    def n_words(self) -> int:
-        return -(-self.numel // self.per_word)
-
-    @property
-    def nbytes(self) -> int:
-        return self.side_bytes + self.n_words * self.word_bytes
-
-
-def split_rows(x: Tensor, bucket: int) -> list[Tensor]:
-    """Zero-copy 2-D views of ``x``: full buckets (m, bucket), then the ragged tail (1, t)."""
-    n = x.numel()
-    if n == 0:
-        return []
-    if bucket == 0 or bucket >= n:
-        return [x.view(1, n)]
-    m = n // bucket
-    parts = [x[: m * bucket].view(m, bucket)]
-    if n > m * bucket:
-        parts.append(x[m * bucket:].view(1, n - m * bucket))
-    return parts
-
-
-# ---- packing -------------------------------------------------------------------------------
-def pack(codes: Tensor, lay: Layout, out: Tensor) -> None:
-    """Codes (n_words * per_word,) in [0, radix), zero-padded -> ``out``, uint8 (n_words * word_bytes,)."""
-    k, radix, nw = lay.per_word, lay.radix, lay.n_words
-    assert codes.numel() == nw * k, "pad codes to whole words (BucketQuantizer._code_stream)"
-    if lay.word_bytes == 1:
-        c = codes.view(nw, k).to(torch.uint8)
-        if k == 2 and radix == 16:                    # hot path (4-bit QSGD): c0 | c1 << 4 via int16
-            v = c.view(torch.int16).view(nw)
-            out.copy_(v.bitwise_or(v >> 4))           # int16 -> uint8 keeps the low byte
-            return
-        word = c[:, k - 1].clone()                    # radix**k <= 256: uint8 Horner is exact
-        for j in range(k - 2, -1, -1):
-            word.mul_(radix).add_(c[:, j])
-        out.copy_(word)
-        return
-    c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)
-    word = torch.empty(nw, dtype=torch.int64).copy_(c[:, k - 1])   # dense, even when nw == 1
-    for j in range(k - 2, -1, -1):
-        word.mul_(radix).add_(c[:, j])
-    out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
-
-
-def _digit_dtype(radix: int) -> torch.dtype:
-    return torch.uint8 if radix <= 256 else torch.int32
-
-
-def _chunk(radix: int) -> int:
-    """Digits decoded per table lookup: radix**c <= 2**16 table rows, c digits packed in <= 8 bytes."""
-    dsize = torch.empty((), dtype=_digit_dtype(radix)).element_size()
-    c = 1
-    while radix ** (c + 1) <= 1 << 16 and (c + 1) * dsize <= 8:
-        c += 1
-    return c
-
-
-@functools.lru_cache(maxsize=None)
-def _digit_table(radix: int, c: int) -> Tensor:
-    """Every value in [0, radix**c) -> its c digits, side by side in one integer of a 1-D table, so that
-    decoding is one ``index_select`` (~10x faster than gathering 2-D rows)."""
-    dtype = _digit_dtype(radix)
-    dsize = torch.empty((), dtype=dtype).element_size()
-    width = next(w for w in (1, 2, 4, 8) if w >= c * dsize)
-    values = torch.arange(radix ** c, dtype=torch.int64)
-    table = torch.zeros(len(values), width // dsize, dtype=dtype)
-    for j in range(c):
-        table[:, j] = ((values // radix ** j) % radix).to(dtype)
-    return table.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]).view(-1)
-
-
-def unpack(data: Tensor, lay: Layout) -> Tensor:
-    """Inverse of :func:`pack`: codes (numel,), uint8 if radix <= 256 else int32.  Words are split
-    into chunks of digits by exact float64 division (words < 2**48), each chunk decoded by a table."""
-    k, radix, nw, wb = lay.per_word, lay.radix, lay.n_words, lay.word_bytes
-    dtype, c = _digit_dtype(radix), _chunk(radix)
-    if wb == 1:
-        word = data.to(torch.int64)
-    else:
-        buf = torch.zeros(nw, 8, dtype=torch.uint8)   # zero-extend each word to 64 bits
-        buf[:, :wb] = data.view(nw, wb)
-        word = buf.view(torch.int64).view(nw)
-    out = torch.empty(nw, k, dtype=dtype)
-    for start in range(0, k, c):
-        cc = min(c, k - start)
-        if start + cc < k:                            # floor(x / r) is exact for integers < 2**53
-            x = word.double()
-            word = torch.div(x, radix ** cc).floor_()
-            piece = x.sub_(word * radix ** cc).to(torch.int64)
-            word = word.to(torch.int64)
-        else:
-            piece = word
-        table = _digit_table(radix, cc)
-        digits = torch.index_select(table, 0, piece).view(dtype)
-        out[:, start: start + cc] = digits.view(nw, table.element_size() // out.element_size())[:, :cc]
-    return out.view(-1)[: lay.numel]
 
 
 # ---- shared quantizer plumbing ---------------------------------------------------------------
@@ -348,7 +211,7 @@ class BucketQuantizer(Compressor):
         y.add_(bank[at: at + n].view_as(y))
         fresh = -(-n // BANK_REFRESH)
         self._redraw(bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=self.gen)), fresh)
-        codes = self.scratch("codes", y.shape, _digit_dtype(self.levels))
+        codes = self.scratch("codes", y.shape, digit_dtype(self.levels))
         return codes.copy_(y).clamp_(max=self.levels - 1)             # float -> int truncates = floor
 
     def _redraw(self, bank: Tensor, at: int, count: int) -> None:
