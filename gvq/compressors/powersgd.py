@@ -1,0 +1,230 @@
+"""PowerSGD (Vogels et al., NeurIPS 2019) as two additive compressors for the pipelined ring.
+
+Every parameter with ndim > 1 is viewed as a matrix M (``shape[0]`` x the rest).  One power-iteration
+step with a warm-started Q (m x r, identical on all ranks) gives a rank-r approximation of the *sum* of
+the ranks' matrices in two sequential ring sums over the flat gradient:
+
+* pass P (:class:`PStage`): payload ``P = M Q``.  Linear in M for a shared Q, so payloads add
+  (``sum_w M_w Q = (sum_w M_w) Q``).  Decoding orthogonalizes the summed P into P^; every rank decodes
+  the bitwise identical sum (:func:`gvq.ring.additive_allreduce_`), so every rank holds the same P^.
+* pass Q (:class:`QStage`): payload ``Q = M^T P^``, linear in M again.  Decoding writes ``P^ (sum Q)^T``
+  (the approximation of the sum; the aggregator divides by N once) and keeps ``orth(sum Q)`` as next
+  iteration's Q (warm start).
+
+Parameters too small to gain travel raw inside pass P and are written back by pass Q: 1-D ones (biases,
+BatchNorm) and matrices with ``(n + m) r * min_compression_rate >= n m`` (the torch hook's rule).
+Both stages cut segments on whole parameters; :func:`balanced_segments` balances each pass's payload.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .base import Compressor
+
+
+@dataclass(frozen=True)
+class Block:
+    """One parameter's span of the flat gradient and how it travels."""
+    start: int
+    stop: int
+    rows: int
+    cols: int
+    rank: int            # 0: sent raw (uncompressed) in pass P
+
+    @property
+    def p_len(self) -> int:
+        return self.rows * self.rank if self.rank else self.stop - self.start
+
+    @property
+    def q_len(self) -> int:
+        return self.cols * self.rank
+
+
+def low_rank(shape, rank: int, min_compression_rate: float) -> int:
+    """The rank a tensor of ``shape`` travels at; 0 when it should go raw (1-D, or too little gain)."""
+    if len(shape) < 2:
+        return 0
+    n = int(shape[0])
+    m = int(torch.Size(shape).numel()) // max(n, 1)
+    r = min(rank, n, m)
+    return r if r > 0 and (n + m) * r * min_compression_rate < n * m else 0
+
+
+def plan(shapes, rank: int, min_compression_rate: float) -> list[Block]:
+    blocks, offset = [], 0
+    for shape in shapes:
+        numel = int(torch.Size(shape).numel())
+        rows = int(shape[0]) if len(shape) else 1
+        blocks.append(Block(offset, offset + numel, rows, numel // max(rows, 1),
+                            low_rank(shape, rank, min_compression_rate)))
+        offset += numel
+    return blocks
+
+
+def balanced_segments(blocks: list[Block], weight, n: int) -> list[slice]:
+    """``n`` contiguous runs of whole blocks whose summed ``weight`` (payload elements) is as equal as
+    whole blocks allow: a ring step's time is its largest segment's."""
+    ends = [0]
+    for b in blocks:
+        ends.append(ends[-1] + weight(b))
+    total, bounds = ends[-1], [0]
+    for k in range(1, n):
+        target = total * k / n
+        j = bisect.bisect_left(ends, target)
+        near = min(range(max(0, j - 1), min(len(ends), j + 1)), key=lambda i: abs(ends[i] - target))
+        bounds.append(max(bounds[-1], near))
+    bounds.append(len(blocks))
+    pos = [0] + [b.stop for b in blocks]
+    return [slice(pos[a], pos[b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def orthogonalize(a: Tensor) -> Tensor:
+    """Orthonormal columns spanning ``a``'s (Householder QR: a zero column gives no NaN, unlike plain
+    Gram-Schmidt without an epsilon; deterministic, so equal inputs give equal bits on every rank)."""
+    return torch.linalg.qr(a).Q
+
+
+class PowerSGD:
+    """State shared by the two passes: the layout, Q (warm start), and this iteration's P^ and raw sums."""
+
+    def __init__(self, shapes, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True,
+                 seed: int = 0):
+        self.blocks = plan(shapes, rank, min_compression_rate)
+        self.numel = self.blocks[-1].stop if self.blocks else 0
+        self.warm_start = warm_start
+        self.gen = torch.Generator().manual_seed(int(seed))   # same seed on all ranks: same Q
+        self.q = self._random_q()
+        self.phat: dict[int, Tensor] = {}
+        self.raw: dict[int, Tensor] = {}
+        self.q_local: list[Tensor] = []          # this rank's own pass-Q payloads (for the error metric)
+        self._starts = [b.start for b in self.blocks]
+        self._in: dict[tuple[int, int], list[tuple[int, Block]]] = {}
+        self.p_stage, self.q_stage = PStage(self), QStage(self)
+
+    def _random_q(self) -> dict[int, Tensor]:
+        return {i: orthogonalize(torch.randn(b.cols, b.rank, generator=self.gen))
+                for i, b in enumerate(self.blocks) if b.rank}
+
+    def begin(self) -> None:
+        """Start an iteration: without warm start, a fresh random Q (drawn identically on all ranks)."""
+        self.q_local = []
+        if not self.warm_start:
+            self.q = self._random_q()
+
+    def cuts(self) -> list[int]:
+        return [0] + [b.stop for b in self.blocks]
+
+    def blocks_in(self, seg: slice) -> list[tuple[int, Block]]:
+        key = (seg.start, seg.stop)
+        if key not in self._in:
+            i = bisect.bisect_left(self._starts, seg.start)
+            found = []
+            while i < len(self.blocks) and self.blocks[i].stop <= seg.stop:
+                found.append((i, self.blocks[i]))
+                i += 1
+            if sum(b.stop - b.start for _, b in found) != seg.stop - seg.start:
+                raise ValueError(f"powersgd: segment {seg} does not lie on parameter boundaries")
+            self._in[key] = found
+        return self._in[key]
+
+    @property
+    def bytes_per_iteration(self) -> int:
+        """Payload bytes of both passes for the whole gradient (before the ring's 2(N-1)/N)."""
+        return 4 * sum(b.p_len + b.q_len for b in self.blocks)
+
+    def state_dict(self) -> dict:
+        return {"q": {i: q.clone() for i, q in self.q.items()}, "gen": self.gen.get_state()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if set(sd["q"]) != set(self.q):
+            raise ValueError("powersgd.load_state_dict: the checkpoint's matrices differ from this model's")
+        self.q = {int(i): q.clone() for i, q in sd["q"].items()}
+        self.gen.set_state(sd["gen"])
+
+
+class PStage(Compressor):
+    """Pass P: ``M Q`` for low-rank blocks, raw values for the others; decoding orthogonalizes."""
+
+    additive = True
+    name = "powersgd-P"
+
+    def __init__(self, state: PowerSGD):
+        self.s = state
+
+    def cuts(self, numel):
+        return self.s.cuts()
+
+    def payload_spec(self, seg):
+        return torch.float32, sum(b.p_len for _, b in self.s.blocks_in(seg))
+
+    def compress(self, x, seg):
+        out = torch.empty(self.payload_spec(seg)[1])
+        off = 0
+        for i, b in self.s.blocks_in(seg):
+            piece, n = x[b.start - seg.start: b.stop - seg.start], b.p_len
+            if b.rank:
+                torch.mm(piece.view(b.rows, b.cols), self.s.q[i], out=out[off: off + n].view(b.rows, b.rank))
+            else:
+                out[off: off + n] = piece
+            off += n
+        return out
+
+    def decompress(self, payload, seg):
+        off = 0
+        for i, b in self.s.blocks_in(seg):
+            n = b.p_len
+            piece = payload[off: off + n]
+            if b.rank:
+                self.s.phat[i] = orthogonalize(piece.view(b.rows, b.rank))
+            else:
+                self.s.raw[i] = piece          # the ring never writes a payload it has decoded
+            off += n
+        # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
+        return torch.zeros(()).expand(seg.stop - seg.start)
+
+
+class QStage(Compressor):
+    """Pass Q: ``M^T P^`` for low-rank blocks (raw blocks send nothing); decoding writes ``P^ (sum Q)^T``
+    and the raw sums, and keeps ``orth(sum Q)`` for the next iteration."""
+
+    additive = True
+    name = "powersgd-Q"
+
+    def __init__(self, state: PowerSGD):
+        self.s = state
+
+    def cuts(self, numel):
+        return self.s.cuts()
+
+    def payload_spec(self, seg):
+        return torch.float32, sum(b.q_len for _, b in self.s.blocks_in(seg))
+
+    def compress(self, x, seg):
+        out = torch.empty(self.payload_spec(seg)[1])
+        off = 0
+        for i, b in self.s.blocks_in(seg):
+            if b.rank:
+                m = x[b.start - seg.start: b.stop - seg.start].view(b.rows, b.cols)
+                torch.mm(m.t(), self.s.phat[i], out=out[off: off + b.q_len].view(b.cols, b.rank))
+                off += b.q_len
+        self.s.q_local.append(out)             # not a copy: the ring only reads what it sends
+        return out
+
+    def decompress(self, payload, seg):
+        out = torch.empty(seg.stop - seg.start)
+        off = 0
+        for i, b in self.s.blocks_in(seg):
+            dst = out[b.start - seg.start: b.stop - seg.start]
+            if not b.rank:
+                dst.copy_(self.s.raw[i])
+                continue
+            qsum = payload[off: off + b.q_len].view(b.cols, b.rank)
+            torch.mm(self.s.phat[i], qsum.t(), out=dst.view(b.rows, b.cols))
+            if self.s.warm_start:              # scale-free: P^ = orth(M Q) ignores Q's scale
+                self.s.q[i] = orthogonalize(qsum)
+            off += b.q_len
+        return out
