@@ -122,7 +122,8 @@ def read_metrics(path: Path) -> pd.DataFrame | None:
 def _aggregator(summary: dict, hydra_cfg, overrides: list, config: dict) -> str:
     if summary.get("job_type"):
         return summary["job_type"]
-    choice = ((hydra_cfg or {}).get("hydra", {}).get("runtime", {}).get("choices", {}) or {}).get("aggregator")
+    runtime = (hydra_cfg or {}).get("hydra", {}).get("runtime", {})
+    choice = (runtime.get("choices") or {}).get("aggregator")
     if choice:
         return choice
     for o in overrides:
@@ -166,7 +167,8 @@ def group_runs(runs: list[Run]) -> list[Group]:
     common = set.intersection(*(set(k[0]) for k in keyed)) if keyed else set()
     groups = []
     for (key, agg, status), members in keyed.items():
-        label = " ".join(_short(o) for o in key if o not in common) or agg
+        shown = sorted((o for o in key if o not in common), key=lambda o: not o.startswith("aggregator="))
+        label = " ".join(_short(o) for o in shown) or agg
         groups.append(Group(label, (key, agg, status), members))
     order = {"completed": 0, "failed": 1, "incomplete": 2}
     return sorted(groups, key=lambda g: (order.get(g.status, 3), g.aggregator != "rar", g.label))
@@ -193,7 +195,8 @@ def run_stats(run: Run, target: float) -> dict:
     """One run's numbers, straight from its metrics.csv (summary.json where there is no CSV)."""
     m, s = run.metrics, run.summary
     if m is None or m.empty:
-        return {"final_acc": s.get("final_test_acc", np.nan), "aggregate_s": s.get("mean_aggregate_s", np.nan)}
+        return {"final_acc": s.get("final_test_acc", np.nan),
+                "aggregate_s": s.get("mean_aggregate_s", np.nan)}
     out = {k: m[k].mean() for k in TIMES + ("bytes_sent",) if k in m}
     out["iter_s"] = (m["compute_s"] + m["aggregate_s"]).mean()
     evals = m.dropna(subset=["test_acc"]) if "test_acc" in m else m.iloc[:0]

@@ -120,7 +120,8 @@ def breakdown(groups, stats_of) -> pd.DataFrame:
         if g.status != "completed" or math.isnan(s.get("aggregate_s", math.nan)) or "compute_s" not in s:
             continue
         row = {"group": g.label, **{k: PER * s.get(k, 0.0) for k, _, _ in PARTS[:4]}}
-        row["other_s"] = max(0.0, PER * s["aggregate_s"] - row["compress_s"] - row["wire_s"] - row["decompress_s"])
+        parts = row["compress_s"] + row["wire_s"] + row["decompress_s"]
+        row["other_s"] = max(0.0, PER * s["aggregate_s"] - parts)
         row["aggregate_s"] = PER * s["aggregate_s"]
         rows.append(row)
     return pd.DataFrame(rows)
@@ -183,8 +184,9 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
 
 
 # -- HTML ---------------------------------------------------------------------------------------------
-CSS = """body{font-family:sans-serif;margin:2em;max-width:1300px}table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #bbb;padding:3px 7px;text-align:right}td:first-child,th{text-align:left}
+CSS = """body{font-family:sans-serif;margin:2em;max-width:1300px}
+table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #bbb;padding:3px 7px;text-align:right}td:nth-child(-n+4),th{text-align:left}
 tr.failed td{background:#fdd}tr.incomplete td{background:#ffe9c4}.setting{background:#eef;padding:6px}
 .warn{color:#a00}img{max-width:100%}figcaption{font-size:12px;color:#444}"""
 
