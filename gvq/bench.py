@@ -186,7 +186,7 @@ def quantizer_table(argv) -> list[dict]:
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["aggregate"], help="what to benchmark")
-    p.add_argument("--aggregators", nargs="+", default=["rar", "allreduce"])
+    p.add_argument("--aggregators", nargs="+", default=["rar", "fp16", "qsgd", "gradiveq", "powersgd"])
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--bandwidth", type=float, nargs="*", default=[None],
                    help="per-rank link in bit/s (several => one table each); omit for unshaped")
