@@ -108,7 +108,10 @@ class EmulatedLink:
             handle.event.set()
 
     def close(self):
+        """Drain and stop the sender thread before the process group goes away: a send still in
+        flight during ``destroy_process_group`` aborts the process (``terminate called ...``)."""
         self._q.put(None)
+        self._thread.join(timeout=10)
 
 
 class P2P:

@@ -82,8 +82,12 @@ def launch(cfg: DictConfig) -> dict | None:
         _spawn_and_join(plain, meta, init)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         write_failure(run_dir, plain, meta, str(e))
-        print(f"gvq: run failed: {e}", file=sys.stderr)
-        sys.exit(1)
+        if json.loads((run_dir / "summary.json").read_text()).get("status") == "completed":
+            print(f"gvq: warning: a rank failed after training completed (results kept): {e}",
+                  file=sys.stderr)
+        else:
+            print(f"gvq: run failed: {e}", file=sys.stderr)
+            sys.exit(1)
     except KeyboardInterrupt:
         write_failure(run_dir, plain, meta, "interrupted (Ctrl-C): every rank was stopped")
         print("gvq: interrupted; every rank stopped", file=sys.stderr)
@@ -128,10 +132,16 @@ def _plain_start_method() -> None:
 
 
 def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str) -> None:
-    """Record the failure unless rank 0 already wrote a summary."""
+    """Record the failure; a run rank 0 already completed keeps its results (teardown error noted)."""
     path = run_dir / "summary.json"
     first = reason.strip().splitlines()
-    data = {"status": "failed", "reason": first[-1] if first else "unknown", "config": cfg, **meta}
+    line = first[-1] if first else "unknown"
+    if path.exists():
+        done = json.loads(path.read_text())
+        if done.get("status") == "completed":
+            path.write_text(json.dumps({**done, "teardown_error": line}, indent=2, default=str))
+            return
+    data = {"status": "failed", "reason": line, "config": cfg, **meta}
     path.write_text(json.dumps(data, indent=2, default=str))
 
 

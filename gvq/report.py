@@ -206,6 +206,8 @@ def run_stats(run: Run, target: float) -> dict:
     for col in ("compression_error", "compression_ratio"):
         if col in m and m[col].notna().any():
             out[col] = m[col].mean()
+    if "compression_error" in out:          # heavy-tailed (GradiVeQ's Eq. 7 loss): the median too
+        out["error_median"] = m["compression_error"].median()
     return out
 
 
@@ -258,6 +260,7 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
             "iteration_speedup": base["iter_s"] / s["iter_s"] if base and "iter_s" in s else np.nan,
             "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": ratio,
             "compression_error": s.get("compression_error", np.nan),
+            "compression_error_median": s.get("error_median", np.nan),
             "run_dirs": " ".join(str(r.path) for r in g.runs)})
     return pd.DataFrame(rows)
 
@@ -272,25 +275,8 @@ def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
     runs = [load_run(p) for p in paths]
     groups = group_runs(runs)
     stats = {id(g): group_stats(g, target) for g in groups}
-    table = build_table(groups, stats)
-    display = rp.display_table(table, target)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "table.csv", index=False)
-    note = (f"{len(runs)} runs in {len(groups)} groups (same overrides minus seed). Speed-ups and "
-            "compression ratio: against the completed rar runs of the same setting. Time to target: "
-            "wall_s of the first evaluation at or above it, mean over the runs that reached it.")
-    (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
-    setting = rp.describe_setting(runs)
-    figures = [(rp.plot_curves(groups, out / "curves.png", setting),
-                "Test accuracy and train loss against iteration and wall-clock (mean ± std over seeds)")]
-    parts = rp.breakdown(groups, lambda g: stats[id(g)])
-    if len(parts):
-        parts.to_csv(out / "breakdown.csv", index=False)
-        figures.append((rp.plot_breakdown(parts, out / "breakdown.png", setting),
-                        f"Computation vs aggregation time per {rp.PER} iterations (GradiVeQ Fig. 7b)"))
     title = f"gvq report: {', '.join(str(d) for d in dirs)}"
-    rp.write_html(out / "report.html", title, setting, display, table, figures, groups, note)
-    return display
+    return rp.render(out, title, runs, groups, lambda g: stats[id(g)], build_table(groups, stats), target)
 
 
 def main(argv=None) -> int:
@@ -307,7 +293,8 @@ def main(argv=None) -> int:
         print(f"gvq.report: error: {e}", file=sys.stderr)
         return 2
     print(display.to_markdown(index=False))
-    print(f"-> {out}/report.html (table.csv, table.md, curves.png, breakdown.png)")
+    others = ", ".join(sorted(p.name for p in out.iterdir() if p.name != "report.html"))
+    print(f"-> {out}/report.html ({others})")
     return 0
 
 

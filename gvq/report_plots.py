@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 
 PER = 500                     # Fig. 7b: seconds per this many iterations
 PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
-         ("wire_s", "wire (blocked on links)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
+         ("wire_s", "wire (blocked on peers)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
          ("other_s", "other aggregation", "tab:purple"))
 DASH = "—"
 
@@ -48,8 +48,9 @@ def describe_setting(runs) -> str:
 
 
 # -- figures ------------------------------------------------------------------------------------------
-def _series(group, col: str, smooth: int = 1) -> pd.DataFrame:
-    """Mean / std of ``col`` over the group's runs at each iteration, with the mean ``wall_s``."""
+def _series(group, col: str, smooth: int = 1, log: bool = False) -> pd.DataFrame:
+    """Mean, mean - std, mean + std of ``col`` over the group's runs at each iteration, with the mean
+    ``wall_s``; ``log``: of log10(col) (geometric mean and std: a band that fits a log axis)."""
     frames = []
     for r in group.runs:
         m = r.metrics
@@ -57,29 +58,34 @@ def _series(group, col: str, smooth: int = 1) -> pd.DataFrame:
             continue
         m = m.dropna(subset=[col])[["iteration", "wall_s", col]].copy()
         m[col] = m[col].rolling(smooth, min_periods=1).mean()
+        if log:
+            m[col] = np.log10(m[col].where(m[col] > 0))
         frames.append(m)
     if not frames:
-        return pd.DataFrame(columns=["iteration", "wall_s", "mean", "std"])
+        return pd.DataFrame(columns=["iteration", "wall_s", "mean", "lo", "hi"])
     agg = pd.concat(frames).groupby("iteration").agg(wall_s=("wall_s", "mean"), mean=(col, "mean"),
-                                                     std=(col, "std"))
-    return agg.reset_index()
+                                                     std=(col, "std")).reset_index()
+    agg["lo"], agg["hi"] = agg["mean"] - agg["std"], agg["mean"] + agg["std"]
+    if log:
+        agg[["mean", "lo", "hi"]] = 10.0 ** agg[["mean", "lo", "hi"]]
+    return agg
 
 
 def _plot_group(axes, group, color, smooth: int) -> None:
     style = "-" if group.status == "completed" else "--"
     label = group.label + ("" if group.status == "completed" else f" ({group.status})")
     for row, (col, sm) in enumerate((("test_acc", 1), ("train_loss", smooth))):
-        s = _series(group, col, sm)
+        s = _series(group, col, sm, log=row == 1)
         for ax, x in zip(axes[row], ("iteration", "wall_s")):
             first = row == 0 and x == "iteration"
             ax.plot(s[x], s["mean"], style, color=color, label=label if first else None, lw=1.4)
-            if len(group.runs) > 1 and s["std"].notna().any():
-                ax.fill_between(s[x], s["mean"] - s["std"], s["mean"] + s["std"], color=color, alpha=0.2)
+            if len(group.runs) > 1 and s["lo"].notna().any():
+                ax.fill_between(s[x], s["lo"], s["hi"], color=color, alpha=0.2)
 
 
 def _loss_limits(axes, groups, smooth: int) -> None:
     """Log scale, limits from the completed groups: a diverged run must not flatten the others."""
-    values = [_series(g, "train_loss", smooth)["mean"] for g in groups if g.status == "completed"]
+    values = [_series(g, "train_loss", smooth, log=True)["mean"] for g in groups if g.status == "completed"]
     values = pd.concat(values) if values else pd.Series(dtype=float)
     values = values[np.isfinite(values) & (values > 0)]
     for ax in axes:
@@ -97,7 +103,8 @@ def plot_curves(groups, path: Path, setting: str) -> Path:
     for i, g in enumerate(groups):
         _plot_group(axes, g, colors[i % len(colors)], smooth)
     axes[0][0].set_ylabel("test accuracy (top-1)")
-    axes[1][0].set_ylabel(f"train loss (running mean of {smooth})" if smooth > 1 else "train loss")
+    axes[1][0].set_ylabel("train loss" + (f" (running mean of {smooth})" if smooth > 1 else "")
+                          + "\ngeometric mean ± std over seeds")
     axes[1][0].set_xlabel("iteration")
     axes[1][1].set_xlabel("wall-clock (s)")
     _loss_limits(axes[1], groups, smooth)
@@ -129,7 +136,7 @@ def breakdown(groups, stats_of) -> pd.DataFrame:
 
 def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
     """GradiVeQ Fig. 7b: stacked computation + aggregation (compress / wire / decompress / other)."""
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table) + 3), 4.5))
     x, bottom = np.arange(len(table)), np.zeros(len(table))
     for key, label, color in PARTS:
         values = table[key].to_numpy() if len(table) else np.zeros(0)
@@ -141,7 +148,7 @@ def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
     ax.set_ylabel(f"seconds per {PER} iterations")
     ax.set_title(textwrap.fill(f"Computation vs aggregation ({setting})", 12 * fig.get_figwidth()),
                  fontsize=8)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -180,7 +187,32 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
         "iter. speed-up vs rar": [_num(v, ".2f", "x") for v in df["iteration_speedup"]],
         "bytes / iter": [_num(v, ",.0f") for v in df["bytes_per_iter"]],
         "compression ratio": [_num(v, ".2f") for v in df["compression_ratio"]],
-        "compression error": [_num(v, ".3g") for v in df["compression_error"]]})
+        "compression error mean (median)": [
+            DASH if math.isnan(m) else f"{m:.3g} ({md:.3g})"
+            for m, md in zip(df["compression_error"], df["compression_error_median"])]})
+
+
+# -- all files ----------------------------------------------------------------------------------------
+def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, target: float):
+    """Write table.csv / .md, the figures and report.html into ``out``; returns the display table."""
+    display = display_table(table, target)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "table.csv", index=False)
+    note = (f"{len(runs)} runs in {len(groups)} groups (same overrides minus seed). Speed-ups and "
+            "compression ratio: against the completed rar runs of the same setting. Time to target: "
+            "wall_s of the first evaluation at or above it, mean over the runs that reached it.")
+    (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
+    setting = describe_setting(runs)
+    figures = [(plot_curves(groups, out / "curves.png", setting),
+                "Test accuracy and train loss against iteration and wall-clock "
+                "(bands: ± std over seeds; loss: geometric)")]
+    parts = breakdown(groups, stats_of)
+    if len(parts):
+        parts.to_csv(out / "breakdown.csv", index=False)
+        figures.append((plot_breakdown(parts, out / "breakdown.png", setting),
+                        f"Computation vs aggregation time per {PER} iterations (GradiVeQ Fig. 7b)"))
+    write_html(out / "report.html", title, setting, display, table, figures, groups, note)
+    return display
 
 
 # -- HTML ---------------------------------------------------------------------------------------------
