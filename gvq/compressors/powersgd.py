@@ -146,11 +146,11 @@ class PowerSGD:
         self.gen.set_state(sd["gen"])
 
 
-class PStage(Compressor):
-    """Pass P: ``M Q`` for low-rank blocks, raw values for the others; decoding orthogonalizes."""
+class _Stage(Compressor):
+    """One of PowerSGD's two sums: shares the layout state; ``length`` names the block's payload size."""
 
     additive = True
-    name = "powersgd-P"
+    length = "p_len"
 
     def __init__(self, state: PowerSGD):
         self.s = state
@@ -159,7 +159,13 @@ class PStage(Compressor):
         return self.s.cuts()
 
     def payload_spec(self, seg):
-        return torch.float32, sum(b.p_len for _, b in self.s.blocks_in(seg))
+        return torch.float32, sum(getattr(b, self.length) for _, b in self.s.blocks_in(seg))
+
+
+class PStage(_Stage):
+    """Pass P: ``M Q`` for low-rank blocks, raw values for the others; decoding orthogonalizes."""
+
+    name = "powersgd-P"
 
     def compress(self, x, seg):
         out = torch.empty(self.payload_spec(seg)[1])
@@ -187,21 +193,12 @@ class PStage(Compressor):
         return torch.zeros(()).expand(seg.stop - seg.start)
 
 
-class QStage(Compressor):
+class QStage(_Stage):
     """Pass Q: ``M^T P^`` for low-rank blocks (raw blocks send nothing); decoding writes ``P^ (sum Q)^T``
     and the raw sums, and keeps ``orth(sum Q)`` for the next iteration."""
 
-    additive = True
     name = "powersgd-Q"
-
-    def __init__(self, state: PowerSGD):
-        self.s = state
-
-    def cuts(self, numel):
-        return self.s.cuts()
-
-    def payload_spec(self, seg):
-        return torch.float32, sum(b.q_len for _, b in self.s.blocks_in(seg))
+    length = "q_len"
 
     def compress(self, x, seg):
         out = torch.empty(self.payload_spec(seg)[1])
