@@ -124,7 +124,7 @@ def _rank(rank, args, init, out):
             if name == "allreduce" and args.bandwidth:
                 continue                      # gloo's collective cannot be shaped in-process
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
-            records.append(time_aggregator(agg, params, grads, ctx, args))
+            records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
         if rank == 0:
             Path(out).write_text(json.dumps(records))
     finally:

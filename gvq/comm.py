@@ -44,6 +44,9 @@ class _Done:
     def wait(self, timeout=None):
         return True
 
+    def is_completed(self):
+        return True
+
 
 class _All:
     """Several handles as one (a message sent or received as chunks)."""
@@ -55,6 +58,9 @@ class _All:
         for h in self.handles:
             h.wait(timeout=timeout)
         return True
+
+    def is_completed(self):
+        return all(h.is_completed() for h in self.handles)
 
 
 class _Emulated:
@@ -71,6 +77,9 @@ class _Emulated:
         if self.error is not None:
             raise self.error
         return True
+
+    def is_completed(self):
+        return self.event.is_set()
 
 
 class EmulatedLink:
@@ -150,6 +159,11 @@ class P2P:
         if self.link is not None:
             return _All([dist.irecv(c, src, tag=tag) for c in chunks(tensor)])
         return dist.irecv(tensor, src, tag=tag)
+
+    @staticmethod
+    def done(handle) -> bool:
+        """Has ``handle`` finished?  Never blocks (errors surface in :meth:`wait`)."""
+        return handle.is_completed()
 
     def wait(self, handle, peer: int | None = None) -> None:
         t0 = time.perf_counter()

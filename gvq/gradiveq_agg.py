@@ -13,14 +13,15 @@ Phases (the ``phase`` CSV column):
 * ``compress`` -- at most L_c iterations through the pipelined additive ring (Algorithm 1).  Then a new
   sampling phase begins.
 
-Runtime monitor: on every compressed iteration each rank computes the Eq. 7 loss of its own gradient,
-relative to ||g_n||^2 (``compressor.local_loss``); rank 0's is the ``compression_error`` column.  With
-``monitor_threshold`` set, ranks vote (one all-reduce of a 0/1 flag) and a strict majority above the
-threshold ends the compressed phase *before* this iteration's ring: the iteration is aggregated as the
-first sample of a new sampling phase, so the badly compressed gradient is never applied.  The loss and
-the vote run in :meth:`measure`, outside ``aggregate_s`` (they are not part of the wire protocol);
-their time is logged as ``monitor_s``, so nothing is hidden.  The loss is computed (for the log) even
-when the monitor is off.
+Runtime monitor: on every compressed iteration each rank knows the Eq. 7 loss of its own gradient,
+relative to ||g_n||^2; rank 0's is the ``compression_error`` column.  Monitor off (default): the loss is
+read off the payloads the ring makes anyway (``compressor.track``: ||c||^2 - ||U_d^T c||^2, two dot
+products), so logging it costs no extra pass over the bases.  With ``monitor_threshold`` set, ranks
+compute it *before* the ring (``compressor.local_loss``: one extra projection) and vote (one all-reduce
+of a 0/1 flag); a strict majority above the threshold ends the compressed phase before this iteration's
+ring: the iteration is aggregated as the first sample of a new sampling phase, so the badly compressed
+gradient is never applied.  The loss and the vote run in :meth:`measure`, outside ``aggregate_s``
+(they are not part of the wire protocol); their time is logged as ``monitor_s``, so nothing is hidden.
 
 ``compression_ratio``: fp32 bytes of the whole gradient over the payload bytes of the iteration's
 aggregation (1 for uncompressed, QSGD's ratio while sampling, GradiVeQ's wire ratio -- raw layers
@@ -75,13 +76,14 @@ class GradiVeQAggregator(Aggregator):
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, fit_sync: str = "broadcast"):
+                 monitor_threshold: float | None = None, fit_sync: str = "broadcast", pieces: int = 4):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
         self.L_t = _int_at_least("L_t", L_t, 2)            # PCA needs >= 2 samples
         self.L_c = _int_at_least("L_c", L_c, 1)
         self.warmup = _int_at_least("warmup", warmup, 0)
+        self.pieces = _int_at_least("aggregator.pieces", pieces, 1)
         if sampling not in SAMPLING:
             raise ValueError(f"aggregator.sampling={sampling!r}: must be one of {', '.join(SAMPLING)}")
         if fit_sync not in FIT_SYNC:
@@ -111,7 +113,7 @@ class GradiVeQAggregator(Aggregator):
         self._raw_segs = equal_segments(numel, n)
         self._q_segs = split_on_cuts(self.qsgd.cuts(numel), n)
         self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
-        self._c_segs: list[slice] = []
+        self._c_segs: list[list[slice]] = []
         self._c_ratio = NAN
 
     def flatten(self) -> torch.Tensor:
@@ -131,11 +133,11 @@ class GradiVeQAggregator(Aggregator):
         if self.phase == "warmup" and self._it >= self.warmup:
             self._start_sampling()
         stats = {"compression_error": NAN, "monitor_s": NAN}
-        if self.phase == "compress":
+        if self.phase == "compress" and self.monitor_threshold is not None:
             t0 = time.perf_counter()
             loss = self.compressor.local_loss(flat)
             stats["compression_error"] = loss
-            if self.monitor_threshold is not None and self._majority_above(loss):
+            if self._majority_above(loss):
                 self.monitor_stops += 1
                 log.info("gradiveq: monitor stopped compression at iteration %d after %d compressed "
                          "iterations (rank 0 loss %.3g)", self._it, self.count, loss)
@@ -152,12 +154,15 @@ class GradiVeQAggregator(Aggregator):
 
     def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
         if self.phase == "compress":
-            self._compressed_ring(flat)
+            loss = self._compressed_ring(flat)
             ratio = self._c_ratio
             self.count += 1
             if self.count >= self.L_c:
                 self._start_sampling()
-            return {"compression_ratio": ratio, "fit_s": NAN}
+            out = {"compression_ratio": ratio, "fit_s": NAN}
+            if self.monitor_threshold is None:             # else measure() logged it before the ring
+                out["compression_error"] = loss
+            return out
         if self.phase == "sample" and self.sampling == "qsgd":
             ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.clock)
             ratio = self._q_ratio
@@ -167,16 +172,22 @@ class GradiVeQAggregator(Aggregator):
         fit_s = self._add_sample(flat) if self.phase == "sample" else NAN
         return {"compression_ratio": ratio, "fit_s": fit_s}
 
-    def _compressed_ring(self, flat: torch.Tensor) -> None:
+    def _compressed_ring(self, flat: torch.Tensor) -> float:
+        """Algorithm 1; returns this rank's Eq. 7 loss, read off its own payloads as they are made."""
         comp = self.compressor
-        if self.ctx.world_size == 1:                       # no ring: compress and decompress locally
-            whole = slice(0, flat.numel())
-            with self.clock("compress"):
-                payload = comp.compress(flat, whole)
-            with self.clock("decompress"):
-                flat.copy_(comp.decompress(payload, whole))
-            return
-        ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.clock)
+        comp.track(flat)
+        try:
+            if self.ctx.world_size == 1:                   # no ring: compress and decompress locally
+                whole = slice(0, flat.numel())
+                with self.clock("compress"):
+                    payload = comp.compress(flat, whole)
+                with self.clock("decompress"):
+                    flat.copy_(comp.decompress(payload, whole))
+            else:
+                ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.clock)
+            return comp.tracked_loss()
+        finally:
+            comp.track(None)
 
     # -- schedule ------------------------------------------------------------------------------------
     def _start_sampling(self) -> None:
@@ -209,7 +220,7 @@ class GradiVeQAggregator(Aggregator):
 
     def _after_fit(self) -> None:
         numel = self.compressor.layout.numel
-        self._c_segs = balanced_segments(self.compressor, numel, self.ctx.world_size)
+        self._c_segs = balanced_segments(self.compressor, numel, self.ctx.world_size, self.pieces)
         self._c_ratio = self.compressor.wire_ratio(numel)
 
     def prepare_benchmark(self, grads: list[torch.Tensor], args=None) -> None:

@@ -89,25 +89,47 @@ def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -
     return True
 
 
-def balanced_segments(comp: GradiVeQ, numel: int, n: int) -> list[slice]:
-    """N segments on ``comp.cuts`` with about equal *payload* (raw value = 1, compressed slice = d):
-    the ring's time is set by its largest segment, and raw layers (e.g. a classifier) would otherwise
-    make one segment many times larger on the wire than the others."""
-    cuts = comp.cuts(numel)
+def _payload_before(comp: GradiVeQ, numel: int) -> torch.Tensor:
+    """Payload elements before every flat index (raw value = 1, value of a compressed slice = d/K)."""
     weight = torch.ones(numel, dtype=torch.float64)
     for g in comp.groups:
-        d = comp.basis(g.gid)[0].shape[1]
-        weight[g.start: g.stop] = d / g.K
-    cum = torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
-    at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
-    bounds = [0]
+        weight[g.start: g.stop] = comp.basis(g.gid)[0].shape[1] / g.K
+    return torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
+
+
+def _split(cuts: list[int], at: list[float], lo: int, hi: int, n: int) -> list[slice]:
+    """n slices of [lo, hi) on ``cuts`` (with payload ``at`` before each) of about equal payload."""
+    i0, i1 = bisect.bisect_left(cuts, lo), bisect.bisect_right(cuts, hi)
+    cuts, at = cuts[i0:i1], at[i0:i1]
+    bounds = [lo]
     for i in range(1, n):
-        target = at[-1] * i / n
+        target = at[0] + (at[-1] - at[0]) * i / n
         j = bisect.bisect_left(at, target)
         near = min(range(max(0, j - 1), min(j + 1, len(at) - 1) + 1), key=lambda k: abs(at[k] - target))
         bounds.append(max(bounds[-1], cuts[near]))
-    bounds.append(numel)
+    bounds.append(hi)
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 1) -> list:
+    """N segments on ``comp.cuts`` with about equal *payload*: the ring's time is set by its largest
+    segment, and raw layers (e.g. a classifier) would otherwise make one segment many times larger on
+    the wire than the others.  ``pieces > 1``: each segment becomes a list of that many pieces cut on
+    *group* boundaries where the segment has them (a basis is streamed from memory once per piece that
+    touches its group, so a cut inside a group reads its K x d basis twice); pieces may then be uneven."""
+    cuts = comp.cuts(numel)
+    cum = _payload_before(comp, numel)
+    at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
+    segs = _split(cuts, at, 0, numel, n)
+    if pieces == 1:
+        return segs
+    edges = sorted({0, numel} | {g.start for g in comp.groups} | {g.stop for g in comp.groups})
+    out = []
+    for seg in segs:
+        inner = [seg.start] + [e for e in edges if seg.start < e < seg.stop] + [seg.stop]
+        split = _split(inner, cum[torch.tensor(inner)].tolist(), seg.start, seg.stop, pieces)
+        out.append([p for p in split if p.stop > p.start] or [seg])
+    return out
 
 
 def equal_segments(numel: int, n: int) -> list[slice]:

@@ -83,42 +83,63 @@ def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
     return _SCRATCH[key]
 
 
-def additive_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,
+def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P2P,
                         clock: Clock) -> None:
-    """(b) Pipelined compressed-domain RAR (GradiVeQ Algorithm 1) for ``comp.additive``."""
+    """(b) Pipelined compressed-domain RAR (GradiVeQ Algorithm 1) for ``comp.additive``.
+
+    ``segs``: N segments, each a slice or a list of consecutive slices ("pieces", on ``comp.cuts``).
+    Pieces make Algorithm 1's pipeline finer without changing what is summed or sent: each piece is
+    its own message, forwarded as soon as it is complete (cut-through), so only the first piece's
+    compression and the last piece's decompression stay outside the wire time, instead of a whole
+    segment's (1/N of all the compute).  One piece per segment is the paper's Algorithm 1 exactly.
+    """
     if not comp.additive:
         raise ValueError(f"aggregator.topology=ring: compressor {comp.name!r} is not additive; "
                          "its payloads cannot be summed in the compressed domain (use the re-encode ring)")
+    segs = [[s] if isinstance(s, slice) else list(s) for s in segs]
     n, r = p2p.world_size, p2p.rank
-    with clock("compress"):
-        held = comp.compress(flat[segs[r]], segs[r])
-    send = p2p.isend(held, p2p.right)
-    for i in range(n - 1):
-        seg = segs[(r - i - 1) % n]
-        inbox = comp.empty_payload(seg)
-        recv = p2p.irecv(inbox, p2p.left)              # posted first: compression overlaps the wire
+    sends = []
+    held = []
+    for q in segs[r]:                                   # own segment: each piece leaves once compressed
         with clock("compress"):
-            mine = comp.compress(flat[seg], seg)
-        p2p.wait(recv, p2p.left)
-        with clock("add"):
-            held = inbox.add_(mine)
-        p2p.wait(send, p2p.right)
-        if i < n - 2:
-            send = p2p.isend(held, p2p.right)
-    # all-gather of summed payloads; decompress the previous segment while the next one arrives
-    idx = (r + 1) % n
+            held.append(comp.compress(flat[q], q))
+        sends.append(p2p.isend(held[-1], p2p.right))
     for i in range(n - 1):
-        send = p2p.isend(held, p2p.right)
-        seg = segs[(r - i) % n]
-        inbox = comp.empty_payload(seg)
-        recv = p2p.irecv(inbox, p2p.left)
-        with clock("decompress"):
-            flat[segs[idx]] = comp.decompress(held, segs[idx])
-        p2p.wait(recv, p2p.left)
-        p2p.wait(send, p2p.right)
-        held, idx = inbox, (r - i) % n
+        pieces = segs[(r - i - 1) % n]
+        inboxes = [comp.empty_payload(q) for q in pieces]
+        recvs = [p2p.irecv(b, p2p.left) for b in inboxes]    # posted first: compression overlaps them
+        for q, inbox, recv in zip(pieces, inboxes, recvs):
+            with clock("compress"):
+                mine = comp.compress(flat[q], q)
+            p2p.wait(recv, p2p.left)
+            with clock("add"):
+                inbox.add_(mine)
+            if i < n - 2:
+                sends.append(p2p.isend(inbox, p2p.right))
+        held = inboxes
+    # all-gather: forward each summed piece on arrival; decompress earlier ones while later ones travel
+    pending = list(zip(segs[(r + 1) % n], held))
+    sends += [p2p.isend(b, p2p.right) for b in held]
+    for i in range(n - 1):
+        pieces = segs[(r - i) % n]
+        inboxes = [comp.empty_payload(q) for q in pieces]
+        recvs = [p2p.irecv(b, p2p.left) for b in inboxes]
+        for q, inbox, recv in zip(pieces, inboxes, recvs):
+            while pending and (not p2p.done(recv) or len(pending) > 2 * len(pieces)):
+                _decompress_into(flat, *pending.pop(0), comp, clock)
+            p2p.wait(recv, p2p.left)
+            if i < n - 2:
+                sends.append(p2p.isend(inbox, p2p.right))
+            pending.append((q, inbox))
+    for q, payload in pending:
+        _decompress_into(flat, q, payload, comp, clock)
+    for h in sends:
+        p2p.wait(h, p2p.right)
+
+
+def _decompress_into(flat, q: slice, payload, comp: Compressor, clock: Clock) -> None:
     with clock("decompress"):
-        flat[segs[idx]] = comp.decompress(held, segs[idx])
+        flat[q] = comp.decompress(payload, q)
 
 
 def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,

@@ -260,6 +260,43 @@ def test_local_loss_is_eq7_and_compression_error_is_the_aggregate_projection_err
     assert comp.compression_error(g) == pytest.approx(ref, rel=1e-4)
 
 
+@pytest.mark.parametrize("N", [1, 3])
+def test_tracked_loss_read_off_the_payloads_equals_local_loss(N):
+    """The ring's Eq. 7 (||c||^2 - ||U^T c||^2 from the payloads it sends) == the direct residual, for
+    any segmentation the ring may use, raw values included; track(None) stops it."""
+    comp = _fitted(world_size=N, s=2)
+    g = torch.randn(NUMEL, generator=_gen(21))
+    for segs in _segmentations(comp, NUMEL):
+        comp.track(g)
+        for s in segs:
+            comp.compress(g[s], s)
+        assert comp.tracked_loss() == pytest.approx(comp.local_loss(g), rel=1e-4, abs=1e-6)
+    comp.track(None)
+    with pytest.raises(RuntimeError, match="track"):
+        comp.tracked_loss()
+
+
+@pytest.mark.parametrize("N", [2, 4])
+def test_bfloat16_bases_keep_eq1_to_bf16_precision_and_the_ratio(N):
+    """basis_dtype=bfloat16: same state, same payload sizes; payload sums still decompress to the
+    projection of the sum up to bf16 rounding (2**-8 relative), and the loss barely moves."""
+    exact = _fitted(world_size=N, K="x1")
+    fast = GradiVeQ(world_size=N, K="x1", basis_dtype="bfloat16").bind(SHAPES)
+    fast.load_state_tensors(exact.state_tensors())
+    grads = [torch.randn(NUMEL, generator=_gen(200 + n)) for n in range(N)]
+    _, ref_recon = _reference(exact, sum(grads))
+    scale = float(ref_recon.abs().max())
+    for segs in _segmentations(exact, NUMEL)[:3]:
+        summed = [sum(fast.compress(g[s], s) for g in grads) for s in segs]
+        assert [p.numel() for p in summed] == [exact.payload_spec(s)[1] for s in segs]
+        recon = torch.cat([fast.decompress(p, s) for p, s in zip(summed, segs)])
+        assert float((recon - ref_recon).abs().max()) < 2 ** -6 * scale
+        assert not torch.equal(recon, ref_recon)          # it really ran in bf16
+    g = sum(grads)
+    assert fast.compression_error(g) == pytest.approx(exact.compression_error(g), rel=1e-4)
+    assert fast.wire_ratio(NUMEL) == exact.wire_ratio(NUMEL)
+
+
 # -- state ----------------------------------------------------------------------------------------------------
 def test_state_tensors_round_trip_gives_bitwise_identical_payloads():
     src = _fitted(world_size=2, s=2, K="x1")
@@ -291,6 +328,7 @@ def test_state_tensors_round_trip_gives_bitwise_identical_payloads():
     ({"s": 0}, "s="), ({"s": 1.5}, "s="), ({"s": float("nan")}, "s="), ({"d": 0}, "d="),
     ({"target_ratio": 1.0}, "target_ratio="), ({"d": 2, "target_ratio": 4}, "d="),
     ({"world_size": 0}, "world_size="), ({"mu": "x"}, "mu="), ({"pool": "yes"}, "pool="), ({"foo": 1}, "foo"),
+    ({"basis_dtype": "float16"}, "basis_dtype="),
 ])
 def test_bad_config_raises_a_one_line_error_naming_the_key(kw, key):
     with pytest.raises(ValueError) as err:

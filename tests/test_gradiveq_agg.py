@@ -268,3 +268,29 @@ def test_correlation_analysis_writes_fig4_and_fig5(tmp_path):
     assert df.multiple_of_FD.any() and (~df.multiple_of_FD).any()
     for png in ("fig4_scatter.png", "fig5_slice_loss.png"):
         assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_ring_pieces_split_segments_on_group_boundaries_only():
+    """pieces > 1 refines each payload-balanced segment without moving its ends, cutting only where a
+    basis group starts or stops (a cut inside a group would stream its basis twice)."""
+    from gvq.gradiveq_sync import balanced_segments
+    comp = GradiVeQ(K="x1").bind([(8, 4, 3, 3), (8,), (8, 8, 3, 3), (8, 8, 3, 3), (8,), (10, 72)])
+    numel = comp.layout.numel
+    gen = torch.Generator().manual_seed(0)
+    comp.fit(torch.randn(12, numel, generator=gen))
+    edges = {g.start for g in comp.groups} | {g.stop for g in comp.groups}
+    for n in (1, 2, 3):
+        plain = balanced_segments(comp, numel, n)
+        pieced = balanced_segments(comp, numel, n, pieces=3)
+        assert len(pieced) == n
+        for seg, pieces in zip(plain, pieced):
+            assert pieces[0].start == seg.start and pieces[-1].stop == seg.stop
+            assert all(a.stop == b.start for a, b in zip(pieces[:-1], pieces[1:]))
+            assert all(p.stop > p.start for p in pieces) or pieces == [seg]
+            assert all(p.start in edges for p in pieces[1:])
+        assert sum(len(p) for p in pieced) > n                 # something was actually cut
+
+
+def test_pieces_knob_is_validated():
+    with pytest.raises(ValueError, match=r"^aggregator\.pieces=0"):
+        _make(1, pieces=0)

@@ -136,3 +136,31 @@ def test_equal_segments_cover_the_vector_contiguously():
             assert all(a.stop == b.start for a, b in zip(segs, segs[1:]))
             sizes = [s.stop - s.start for s in segs]
             assert max(sizes) - min(sizes) <= 1
+
+
+def _pieced(rank, world, comp, numel, k, bandwidth):
+    """The additive ring with every segment cut into k pieces (cut-through), and with one piece."""
+    cuts = comp.cuts(numel)
+    fine = split_on_cuts(cuts, world * k)
+    out = []
+    for segs in ([fine[i * k: (i + 1) * k] for i in range(world)], split_on_cuts(cuts, world)):
+        flat, p2p = _x(rank, numel), P2P(rank, world, 30.0, bandwidth)
+        ring.additive_allreduce_(flat, segs, comp, p2p, ring.Clock())
+        p2p.close()
+        out.append((flat, p2p.bytes_sent))
+    return out
+
+
+@pytest.mark.parametrize("world, bandwidth", [(2, None), (3, None), (4, None), (3, 2e8)])
+def test_pieces_sum_the_same_and_send_the_same_bytes(tmp_path, world, bandwidth):
+    """Cut-through pieces change only the pipelining: same sum (Eq. 1), same bytes, same bits on all
+    ranks; pieces may be empty (more pieces than units in a segment)."""
+    comp, numel = Projection(unit=8, d=3), 8 * 29
+    per_rank = run_ranks(_pieced, world, tmp_path, comp, numel, 3, bandwidth)
+    total = sum(_x(r, numel) for r in range(world))
+    whole = slice(0, numel)
+    expect = comp.decompress(comp.compress(total, whole), whole)
+    for (pieced, b1), (plain, b2) in per_rank:
+        assert torch.allclose(pieced, expect, atol=1e-4) and torch.allclose(pieced, plain, atol=1e-5)
+        assert b1 == b2 > 0
+        assert torch.equal(pieced, per_rank[0][0][0])
