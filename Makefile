@@ -24,8 +24,9 @@ test: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra
 
 bench: $(STAMP)
-	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 --aggregators rar fp16 qsgd gradiveq powersgd \
-	    --set K=x1 gradiveq:aggregator.compressor.pool=true gradiveq:aggregator.compressor.target_ratio=8 powersgd:aggregator.rank=6
+	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 1e9 --aggregators rar fp16 qsgd gradiveq gradiveq_bf16 powersgd \
+	    --set K=x1 gradiveq:aggregator.compressor.pool=true gradiveq:aggregator.compressor.target_ratio=8 \
+	    gradiveq_bf16:aggregator.compressor.pool=true gradiveq_bf16:aggregator.compressor.target_ratio=8 powersgd:aggregator.rank=6
 
 clean:
 	rm -rf $(VENV) build *.egg-info

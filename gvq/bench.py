@@ -107,6 +107,9 @@ def summarize(rows, agg, args, world) -> dict:
             "decompress_s": statistics.median(r[3] for r in rows), "reps": len(rows)}
 
 
+BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these that ran
+
+
 def _rank(rank, args, init, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
@@ -137,9 +140,12 @@ def run(args) -> list[dict]:
         mp.spawn(_rank, args=(args, f"file://{tmp}/rendezvous", out), nprocs=args.world_size)
         records = json.loads(Path(out).read_text())
     base = next((r for r in records if r["aggregator"] == "rar"), None)
+    for ref in BASELINES:                      # e.g. speedup_vs_qsgd = qsgd's median / this median
+        other = next((r for r in records if r["aggregator"] == ref), None)
+        for r in records:
+            r[f"speedup_vs_{ref}"] = other["median_s"] / r["median_s"] if other else None
     for r in records:
         r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
-        r["speedup_vs_rar"] = base["median_s"] / r["median_s"] if base else None
         r["byte_ratio"] = base["bytes_per_rank"] / r["bytes_per_rank"] if base and r["bytes_per_rank"] else None
         r["model"], r["latency_s"] = args.model, args.latency
     return records
@@ -148,8 +154,9 @@ def run(args) -> list[dict]:
 def print_table(records: list[dict]) -> None:
     import pandas as pd
     df = pd.DataFrame(records)
-    cols = ["aggregator", "bytes_per_rank", "byte_ratio", "median_s", "min_s", "speedup_vs_rar", "bound_s",
-            "time_over_bound", "compress_s", "wire_s", "decompress_s"]
+    cols = ["aggregator", "bytes_per_rank", "byte_ratio", "median_s", "min_s"]
+    cols += [f"speedup_vs_{b}" for b in BASELINES if records[0].get(f"speedup_vs_{b}") is not None]
+    cols += ["bound_s", "time_over_bound", "compress_s", "wire_s", "decompress_s"]
     r0 = records[0]
     link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
     print(f"\n# aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, "
@@ -186,7 +193,8 @@ def quantizer_table(argv) -> list[dict]:
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["aggregate"], help="what to benchmark")
-    p.add_argument("--aggregators", nargs="+", default=["rar", "fp16", "qsgd", "gradiveq", "powersgd"])
+    p.add_argument("--aggregators", nargs="+",
+                   default=["rar", "fp16", "qsgd", "gradiveq", "gradiveq_bf16", "powersgd"])
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--bandwidth", type=float, nargs="*", default=[None],
                    help="per-rank link in bit/s (several => one table each); omit for unshaped")
