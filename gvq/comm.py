@@ -13,7 +13,7 @@ would have finished serialising it: a real link streams, so the receiver's last 
 chunk's real transfer after the emulated finish, not one whole message's.  Receivers
 need no emulation: a message simply cannot be received before it is sent.  Only traffic that goes
 through this class is shaped; collectives the runner does not own (e.g. DDP's) need kernel shaping
-(``scripts/netns_shaping.sh``).
+(``sudo python -m gvq.netns train``).
 """
 from __future__ import annotations
 

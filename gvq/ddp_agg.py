@@ -20,7 +20,7 @@ the per-iteration columns, all measured on this rank:
   hook; with PowerSGD, the raw tensors plus every P and Q, by the hook's own compress rule).
 
 The in-process link emulator (``net=...``) cannot slow DDP's collectives: under emulation DDP runs at
-loopback speed.  Compare under shaping with kernel tbf (``python -m gvq.netns``, root).
+loopback speed.  Compare under shaping with kernel tbf (``sudo python -m gvq.netns train``).
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class DDPAggregator:
         if ctx.bandwidth_bps and ctx.rank == 0:
             log.warning("%s: the emulated link (net.bandwidth_bps=%g) does not apply to DDP's own "
                         "collectives; they run at loopback speed. Compare under kernel shaping "
-                        "(python -m gvq.netns).", self.name, ctx.bandwidth_bps)
+                        "(sudo python -m gvq.netns train).", self.name, ctx.bandwidth_bps)
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         dev = next(model.parameters()).device
