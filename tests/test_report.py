@@ -233,3 +233,13 @@ def test_report_renders_in_a_headless_browser(built, tmp_path):
     assert pixels.shape[0] >= 1000 and pixels[..., :3].std() > 0.05     # text and figures, not blank
     dom = subprocess.run(base + ["--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<img") == 2 and 'id="summary"' in dom and "rank 1 exploded" in dom
+
+
+def test_peers_preset_sweeps_the_peers_unshaped(compose_cfg):
+    """experiment=peers_compare: quick_compare's budget, every peer in the sweep, no emulated link
+    (the emulator cannot slow DDP's collectives, so none is shaped)."""
+    cfg = compose_cfg("experiment=peers_compare", return_hydra_config=True)
+    assert cfg.hydra.sweeper.params.aggregator.split(",") == [
+        "rar", "fp16", "qsgd", "gradiveq", "powersgd", "ddp", "ddp_fp16", "ddp_powersgd"]
+    assert cfg.net.bandwidth_bps is None and cfg.world_size == 2 and cfg.iterations == 300
+    assert cfg.dataset._target_.endswith("digits") or "digits" in str(cfg.dataset)
