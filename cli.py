@@ -5,14 +5,14 @@
 """
 import hydra
 
-from gvq.schema import register
+from gvq.run.schema import register
 
 register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg):
-    from gvq.launch import launch
+    from gvq.run.launch import launch
     launch(cfg)
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,9 @@ from hydra.core.global_hydra import GlobalHydra
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from gvq.schema import register  # noqa: E402
+from gvq.run.schema import register  # noqa: E402
 
 register()
 

@@ -1,6 +1,6 @@
 """GradiVeQ's motivating observations on real gradients (paper sec. 1, Fig. 4 and Fig. 5).
 
-    python -m gvq.analyze correlation --out runs/correlation --iterations 150 [--model resnet20]
+    python -m gvq.analysis correlation --out runs/correlation --iterations 150 [--model resnet20]
 
 One process trains the model on digits (``--batch`` 128 stands for the aggregate of 4 ranks x 32) and
 records the gradient of every iteration (:func:`gvq.analysis.record.record_gradients`); conv weights are
@@ -28,7 +28,7 @@ from pathlib import Path
 import matplotlib
 import torch
 
-from ..compressors.pca import principal_subspace
+from gvq.compressors.gradiveq.pca import principal_subspace
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -130,14 +130,15 @@ def _plot5(df, fd: int, path_png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line entry (``python -m gvq.analyze correlation``); results in the files and stdout."""
+    """Command line entry (``python -m gvq.analysis correlation``); results in the files and stdout."""
     run(argv)
     return 0
 
 
 def run(argv: list[str] | None = None) -> dict:
     """Parse ``argv``, train, write both figures; returns the Fig. 4 / Fig. 5 summaries."""
-    ap = argparse.ArgumentParser(prog="gvq.analyze correlation", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gvq.analysis correlation",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/correlation", help="output folder")
     ap.add_argument("--iterations", type=int, default=150, help="recorded iterations (paper: 150)")
     ap.add_argument("--model", default="cnn", help="cnn | resnet20 (trained on digits)")
@@ -148,7 +149,7 @@ def run(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     if a.iterations < 3:
         ap.error("--iterations must be >= 3")
-    from .record import record_gradients
+    from gvq.analysis.record import record_gradients
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     grads, net = record_gradients(model=a.model, dataset="digits", iterations=a.iterations,

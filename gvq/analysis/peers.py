@@ -1,7 +1,7 @@
 """GradiVeQ vs PowerSGD at equal bytes: compression error on REAL gradients (the issue's error half;
 the timing half is ``python -m gvq.bench aggregate``, whose random gradients make errors meaningless).
 
-    python -m gvq.analyze peers [--model cnn --dataset digits --rank 2 4 --K auto x1 ...]
+    python -m gvq.analysis peers [--model cnn --dataset digits --rank 2 4 --K auto x1 ...]
 
 What is recorded: one process trains the model with plain SGD (no compression anywhere, so every method
 sees the same trajectory) at ``--batch`` 128, standing for the aggregate of N = 4 ranks x 32; every
@@ -47,22 +47,30 @@ at 4-bit QSGD and L_c at GradiVeQ's payload (every rank fits itself: ``fit_sync:
 way).  ``relay_bytes`` (CSV): the PCA state (U_d, mu) that ``fit_sync: broadcast`` relays once per
 refresh on top (a relay sends it (N-1)/N times per rank, an all-reduce 2(N-1)/N times its payload).
 For PowerSGD and QSGD ``sched_bytes`` equals ``bytes``.
+
+The per-method bytes, errors and GradiVeQ's byte matching live in :mod:`gvq.analysis.peer_measures`;
+this module runs the schedule and assembles the table.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from ..compressors.gradiveq import GradiVeQ
-from ..compressors.pca import choose_d
-from ..compressors.powersgd import PowerSGD
-from ..compressors.qsgd import QSGD
+from gvq.analysis.peer_measures import (KNOBS, Spectrum, conv_mask, fit_gradiveq, gradiveq_errors,
+                                        layout_flat, match_knob, powersgd_bytes, powersgd_run,
+                                        predicted_bytes, predicted_ds, qsgd, qsgd_errors, raw_count,
+                                        spectra, state_bytes)
+from gvq.compressors.gradiveq.codec import GradiVeQ
 
-KNOBS = ("lambda", "target_ratio")
+COLUMNS = ["r", "method", "bytes", "vs_powersgd_%", "ratio", "matched", "err_mean", "err_median",
+           "err_conv_mean", "err_mean_by_cycle", "sched_bytes", "relay_bytes", "err_max", "err_conv_median",
+           "err_fit_window_mean", "n_eval", "config"]
+PRINTED = ["r", "method", "bytes", "vs_powersgd_%", "ratio", "matched", "err_mean", "err_median",
+           "err_conv_mean", "err_mean_by_cycle", "sched_bytes"]
 
 
 # -- schedule ------------------------------------------------------------------------------------------
@@ -80,183 +88,57 @@ def schedule(total: int, warmup: int, L_t: int, L_c: int) -> list[tuple[range, r
     return cycles
 
 
-# -- helpers -------------------------------------------------------------------------------------------
-def split_params(flat: Tensor, shapes) -> list[Tensor]:
-    """Views of a model-order flat vector as the parameters' shapes."""
-    out, off = [], 0
-    for s in shapes:
-        n = math.prod(s)
-        out.append(flat[off: off + n].view(s))
-        off += n
-    return out
-
-
-def conv_mask(shapes) -> Tensor:
-    """True on conv weights (4-D parameters); identical in model order and GradiVeQ's layout (the
-    layout permutes entries only within a parameter)."""
-    parts = [torch.full((math.prod(s),), len(s) == 4, dtype=torch.bool) for s in shapes]
-    return torch.cat(parts)
-
-
-def rel_errors(x: Tensor, ref: Tensor, mask: Tensor) -> tuple[float, float]:
-    """(||x - ref||^2 / ||ref||^2 on everything, the same on ``mask``), in float64."""
-    d2 = (x.double() - ref.double()).square()
-    r2 = ref.double().square()
-    whole = float(d2.sum()) / float(r2.sum()) if float(r2.sum()) > 0 else 0.0
-    den = float(r2[mask].sum())
-    return whole, (float(d2[mask].sum()) / den if den > 0 else 0.0)
-
-
-# -- PowerSGD ------------------------------------------------------------------------------------------
-def powersgd_bytes(shapes, rank: int, min_compression_rate: float = 2.0) -> int:
-    """PowerSGD's payload bytes per iteration (both passes), as the aggregator sends them."""
-    return PowerSGD(shapes, rank, min_compression_rate).bytes_per_iteration
-
-
-def powersgd_run(grads: list[Tensor], shapes, rank: int, start: int, ef: bool,
-                 min_compression_rate: float = 2.0, warm_start: bool = True, seed: int = 0) -> dict:
-    """Run PowerSGD's two stages (one process: the sums are the payloads) on grads[start:], in order.
-    Returns {iteration: (err, err_conv, err_vs_g, err_conv_vs_g)}: err of A(M) against M (M = g + e with
-    EF, g without), *_vs_g against the fresh g (the same as err without EF)."""
-    lr = PowerSGD(shapes, rank, min_compression_rate, warm_start, seed=seed)
-    numel, seg, mask = lr.numel, slice(0, lr.numel), conv_mask(shapes)
-    e = torch.zeros(numel)
-    out = {}
-    for t in range(start, len(grads)):
-        g = grads[t].float()
-        lr.begin()
-        M = g + e if ef else g
-        lr.p_stage.decompress(lr.p_stage.compress(M, seg), seg)       # P^ = orth(M Q)
-        A = lr.q_stage.decompress(lr.q_stage.compress(M, seg), seg)   # P^ (M^T P^)^T, next Q kept
-        if ef:
-            e = M - A                       # raw blocks: A == M there, so e stays 0
-        out[t] = (*rel_errors(A, M, mask), *rel_errors(A, g, mask))
-    return out
-
-
-# -- GradiVeQ: spectra, byte prediction and matching ----------------------------------------------------
 @dataclass
-class Spectrum:
-    n: int          # slices in the group (floats per unit of d)
-    K: int
-    eig: Tensor     # descending eigenvalues of the sample covariance
-    rank: int       # numerical rank, capped at the degrees of freedom (as pca.principal_subspace)
+class PeerSetup:
+    """What every row is computed from: model-order flat gradients, the parameters' shapes and the
+    schedule's knobs; the cycles, their index lists and the conv mask are derived once."""
+    grads: list[Tensor]
+    shapes: list[torch.Size]
+    warmup: int
+    L_t: int
+    L_c: int
+    samples: str                                    # GradiVeQ's fitting samples: exact | qsgd
+    cycles: list[tuple[range, range]] = field(init=False)
+    eval_idx: list[int] = field(init=False)         # evaluation iterations, in order
+    fit_idx: list[int] = field(init=False)
+    sizes: list[int] = field(init=False)            # evaluation gradients per cycle
+    numel: int = field(init=False)
+    mask: Tensor = field(init=False)                # conv weights
+
+    def __post_init__(self):
+        self.cycles = schedule(len(self.grads), self.warmup, self.L_t, self.L_c)
+        self.eval_idx = [t for _, ev in self.cycles for t in ev]
+        self.sizes = [len(ev) for _, ev in self.cycles]
+        self.fit_idx = [t for fit, _ in self.cycles for t in fit]
+        self.numel, self.mask = sum(math.prod(s) for s in self.shapes), conv_mask(self.shapes)
+
+    def fitting_samples(self, probe: GradiVeQ, fit: range) -> Tensor:
+        """The fitting window's gradients in ``probe``'s layout, one per row (``samples='qsgd'``: each
+        through one 4-bit max-norm QSGD encode, as the paper's sampling phase sends them)."""
+        S = torch.stack([layout_flat(probe, self.grads[t], self.shapes) for t in fit])
+        if self.samples == "qsgd":
+            qq, whole = qsgd("max"), slice(0, self.numel)
+            S = torch.stack([qq.decompress(qq.compress(x, whole), whole) for x in S])
+        return S
 
 
-def spectra(comp: GradiVeQ, samples: Tensor) -> list[Spectrum]:
-    """Per group, the spectrum :meth:`GradiVeQ.fit` would decompose (same centring, dof and rank rule;
-    ``mu='slice'`` only), so that d for any lambda / target_ratio follows without refitting."""
-    if comp.mu != "slice":
-        raise ValueError("peers: only mu='slice' (the default) is supported")
-    eps = torch.finfo(samples.dtype).eps
-    L, out = samples.shape[0], []
-    for g in comp.groups:
-        blk = samples[:, g.start: g.stop].to(torch.float64).reshape(L, g.n, g.K)
-        mean = blk.mean(0)
-        if comp.pool:
-            rows, dof = (blk - mean).reshape(L * g.n, g.K), g.n * (L - 1)
-        else:
-            rows, dof = blk[:, 0] - mean[0], L - 1
-        S = torch.linalg.svdvals(rows)
-        eig = S.square() / max(dof, 1)
-        tol = float(S.max()) * max(rows.shape) * eps if S.numel() else 0.0
-        rank = min(int((S > tol).sum()), dof)
-        out.append(Spectrum(g.n, g.K, eig, 0 if float(eig.sum()) <= 0 else rank))
-    return out
+@dataclass
+class GradiVeQProbe:
+    """GradiVeQ at one (K, pool), bound to the shapes, with the spectrum of every cycle's samples: the
+    d's for any knob value follow from these without refitting."""
+    K: int | str
+    pool: bool
+    comp: GradiVeQ
+    specs: list[list[Spectrum]]     # per cycle
+    raw: int                        # values sent raw
 
-
-def predicted_ds(spec: list[Spectrum], lam: float = 0.0, target_ratio: float | None = None) -> list[int]:
-    return [1 if s.rank == 0 else choose_d(s.eig, s.K, lam, s.rank, None, target_ratio) for s in spec]
-
-
-def predicted_bytes(spec: list[Spectrum], raw: int, ds: list[int]) -> int:
-    return 4 * (raw + sum(s.n * d for s, d in zip(spec, ds)))
-
-
-def raw_count(comp: GradiVeQ) -> int:
-    """Values GradiVeQ sends raw (non-conv parameters and conv tails)."""
-    return comp.layout.numel - sum(g.n * g.K for g in comp.groups)
-
-
-def match_knob(spec: list[Spectrum], raw: int, knob: str, target: int, steps: int = 60) -> float:
-    """A ``knob`` value (lambda in [0, 1) or target_ratio > 1) whose predicted bytes are closest to
-    ``target``.  Bytes never increase with either knob (a step function): bisection finds the crossing,
-    then the value returned is the middle of the chosen step, far from its edges, so that round-off
-    between this prediction and the real fit cannot flip a d."""
-    if knob == "lambda":
-        def f(v):
-            return predicted_bytes(spec, raw, predicted_ds(spec, lam=v))
-        lo, hi = 0.0, 1.0 - 1e-9
-
-        def mid(a, b):
-            return 0.5 * (a + b)
-    elif knob == "target_ratio":
-        def f(v):
-            return predicted_bytes(spec, raw, predicted_ds(spec, target_ratio=v))
-        lo, hi = 1.0 + 1e-9, 2.0 * max(s.K for s in spec)
-
-        def mid(a, b):
-            return math.sqrt(a * b)
-    else:
-        raise ValueError(f"knob={knob!r}: one of {KNOBS}")
-
-    def edge(above):        # (a, b): above(f(a)) holds, above(f(b)) does not, b - a tiny
-        a, b = lo, hi
-        for _ in range(steps):
-            m = mid(a, b)
-            a, b = (m, b) if above(f(m)) else (a, m)
-        return a, b
-
-    if f(lo) <= target:
-        best = f(lo)
-    elif f(hi) >= target:
-        best = f(hi)
-    else:
-        a, b = edge(lambda y: y >= target)          # f(a) >= target > f(b)
-        best = min((f(a), f(b)), key=lambda y: (abs(y - target), -y))
-    left = lo if f(lo) == best else edge(lambda y: y > best)[1]
-    right = hi if f(hi) == best else edge(lambda y: y >= best)[0]
-    return mid(left, right)
-
-
-def layout_flat(comp: GradiVeQ, g: Tensor, shapes) -> Tensor:
-    return comp.flatten(split_params(g.float(), shapes))
-
-
-def fit_gradiveq(shapes, samples: Tensor, K, pool: bool, knob: str, value: float) -> GradiVeQ:
-    kw = {"lam": value} if knob == "lambda" else {"target_ratio": value}
-    return GradiVeQ(K=K, pool=pool, world_size=1, **kw).bind(shapes).fit(samples)
-
-
-def gradiveq_errors(comp: GradiVeQ, flats: list[Tensor], mask: Tensor) -> list[tuple[float, float]]:
-    """[(err, err_conv)] of decompress(compress(x)) against x for each layout-order gradient x."""
-    seg = slice(0, comp.layout.numel)
-    return [rel_errors(comp.decompress(comp.compress(x, seg), seg), x, mask) for x in flats]
-
-
-def state_bytes(comp: GradiVeQ) -> int:
-    ds, vals = comp.state_tensors()
-    return ds.numel() * ds.element_size() + vals.numel() * vals.element_size()
-
-
-# -- QSGD ------------------------------------------------------------------------------------------------
-def qsgd(norm: str) -> QSGD:
-    q = QSGD(bits=4, bucket=2048, norm=norm)
-    q.reseed(0)
-    return q
-
-
-def qsgd_errors(comp: QSGD, grads: list[Tensor], mask: Tensor) -> list[tuple[float, float]]:
-    out = []
-    for g in grads:
-        g = g.float()
-        seg = slice(0, g.numel())
-        out.append(rel_errors(comp.decompress(comp.compress(g, seg), seg), g, mask))
-    return out
+    @property
+    def name(self) -> str:
+        return f"K={self.K}{' pool' if self.pool else ''}"
 
 
 # -- the table -------------------------------------------------------------------------------------------
-def _stats(errs, sizes=None) -> dict:
+def error_stats(errs, sizes=None) -> dict:
     """Mean / median / max of [(err, err_conv)]; with ``sizes`` (evaluation gradients per cycle) also
     the mean per cycle, as 'a/b/c'."""
     e = torch.tensor([x[0] for x in errs], dtype=torch.float64)
@@ -268,107 +150,139 @@ def _stats(errs, sizes=None) -> dict:
     return out
 
 
+def check_peer_options(samples: str, knobs) -> None:
+    if samples not in ("exact", "qsgd"):
+        raise ValueError(f"samples={samples!r}: exact | qsgd")
+    for k in knobs:
+        if k not in KNOBS:
+            raise ValueError(f"match={k!r}: one of {KNOBS}")
+
+
+def log_cycle_norms(setup: PeerSetup, log) -> None:
+    """Per cycle, median gradient norms of the fitting and evaluation windows and the norm of the
+    fitting window's mean."""
+    grads = setup.grads
+    for i, (fit, ev) in enumerate(setup.cycles):  # GradiVeQ adds the fitting window's mean back: stale?
+        norms = torch.stack([grads[t].double().norm() for t in [*fit, *ev]])
+        mean = torch.stack([grads[t].double() for t in fit]).mean(0).norm()
+        log(f"cycle {i}: fit {fit.start}-{fit.stop - 1}, eval {ev.start}-{ev.stop - 1}: median ||g|| "
+            f"{float(norms[:len(fit)].median()):.3g} (fit) {float(norms[len(fit):].median()):.3g} (eval); "
+            f"||mean of the fitting gradients|| {float(mean):.3g}")
+
+
+def qsgd_rows(setup: PeerSetup) -> list[dict]:
+    """4-bit QSGD, max and l2 norm: a reference at its own bytes."""
+    rows, grads, mask = [], setup.grads, setup.mask
+    for norm in ("max", "l2"):
+        q = qsgd(norm)
+        nb = q.payload_nbytes(slice(0, setup.numel))
+        errs = qsgd_errors(q, [grads[t] for t in setup.eval_idx], mask)
+        fit_errs = qsgd_errors(q, [grads[t] for t in setup.fit_idx], mask)
+        rows.append({"r": "-", "method": f"QSGD 4-bit {norm}", "config": "bucket 2048, one encode",
+                     "bytes": nb, "sched_bytes": nb, "relay_bytes": 0, "matched": None,
+                     **error_stats(errs, setup.sizes), "err_fit_window_mean": error_stats(fit_errs)["err_mean"]})
+    return rows
+
+
+def gradiveq_probes(setup: PeerSetup, Ks, pools, log) -> dict[tuple, GradiVeQProbe]:
+    """A :class:`GradiVeQProbe` per (K, pool), logging the byte range it can reach.  Only the spectra are
+    kept: the samples are rebuilt when fitting (memory)."""
+    probes = {}
+    for K, pool in [(K, pool) for K in Ks for pool in pools]:
+        comp = GradiVeQ(K=K, pool=pool, world_size=1).bind(setup.shapes)
+        specs = [spectra(comp, setup.fitting_samples(comp, fit)) for fit, _ in setup.cycles]
+        probe = GradiVeQProbe(K, pool, comp, specs, raw_count(comp))
+        raw = probe.raw
+        lo = max(predicted_bytes(sp, raw, [1] * len(sp)) for sp in specs)
+        hi = min(predicted_bytes(sp, raw, [max(1, s.rank) for s in sp]) for sp in specs)
+        log(f"GradiVeQ {probe.name}: reachable {lo} .. {hi} bytes/iteration "
+            f"({raw} values raw: every non-conv parameter and conv tails; d <= sample rank)")
+        probes[K, pool] = probe
+    return probes
+
+
+def powersgd_rows(setup: PeerSetup, r: int, target: int, min_compression_rate: float,
+                  seed: int) -> list[dict]:
+    """PowerSGD rank ``r`` (``target`` bytes) from the first post-warmup iteration, without and with
+    error feedback."""
+    base = {"r": r, "bytes": target, "sched_bytes": target, "relay_bytes": 0, "matched": True}
+    cfg = f"warm start, min_compression_rate {min_compression_rate:g}"
+    plain = powersgd_run(setup.grads, setup.shapes, r, setup.warmup, False, min_compression_rate, seed=seed)
+    withef = powersgd_run(setup.grads, setup.shapes, r, setup.warmup, True, min_compression_rate, seed=seed)
+    rows = []
+    for name, res, pick in (("PowerSGD", plain, slice(0, 2)), ("PowerSGD+EF", withef, slice(0, 2)),
+                            ("PowerSGD+EF (t vs g)", withef, slice(2, 4))):
+        rows.append({**base, "method": name, "config": cfg,
+                     **error_stats([res[t][pick] for t in setup.eval_idx], setup.sizes),
+                     "err_fit_window_mean": error_stats([res[t][pick] for t in setup.fit_idx])["err_mean"]})
+    return rows
+
+
+def gradiveq_cycle(setup: PeerSetup, probe: GradiVeQProbe, i: int, knob: str, target: int, log) -> dict:
+    """Cycle ``i``: GradiVeQ's ``knob`` matched to ``target`` bytes, fitted on the fitting window,
+    scored on the evaluation window (and on the fitting window, for reference)."""
+    (fit, ev), sp, raw = setup.cycles[i], probe.specs[i], probe.raw
+    v = match_knob(sp, raw, knob, target)
+    comp = fit_gradiveq(setup.shapes, setup.fitting_samples(probe.comp, fit), probe.K, probe.pool, knob, v)
+    b = comp.payload_nbytes(slice(0, setup.numel))
+    kw = {"lam": v} if knob == "lambda" else {"target_ratio": v}
+    if b != predicted_bytes(sp, raw, predicted_ds(sp, **kw)):
+        log(f"warning: GradiVeQ {probe.name} {knob}={v:.4g}: the fit's bytes ({b}) differ "
+            f"from the prediction ({predicted_bytes(sp, raw, predicted_ds(sp, **kw))})")
+
+    def flats(ts):
+        return (layout_flat(probe.comp, setup.grads[t], setup.shapes) for t in ts)
+    return {"errs": gradiveq_errors(comp, flats(ev), setup.mask),
+            "fit_errs": gradiveq_errors(comp, flats(fit), setup.mask), "bytes": b,
+            "relay": state_bytes(comp),
+            "note": f"{knob}={v:.3g} d=" + "/".join(str(st["d"]) for st in comp.layer_stats()) + f" {b}B"}
+
+
+def gradiveq_row(setup: PeerSetup, probe: GradiVeQProbe, knob: str, r: int, target: int,
+                 sampling_bytes: int, tolerance: float, log) -> dict:
+    """GradiVeQ matched to PowerSGD rank ``r``'s ``target`` bytes in every cycle; ``sched_bytes`` mixes
+    in the L_t sampling iterations at ``sampling_bytes`` (4-bit QSGD)."""
+    cycles = [gradiveq_cycle(setup, probe, i, knob, target, log) for i in range(len(setup.cycles))]
+    nbytes = [c["bytes"] for c in cycles]
+    L_t, L_c = setup.L_t, setup.L_c
+    sched = [(L_t * sampling_bytes + L_c * b) / (L_t + L_c) for b in nbytes]
+    relay = [c["relay"] for c in cycles]
+    b = sum(n * k for n, k in zip(nbytes, setup.sizes)) / sum(setup.sizes)
+    worst = max(abs(n / target - 1.0) for n in nbytes)       # every cycle must match
+    return {"r": r, "method": f"GradiVeQ {probe.name} {knob}", "bytes": round(b),
+            "config": f"{probe.name}; per cycle: " + "; ".join(c["note"] for c in cycles),
+            "matched": worst <= tolerance, "sched_bytes": round(sum(sched) / len(sched)),
+            "relay_bytes": round(sum(relay) / len(relay)),
+            **error_stats([e for c in cycles for e in c["errs"]], setup.sizes),
+            "err_fit_window_mean": error_stats([e for c in cycles for e in c["fit_errs"]])["err_mean"]}
+
+
+def with_byte_columns(rows: list[dict], setup: PeerSetup, ranks, min_compression_rate: float) -> pd.DataFrame:
+    """The rows as a table with the byte gap to PowerSGD at the row's rank and the compression ratio."""
+    df = pd.DataFrame(rows)
+    psgd = {r: powersgd_bytes(setup.shapes, r, min_compression_rate) for r in ranks}
+    df["vs_powersgd_%"] = [100.0 * (b / psgd[r] - 1.0) if r in psgd else float("nan")
+                           for r, b in zip(df["r"], df["bytes"])]
+    df["ratio"] = 4.0 * setup.numel / df["bytes"]
+    return df[COLUMNS]
+
+
 def peers_table(grads: list[Tensor], shapes, ranks=(2, 4), Ks=("auto", "x1"), knobs=("lambda",),
                 pools=(False, True), warmup: int = 50, L_t: int = 50, L_c: int = 80,
                 samples: str = "exact", min_compression_rate: float = 2.0, tolerance: float = 0.03,
                 seed: int = 0, log=print) -> pd.DataFrame:
     """One row per (rank, method): bytes per iteration, the gap to PowerSGD's, errors (see the module
     docstring).  ``grads`` are model-order flat gradients; ``shapes`` the parameters' shapes."""
-    if samples not in ("exact", "qsgd"):
-        raise ValueError(f"samples={samples!r}: exact | qsgd")
-    for k in knobs:
-        if k not in KNOBS:
-            raise ValueError(f"match={k!r}: one of {KNOBS}")
-    shapes = [torch.Size(s) for s in shapes]
-    cycles = schedule(len(grads), warmup, L_t, L_c)
-    eval_idx = [t for _, ev in cycles for t in ev]
-    sizes = [len(ev) for _, ev in cycles]
-    fit_idx = [t for fit, _ in cycles for t in fit]
-    numel, mask = sum(math.prod(s) for s in shapes), conv_mask(shapes)
-    for i, (fit, ev) in enumerate(cycles):        # GradiVeQ adds the fitting window's mean back: stale?
-        norms = torch.stack([grads[t].double().norm() for t in [*fit, *ev]])
-        mean = torch.stack([grads[t].double() for t in fit]).mean(0).norm()
-        log(f"cycle {i}: fit {fit.start}-{fit.stop - 1}, eval {ev.start}-{ev.stop - 1}: median ||g|| "
-            f"{float(norms[:len(fit)].median()):.3g} (fit) {float(norms[len(fit):].median()):.3g} (eval); "
-            f"||mean of the fitting gradients|| {float(mean):.3g}")
-    rows = []
-    qs = {norm: qsgd(norm) for norm in ("max", "l2")}
-    q_bytes = qs["max"].payload_nbytes(slice(0, numel))
-    for norm, q in qs.items():
-        nb = q.payload_nbytes(slice(0, numel))
-        rows.append({"r": "-", "method": f"QSGD 4-bit {norm}", "config": "bucket 2048, one encode",
-                     "bytes": nb, "sched_bytes": nb, "relay_bytes": 0, "matched": None,
-                     **_stats(qsgd_errors(q, [grads[t] for t in eval_idx], mask), sizes),
-                     "err_fit_window_mean": _stats(qsgd_errors(q, [grads[t] for t in fit_idx], mask))[
-                         "err_mean"]})
-
-    def fit_samples(probe, fit):
-        S = torch.stack([layout_flat(probe, grads[t], shapes) for t in fit])
-        if samples == "qsgd":
-            qq, whole = qsgd("max"), slice(0, numel)
-            S = torch.stack([qq.decompress(qq.compress(x, whole), whole) for x in S])
-        return S
-
-    # GradiVeQ per (K, pool): the spectra of every cycle's samples (rebuilt when fitting: memory)
-    configs = {}
-    for K, pool in [(K, pool) for K in Ks for pool in pools]:
-        probe = GradiVeQ(K=K, pool=pool, world_size=1).bind(shapes)
-        specs, raw = [spectra(probe, fit_samples(probe, fit)) for fit, _ in cycles], raw_count(probe)
-        lo = max(predicted_bytes(sp, raw, [1] * len(sp)) for sp in specs)
-        hi = min(predicted_bytes(sp, raw, [max(1, s.rank) for s in sp]) for sp in specs)
-        log(f"GradiVeQ K={K}{' pool' if pool else ''}: reachable {lo} .. {hi} bytes/iteration "
-            f"({raw} values raw: every non-conv parameter and conv tails; d <= sample rank)")
-        configs[K, pool] = (probe, specs, raw)
-
+    check_peer_options(samples, knobs)
+    setup = PeerSetup(grads, [torch.Size(s) for s in shapes], warmup, L_t, L_c, samples)
+    log_cycle_norms(setup, log)
+    rows = qsgd_rows(setup)
+    sampling_bytes = qsgd("max").payload_nbytes(slice(0, setup.numel))
+    probes = gradiveq_probes(setup, Ks, pools, log)
     for r in ranks:
-        target = powersgd_bytes(shapes, r, min_compression_rate)
-        base = {"r": r, "bytes": target, "sched_bytes": target, "relay_bytes": 0, "matched": True}
-        cfg = f"warm start, min_compression_rate {min_compression_rate:g}"
-        plain = powersgd_run(grads, shapes, r, warmup, False, min_compression_rate, seed=seed)
-        withef = powersgd_run(grads, shapes, r, warmup, True, min_compression_rate, seed=seed)
-        for name, res, pick in (("PowerSGD", plain, slice(0, 2)), ("PowerSGD+EF", withef, slice(0, 2)),
-                                ("PowerSGD+EF (t vs g)", withef, slice(2, 4))):
-            rows.append({**base, "method": name, "config": cfg,
-                         **_stats([res[t][pick] for t in eval_idx], sizes),
-                         "err_fit_window_mean": _stats([res[t][pick] for t in fit_idx])["err_mean"]})
-        for (K, pool), (probe, specs, raw) in configs.items():
-            name = f"K={K}{' pool' if pool else ''}"
+        target = powersgd_bytes(setup.shapes, r, min_compression_rate)
+        rows += powersgd_rows(setup, r, target, min_compression_rate, seed)
+        for probe in probes.values():
             for knob in knobs:
-                errs, fit_errs, nbytes, sched, relay, notes = [], [], [], [], [], []
-                for sp, (fit, ev) in zip(specs, cycles):
-                    v = match_knob(sp, raw, knob, target)
-                    comp = fit_gradiveq(shapes, fit_samples(probe, fit), K, pool, knob, v)
-                    b = comp.payload_nbytes(slice(0, numel))
-                    kw = {"lam": v} if knob == "lambda" else {"target_ratio": v}
-                    if b != predicted_bytes(sp, raw, predicted_ds(sp, **kw)):
-                        log(f"warning: GradiVeQ {name} {knob}={v:.4g}: the fit's bytes ({b}) differ "
-                            f"from the prediction ({predicted_bytes(sp, raw, predicted_ds(sp, **kw))})")
-                    def flats(ts):
-                        return (layout_flat(probe, grads[t], shapes) for t in ts)
-                    errs += gradiveq_errors(comp, flats(ev), mask)
-                    fit_errs += gradiveq_errors(comp, flats(fit), mask)
-                    nbytes.append(b)
-                    sched.append((L_t * q_bytes + L_c * b) / (L_t + L_c))
-                    relay.append(state_bytes(comp))
-                    notes.append(f"{knob}={v:.3g} d=" + "/".join(str(st["d"]) for st in comp.layer_stats())
-                                 + f" {b}B")
-                b = sum(n * k for n, k in zip(nbytes, sizes)) / sum(sizes)
-                worst = max(abs(n / target - 1.0) for n in nbytes)       # every cycle must match
-                rows.append({"r": r, "method": f"GradiVeQ {name} {knob}", "bytes": round(b),
-                             "config": f"{name}; per cycle: " + "; ".join(notes),
-                             "matched": worst <= tolerance, "sched_bytes": round(sum(sched) / len(sched)),
-                             "relay_bytes": round(sum(relay) / len(relay)),
-                             **_stats(errs, sizes), "err_fit_window_mean": _stats(fit_errs)["err_mean"]})
-    df = pd.DataFrame(rows)
-    psgd = {r: powersgd_bytes(shapes, r, min_compression_rate) for r in ranks}
-    df["vs_powersgd_%"] = [100.0 * (b / psgd[r] - 1.0) if r in psgd else float("nan")
-                           for r, b in zip(df["r"], df["bytes"])]
-    df["ratio"] = 4.0 * numel / df["bytes"]
-    cols = ["r", "method", "bytes", "vs_powersgd_%", "ratio", "matched", "err_mean", "err_median",
-            "err_conv_mean", "err_mean_by_cycle", "sched_bytes", "relay_bytes", "err_max", "err_conv_median",
-            "err_fit_window_mean", "n_eval", "config"]
-    return df[cols]
-
-
-PRINTED = ["r", "method", "bytes", "vs_powersgd_%", "ratio", "matched", "err_mean", "err_median",
-           "err_conv_mean", "err_mean_by_cycle", "sched_bytes"]
+                rows.append(gradiveq_row(setup, probe, knob, r, target, sampling_bytes, tolerance, log))
+    return with_byte_columns(rows, setup, ranks, min_compression_rate)

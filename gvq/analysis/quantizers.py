@@ -13,13 +13,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..compressors.bingrad_b import BinGradB
-from ..compressors.bingrad_pb import BinGradPB
-from ..compressors.linear import Linear
-from ..compressors.orq import ORQ
-from ..compressors.qsgd import QSGD
-from ..compressors.signsgd import ScaledSignSGD
-from ..compressors.terngrad import TernGrad
+from gvq.compressors.bingrad_b import BinGradB
+from gvq.compressors.bingrad_pb import BinGradPB
+from gvq.compressors.linear import Linear
+from gvq.compressors.orq import ORQ
+from gvq.compressors.qsgd import QSGD
+from gvq.compressors.signsgd import ScaledSignSGD
+from gvq.compressors.terngrad import TernGrad
 
 LEVELS = (3, 5, 9)
 

@@ -16,8 +16,8 @@ def record_gradients(model: str = "cnn", dataset: str = "digits", iterations: in
                      params: str = "all") -> tuple[list[torch.Tensor], torch.nn.Module]:
     """Train ``iterations`` SGD steps; return every ``every``-th gradient flattened (``params='all'``)
     or only the first conv weight's (``params='conv1'``), and the model."""
-    from ..bench import compose
-    from ..data import iterate_batches
+    from gvq.bench.common import compose
+    from gvq.data import iterate_batches
     cfg = compose([f"model={model}", f"dataset={dataset}", f"seed={seed}"])
     torch.manual_seed(seed)
     data = instantiate(cfg.dataset)

@@ -77,3 +77,14 @@ def split_on_cuts(cuts: list[int], n: int) -> list[slice]:
         bounds.append(max(bounds[-1], near))
     bounds.append(numel)
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def check_int(key: str, value, lo: int, hi: int | None = None, hint: str = "") -> int:
+    """The one integer-argument check of the package (codecs and aggregators): returns ``value`` or
+    raises ``ValueError`` in one line naming the key as the user writes it (``L_t``,
+    ``aggregator.pieces``, ``bits``) and what is allowed."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value and (hi is None or value <= hi)
+    if not ok:
+        allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{key}={value!r}: must be an integer {allowed}{hint}")
+    return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import BucketQuantizer, prefix_sums
+from gvq.compressors._bucketing import BucketQuantizer, prefix_sums
 
 MAX_LLOYD = 1000                   # rounds are O(log n) on the sorted bucket: the cap is never the cost
 THRESHOLDS = ("lloyd", "mean")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import BucketQuantizer
+from gvq.compressors._bucketing import BucketQuantizer
 
 
 def pb_level(rows: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Compressor
-from .bucketing import check_finite
+from gvq.compressors.base import Compressor
+from gvq.compressors._bucketing import check_finite
 
 FP16_MAX = 65504.0
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import MAX_LEVELS, BucketQuantizer, check_int
+from gvq.compressors._bucketing import MAX_LEVELS, BucketQuantizer
+from gvq.compressors.base import check_int
 
 
 def quantile_levels(sorted_rows: torch.Tensor, s: int) -> torch.Tensor:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import BucketQuantizer, check_int, prefix_sums
+from gvq.compressors._bucketing import BucketQuantizer, prefix_sums
+from gvq.compressors.base import check_int
 
 MAX_K = 15                         # 2**15 + 1 levels: codes still fit 16 bits
 

@@ -6,14 +6,14 @@ the ranks' matrices in two sequential ring sums over the flat gradient:
 
 * pass P (:class:`PStage`): payload ``P = M Q``.  Linear in M for a shared Q, so payloads add
   (``sum_w M_w Q = (sum_w M_w) Q``).  Decoding orthogonalizes the summed P into P^; every rank decodes
-  the bitwise identical sum (:func:`gvq.ring.additive_allreduce_`), so every rank holds the same P^.
+  the bitwise identical sum (:func:`gvq.comm.ring.additive_allreduce_`), so every rank holds the same P^.
 * pass Q (:class:`QStage`): payload ``Q = M^T P^``, linear in M again.  Decoding writes ``P^ (sum Q)^T``
   (the approximation of the sum; the aggregator divides by N once) and keeps ``orth(sum Q)`` as next
   iteration's Q (warm start).
 
 Parameters too small to gain travel raw inside pass P and are written back by pass Q: 1-D ones (biases,
 BatchNorm) and matrices with ``(n + m) r * min_compression_rate >= n m`` (the torch hook's rule).
-Both stages cut segments on whole parameters; :func:`balanced_segments` balances each pass's payload.
+Both stages cut segments on whole parameters; :func:`block_balanced_segments` balances each pass's payload.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import Compressor
+from gvq.compressors.base import Compressor
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def plan(shapes, rank: int, min_compression_rate: float) -> list[Block]:
     return blocks
 
 
-def balanced_segments(blocks: list[Block], weight, n: int) -> list[slice]:
+def block_balanced_segments(blocks: list[Block], weight, n: int) -> list[slice]:
     """``n`` contiguous runs of whole blocks whose summed ``weight`` (payload elements) is as equal as
     whole blocks allow: a ring step's time is its largest segment's."""
     ends = [0]

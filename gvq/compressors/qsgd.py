@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import BucketQuantizer, check_int
+from gvq.compressors._bucketing import BucketQuantizer
+from gvq.compressors.base import check_int
 
 
 class QSGD(BucketQuantizer):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .bucketing import BucketQuantizer
+from gvq.compressors._bucketing import BucketQuantizer
 
 
 class ScaledSignSGD(BucketQuantizer):

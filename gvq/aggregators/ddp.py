@@ -1,0 +1,181 @@
+"""torch DistributedDataParallel as an aggregator, the reference users would pick instead:
+``python cli.py aggregator=ddp`` | ``aggregator=ddp_fp16`` | ``aggregator=ddp_powersgd aggregator.rank=4``.
+
+DDP averages gradients *during* backward (bucketed all-reduces launched as buckets fill, overlapping the
+rest of backward), so the training loop wraps the model (``model = agg.wrap(model)`` in
+:func:`gvq.run.train.build`) and :meth:`DDPAggregator.aggregate` communicates nothing.  Consequences for
+the per-iteration columns, all measured on this rank:
+
+* ``compute_s`` includes DDP's communication and its hook's compression (backward returns only once
+  every bucket is averaged); ``aggregate_s`` is the time of :meth:`aggregate` itself (~0), and
+  ``compress_s`` / ``wire_s`` / ``decompress_s`` are 0: they are the parts of ``aggregate_s``, and
+  reports take ``compute_s + aggregate_s`` as the iteration and stack the parts on ``compute_s``, so
+  anything else would count DDP's communication twice.  DDP's own times are extra columns:
+* ``ddp_comm_s``: first bucket launched -> last bucket averaged (communication in flight, overlapped
+  with backward; with a hook it includes the hook's compression work);
+* ``ddp_wait_s``: last bucket launched -> last bucket averaged, an estimate of the part backward waited
+  for (once the last bucket is ready no compute is left to hide it): the comparable of ``wire_s``;
+* ``bytes_sent``: an **estimate**, not a count -- gloo's collectives do not report bytes.  Per rank as a
+  ring all-reduce would send: 2(N-1)/N x the all-reduced bytes (fp32 gradient; half of it with the fp16
+  hook; with PowerSGD, the raw tensors plus every P and Q, by the hook's own compress rule).
+
+The in-process link emulator (``net=...``) cannot slow DDP's collectives: under emulation DDP runs at
+loopback speed.  Compare under shaping with kernel tbf (``sudo python -m gvq.bench netns train``).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import pickle
+import time
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel
+
+from gvq.aggregators.base import check_int
+from gvq.compressors.powersgd import low_rank
+
+log = logging.getLogger("gvq")
+_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
+HOOKS = ("allreduce", "fp16", "powersgd")
+
+
+class _Timing:
+    """Comm hook state: the wrapped hook's state plus launch / completion times of this iteration."""
+
+    def __init__(self, inner_state):
+        self.inner_state = inner_state
+        self.launched: list[float] = []
+        self.done: list[float] = []
+
+    def reset(self, *_) -> None:
+        self.launched, self.done = [], []
+
+
+def _timed(inner):
+    """A comm hook that runs ``inner`` and records when each bucket's future is launched and done."""
+    def hook(state: _Timing, bucket):
+        state.launched.append(time.perf_counter())
+        fut = inner(state.inner_state, bucket)
+
+        def finished(f):
+            state.done.append(time.perf_counter())      # runs on the thread completing the future
+            return f.value()
+        return fut.then(finished)
+    return hook
+
+
+class DDPAggregator:
+    """Plain DDP (``hook=allreduce``), DDP + fp16 compression hook, or DDP + torch's PowerSGD hook."""
+
+    extra_fields = ("ddp_comm_s", "ddp_wait_s")
+
+    def __init__(self, hook: str = "allreduce", rank: int = 2, start_iter: int = 10,
+                 min_compression_rate: float = 2.0, bucket_cap_mb: float = 25.0):
+        if hook not in HOOKS:
+            raise ValueError(f"aggregator.hook={hook!r}: must be one of {', '.join(HOOKS)}")
+        check_int("aggregator.rank", rank, 1)
+        # the torch hook refuses start_iter < 2 with error feedback / warm start (DDP rebuilds buckets at 1)
+        check_int("aggregator.start_iter", start_iter, 2)
+        if not min_compression_rate > 0:
+            raise ValueError(f"aggregator.min_compression_rate={min_compression_rate!r}: must be > 0")
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"aggregator.bucket_cap_mb={bucket_cap_mb!r}: must be > 0")
+        self.hook, self.rank, self.start_iter = hook, rank, start_iter
+        self.min_compression_rate, self.bucket_cap_mb = float(min_compression_rate), float(bucket_cap_mb)
+        self.name = "ddp" if hook == "allreduce" else f"ddp_{hook}"
+        self.timing: _Timing | None = None
+
+    def setup(self, params, ctx) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.ctx = ctx
+        if ctx.bandwidth_bps and ctx.rank == 0:
+            log.warning("%s: the emulated link (net.bandwidth_bps=%g) does not apply to DDP's own "
+                        "collectives; they run at loopback speed. Compare under kernel shaping "
+                        "(sudo python -m gvq.bench netns train).", self.name, ctx.bandwidth_bps)
+
+    def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
+        dev = next(model.parameters()).device
+        # no per-forward buffer sync: our runner keeps per-rank BN statistics and evaluates with rank 0's
+        # (as for every other aggregator); DDP's broadcast each forward would be extra, uncounted comm
+        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS
+                else {"broadcast_buffers": False})        # the older spelling (deprecated in 2.13)
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                      bucket_cap_mb=self.bucket_cap_mb, **sync)
+        if self.hook == "powersgd":
+            inner_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=self.rank,
+                                             start_powerSGD_iter=self.start_iter,
+                                             min_compression_rate=self.min_compression_rate,
+                                             random_seed=self.ctx.seed)
+            inner = psgd.powerSGD_hook
+        else:
+            inner_state = None                       # the default hooks take the process group
+            inner = default_hooks.fp16_compress_hook if self.hook == "fp16" else default_hooks.allreduce_hook
+        self.timing = _Timing(inner_state)
+        ddp.register_comm_hook(self.timing, _timed(inner))
+        ddp.register_forward_pre_hook(self.timing.reset)      # an iteration's times start at its forward
+        self.model = ddp
+        return ddp
+
+    def aggregate(self, iteration: int) -> dict:
+        t0 = time.perf_counter()
+        if self.timing is None:
+            raise RuntimeError(f"{self.name}: the model was not wrapped (the training loop must call "
+                               "agg.wrap(model) after agg.setup)")
+        tm = self.timing
+        comm = max(tm.done) - min(tm.launched) if tm.done else 0.0
+        wait = max(0.0, max(tm.done) - max(tm.launched)) if tm.done else 0.0
+        compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
+        return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "ddp_comm_s": comm,
+                "ddp_wait_s": wait, "bytes_sent": self.estimated_bytes(compressed),
+                "phase": self.name if compressed else "allreduce", "aggregate_s": time.perf_counter() - t0}
+
+    def _powersgd_was_on(self) -> bool:
+        # the hook counts iterations itself (incremented after the last bucket): ask it, not our counter
+        st = self.timing.inner_state
+        return st.iter > st.start_powerSGD_iter
+
+    def estimated_bytes(self, compressed: bool) -> int:
+        """Per-rank bytes a ring all-reduce of what DDP all-reduces would send (an estimate)."""
+        n = self.ctx.world_size
+        elems = sum(p.numel() for p in self.params)
+        if compressed and self.hook == "fp16":
+            nbytes = 2 * elems
+        elif compressed and self.hook == "powersgd":
+            nbytes = 4 * sum(self._powersgd_elems(p.shape) for p in self.params)
+        else:
+            nbytes = 4 * elems
+        return int(round(2 * (n - 1) / n * nbytes))
+
+    def _powersgd_elems(self, shape) -> int:
+        # the hook views every tensor as (shape[0], -1), 1-D ones as (n, 1): same rule as ours
+        n = int(shape[0]) if len(shape) else 1
+        m = max(1, int(torch.Size(shape).numel()) // max(n, 1))
+        r = low_rank((n, m), self.rank, self.min_compression_rate)
+        return (n + m) * r if r else n * m
+
+    def close(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        """The PowerSGD hook's state (see :meth:`load_state_dict` for what a resume can use of it)."""
+        if self.timing is None or self.hook != "powersgd":
+            return {}
+        return {"powersgd_state": pickle.dumps(self.timing.inner_state)}   # it drops its process group
+
+    def load_state_dict(self, state: dict) -> None:
+        if "powersgd_state" in state and self.timing is not None:
+            loaded, mine = pickle.loads(state["powersgd_state"]), self.timing.inner_state
+            # The hook keys its error memory and warm-start P/Q by DDP bucket, as flat tensors in the
+            # bucket's parameter order -- and a new DDP instance uses another order (model order) until
+            # it rebuilds its buckets after its first iteration.  Restoring them would add residuals
+            # to the wrong parameters, so only the iteration count and the RNG carry over: the resumed
+            # run keeps its phase but restarts the memory (not bitwise equal to an uninterrupted run).
+            for k in ("iter", "rng", "total_numel_before_compression", "total_numel_after_compression",
+                      "next_stats_report"):
+                setattr(mine, k, getattr(loaded, k))       # in place: DDP holds this object
+            if loaded.error_dict and self.ctx.rank == 0:
+                log.warning("%s resume: torch's PowerSGD error memory and warm-start Q are reset "
+                            "(keyed by DDP's bucket layout, which a new DDP instance changes)", self.name)

@@ -1,0 +1,264 @@
+"""GradiVeQ as an aggregator: the paper's schedule (sec. 3, Fig. 6) and runtime monitor (Eq. 7).
+
+    python cli.py aggregator=gradiveq lambda=0.01 warmup=20 L_t=20 L_c=60
+
+Phases (the ``phase`` CSV column):
+
+* ``warmup`` -- iterations [0, warmup): uncompressed ring all-reduce.
+* ``sample`` -- L_t iterations aggregated with 4-bit QSGD through the decode-add-encode ring
+  (``sampling: qsgd``, the paper) or uncompressed (``sampling: rar``); each iteration's aggregated SUM
+  (Eq. 2, before the division by N) is kept as one PCA sample.  After the L_t-th sample the compressor
+  is fitted and made identical on all ranks (:func:`gvq.aggregators.gradiveq_sync.fit_everywhere`), inside that
+  iteration's ``aggregate_s``; its time is also logged alone as ``fit_s``.
+* ``compress`` -- at most L_c iterations through the pipelined additive ring (Algorithm 1).  Then a new
+  sampling phase begins.
+
+Runtime monitor: on every compressed iteration each rank knows the Eq. 7 loss of its own gradient,
+relative to ||g_n||^2; rank 0's is the ``compression_error`` column.  Monitor off (default): the loss is
+read off the payloads the ring makes anyway (``compressor.track``: ||c||^2 - ||U_d^T c||^2, two dot
+products), so logging it costs no extra pass over the bases.  With ``monitor_threshold`` set, ranks
+compute it *before* the ring (``compressor.local_loss``: one extra projection) and vote (one all-reduce
+of a 0/1 flag); a strict majority above the threshold ends the compressed phase before this iteration's
+ring: the iteration is aggregated as the first sample of a new sampling phase, so the badly compressed
+gradient is never applied.  The loss and the vote run in :meth:`measure`, outside ``aggregate_s``
+(they are not part of the wire protocol); their time is logged as ``monitor_s``, so nothing is hidden.
+
+``compression_ratio``: fp32 bytes of the whole gradient over the payload bytes of the iteration's
+aggregation (1 for uncompressed, QSGD's ratio while sampling, GradiVeQ's wire ratio -- raw layers
+included -- while compressing).  Per-layer K, d, K/d and Eq. 6 energy of every refresh go to
+``gradiveq_layers.jsonl`` in the run dir (rank 0).
+
+Identical PCA state on all ranks (``fit_sync``: rank 0 fits and relays on the ring, or every rank fits
+and digests are compared): see :mod:`gvq.aggregators.gradiveq_sync`.  ``state_dict`` / ``load_state_dict`` carry
+the schedule position, the samples so far, the PCA state and the QSGD dither (bitwise resume);
+``prepare_benchmark`` pins the compressed phase for ``gvq.bench``.
+
+Compressed-ring segments are balanced by payload size (:func:`gvq.aggregators.gradiveq_sync.payload_balanced_segments`),
+recomputed after each fit, since the ring's time is that of its largest segment.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from gvq.comm import ring
+from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.compressors.base import split_on_cuts
+from gvq.compressors.gradiveq.codec import GradiVeQ
+from gvq.compressors.qsgd import QSGD
+from gvq.aggregators.gradiveq_sync import payload_balanced_segments, fit_everywhere, write_layer_stats
+
+log = logging.getLogger("gvq")
+NAN = float("nan")
+SAMPLING = ("qsgd", "rar")
+FIT_SYNC = ("broadcast", "local")
+
+
+def _clone_or_none(t):
+    return None if t is None else t.clone()
+
+
+class GradiVeQAggregator(FlatAggregator):
+    """Warm-up, then {L_t sampling iterations, PCA refresh, <= L_c compressed iterations} forever."""
+
+    name = "gradiveq"
+    extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
+
+    def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
+                 sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
+                 monitor_threshold: float | None = None, fit_sync: str = "broadcast", pieces: int = 4):
+        if not isinstance(compressor, GradiVeQ):
+            raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
+                             f"{type(compressor).__name__}")
+        self.L_t = check_int("L_t", L_t, 2)            # PCA needs >= 2 samples
+        self.L_c = check_int("L_c", L_c, 1)
+        self.warmup = check_int("warmup", warmup, 0)
+        self.pieces = check_int("aggregator.pieces", pieces, 1)
+        if sampling not in SAMPLING:
+            raise ValueError(f"aggregator.sampling={sampling!r}: must be one of {', '.join(SAMPLING)}")
+        if fit_sync not in FIT_SYNC:
+            raise ValueError(f"aggregator.fit_sync={fit_sync!r}: must be one of {', '.join(FIT_SYNC)}")
+        if monitor_threshold is not None and (isinstance(monitor_threshold, bool) or not isinstance(
+                monitor_threshold, (int, float)) or not monitor_threshold > 0):
+            raise ValueError(f"aggregator.monitor_threshold={monitor_threshold!r}: must be > 0 or null")
+        self.compressor, self.sampling, self.fit_sync = compressor, sampling, fit_sync
+        self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
+        try:        # built here so that bad bits / bucket fail at preflight, like every other knob
+            self.qsgd = QSGD(bits=qsgd_bits, bucket=qsgd_bucket, norm=qsgd_norm)
+        except ValueError as e:                            # "bits=1: ..." -> "aggregator.qsgd_bits=1: ..."
+            raise ValueError(f"aggregator.qsgd_{e}") from None
+        self.phase, self.count, self.refreshes, self.monitor_stops = "warmup", 0, 0, 0
+        self._samples: torch.Tensor | None = None
+        self._it = 0
+
+    # -- binding -------------------------------------------------------------------------------------
+    def setup(self, params, ctx):
+        super().setup(params, ctx)
+        comp, n = self.compressor, ctx.world_size
+        comp.world_size = n
+        comp.bind([tuple(p.shape) for p in self.params])
+        numel = comp.layout.numel
+        self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
+        self._flat = torch.empty(numel, dtype=torch.float32)
+        self._raw_segs = equal_segments(numel, n)
+        self._q_segs = split_on_cuts(self.qsgd.cuts(numel), n)
+        self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
+        self._c_segs: list[list[slice]] = []
+        self._c_ratio = NAN
+
+    def flatten(self) -> torch.Tensor:
+        # the paper's conv layout (Fig. 3a); one persistent buffer (samples are copied out of it)
+        return self.compressor.flatten([p.grad for p in self.params], out=self._flat)
+
+    def unflatten(self, flat: torch.Tensor) -> None:
+        self.compressor.unflatten(flat, [p.grad for p in self.params])
+
+    # -- one iteration -------------------------------------------------------------------------------
+    def aggregate(self, iteration: int) -> dict:
+        self._it = iteration                               # measure() needs it for the warm-up edge
+        return super().aggregate(iteration)
+
+    def measure(self, flat: torch.Tensor) -> dict:
+        """Phase of this iteration; on compressed iterations the Eq. 7 loss and the monitor's vote."""
+        if self.phase == "warmup" and self._it >= self.warmup:
+            self._start_sampling()
+        stats = {"compression_error": NAN, "monitor_s": NAN}
+        if self.phase == "compress" and self.monitor_threshold is not None:
+            t0 = time.perf_counter()
+            loss = self.compressor.local_loss(flat)
+            stats["compression_error"] = loss
+            if self._majority_above(loss):
+                self.monitor_stops += 1
+                log.info("gradiveq: monitor stopped compression at iteration %d after %d compressed "
+                         "iterations (rank 0 loss %.3g)", self._it, self.count, loss)
+                self._start_sampling()
+            stats["monitor_s"] = time.perf_counter() - t0
+        stats["phase"] = self.phase
+        return stats
+
+    def _majority_above(self, loss: float) -> bool:
+        votes = torch.tensor([int(loss > self.monitor_threshold)], dtype=torch.int64)
+        if self.ctx.world_size > 1:
+            dist.all_reduce(votes)                         # 8 bytes: every rank learns the count
+        return 2 * int(votes) > self.ctx.world_size      # strict majority
+
+    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
+        if self.phase == "compress":
+            loss = self._compressed_ring(flat)
+            ratio = self._c_ratio
+            self.count += 1
+            if self.count >= self.L_c:
+                self._start_sampling()
+            out = {"compression_ratio": ratio, "fit_s": NAN}
+            if self.monitor_threshold is None:             # else measure() logged it before the ring
+                out["compression_error"] = loss
+            return out
+        if self.phase == "sample" and self.sampling == "qsgd":
+            ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.clock)
+            ratio = self._q_ratio
+        else:
+            ring.allreduce_(flat, self._raw_segs, self.p2p)
+            ratio = 1.0
+        fit_s = self._add_sample(flat) if self.phase == "sample" else NAN
+        return {"compression_ratio": ratio, "fit_s": fit_s}
+
+    def _compressed_ring(self, flat: torch.Tensor) -> float:
+        """Algorithm 1; returns this rank's Eq. 7 loss, read off its own payloads as they are made."""
+        comp = self.compressor
+        comp.track(flat)
+        try:
+            if self.ctx.world_size == 1:                   # no ring: compress and decompress locally
+                whole = slice(0, flat.numel())
+                with self.clock("compress"):
+                    payload = comp.compress(flat, whole)
+                with self.clock("decompress"):
+                    flat.copy_(comp.decompress(payload, whole))
+            else:
+                ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.clock)
+            return comp.tracked_loss()
+        finally:
+            comp.track(None)
+
+    # -- schedule ------------------------------------------------------------------------------------
+    def _start_sampling(self) -> None:
+        self.phase, self.count = "sample", 0
+
+    def _add_sample(self, flat: torch.Tensor) -> float:
+        """Store the aggregated sum; after the L_t-th, refresh the compressor (returns fit_s or NaN)."""
+        if self._samples is None:
+            self._samples = torch.empty(self.L_t, flat.numel(), dtype=torch.float32)
+        self._samples[self.count].copy_(flat)
+        self.count += 1
+        if self.count < self.L_t:
+            return NAN
+        return self._refresh()
+
+    def _refresh(self) -> float:
+        t0 = time.perf_counter()
+        relayed = fit_everywhere(self.compressor, self._samples, self.p2p, self.fit_sync)
+        fit_s = time.perf_counter() - t0
+        self._after_fit()
+        self.refreshes += 1
+        self.phase, self.count = "compress", 0
+        if self.ctx.rank == 0:
+            write_layer_stats(getattr(self.ctx, "run_dir", None), self.compressor,
+                              {"refresh": self.refreshes, "iteration": self._it, "fit_s": fit_s,
+                               "relayed": relayed})
+            log.info("gradiveq: refresh %d at iteration %d: mean K/d %.2f, wire ratio %.2f, fit %.3fs",
+                     self.refreshes, self._it, self.compressor.mean_ratio, self._c_ratio, fit_s)
+        return fit_s
+
+    def _after_fit(self) -> None:
+        numel = self.compressor.layout.numel
+        self._c_segs = payload_balanced_segments(self.compressor, numel, self.ctx.world_size, self.pieces)
+        self._c_ratio = self.compressor.wire_ratio(numel)
+
+    def prepare_benchmark(self, grads: list[torch.Tensor], args=None) -> None:
+        """For ``gvq.bench``: fit on L_t isotropic random samples -- d = L_t - 1 per layer at lambda 0.01,
+        the paper's regime (d near L_t - 1) and the lowest ratio Eq. 6 allows -- make it identical on all
+        ranks, and pin the compressed phase (no refresh, no monitor) so every timed call is Algorithm 1."""
+        numel = self.compressor.layout.numel
+        gen = torch.Generator().manual_seed(0)
+        samples = torch.randn(self.L_t, numel, generator=gen)
+        fit_everywhere(self.compressor, samples, self.p2p, "broadcast")
+        self._after_fit()
+        self.phase, self.count, self.L_c, self.monitor_threshold = "compress", 0, 1 << 62, None
+
+    # -- checkpoint ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Schedule position, the samples collected so far, the compressor's state, the QSGD dither."""
+        keep = self.phase == "sample" and self.count > 0 and self._samples is not None
+        return {"phase": self.phase, "count": self.count, "refreshes": self.refreshes,
+                "monitor_stops": self.monitor_stops,
+                "samples": self._samples[: self.count].clone() if keep else None,
+                "compressor": self.compressor.state_dict(), "qsgd_rng": self.qsgd.gen.get_state(),
+                "qsgd_bank": _clone_or_none(self.qsgd._ws.get("bank"))}      # the dither is state too
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore after :meth:`setup` (same model, same world size)."""
+        if sd["phase"] not in ("warmup", "sample", "compress"):
+            raise ValueError(f"GradiVeQAggregator.load_state_dict: unknown phase {sd['phase']!r}")
+        self.compressor.load_state_dict(sd["compressor"])
+        if sd["phase"] == "compress" and not self.compressor.fitted:
+            raise ValueError("GradiVeQAggregator.load_state_dict: compress phase without a fitted state")
+        self.phase, self.count = sd["phase"], int(sd["count"])
+        self.refreshes, self.monitor_stops = int(sd["refreshes"]), int(sd["monitor_stops"])
+        self._samples = None
+        if sd["samples"] is not None:
+            self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32)
+            self._samples[: self.count].copy_(sd["samples"])
+        self.qsgd.reseed(0)
+        self.qsgd.gen.set_state(sd["qsgd_rng"])
+        if sd.get("qsgd_bank") is not None:
+            self.qsgd._ws["bank"] = sd["qsgd_bank"].clone()
+        if self.compressor.fitted:
+            self._after_fit()
+
+    def summary(self) -> dict:
+        """Run-level numbers (not wired into the loop's summary yet)."""
+        return {"refreshes": self.refreshes, "monitor_stops": self.monitor_stops,
+                "mean_K_over_d": self.compressor.mean_ratio if self.compressor.fitted else math.nan}

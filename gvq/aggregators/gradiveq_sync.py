@@ -1,0 +1,143 @@
+"""Helpers of :mod:`gvq.aggregators.gradiveq`: making every rank hold the same PCA state, payload-balanced
+ring segments, and the per-refresh layer log.
+
+Identical state (SPEC: "Every rank must hold the *identical* U_d and mu"):
+
+* ``broadcast`` (default): rank 0 fits; the state (the d's first, whose count is fixed by the layout,
+  then the float values, whose length depends on the d's) is relayed along the ring 0 -> 1 -> ... -> N-1
+  in pipelined chunks through :class:`gvq.comm.p2p.P2P`.  The relay goes through P2P rather than
+  ``torch.distributed.broadcast`` so that its bytes are counted in ``bytes_sent`` and its time is shaped
+  by the emulated links like every other byte the aggregator moves (a relay sends each byte once per
+  rank, as a pipelined ring broadcast does).  The state is large (mu alone is as big as the conv
+  gradient; U_d is K x d per layer), so this is a real cost of a refresh and shows in that iteration.
+* ``local``: the paper's way -- every rank holds the same aggregated samples (the ring leaves bitwise
+  identical sums everywhere), so every rank fits itself; a sha256 of the state is compared with one
+  tiny all-reduce, and only if any rank differs (SVD round-off/sign between processes) is rank 0's state
+  relayed as above.  Costs an SVD per rank instead of the relay's bytes.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gvq.comm.p2p import P2P
+from gvq.compressors.gradiveq.codec import GradiVeQ
+
+log = logging.getLogger("gvq")
+CHUNK = 1 << 18     # relay chunk (floats): small enough to pipeline, large enough to amortise latency
+
+
+def relay_(t: torch.Tensor, p2p: P2P, chunk: int = CHUNK) -> None:
+    """Overwrite ``t`` on every rank with rank 0's ``t``, forwarded along the ring in chunks."""
+    n, r = p2p.world_size, p2p.rank
+    if n == 1 or t.numel() == 0:
+        return
+    send = None
+    for piece in t.split(chunk):
+        if r != 0:
+            p2p.wait(p2p.irecv(piece, p2p.left), p2p.left)
+        if send is not None:
+            p2p.wait(send, p2p.right)
+        send = p2p.isend(piece, p2p.right) if r != n - 1 else None
+    if send is not None:
+        p2p.wait(send, p2p.right)
+
+
+def relay_state(comp: GradiVeQ, p2p: P2P) -> None:
+    """Rank 0's fitted state onto every rank (rank 0 reloads its own, so all take the same path)."""
+    if p2p.rank == 0:
+        ds, vals = comp.state_tensors()
+    else:
+        ds = comp.state_d_buffer()
+    relay_(ds, p2p)
+    if p2p.rank != 0:
+        vals = comp.state_value_buffer(ds)
+    relay_(vals, p2p)
+    comp.load_state_tensors([ds, vals])
+
+
+def state_digest(comp: GradiVeQ) -> int:
+    h = hashlib.sha256()
+    for t in comp.state_tensors():
+        h.update(t.contiguous().numpy().tobytes())
+    return int.from_bytes(h.digest()[:7], "little")        # < 2**56: exact in an int64
+
+
+def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -> bool:
+    """Fit and make the state identical on all ranks; returns True when the relay was needed."""
+    if mode == "broadcast":
+        if p2p.rank == 0:
+            comp.fit(samples)
+        relay_state(comp, p2p)
+        return True
+    comp.fit(samples)
+    if p2p.world_size == 1:
+        return False
+    h = state_digest(comp)
+    both = torch.tensor([h, -h], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)             # max == -min  <=>  all digests equal
+    if int(both[0]) == -int(both[1]):
+        return False
+    log.warning("gradiveq: PCA state differs between ranks after a local fit; relaying rank 0's")
+    relay_state(comp, p2p)
+    return True
+
+
+def _payload_before(comp: GradiVeQ, numel: int) -> torch.Tensor:
+    """Payload elements before every flat index (raw value = 1, value of a compressed slice = d/K)."""
+    weight = torch.ones(numel, dtype=torch.float64)
+    for g in comp.groups:
+        weight[g.start: g.stop] = comp.basis(g.gid)[0].shape[1] / g.K
+    return torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
+
+
+def _split(cuts: list[int], at: list[float], lo: int, hi: int, n: int) -> list[slice]:
+    """n slices of [lo, hi) on ``cuts`` (with payload ``at`` before each) of about equal payload."""
+    i0, i1 = bisect.bisect_left(cuts, lo), bisect.bisect_right(cuts, hi)
+    cuts, at = cuts[i0:i1], at[i0:i1]
+    bounds = [lo]
+    for i in range(1, n):
+        target = at[0] + (at[-1] - at[0]) * i / n
+        j = bisect.bisect_left(at, target)
+        near = min(range(max(0, j - 1), min(j + 1, len(at) - 1) + 1), key=lambda k: abs(at[k] - target))
+        bounds.append(max(bounds[-1], cuts[near]))
+    bounds.append(hi)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def payload_balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 1) -> list:
+    """N segments on ``comp.cuts`` with about equal *payload*: the ring's time is set by its largest
+    segment, and raw layers (e.g. a classifier) would otherwise make one segment many times larger on
+    the wire than the others.  ``pieces > 1``: each segment becomes a list of that many pieces cut on
+    *group* boundaries where the segment has them (a basis is streamed from memory once per piece that
+    touches its group, so a cut inside a group reads its K x d basis twice); pieces may then be uneven."""
+    cuts = comp.cuts(numel)
+    cum = _payload_before(comp, numel)
+    at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
+    segs = _split(cuts, at, 0, numel, n)
+    if pieces == 1:
+        return segs
+    edges = sorted({0, numel} | {g.start for g in comp.groups} | {g.stop for g in comp.groups})
+    out = []
+    for seg in segs:
+        inner = [seg.start] + [e for e in edges if seg.start < e < seg.stop] + [seg.stop]
+        split = _split(inner, cum[torch.tensor(inner)].tolist(), seg.start, seg.stop, pieces)
+        out.append([p for p in split if p.stop > p.start] or [seg])
+    return out
+
+
+def write_layer_stats(run_dir: str | None, comp: GradiVeQ, extra: dict) -> None:
+    """Append one JSON line per compressor group (layer, K, d, K/d, energy, ...) to
+    ``<run_dir>/gradiveq_layers.jsonl``; no run dir (tests, library use) -> nothing written."""
+    if run_dir is None:
+        return
+    with open(Path(run_dir) / "gradiveq_layers.jsonl", "a") as f:
+        for st in comp.layer_stats():
+            row = {**extra, **st, "shape": list(st["shape"])}
+            f.write(json.dumps(row) + "\n")

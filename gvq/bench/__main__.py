@@ -1,0 +1,33 @@
+"""``python -m gvq.bench <subcommand> [flags]``: the benchmarks (speed targets live here, never in tests).
+
+    python -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8   # aggregation time per aggregator
+    python -m gvq.bench train --world-size 2 4                         # whole iterations vs torch DDP
+    python -m gvq.bench quantizers                                     # codec GB/s, one thread
+    sudo python -m gvq.bench netns [train] --rates 5e7 2e8             # kernel-shaped links (root)
+
+``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
+"""
+from __future__ import annotations
+
+import sys
+
+SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported on use: each is heavy)
+    "aggregate": "gvq.bench.aggregate",
+    "train": "gvq.bench.train",
+    "quantizers": "gvq.bench.quantizers",
+    "netns": "gvq.bench.netns",
+}
+
+
+def main(argv: list[str] | None = None):
+    """Dispatch ``argv[0]`` to its subcommand; returns what the subcommand returns (its records)."""
+    import importlib
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        print(f"usage: python -m gvq.bench {{{','.join(SUBCOMMANDS)}}} [--help]", file=sys.stderr)
+        raise SystemExit(2)
+    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Aggregation benchmark: ``python -m gvq.bench aggregate [flags]`` (``make bench`` runs the default).
+(``python -m gvq.bench train`` compares whole iterations with torch DDP: :mod:`gvq.bench.train`.)
+
+Spawns ``--world-size`` gloo ranks (file rendezvous in a temp dir), gives every rank a gradient with a
+real model's shapes (default ResNet-32 / CIFAR-100, 470,004 values) and times each aggregator over
+``--reps`` repetitions after ``--warmup``, with compute paused (a barrier before each repetition; the
+time of a repetition is the max over ranks).  Aggregators are the Hydra option files of
+``conf/aggregator/`` (plus ``allreduce``: gloo's own ``dist.all_reduce``, unshaped only) composed as the
+CLI would, with ``--set key=value`` overrides.  ``--bandwidth`` emulates every rank's outgoing link.
+Prints a table and writes the records as JSON (``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gvq.aggregators.base import RunContext
+from gvq.bench.common import make_aggregator, model_shapes, print_markdown, spawn_loopback
+
+class AllReduceRef:
+    """gloo's ``dist.all_reduce`` on the flat buffer: the reference our ring is held to."""
+    name = "allreduce"
+
+    def setup(self, params, ctx):
+        self.params, self.bytes = params, sum(p.numel() for p in params) * 4
+
+    def aggregate(self, it):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        t0 = time.perf_counter()
+        dist.all_reduce(flat)
+        return {"aggregate_s": time.perf_counter() - t0, "bytes_sent": float("nan"), "wire_s": 0.0,
+                "compress_s": 0.0, "decompress_s": 0.0}
+
+    def close(self):
+        pass
+
+
+def time_aggregator(agg, params, grads, ctx, args) -> dict:
+    agg.setup(params, ctx)
+    if hasattr(agg, "prepare_benchmark"):       # e.g. GradiVeQ: fit a basis before timing
+        agg.prepare_benchmark(grads, args)
+    rows = []
+    for rep in range(args.warmup + args.reps):
+        for p, g in zip(params, grads):
+            p.grad.copy_(g)
+        dist.barrier()
+        t0 = time.perf_counter()
+        stats = agg.aggregate(rep)
+        wall = torch.tensor([time.perf_counter() - t0, stats["wire_s"], stats["compress_s"],
+                             stats["decompress_s"]], dtype=torch.float64)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        if rep >= args.warmup:
+            rows.append([float(v) for v in wall] + [stats["bytes_sent"]])
+    agg.close()
+    return summarize_aggregation(rows, agg, args, ctx.world_size)
+
+
+def summarize_aggregation(rows, agg, args, world) -> dict:
+    times = [r[0] for r in rows]
+    sent = rows[-1][4]
+    bw = args.bandwidth
+    bound = sent * 8 / bw if bw and sent == sent else None
+    med = statistics.median(times)
+    return {"aggregator": agg.name, "world_size": world, "bandwidth_bps": bw, "bytes_per_rank": sent,
+            "median_s": med, "min_s": min(times), "bound_s": bound,
+            "time_over_bound": med / bound if bound else None,
+            "wire_s": statistics.median(r[1] for r in rows),
+            "compress_s": statistics.median(r[2] for r in rows),
+            "decompress_s": statistics.median(r[3] for r in rows), "reps": len(rows)}
+
+
+BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these that ran
+
+
+def aggregation_rank(rank, args, init, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
+                            timeout=timedelta(seconds=120))
+    try:
+        gen = torch.Generator().manual_seed(1000 + rank)
+        shapes = model_shapes(args.model, args.num_classes)
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        ctx = RunContext(rank, args.world_size, 0, 120.0, args.bandwidth, args.latency)
+        records = []
+        for name in args.aggregators:
+            if name == "allreduce" and args.bandwidth:
+                continue                      # gloo's collective cannot be shaped in-process
+            agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
+            records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
+        if rank == 0:
+            Path(out).write_text(json.dumps(records))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_aggregation(args) -> list[dict]:
+    """Every aggregator of ``args`` timed on ``args.world_size`` loopback ranks, with ratio columns."""
+    records = spawn_loopback(aggregation_rank, args.world_size, args)
+    base = next((r for r in records if r["aggregator"] == "rar"), None)
+    for ref in BASELINES:                      # e.g. speedup_vs_qsgd = qsgd's median / this median
+        other = next((r for r in records if r["aggregator"] == ref), None)
+        for r in records:
+            r[f"speedup_vs_{ref}"] = other["median_s"] / r["median_s"] if other else None
+    for r in records:
+        r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
+        r["byte_ratio"] = base["bytes_per_rank"] / r["bytes_per_rank"] if base and r["bytes_per_rank"] else None
+        r["model"], r["latency_s"] = args.model, args.latency
+    return records
+
+
+def print_aggregation(records: list[dict]) -> None:
+    cols = ["aggregator", "bytes_per_rank", "byte_ratio", "median_s", "min_s"]
+    cols += [f"speedup_vs_{b}" for b in BASELINES if records[0].get(f"speedup_vs_{b}") is not None]
+    cols += ["bound_s", "time_over_bound", "compress_s", "wire_s", "decompress_s"]
+    r0 = records[0]
+    link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
+    print_markdown(records, cols, f"aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, "
+                   f"reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
+
+
+def parse_aggregation_args(argv):
+    p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
+    p.add_argument("--aggregators", nargs="+",
+                   default=["rar", "fp16", "qsgd", "gradiveq", "gradiveq_bf16", "powersgd"])
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--bandwidth", type=float, nargs="*", default=[None],
+                   help="per-rank link in bit/s (several => one table each); omit for unshaped")
+    p.add_argument("--latency", type=float, default=0.0, help="extra per-message latency, s")
+    p.add_argument("--model", default="resnet32")
+    p.add_argument("--num-classes", type=int, default=100)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; prefix name: to target one, "
+                        "e.g. gradiveq:aggregator.compressor.target_ratio=8")
+    p.add_argument("--out", default=None, help="write all records as JSON here")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
+    p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
+    args = p.parse_args(argv)
+    if args.world_size < 1 or args.reps < 1:
+        p.error("--world-size and --reps must be >= 1")
+    if any(b is not None and b <= 0 for b in args.bandwidth):
+        p.error("--bandwidth must be > 0")
+    return args
+
+
+def main(argv: list[str]) -> list[dict]:
+    """``python -m gvq.bench aggregate ...`` (``argv``: the words after ``aggregate``)."""
+    args = parse_aggregation_args(argv)
+    if args.rank is not None:                 # one externally started rank (gvq.bench.netns)
+        args.bandwidth = args.bandwidth[0]
+        aggregation_rank(args.rank, args, args.init, args.out or "/dev/null")
+        return []
+    records = []
+    for bw in args.bandwidth:
+        one = argparse.Namespace(**{**vars(args), "bandwidth": bw})
+        recs = run_aggregation(one)
+        print_aggregation(recs)
+        records += recs
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+        print(f"records -> {args.out}")
+    return records
+

@@ -1,0 +1,64 @@
+"""The benchmarks' shared core: compose a config as the CLI would, build an aggregator from its option
+file, a model's gradient shapes, spawning loopback ranks, and printing a table with its setting.
+
+Every ``gvq.bench`` subcommand imports from here (and never from each other), so there is no cycle.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def compose(overrides: list[str]):
+    """The run config ``python cli.py <overrides>`` would compose (schema registered, in-process)."""
+    from hydra import compose as hcompose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from gvq.run.schema import register
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return hcompose("config", overrides=overrides)
+
+
+def make_aggregator(name: str, overrides: list[str]):
+    """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only."""
+    from hydra.utils import instantiate
+    mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
+            if ":" not in o.split("=", 1)[0] or o.split(":", 1)[0] == name]
+    cfg = compose([f"aggregator={name}", *mine])
+    return instantiate(cfg.aggregator, _convert_="object")
+
+
+def build_model(model: str, num_classes: int, in_channels: int) -> torch.nn.Module:
+    """``conf/model/<model>.yaml`` instantiated with a fixed seed (every rank builds the same one)."""
+    from hydra.utils import instantiate
+    torch.manual_seed(0)
+    return instantiate(compose([f"model={model}"]).model, num_classes=num_classes, in_channels=in_channels)
+
+
+def model_shapes(model: str, num_classes: int) -> list[torch.Size]:
+    """Parameter shapes of a model, in model order (the gradient an aggregator sees)."""
+    net = build_model(model, num_classes, 1 if model == "cnn" else 3)
+    return [p.shape for p in net.parameters()]
+
+
+def spawn_loopback(fn, world: int, *args):
+    """Run ``fn(rank, *args, init_url, out_path)`` on ``world`` spawned ranks (file rendezvous in a
+    temp dir, never a port); returns the JSON rank 0 wrote to ``out_path``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/out.json"
+        mp.spawn(fn, args=(*args, f"file://{tmp}/rendezvous", out), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
+def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
+    """A result table with its setting on the line above it (the figure never travels alone)."""
+    import pandas as pd
+    print(f"\n# {header}")
+    print(pd.DataFrame(records)[cols].to_markdown(index=False, floatfmt=".4g"))

@@ -1,0 +1,270 @@
+"""Kernel-shaped per-rank links (root only): ``sudo python -m gvq.bench.netns [--rates 5e7 2e8]`` validates
+the link emulator; ``sudo python -m gvq.bench.netns train --rates 5e7 2e8 --world-size 2`` compares whole
+training iterations of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``).
+
+Puts each of N ranks in its own network namespace with a veth into a bridge (in a hub namespace) and
+shapes every rank's egress with ``tc tbf`` (this kernel has no netem), so each rank has its own link, as
+in a real ring of machines (shaping the shared loopback would instead model one bus shared by all
+ranks).  Every rank runs with ``GLOO_SOCKET_IFNAME`` set to its veth.
+
+* default (emulator validation): uncompressed RAR there with no emulation, then the same benchmark on
+  loopback under the in-process emulator at the same rate; prints both medians and their ratio.
+* ``train``: ``gvq.bench train`` iterations (:mod:`gvq.bench.train`: every mode interleaved, the
+  runner's own per-iteration path) with the ranks in the namespaces -- nothing emulated, the kernel
+  shapes the runner's ring and DDP's collectives alike -- and, for reference, the same on unshaped
+  loopback.  Every table's header states the shaping.  ``--burst`` defaults to 1 ms of the rate
+  (at least 3000 bytes) so that the token bucket, refilled while a rank computes, cannot carry a
+  sizeable part of a gradient at veth speed.
+
+Namespaces and interfaces are named per run (``gvqns<pid>...``), made inside namespaces only, and
+removed on exit, failure or interrupt included; nothing outside this machine is touched.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gvq.bench import train as bench_train
+from gvq.bench.aggregate import run_aggregation
+
+PREFIX = "gvqns"
+
+
+def sh(*cmd: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
+
+
+def available() -> str | None:
+    """Why the kernel check cannot run here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, tc)"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs iproute2 (ip, tc)"
+    return None
+
+
+def auto_burst(rate_bps: float) -> str:
+    """tbf bucket of 1 ms at the rate, at least two 1500-byte frames."""
+    return f"{max(3000, int(rate_bps / 8 * 1e-3))}b"
+
+
+class Links:
+    """N rank namespaces, each with a veth into a bridge in a hub namespace and egress ``tbf`` at
+    ``rate_bps``.  A context manager: everything is removed on exit, even when setup fails half-way."""
+
+    def __init__(self, n: int, rate_bps: float, burst: str = "512kb"):
+        tag = f"{PREFIX}{os.getpid()}"
+        self.n, self.rate_bps, self.burst = n, rate_bps, burst
+        self.hub, self.ns = f"{tag}hub", [f"{tag}r{i}" for i in range(n)]
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Links":
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def _setup(self) -> None:
+        hub = self.hub
+        sh("ip", "netns", "add", hub)
+        sh("ip", "netns", "exec", hub, "ip", "link", "add", "br0", "type", "bridge")
+        sh("ip", "netns", "exec", hub, "ip", "link", "set", "br0", "up")
+        for i, ns in enumerate(self.ns):
+            v, b = f"v{i}", f"b{i}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            # made inside the namespaces: no name is ever taken in the caller's namespace
+            sh("ip", "link", "add", v, "netns", ns, "type", "veth", "peer", "name", b, "netns", hub)
+            sh("ip", "netns", "exec", hub, "ip", "link", "set", b, "master", "br0")
+            sh("ip", "netns", "exec", hub, "ip", "link", "set", b, "up")
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.213.0.{i + 1}/24", "dev", v)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", v, "up")
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", v, "root", "tbf", "rate",
+               f"{int(self.rate_bps)}bit", "burst", self.burst, "latency", "100ms")
+
+    def teardown(self) -> None:
+        for p in self.procs:                  # our own rank processes, if any are still running
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs = []
+        for name in self.ns + [self.hub]:     # deleting a namespace deletes its veth ends
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    def run_ranks(self, module_args, timeout_s: float = 600) -> None:
+        """Run ``python -m <module_args(i)>`` as rank i inside namespace i; raise if any fails (the
+        others are then killed) or all have not finished within ``timeout_s``."""
+        self.procs = [subprocess.Popen(
+            ["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME=v{i}", sys.executable, "-m",
+             *module_args(i)]) for i, ns in enumerate(self.ns)]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if any(c not in (None, 0) for c in codes):
+                raise RuntimeError(f"a shaped rank failed: exit codes {codes}")
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shaped ranks still running after {timeout_s:g} s: exit codes {codes}")
+            time.sleep(0.1)
+
+
+def kernel_shaped(args, rate: float) -> dict:
+    """RAR with every rank in its namespace, no emulation: the kernel shapes the links."""
+    with tempfile.TemporaryDirectory() as tmp, Links(args.world_size, rate) as links:
+        out = f"{tmp}/records.json"
+        links.run_ranks(lambda i: [
+            "gvq.bench", "aggregate", "--aggregators", "rar", "--world-size", str(args.world_size),
+            "--reps", str(args.reps), "--model", args.model, "--rank", str(i),
+            "--init", f"file://{tmp}/rendezvous", "--out", out])
+        rec = json.loads(Path(out).read_text())[0]
+    rec.update(bandwidth_bps=rate, shaping="kernel tbf, per-rank veth")
+    rec["bound_s"] = rec["bytes_per_rank"] * 8 / rate
+    return rec
+
+
+def emulated(args, rate: float) -> dict:
+    ns = argparse.Namespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
+                            model=args.model, num_classes=100, reps=args.reps, warmup=3, set=[])
+    rec = run_aggregation(ns)[0]
+    rec["shaping"] = "in-process emulator, loopback"
+    return rec
+
+
+@contextlib.contextmanager
+def _sigterm_exits():
+    """While inside: SIGTERM runs the ``finally`` / ``__exit__`` teardowns, as Ctrl-C does."""
+    try:
+        old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    except ValueError:                        # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def shaping_label(rate: float, burst: str, world: int) -> str:
+    return f"kernel tc tbf, {rate / 1e6:g} Mbit/s per rank (burst {burst}), N={world}"
+
+
+def train_main(argv) -> list[dict]:
+    """``python -m gvq.bench.netns train``: whole iterations, kernel-shaped per-rank links and loopback."""
+    p = argparse.ArgumentParser(prog="python -m gvq.bench.netns train",
+                                description="gvq.bench train iterations behind kernel tc tbf per-rank links")
+    p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
+    p.add_argument("--world-size", type=int, nargs="+", default=[2])
+    p.add_argument("--aggregators", nargs="+", default=["rar", "ddp", "ddp_fp16", "ddp_powersgd", "local"],
+                   help="as gvq.bench train: conf/aggregator options, torch_ddp, local")
+    p.add_argument("--model", default="resnet20")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench)")
+    p.add_argument("--burst", default="auto", help="tbf burst (tc size, e.g. 64kb); auto: 1 ms of the rate")
+    p.add_argument("--no-loopback", action="store_true", help="skip the unshaped loopback reference")
+    p.add_argument("--timeout", type=float, default=600, help="per shaped run, s")
+    p.add_argument("--out", default=None, help="write every table's records as JSON")
+    args = p.parse_args(argv)
+    if min(args.world_size) < 2 or args.iters < 1 or min(args.rates) <= 0:
+        p.error("--world-size must be >= 2, --iters >= 1, --rates > 0")
+    why = available()
+    if why:
+        print(f"gvq.bench.netns train: skipped: {why}")
+        return []
+    with _sigterm_exits():
+        records = _train(args)
+    _print_summary(records)
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+    return records
+
+
+def _train(args) -> list[dict]:
+    passthrough = ["--model", args.model, "--num-classes", str(args.num_classes), "--batch-size",
+                   str(args.batch_size), "--iters", str(args.iters), "--warmup", str(args.warmup),
+                   "--aggregators", *args.aggregators] + (["--set", *args.set] if args.set else [])
+    records = []
+    for world in args.world_size:
+        if not args.no_loopback:
+            recs = bench_train.summarize_iterations(bench_train.run_iterations(args, world), args, world, "unshaped loopback")
+            bench_train.print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
+            records += [{**r, "rate_bps": None} for r in recs]
+        for rate in args.rates:
+            burst = auto_burst(rate) if args.burst == "auto" else args.burst
+            label = shaping_label(rate, burst, world)
+            with tempfile.TemporaryDirectory() as tmp, Links(world, rate, burst) as links:
+                out = f"{tmp}/o.json"
+                links.run_ranks(lambda i: ["gvq.bench", "train", "--rank", str(i), "--world-size", str(world),
+                                           "--init", f"file://{tmp}/rendezvous", "--out", out, *passthrough],
+                                args.timeout)
+                raw = json.loads(Path(out).read_text())
+            recs = bench_train.summarize_iterations(raw, args, world, label, rate_bps=rate)
+            bench_train.print_iterations(recs, f"iteration time, {label}")
+            records += [{**r, "rate_bps": rate, "burst": burst} for r in recs]
+    return records
+
+
+def _print_summary(records: list[dict]) -> None:
+    import pandas as pd
+    df = pd.DataFrame(records)
+    df["link"] = [f"N={n}, " + ("loopback" if r is None or r != r else f"{r / 1e6:g} Mbit/s")
+                  for n, r in zip(df["N"], df["rate_bps"])]
+    order = list(dict.fromkeys(df["link"]))
+    piv = df.pivot(index="aggregator", columns="link", values="iter_s")[order]
+    piv = piv.reindex(list(dict.fromkeys(df["aggregator"])))
+    print("\n# summary: median iteration time (s); shaped columns: kernel tc tbf per-rank links")
+    print(piv.to_markdown(floatfmt=".4g"))
+
+
+def main(argv=None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "train":
+        return train_main(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m gvq.bench.netns", description=__doc__.splitlines()[0])
+    p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--model", default="resnet32")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    why = available()
+    if why:
+        print(f"gvq.bench.netns: skipped: {why}")
+        return []
+    rows = []
+    for rate in args.rates:
+        with _sigterm_exits():
+            k, e = kernel_shaped(args, rate), emulated(args, rate)
+        rows.append({"rate_mbps": rate / 1e6, "N": args.world_size, "kernel_median_s": k["median_s"],
+                     "emulated_median_s": e["median_s"], "emulated_over_kernel": e["median_s"] / k["median_s"],
+                     "bound_s": k["bound_s"], "kernel_over_bound": k["median_s"] / k["bound_s"],
+                     "emulated_over_bound": e["median_s"] / e["bound_s"]})
+    import pandas as pd
+    print(f"\n# uncompressed RAR, model={args.model}, N={args.world_size}: kernel tbf per-rank links vs emulator")
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Quantizer throughput: ``python -m gvq.bench quantizers [--aggregators qsgd orq ...]``.
+
+Single-thread quantize / dequantize throughput of a compressor on a gradient-sized vector.
+
+``quantizer_throughput(QSGD(bits=4))`` -> GB/s of fp32 input consumed (quantize) and produced
+(dequantize), median over ``reps`` timed calls after one untimed warm-up call (which builds lookup tables,
+scratch buffers and the dither bank, one-off costs a training run pays once).  One intra-op thread, as
+each rank runs on this 2-core machine; the previous thread count is restored.  The input is Laplacian
+(scale 1e-3, fixed seed): gradients are heavy-tailed, and BinGrad-b's Lloyd rounds depend on the shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gvq.bench.common import make_aggregator
+from gvq.compressors.base import Compressor
+
+RESNET32_PARAMS = 470_004
+
+
+def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tensor:
+    """Laplacian test data from a seeded generator (inverse CDF of a uniform draw)."""
+    u = torch.rand(numel, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) - 0.5
+    return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
+
+
+def _median_seconds(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def quantizer_throughput(compressor: Compressor, numel: int = RESNET32_PARAMS, reps: int = 20) -> dict:
+    """dict(quantize_gbps, dequantize_gbps, quantize_ms, dequantize_ms, bytes, ratio, ideal_ratio)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, seg = laplace_vector(numel), slice(0, numel)
+        payload = compressor.compress(x, seg)
+        compressor.decompress(payload, seg)
+        t_q = _median_seconds(lambda: compressor.compress(x, seg), reps)
+        t_d = _median_seconds(lambda: compressor.decompress(payload, seg), reps)
+    finally:
+        torch.set_num_threads(threads)
+    nbytes = 4 * numel
+    return {"name": compressor.name,
+            "quantize_gbps": nbytes / t_q / 1e9, "dequantize_gbps": nbytes / t_d / 1e9,
+            "quantize_ms": 1e3 * t_q, "dequantize_ms": 1e3 * t_d,
+            "bytes": compressor.payload_nbytes(seg), "ratio": compressor.ratio(numel),
+            "ideal_ratio": getattr(compressor, "ideal_ratio", math.nan)}
+
+
+QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
+
+
+def main(argv: list[str]) -> list[dict]:
+    """``python -m gvq.bench quantizers``: quantize / dequantize GB/s of every scalar quantizer, one
+    thread, on a ResNet-32-sized gradient, with achieved and ideal compression ratios."""
+    p = argparse.ArgumentParser(prog="python -m gvq.bench quantizers")
+    p.add_argument("--aggregators", nargs="+", default=list(QUANTIZERS))
+    p.add_argument("--numel", type=int, default=RESNET32_PARAMS)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides, e.g. aggregator.compressor.bucket=512")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.aggregators:
+        comp = make_aggregator(name, args.set).compressor
+        rows.append({"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)})
+    import pandas as pd
+    print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}")
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return rows

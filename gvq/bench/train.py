@@ -1,0 +1,187 @@
+"""Iteration-time benchmark: the runner's aggregators against torch ``DistributedDataParallel`` (gloo) on
+the same model, batch and ranks: ``python -m gvq.bench train --world-size 2 4``.
+
+Modes (``--aggregators``): any option of ``conf/aggregator/`` (``rar``, ``ddp``, ``ddp_fp16``,
+``ddp_powersgd``, ...), composed and instantiated as the CLI would (``--set`` overrides as for
+``gvq.bench aggregate``) and run through the runner's own per-iteration path (:func:`gvq.run.train.step`
+then :func:`gvq.run.train.reduce_stats`: forward, backward, non-finite check, aggregation, SGD step,
+per-iteration stats); plus ``torch_ddp``, a bare torch DDP loop with default arguments (what a user
+would write, the reference of the ``over_ref`` column), and ``local`` (forward, backward, step, no
+communication: the compute-only floor under the same load).
+
+All modes are built once per rank and run **interleaved** -- iteration ``i`` of every mode, then
+iteration ``i + 1`` -- so machine load that drifts during the run hits every mode alike (timing the modes
+one after another let a shared machine's drift into the ratio).  An iteration's time is the max over
+ranks; the table gives medians over ``--iters`` iterations after the warm-up (at least up to PowerSGD's
+``start_iter``, so its rows are compressed) and ``over_ref``, the median of the per-iteration ratios to
+the reference iterated alongside (``torch_ddp`` if run, else ``ddp``).  Columns: ``compute_s``
+(forward + backward; for DDP modes it includes the all-reduces DDP overlaps with backward),
+``aggregate_s`` (the runner's aggregation after backward), ``wire_s`` (of it, blocked on the wire),
+``ddp_comm_s`` / ``ddp_wait_s`` (DDP: first bucket launched -> last averaged / last launched -> last
+averaged), ``MB_per_rank`` (sent per rank; an estimate for DDP).
+
+Loopback unless ranks are started elsewhere: ``--rank R --init URL`` runs one rank (``gvq.bench.netns train``
+starts them in network namespaces behind kernel-shaped links).  The in-process link emulator cannot slow
+DDP's collectives, so there is no ``--bandwidth`` here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gvq.aggregators.base import RunContext
+from gvq.bench.common import build_model, make_aggregator, print_markdown, spawn_loopback
+from gvq.run import train
+
+DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
+COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent")
+
+
+class _Mode:
+    """One mode's model, optimizer and aggregator (None for ``torch_ddp`` / ``local``)."""
+
+    def __init__(self, name: str, rank: int, world: int, args, shape):
+        self.name, self.agg = name, None
+        net = build_model(args.model, args.num_classes, shape[0])
+        if name == "torch_ddp":
+            net = torch.nn.parallel.DistributedDataParallel(net)
+        elif name != "local":
+            self.agg = make_aggregator(name, args.set)
+            self.agg.setup(list(net.parameters()), RunContext(rank, world, 0, 120.0))
+            if hasattr(self.agg, "wrap"):              # aggregators inside backward (torch DDP)
+                net = self.agg.wrap(net)
+        self.net = net
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+    def warmup_needed(self) -> int:
+        # PowerSGD's hook all-reduces uncompressed before start_iter: time it once compressed
+        return getattr(self.agg, "start_iter", 0) + 1 if getattr(self.agg, "hook", "") == "powersgd" else 0
+
+    def iterate(self, x, y, it: int) -> list[float]:
+        """One iteration; this rank's [iter_s, compute_s, ...] (times of the runner's columns)."""
+        t0 = time.perf_counter()
+        if self.agg is None:
+            loss = F.cross_entropy(self.net(x), y)
+            self.opt.zero_grad(set_to_none=False)
+            loss.backward()
+            compute = time.perf_counter() - t0
+            self.opt.step()
+            row = {"compute_s": compute}
+        else:                                          # the runner's own per-iteration path
+            row = train.step(self.net, self.opt, self.agg, x, y, it)
+            row = train.reduce_stats(row, train.TIME_KEYS, train.MEAN_KEYS)
+        row["iter_s"] = time.perf_counter() - t0
+        return [float(row.get(k, 0.0)) for k in COLS]
+
+
+def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    try:
+        shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
+        modes = [_Mode(m, rank, world, args, shape) for m in args.aggregators]
+        warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(args.batch_size, *shape, generator=g)
+        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+        rows: dict[str, list[list[float]]] = {m.name: [] for m in modes}
+        for it in range(warmup + args.iters):
+            for m in modes:                            # interleaved: every mode sees the same load
+                dist.barrier()
+                t = torch.tensor(m.iterate(x, y, it), dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if it >= warmup:
+                    rows[m.name].append(t.tolist())
+        for m in modes:
+            if m.agg is not None:
+                m.agg.close()
+        if rank == 0:
+            Path(out).write_text(json.dumps({"warmup": warmup, "rows": rows}))
+    finally:
+        dist.destroy_process_group()
+
+
+def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float | None = None) -> list[dict]:
+    """One row per mode: medians over the timed iterations, and the paired ratio to the reference."""
+    rows = raw["rows"]
+    ref = next((m for m in ("torch_ddp", "ddp") if m in rows), None)
+    out = []
+    for mode, its in rows.items():
+        col = {k: [r[i] for r in its] for i, k in enumerate(COLS)}
+        rec = {"link": link, "model": args.model, "N": world, "batch_per_rank": args.batch_size,
+               "aggregator": mode, **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
+               "MB_per_rank": col["bytes_sent"][-1] / 1e6 if mode != "torch_ddp" else None,   # unknown
+               "iters": len(its), "warmup": raw["warmup"]}
+        if rate_bps:                                   # the link's bound on the bytes sent (if any)
+            rec["bound_s"] = col["bytes_sent"][-1] * 8 / rate_bps if col["bytes_sent"][-1] else None
+        rec["ref"] = ref
+        rec["over_ref"] = (statistics.median(a / b for a, b in zip(col["iter_s"], [r[0] for r in rows[ref]]))
+                           if ref else None)
+        out.append(rec)
+    return out
+
+
+def print_iterations(records: list[dict], header: str) -> None:
+    cols = ["aggregator", "iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s",
+            "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref"]
+    r0 = records[0]
+    ref = f"over_ref = median per-iteration ratio to {r0['ref']}" if r0["ref"] else "no reference mode"
+    print_markdown(records, cols, f"{header}\n# model={r0['model']}, batch {r0['batch_per_rank']}/rank, 1 thread/rank, "
+                   f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up, {ref}")
+
+
+def parse_iteration_args(argv):
+    p = argparse.ArgumentParser(prog="python -m gvq.bench train", description=__doc__.splitlines()[0])
+    p.add_argument("--world-size", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--aggregators", nargs="+", default=list(DEFAULT_MODES),
+                   help="conf/aggregator options, torch_ddp (bare DDP loop) or local (no communication)")
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench "
+                   "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
+    p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
+                   "per-iteration rows, rank 0 only)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
+    p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
+    args = p.parse_args(argv)
+    if min(args.world_size) < 1 or args.iters < 1 or args.warmup < 0:
+        p.error("--world-size and --iters must be >= 1, --warmup >= 0")
+    if len(set(args.aggregators)) != len(args.aggregators):
+        p.error("--aggregators: each mode once")
+    if args.rank is not None and (len(args.world_size) != 1 or not args.init):
+        p.error("--rank needs one --world-size and --init")
+    return args
+
+
+def run_iterations(args, world: int) -> dict:
+    """Spawn ``world`` loopback ranks; rank 0's raw per-iteration rows."""
+    return spawn_loopback(iteration_rank, world, world, args)
+
+
+def main(argv: list[str]) -> list[dict]:
+    """``python -m gvq.bench train ...`` (``argv``: the words after ``train``)."""
+    args = parse_iteration_args(argv)
+    if args.rank is not None:                 # one externally started rank (gvq.bench.netns train)
+        iteration_rank(args.rank, args.world_size[0], args, args.init, args.out or "/dev/null")
+        return []
+    records = []
+    for world in args.world_size:
+        recs = summarize_iterations(run_iterations(args, world), args, world, "unshaped loopback")
+        print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
+        records += recs
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+    return records

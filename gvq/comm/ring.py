@@ -1,0 +1,244 @@
+"""Ring engine: the four ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
+
+Rank ``r`` sends only to ``r+1`` and receives only from ``r-1`` (mod N).  The vector is cut into N
+segments made of whole compression units.  Reduce-scatter step ``i`` sends segment ``r-i`` and receives
+segment ``r-i-1``; after N-1 steps rank ``r`` holds the full sum of segment ``r+1``.  All-gather step
+``i`` sends segment ``r+1-i`` and receives segment ``r-i``.  (The PyTorch tutorial's "Our Own
+Ring-Allreduce", one segment per rank.)
+
+* :func:`allreduce_` -- (a) uncompressed RAR.
+* :func:`additive_allreduce_` -- (b) GradiVeQ's Algorithm 1 for compressors whose payloads add up: the
+  receive of a segment's partial compressed sum is posted *before* this rank compresses its own copy of
+  that segment, so compression hides behind the wire; payloads are summed; each segment is decompressed
+  once, while the next one is being received.
+* :func:`reencode_allreduce_` -- (c) the papers' QSGD-RAR: every hop decompresses, adds its raw segment
+  and recompresses; a compressed all-gather ends it.  Nothing overlaps: that is the point of comparison.
+* :func:`gather_allreduce_` -- (d) ORQ's Algorithm 2: each rank compresses its whole gradient once;
+  payloads are all-gathered around the ring (``allgather``) or sent to rank 0, which decodes, sums,
+  re-encodes and sends the result to every rank (``ps``).
+
+All functions overwrite ``flat`` with the **sum** over ranks; callers divide by N.  In every mode each
+rank ends with bitwise identical values (owners use the decoded payload they sent, never their raw sum).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from gvq.comm.p2p import P2P
+from gvq.compressors.base import Compressor
+
+
+class Clock:
+    """Labelled wall-clock accumulators (``with clock("compress"):``)."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, label: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - t0
+
+    def get(self, label: str) -> float:
+        return self.totals.get(label, 0.0)
+
+
+def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
+    """(a) Uncompressed ring all-reduce, in place."""
+    n, r = p2p.world_size, p2p.rank
+    if n == 1:
+        return
+    bufs = _scratch(flat, segs)
+    for i in range(n - 1):
+        out, inc = segs[(r - i) % n], segs[(r - i - 1) % n]
+        recv = p2p.irecv(bufs[inc.start], p2p.left)
+        send = p2p.isend(flat[out], p2p.right)
+        p2p.wait(recv, p2p.left)
+        flat[inc] += bufs[inc.start]
+        p2p.wait(send, p2p.right)
+    for i in range(n - 1):
+        out, inc = segs[(r + 1 - i) % n], segs[(r - i) % n]
+        recv = p2p.irecv(flat[inc], p2p.left)
+        send = p2p.isend(flat[out], p2p.right)
+        p2p.wait(recv, p2p.left)
+        p2p.wait(send, p2p.right)
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
+    """Receive buffers per segment start, reused across calls (allocation is not free at 1.9 MB)."""
+    key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
+    if key not in _SCRATCH:
+        _SCRATCH.clear()
+        _SCRATCH[key] = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device)
+                         for s in segs}
+    return _SCRATCH[key]
+
+
+def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P2P,
+                        clock: Clock) -> None:
+    """(b) Pipelined compressed-domain RAR (GradiVeQ Algorithm 1) for ``comp.additive``.
+
+    ``segs``: N segments, each a slice or a list of consecutive slices ("pieces", on ``comp.cuts``).
+    Pieces make Algorithm 1's pipeline finer without changing what is summed or sent: each piece is
+    its own message, forwarded as soon as it is complete (cut-through), so only the first piece's
+    compression and the last piece's decompression stay outside the wire time, instead of a whole
+    segment's (1/N of all the compute).  One piece per segment is the paper's Algorithm 1 exactly.
+    """
+    if not comp.additive:
+        raise ValueError(f"aggregator.topology=ring: compressor {comp.name!r} is not additive; "
+                         "its payloads cannot be summed in the compressed domain (use the re-encode ring)")
+    segs = [[s] if isinstance(s, slice) else list(s) for s in segs]
+    sends: list = []
+    held = _compressed_reduce_scatter(flat, segs, comp, p2p, clock, sends)
+    _compressed_allgather(flat, segs, held, comp, p2p, clock, sends)
+    for h in sends:
+        p2p.wait(h, p2p.right)
+
+
+def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, p2p: P2P, clock: Clock,
+                               sends: list) -> list:
+    """Phase 1 of Algorithm 1: N - 1 steps, each adding this rank's compressed piece to the payload
+    received from the left and passing it on; returns the fully summed payloads of segment r + 1.
+    Every send handle is appended to ``sends`` (waited for once, at the end of the ring)."""
+    n, r = p2p.world_size, p2p.rank
+    held = []
+    for q in segs[r]:                                   # own segment: each piece leaves once compressed
+        with clock("compress"):
+            held.append(comp.compress(flat[q], q))
+        sends.append(p2p.isend(held[-1], p2p.right))
+    for i in range(n - 1):
+        pieces = segs[(r - i - 1) % n]
+        inboxes = [comp.empty_payload(q) for q in pieces]
+        recvs = [p2p.irecv(b, p2p.left) for b in inboxes]    # posted first: compression overlaps them
+        for q, inbox, recv in zip(pieces, inboxes, recvs):
+            with clock("compress"):
+                mine = comp.compress(flat[q], q)
+            p2p.wait(recv, p2p.left)
+            with clock("add"):
+                inbox.add_(mine)
+            if i < n - 2:
+                sends.append(p2p.isend(inbox, p2p.right))
+        held = inboxes
+    return held
+
+
+def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compressor, p2p: P2P,
+                          clock: Clock, sends: list) -> None:
+    """Phase 2: forward each summed piece on arrival; decompress earlier ones while later ones travel
+    (at most two segments' worth of payloads wait, so memory stays bounded)."""
+    n, r = p2p.world_size, p2p.rank
+    pending = list(zip(segs[(r + 1) % n], held))
+    sends += [p2p.isend(b, p2p.right) for b in held]
+    for i in range(n - 1):
+        pieces = segs[(r - i) % n]
+        inboxes = [comp.empty_payload(q) for q in pieces]
+        recvs = [p2p.irecv(b, p2p.left) for b in inboxes]
+        for q, inbox, recv in zip(pieces, inboxes, recvs):
+            while pending and (not p2p.done(recv) or len(pending) > 2 * len(pieces)):
+                _decompress_into(flat, *pending.pop(0), comp, clock)
+            p2p.wait(recv, p2p.left)
+            if i < n - 2:
+                sends.append(p2p.isend(inbox, p2p.right))
+            pending.append((q, inbox))
+    for q, payload in pending:
+        _decompress_into(flat, q, payload, comp, clock)
+
+
+def _decompress_into(flat, q: slice, payload, comp: Compressor, clock: Clock) -> None:
+    with clock("decompress"):
+        flat[q] = comp.decompress(payload, q)
+
+
+def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,
+                        clock: Clock) -> None:
+    """(c) Decode-add-encode RAR: every hop pays decompress + add + compress on the critical path."""
+    n, r = p2p.world_size, p2p.rank
+    with clock("compress"):
+        held = comp.compress(flat[segs[r]], segs[r])
+    for i in range(n - 1):
+        seg = segs[(r - i - 1) % n]
+        inbox = comp.empty_payload(seg)
+        recv = p2p.irecv(inbox, p2p.left)
+        send = p2p.isend(held, p2p.right)
+        p2p.wait(recv, p2p.left)
+        with clock("decompress"):
+            partial = comp.decompress(inbox, seg)
+        with clock("add"):
+            partial += flat[seg]
+        with clock("compress"):
+            held = comp.compress(partial, seg)
+        p2p.wait(send, p2p.right)
+    idx = (r + 1) % n
+    with clock("decompress"):
+        flat[segs[idx]] = comp.decompress(held, segs[idx])
+    for i in range(n - 1):
+        seg = segs[(r - i) % n]
+        inbox = comp.empty_payload(seg)
+        recv = p2p.irecv(inbox, p2p.left)
+        send = p2p.isend(held, p2p.right)
+        p2p.wait(recv, p2p.left)
+        with clock("decompress"):
+            flat[seg] = comp.decompress(inbox, seg)
+        p2p.wait(send, p2p.right)
+        held = inbox
+
+
+def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Clock,
+                      topology: str = "allgather") -> None:
+    """(d) Compress the whole vector once; all-gather the payloads or go through rank 0 (``ps``)."""
+    n, r = p2p.world_size, p2p.rank
+    whole = slice(0, flat.numel())
+    with clock("compress"):
+        own = comp.compress(flat, whole)
+    if topology == "ps":
+        _through_server(flat, own, comp, p2p, clock)
+        return
+    payloads = {r: own}
+    for i in range(n - 1):                          # forward payloads around the ring, unchanged
+        inbox = comp.empty_payload(whole)
+        recv = p2p.irecv(inbox, p2p.left)
+        send = p2p.isend(payloads[(r - i) % n], p2p.right)
+        p2p.wait(recv, p2p.left)
+        p2p.wait(send, p2p.right)
+        payloads[(r - i - 1) % n] = inbox
+    _decode_sum(flat, [payloads[k] for k in range(n)], comp, clock)
+
+
+def _decode_sum(flat, payloads, comp, clock):
+    """Sum of decoded payloads in rank order, so every rank gets the same bits."""
+    whole = slice(0, flat.numel())
+    with clock("decompress"):
+        total = comp.decompress(payloads[0], whole).clone()
+        for p in payloads[1:]:
+            total += comp.decompress(p, whole)
+    flat.copy_(total)
+
+
+def _through_server(flat, own, comp, p2p, clock):
+    n, r, whole = p2p.world_size, p2p.rank, slice(0, flat.numel())
+    if r != 0:
+        p2p.wait(p2p.isend(own, 0), 0)
+        result = comp.empty_payload(whole)
+        p2p.wait(p2p.irecv(result, 0), 0)
+    else:
+        inboxes = [comp.empty_payload(whole) for _ in range(n - 1)]
+        recvs = [p2p.irecv(b, k + 1) for k, b in enumerate(inboxes)]
+        for k, h in enumerate(recvs):
+            p2p.wait(h, k + 1)
+        _decode_sum(flat, [own] + inboxes, comp, clock)
+        with clock("compress"):
+            result = comp.compress(flat, whole)
+        sends = [p2p.isend(result, k) for k in range(1, n)]
+        for k, h in enumerate(sends):
+            p2p.wait(h, k + 1)
+    with clock("decompress"):
+        flat.copy_(comp.decompress(result, whole))

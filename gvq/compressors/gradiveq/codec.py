@@ -1,0 +1,289 @@
+"""GradiVeQ (Yu et al., NeurIPS 2018): a PCA-based linear compressor whose payloads add up (Eq. 1).
+
+The flat vector is laid out by :class:`~gvq.compressors.gradiveq.layout.GradLayout` (the paper's conv
+flattening, Fig. 3a); conv layers are cut into slices of K (K rule and tail rule: see that module);
+every other parameter and every tail travel raw in the same vector.  s consecutive slices of a layer form
+a group with one basis U_d (K x d), fitted (:meth:`GradiVeQ.fit`) from L_t samples of the *aggregated*
+gradient (the sum over ranks, Eq. 2, i.e. before any division by N) of the group's FIRST slice
+(``pool=True``: all its slices stacked).  Choice of d (Eq. 6, or the ``d`` / ``target_ratio``
+overrides, capped at the sample rank; zero variance -> d = 1): see :mod:`gvq.compressors.gradiveq.pca`.
+
+Whitening vector: by default (``mu="slice"``) every slice m keeps its own mean mu_m over the L_t samples,
+as Eq. 3-5 index it; only U_d is shared by the group (sec. 3: "a single PCA compressor U_d").  The
+means cost nothing to compute (every slice is sampled anyway) and no wire bytes.  ``mu="group"`` uses
+the first slice's mean (or the pooled mean) for every slice of the group, the brief's literal reading.
+
+Payload of a segment (ends on :meth:`cuts`), in flat order: d floats U_d^T (g_m - mu_m / N) per
+compressed slice (Eq. 3), raw values as they are.  Summed over the N ranks this is U_d^T (g_m - mu_m)
+(Eq. 4); :meth:`decompress` gives U_d p + mu_m (Eq. 5) and the identity on raw values.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gvq.compressors.base import Compressor, check_int
+from gvq.compressors.gradiveq.state import GradiVeQState
+from gvq.compressors.gradiveq.layout import GradLayout, Group, build_groups, check_config, cuts, parse_K, pieces
+from gvq.compressors.gradiveq.pca import principal_subspace
+
+BASIS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_UNFITTED = "GradiVeQ: not fitted; call fit(samples) or load_state_tensors(...) first"
+
+
+class GradiVeQ(GradiVeQState, Compressor):
+    additive = True
+    name = "gradiveq"
+
+    def __init__(self, lam: float = 0.01, K="auto", s=float("inf"), pool: bool = False,
+                 d: int | None = None, target_ratio: float | None = None, world_size: int = 1,
+                 mu: str = "slice", basis_dtype: str = "float32", **kw):
+        if "lambda" in kw:                      # the YAML key; `lambda` cannot be a Python parameter
+            lam = kw.pop("lambda")
+        if kw:
+            raise ValueError(f"{next(iter(kw))}: unknown GradiVeQ option")
+        # lambda: energy Eq. 6 may drop; larger => smaller d => more compression, more loss
+        # K: slice size; larger => more correlation per basis but d <= L_t - 1, so a higher ratio and
+        #    usually more loss on fresh gradients (Fig. 5: keep it a multiple of F*D)
+        # s: slices per basis; larger => fewer SVDs, same ratio, possibly more loss (inf: one per layer)
+        # pool: fit on all slices of a group => rank up to n*(L_t-1): d may grow (less compression),
+        #    loss on the non-first slices usually drops
+        # d / target_ratio: override Eq. 6 (larger d / smaller ratio => less compression, less loss)
+        # mu: 'slice' (each slice's own mean, Eq. 3-5's mu_m) or 'group' (one mean per group); no effect
+        #    on the wire ratio, 'slice' usually loses less on the non-first slices
+        # basis_dtype: precision the bases are *applied* in (fitting, mu and the wire stay float32);
+        #    bfloat16 halves the bytes streamed per compress/decompress (~4x faster with AVX-512 bf16
+        #    GEMMs) and rounds payloads and reconstructions to bf16 (2**-9 relative); no effect on the ratio
+        if basis_dtype not in BASIS_DTYPES:
+            raise ValueError(f"basis_dtype={basis_dtype!r}: must be one of {', '.join(BASIS_DTYPES)}")
+        self.basis_dtype, self._dt = basis_dtype, BASIS_DTYPES[basis_dtype]
+        self.s = check_config(lam, s, pool, d, target_ratio, mu)
+        self.lam, self.K, self.pool, self.d, self.target_ratio, self.mu = lam, K, pool, d, target_ratio, mu
+        self._K_spec = parse_K(K)
+        self.world_size = world_size
+        self.layout: GradLayout | None = None
+        self.groups: list[Group] = []
+        self._fitted = False
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @world_size.setter
+    def world_size(self, n: int) -> None:
+        self._world_size = check_int("world_size", n, 1)
+
+    # -- layout ------------------------------------------------------------------------------------
+    def bind(self, shapes) -> "GradiVeQ":
+        """Build the layout and groups for these parameter shapes (model order); drops any fit."""
+        self.layout = GradLayout(shapes)
+        self.groups = build_groups(self.layout, self._K_spec, self.K, self.s)
+        self._starts = [g.start for g in self.groups]
+        self._raw_mask = torch.ones(self.layout.numel, dtype=torch.bool)
+        for g in self.groups:
+            self._raw_mask[g.start: g.stop] = False
+        self._cuts: list[int] | None = None
+        self._fitted, self._plans = False, {}
+        return self
+
+    def _need_layout(self) -> GradLayout:
+        if self.layout is None:
+            raise RuntimeError("GradiVeQ: call bind([p.shape for p in params]) first")
+        return self.layout
+
+    def flatten(self, grads: list[Tensor], out: Tensor | None = None) -> Tensor:
+        return self._need_layout().flatten(grads, out)
+
+    def unflatten(self, flat: Tensor, out: list[Tensor]) -> None:
+        self._need_layout().unflatten(flat, out)
+
+    def cuts(self, numel: int) -> list[int]:
+        if numel != self._need_layout().numel:
+            raise ValueError(f"GradiVeQ: numel={numel} but the bound layout has {self.layout.numel}")
+        if self._cuts is None:
+            self._cuts = cuts(self.groups, numel)
+        return self._cuts
+
+    # -- fit -----------------------------------------------------------------------------------------
+    def fit(self, samples: Tensor) -> "GradiVeQ":
+        """PCA of every group from ``samples``: (L_t, numel) aggregated flat gradients in this layout's
+        order, as SUMS over ranks (Eq. 2; multiply means by N), since Eq. 4 subtracts mu from the sum."""
+        numel = self._need_layout().numel
+        if samples.dim() != 2 or samples.shape[1] != numel:
+            raise ValueError(f"GradiVeQ.fit: samples must be (L_t, {numel}), got {tuple(samples.shape)}")
+        U, mu, energy = [], [], []
+        for g in self.groups:
+            u, m, e = self._fit_group(g, samples)
+            U.append(u), mu.append(m), energy.append(e)
+        self._set_state(U, mu, energy)
+        return self
+
+    def _fit_group(self, g: Group, samples: Tensor) -> tuple[Tensor, Tensor, float]:
+        L = samples.shape[0]
+        blk = samples[:, g.start: g.stop].to(torch.float64).reshape(L, g.n, g.K)
+        mean = blk.mean(0)                                     # (n, K): every slice's own mu_m
+        if self.pool and self.mu == "slice":
+            rows, dof = (blk - mean).reshape(L * g.n, g.K), g.n * (L - 1)
+        elif self.pool:
+            flat_rows = blk.reshape(L * g.n, g.K)
+            mean = flat_rows.mean(0).expand(g.n, g.K)
+            rows, dof = flat_rows - mean[0], L * g.n - 1
+        else:                                                  # the paper: the first slice only
+            rows, dof = blk[:, 0] - mean[0], L - 1
+            if self.mu == "group":
+                mean = mean[0].expand(g.n, g.K)
+        fit = principal_subspace(rows, dof, self.lam, mean[0], self.d, self.target_ratio,
+                                 eps=torch.finfo(samples.dtype).eps)
+        return fit.U, mean.float().contiguous(), fit.energy
+
+    def _set_state(self, U: list[Tensor], mu: list[Tensor], energy: list[float]) -> None:
+        # energies rounded to float32, as they travel in state_tensors: every rank logs the same stats
+        self._U, self._mu = U, mu
+        self._energy = torch.tensor(energy, dtype=torch.float32).tolist()
+        # mu_m^T U_d per slice, so that compress is X U - (mu U) / N  (Eq. 3) with no centred copy of X
+        self._muU = [m @ u for m, u in zip(mu, U)]
+        # The bases (~45x the gradient at K/d = 8 with K = F*D) are streamed from memory on every call,
+        # so their layout is the one the GEMM reads fastest (measured, one core, DRAM-resident): compress
+        # as U^T X^T from a contiguous U^T, decompress as U P^T from U: 1.2-1.9x faster than X U / P U^T.
+        self._mu_flat = torch.zeros(self.layout.numel)             # mu where compressed, 0 on raw values
+        for g, m in zip(self.groups, mu):
+            self._mu_flat[g.start: g.stop] = m.reshape(-1)
+        self._Uc = [u.T.contiguous().to(self._dt) for u in U]
+        self._Ud = [u.contiguous().to(self._dt) for u in U]
+        self._fitted, self._plans = True, {}
+
+    @property
+    def fitted(self) -> bool:
+        return self._fitted
+
+    def basis(self, gid: int) -> tuple[Tensor, Tensor]:
+        """(U_d (K x d), mu (n x K)) of group ``gid``, read-only views of the live state."""
+        self._need_fit()
+        return self._U[gid], self._mu[gid]
+
+    def _need_fit(self) -> None:
+        if not self._fitted:
+            raise RuntimeError(_UNFITTED)
+
+    # -- wire format ---------------------------------------------------------------------------------
+    def _plan(self, seg: slice) -> tuple[list[tuple], int]:
+        """[(piece, payload offset)] and payload length of ``seg``, cached per segment until refit."""
+        self._need_fit()
+        key = (seg.start, seg.stop)
+        if key not in self._plans:
+            if not 0 <= seg.start <= seg.stop <= self.layout.numel or seg.step not in (None, 1):
+                raise ValueError(f"segment {seg}: not within [0, {self.layout.numel}]")
+            plan, off = [], 0
+            for p in pieces(self.groups, self._starts, seg):
+                plan.append((p, off))
+                off += (p.stop - p.start) if p.gid < 0 else (p.i1 - p.i0) * self._U[p.gid].shape[1]
+            if len(self._plans) > 1024:                       # segments repeat; never grow unbounded
+                self._plans.clear()
+            self._plans[key] = (plan, off)
+        return self._plans[key]
+
+    def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
+        return torch.float32, self._plan(seg)[1]
+
+    def compress(self, x: Tensor, seg: slice) -> Tensor:
+        plan, total = self._plan(seg)
+        x = x.reshape(-1).to(torch.float32)
+        if x.numel() != seg.stop - seg.start:
+            raise ValueError(f"GradiVeQ.compress: {x.numel()} values for segment {seg}")
+        out, beta = torch.empty(total, dtype=torch.float32), -1.0 / self.world_size
+        for p, off in plan:
+            a, b = p.start - seg.start, p.stop - seg.start
+            if p.gid < 0:
+                out[off: off + b - a].copy_(x[a:b])
+                continue
+            Uc, n = self._Uc[p.gid], p.i1 - p.i0
+            X = x[a:b].view(n, Uc.shape[1])              # all slices of the run: one matmul
+            o = out[off: off + n * Uc.shape[0]].view(n, Uc.shape[0])
+            o.copy_(torch.mm(Uc, X.T.to(self._dt)).T).add_(self._muU[p.gid][p.i0:p.i1], alpha=beta)
+        if self._track is not None:                     # whole payload, raw values included (see track)
+            self._track[1] += float(out.dot(out))
+        return out
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        plan, total = self._plan(seg)
+        if payload.numel() != total:
+            raise ValueError(f"GradiVeQ.decompress: payload of {payload.numel()} for {total} expected")
+        payload = payload.reshape(-1).to(torch.float32)
+        out = torch.empty(seg.stop - seg.start, dtype=torch.float32)
+        for p, off in plan:
+            a, b = p.start - seg.start, p.stop - seg.start
+            if p.gid < 0:
+                out[a:b].copy_(payload[off: off + b - a])
+                continue
+            Ud, n = self._Ud[p.gid], p.i1 - p.i0
+            P = payload[off: off + n * Ud.shape[1]].view(n, Ud.shape[1])
+            torch.add(self._mu[p.gid][p.i0:p.i1], torch.mm(Ud, P.T.to(self._dt)).T,
+                      out=out[a:b].view(n, Ud.shape[0]))
+        return out
+
+    # -- monitors ------------------------------------------------------------------------------------
+    # U_d has orthonormal columns, so the Eq. 7 residual of c = g - mu/N is ||c||^2 - ||U_d^T c||^2, and
+    # U_d^T c is exactly the payload Eq. 3 sends: the loss costs a few dot products instead of a
+    # projection and a reconstruction (each of which streams all the bases again).  Over the whole
+    # vector, raw values appear in both terms (mu is 0 there, the payload is the value) and cancel.
+    # With basis_dtype=bfloat16 the payload is rounded, so the loss is good to ~1e-3 absolute.
+    def track(self, g_flat: Tensor | None) -> None:
+        """Start measuring Eq. 7 on ``g_flat`` (this rank's gradient, which the following
+        :meth:`compress` calls must cover exactly once, as the ring does); ``None`` stops."""
+        if g_flat is None:
+            self._track = None
+            return
+        self._need_fit()
+        g_flat = g_flat.reshape(-1).to(torch.float32)
+        c = torch.add(g_flat, self._mu_flat, alpha=-1.0 / self.world_size)
+        raw = g_flat[self._raw_mask]
+        r2 = float(raw.dot(raw))
+        self._track = [float(c.dot(c)), 0.0, float(g_flat.dot(g_flat)) - r2]
+
+    _track: list[float] | None = None
+
+    def tracked_loss(self) -> float:
+        """||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2 over compressed slices, from :meth:`track` on."""
+        if self._track is None:
+            raise RuntimeError("GradiVeQ.tracked_loss: call track(g) and compress g first")
+        c2, p2, g2 = self._track
+        return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
+
+    def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
+        self._need_fit()
+        g_flat = g_flat.reshape(-1).to(torch.float32)
+        scale = 1.0 if aggregate else 1.0 / self.world_size
+        err = den = 0.0
+        for g, U, mu in zip(self.groups, self._U, self._mu):
+            c = g_flat[g.start: g.stop].view(g.n, g.K) - mu * scale
+            p = c @ U                                    # float32 bases: exact up to float round-off
+            err += float(c.reshape(-1).dot(c.reshape(-1))) - float(p.reshape(-1).dot(p.reshape(-1)))
+            x = g_flat[g.start: g.stop]
+            den += float(x.dot(x))
+        return max(err, 0.0) / den if den > 0 else 0.0
+
+    def local_loss(self, g_flat: Tensor) -> float:
+        """Eq. 7 on this rank's gradient over compressed slices: ||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2."""
+        return self._relative(g_flat, aggregate=False)
+
+    def compression_error(self, g_flat: Tensor) -> float:
+        """||U_d U_d^T (g - mu) + mu - g||^2 / ||g||^2 over compressed slices, g an aggregate (sum)."""
+        return self._relative(g_flat, aggregate=True)
+
+    def layer_stats(self) -> list[dict]:
+        """Per group: layer (parameter index), shape, group, slices, K, d, ratio K/d, energy, tail."""
+        self._need_fit()
+        return [{"layer": g.layer, "shape": g.shape, "group": g.gid, "slices": g.n, "K": g.K,
+                 "d": int(U.shape[1]), "ratio": g.K / U.shape[1], "energy": e, "tail": g.tail}
+                for g, U, e in zip(self.groups, self._U, self._energy)]
+
+    @property
+    def mean_ratio(self) -> float:
+        """Mean of K/d over all compressed slices (nan before fit or without compressed slices)."""
+        if not self._fitted or not self.groups:
+            return float("nan")
+        return sum(g.n * g.K / U.shape[1] for g, U in zip(self.groups, self._U)) / sum(g.n for g in self.groups)
+
+    def wire_ratio(self, numel: int) -> float:
+        """Whole-vector fp32 bytes in / payload bytes out, raw parameters and tails included."""
+        return self.ratio(numel)

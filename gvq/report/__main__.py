@@ -1,0 +1,62 @@
+"""Report of a sweep (or of any runs): ``python -m gvq.report [DIR ...] [--target-acc 0.9] [--out DIR]``.
+
+Finds every run dir under the given dirs (one holding ``metrics.csv``, ``summary.json`` or ``.hydra/``;
+default: the latest sweep under ``runs/multirun/``, else the latest run under ``runs/``), groups runs by
+their overrides minus ``seed`` (several seeds => mean +- std), and writes into ``<first DIR>/report/``:
+``curves.png`` (test accuracy and train loss against iteration and wall-clock), ``breakdown.png``
+(computation vs aggregation time per 500 iterations, aggregation split into compress / wire / decompress
+/ other, as GradiVeQ's Fig. 7b), ``table.csv`` / ``table.md`` and a self-contained ``report.html``.
+
+Speed-ups and compression ratios compare a group with the uncompressed ``rar`` runs of the same setting:
+the same resolved config except the aggregator, the seed, logging and the GradiVeQ knobs (which only
+GradiVeQ reads).  Iteration time is ``compute_s + aggregate_s`` (evaluation excluded).  Failed and
+incomplete runs (no ``summary.json``: killed, or still running) get rows of their own, with the reason,
+and no final accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from gvq.report.runs import ReportError, default_dirs, find_runs, group_runs, load_run
+from gvq.report.stats import build_table, group_stats
+
+
+# -- command line ------------------------------------------------------------------------------------
+def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
+    from gvq.report import plots as rp     # matplotlib: only when a report is drawn
+    paths = find_runs(dirs)
+    if not paths:
+        raise ReportError(f"no run dirs (with metrics.csv, summary.json or .hydra/) under "
+                          f"{', '.join(map(str, dirs))}")
+    runs = [load_run(p) for p in paths]
+    groups = group_runs(runs)
+    stats = {id(g): group_stats(g, target) for g in groups}
+    title = f"gvq report: {', '.join(str(d) for d in dirs)}"
+    return rp.render(out, title, runs, groups, lambda g: stats[id(g)], build_table(groups, stats), target)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gvq.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("dirs", nargs="*", type=Path, help="run or sweep dirs (default: the latest sweep)")
+    p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
+    p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
+    args = p.parse_args(argv)
+    try:
+        dirs = args.dirs or default_dirs()
+        out = args.out or dirs[0] / "report"
+        display = write_report(dirs, out, args.target_acc)
+    except ReportError as e:
+        print(f"gvq.report: error: {e}", file=sys.stderr)
+        return 2
+    print(display.to_markdown(index=False))
+    others = ", ".join(sorted(p.name for p in out.iterdir() if p.name != "report.html"))
+    print(f"-> {out}/report.html ({others})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

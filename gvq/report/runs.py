@@ -1,0 +1,184 @@
+"""Runs on disk: find run dirs, load one (its summary.json, Hydra files and metrics.csv, never the
+training code), and group runs into settings (several seeds of one setting => one group).
+
+A run's ``summary.json`` lists the knobs its aggregator ignored (``inert_knobs``): grouping drops
+overrides of those, so a ``-m aggregator=rar,gradiveq lambda=0.01,0.05`` sweep shows one ``rar`` group.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+UNGROUPED = ("seed=", "hydra.", "logger=", "logger.")         # overrides that do not make a setting
+NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
+               "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
+
+
+class ReportError(Exception):
+    """A problem with the input: printed as one line, exit status 2."""
+
+
+@dataclass
+class Run:
+    path: Path
+    status: str                       # completed | failed | incomplete
+    reason: str
+    aggregator: str
+    overrides: list
+    config: dict
+    metrics: pd.DataFrame | None
+    summary: dict = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    label: str
+    key: tuple
+    runs: list
+
+    @property
+    def status(self) -> str:
+        return self.runs[0].status
+
+    @property
+    def aggregator(self) -> str:
+        return self.runs[0].aggregator
+
+
+# -- finding and reading runs -------------------------------------------------------------------------
+def is_run_dir(p: Path) -> bool:
+    return (p / "metrics.csv").is_file() or (p / "summary.json").is_file() or (p / ".hydra").is_dir()
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Run dirs at or below ``roots`` (not below a run dir: its subfolders are its own files)."""
+    found = []
+    for root in roots:
+        if not root.is_dir():
+            raise ReportError(f"{root}: not a directory")
+        stack = [root]
+        while stack:
+            d = stack.pop()
+            if is_run_dir(d):
+                found.append(d)
+                continue
+            stack.extend(c for c in d.iterdir() if c.is_dir() and c.name not in ("report", "wandb"))
+    return sorted(set(found), key=lambda p: (str(p.parent), _natural(p.name)))
+
+
+def _natural(name: str):
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def default_dirs(base: Path = Path("runs")) -> list[Path]:
+    """The latest sweep under ``runs/multirun/``, else the latest single run under ``runs/``."""
+    sweeps = [p.parent for p in (base / "multirun").glob("**/multirun.yaml")]
+    if sweeps:
+        return [max(sweeps, key=lambda p: (p / "multirun.yaml").stat().st_mtime)]
+    runs = [p.parent for p in base.glob("**/.hydra") if "multirun" not in p.parts]
+    if runs:
+        return [max(runs, key=lambda p: p.stat().st_mtime)]
+    raise ReportError(f"no runs under {base}/ (give a run or sweep dir: python -m gvq.report DIR)")
+
+
+def _yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def read_metrics(path: Path) -> pd.DataFrame | None:
+    """``metrics.csv`` as numbers; a truncated last line (a run killed mid-write) is dropped."""
+    try:
+        df = pd.read_csv(path, on_bad_lines="skip")
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return None
+    for col in df.columns:
+        if col != "phase":
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    if "wall_s" not in df or "iteration" not in df:
+        return None
+    return df.dropna(subset=["iteration", "wall_s"]).reset_index(drop=True)
+
+
+def _aggregator(summary: dict, hydra_cfg, overrides: list, config: dict) -> str:
+    if summary.get("job_type"):
+        return summary["job_type"]
+    runtime = (hydra_cfg or {}).get("hydra", {}).get("runtime", {})
+    choice = (runtime.get("choices") or {}).get("aggregator")
+    if choice:
+        return choice
+    for o in overrides:
+        if o.startswith("aggregator="):
+            return o.split("=", 1)[1]
+    target = (config.get("aggregator") or {}).get("_target_", "?")
+    return target.rsplit(".", 1)[-1]
+
+
+def _status(summary: dict | None, metrics, config: dict) -> tuple[str, str]:
+    if summary is not None:
+        return summary.get("status", "unknown"), summary.get("reason") or ""
+    done = 0 if metrics is None else len(metrics)
+    total = config.get("iterations", "?")
+    return "incomplete", f"no summary.json (killed, or still running): {done}/{total} iterations logged"
+
+
+def load_run(path: Path) -> Run:
+    summary = None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            summary = {"status": "failed", "reason": "summary.json unreadable"}
+    hydra_cfg = _yaml(path / ".hydra" / "hydra.yaml")
+    overrides = (summary or {}).get("overrides") or _yaml(path / ".hydra" / "overrides.yaml") or []
+    config = (summary or {}).get("config") or _yaml(path / ".hydra" / "config.yaml") or {}
+    metrics = read_metrics(path / "metrics.csv")
+    status, reason = _status(summary, metrics, config)
+    return Run(path, status, reason, _aggregator(summary or {}, hydra_cfg, overrides, config),
+               [str(o) for o in overrides], config, metrics, summary or {})
+
+
+# -- grouping ------------------------------------------------------------------------------------------
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Same overrides (minus seed and inert knobs) and same status => one group; labels keep what differs."""
+    keyed: dict[tuple, list[Run]] = {}
+    for r in runs:
+        key = tuple(sorted(o for o in r.overrides if not o.startswith(UNGROUPED) and not _inert(o, r)))
+        keyed.setdefault((key, r.aggregator, r.status), []).append(r)
+    common = set.intersection(*(set(k[0]) for k in keyed)) if keyed else set()
+    groups = []
+    for (key, agg, status), members in keyed.items():
+        shown = sorted((o for o in key if o not in common), key=lambda o: not o.startswith("aggregator="))
+        label = " ".join(_short(o) for o in shown) or agg
+        groups.append(Group(label, (key, agg, status), members))
+    order = {"completed": 0, "failed": 1, "incomplete": 2}
+    return sorted(groups, key=lambda g: (order.get(g.status, 3), g.aggregator != "rar", g.label))
+
+
+def _inert(override: str, run: Run) -> bool:
+    """An override of a knob the run's aggregator did not read (``lambda=0.05`` on a rar run)."""
+    return override.split("=", 1)[0].lstrip("+~") in run.summary.get("inert_knobs", ())
+
+
+def _short(override: str) -> str:
+    """``aggregator=orq`` -> ``orq``; ``aggregator.compressor.levels=5`` -> ``levels=5``."""
+    if override.startswith("aggregator="):
+        return override.split("=", 1)[1]
+    for prefix in ("aggregator.compressor.", "aggregator."):
+        if override.startswith(prefix):
+            return override[len(prefix):]
+    return override
+
+
+def setting_key(config: dict) -> str:
+    """What a rar baseline must share with a group: the resolved config minus ``NOT_SETTING``."""
+    return json.dumps({k: v for k, v in config.items() if k not in NOT_SETTING}, sort_keys=True,
+                      default=str)
+
+

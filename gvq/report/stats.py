@@ -1,0 +1,87 @@
+"""Numbers of runs and groups: per-run means from ``metrics.csv``, mean +- std over a group's seeds,
+the matching uncompressed ``rar`` baseline, and the numeric table (``table.csv``)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gvq.report.runs import Group, Run, setting_key
+
+TIMES = ("compute_s", "aggregate_s", "compress_s", "wire_s", "decompress_s")
+
+
+# -- numbers -------------------------------------------------------------------------------------------
+def run_stats(run: Run, target: float) -> dict:
+    """One run's numbers, straight from its metrics.csv (summary.json where there is no CSV)."""
+    m, s = run.metrics, run.summary
+    if m is None or m.empty:
+        return {"final_acc": s.get("final_test_acc", np.nan),
+                "aggregate_s": s.get("mean_aggregate_s", np.nan)}
+    out = {k: m[k].mean() for k in TIMES + ("bytes_sent",) if k in m}
+    out["iter_s"] = (m["compute_s"] + m["aggregate_s"]).mean()
+    evals = m.dropna(subset=["test_acc"]) if "test_acc" in m else m.iloc[:0]
+    out["final_acc"] = evals["test_acc"].iloc[-1] if len(evals) else np.nan
+    hit = evals[evals["test_acc"] >= target]
+    out["target_s"] = hit["wall_s"].iloc[0] if len(hit) else np.nan
+    for col in ("compression_error", "compression_ratio"):
+        if col in m and m[col].notna().any():
+            out[col] = m[col].mean()
+    if "compression_error" in out:          # heavy-tailed (GradiVeQ's Eq. 7 loss): the median too
+        out["error_median"] = m["compression_error"].median()
+    return out
+
+
+def _mean_std(values: list) -> tuple[float, float]:
+    v = np.array([x for x in values if x is not None and not np.isnan(x)], dtype=float)
+    if not len(v):
+        return np.nan, np.nan
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
+
+
+def group_stats(g: Group, target: float) -> dict:
+    per = [run_stats(r, target) for r in g.runs]
+    keys = sorted({k for p in per for k in p})
+    out = {}
+    for k in keys:
+        out[k], out[k + "_std"] = _mean_std([p.get(k, np.nan) for p in per])
+    out["reached"] = sum(not np.isnan(p.get("target_s", np.nan)) for p in per)
+    return out
+
+
+def baseline_for(g: Group, groups: list[Group], stats: dict) -> dict | None:
+    """Pooled means of the completed rar runs sharing ``g``'s setting (None if there are none)."""
+    want = {setting_key(r.config) for r in g.runs}
+    rar = [h for h in groups if h.aggregator == "rar" and h.status == "completed"
+           and {setting_key(r.config) for r in h.runs} == want]
+    if not rar:
+        return None
+    weights = [len(h.runs) for h in rar]
+    return {k: np.average([stats[id(h)].get(k, np.nan) for h in rar], weights=weights)
+            for k in ("aggregate_s", "iter_s", "bytes_sent")}
+
+
+def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
+    """The numeric table (one row per group; ``stats``: id(group) -> group_stats): ``table.csv``."""
+    rows = []
+    for g in groups:
+        s, base = stats[id(g)], baseline_for(g, groups, stats)
+        done = g.status == "completed"
+        ratio = (base["bytes_sent"] / s["bytes_sent"] if base and s.get("bytes_sent", 0) > 0
+                 else s.get("compression_ratio", np.nan))
+        rows.append({
+            "group": g.label, "aggregator": g.aggregator, "runs": len(g.runs), "status": g.status,
+            "reason": "; ".join(sorted({r.reason for r in g.runs if r.reason})),
+            "final_top1": s.get("final_acc") if done else np.nan,
+            "final_top1_std": s.get("final_acc_std") if done else np.nan,
+            "time_to_target_s": s.get("target_s", np.nan), "reached": f"{s['reached']}/{len(g.runs)}",
+            "aggregate_s_per_iter": s.get("aggregate_s", np.nan),
+            "aggregation_speedup": base["aggregate_s"] / s["aggregate_s"] if base else np.nan,
+            "iteration_s": s.get("iter_s", np.nan),
+            "iteration_speedup": base["iter_s"] / s["iter_s"] if base and "iter_s" in s else np.nan,
+            "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": ratio,
+            "compression_error": s.get("compression_error", np.nan),
+            "compression_error_median": s.get("error_median", np.nan),
+            "run_dirs": " ".join(str(r.path) for r in g.runs)})
+    return pd.DataFrame(rows)
+
+

@@ -1,0 +1,79 @@
+"""torch DDP as an aggregator (gvq/aggregators/ddp.py): mean gradients, byte estimates, training quality
+against rar (with PowerSGD on our ring alongside)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from gvq.aggregators.base import RunContext
+from gvq.aggregators.ddp import DDPAggregator
+from tests.helpers.dist import run_ranks
+
+
+def _mean_grad_check(rank, world):
+    """After backward through DDP, p.grad is the mean over ranks of the local gradients."""
+    out = {}
+    for hook in ("allreduce", "fp16"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(rank))
+        local = torch.autograd.grad(net(x).square().sum(), list(net.parameters()))
+        agg = DDPAggregator(hook=hook)
+        agg.setup(list(net.parameters()), RunContext(rank, world))
+        model = agg.wrap(net)
+        model(x).square().sum().backward()
+        stats = agg.aggregate(0)
+        means = [g.clone() for g in local]
+        for m in means:
+            dist.all_reduce(m)
+        out[hook] = ([p.grad.clone() for p in net.parameters()], [m / world for m in means], stats)
+    return out
+
+
+def test_ddp_leaves_the_mean_gradient_in_p_grad(tmp_path):
+    for r in run_ranks(_mean_grad_check, 2, tmp_path):
+        for hook, tol in (("allreduce", 1e-6), ("fp16", 2e-3)):
+            grads, means, stats = r[hook]
+            assert all(torch.allclose(g, m, rtol=tol, atol=tol) for g, m in zip(grads, means)), hook
+            numel = sum(m.numel() for m in means)
+            assert stats["bytes_sent"] == numel * (4 if hook == "allreduce" else 2)   # 2(N-1)/N = 1
+            assert stats["ddp_comm_s"] >= stats["ddp_wait_s"] >= 0 and stats["ddp_comm_s"] > 0
+
+
+TRAINED = ("rar", "ddp", "ddp_fp16", "ddp_powersgd", "powersgd")
+
+
+def _train_all(rank, world, cfgs, root):
+    from gvq.run.train import train
+    out = {}
+    for name, cfg in cfgs.items():
+        summary = train(cfg, rank, world, f"{root}/{name}", {"run_dir": f"{root}/{name}"})
+        out[name] = None if summary is None else summary["final_test_acc"]
+    return out
+
+
+def test_ddp_aggregators_and_powersgd_train_digits_to_the_rar_band(compose_cfg, tmp_path):
+    cfgs = {}
+    for name in TRAINED:
+        cfg = compose_cfg(f"aggregator={name}", "iterations=150", "eval_every=150", "logger=csv",
+                          "logger.progress=false")
+        cfgs[name] = OmegaConf.to_container(cfg, resolve=True)
+        (tmp_path / name).mkdir()
+    acc = run_ranks(_train_all, 2, tmp_path, cfgs, str(tmp_path), timeout=240)[0]
+    assert acc["rar"] >= 0.9, acc
+    for name in TRAINED[1:]:
+        assert abs(acc[name] - acc["rar"]) <= 0.04, acc     # replicas equal: train() checks it
+
+
+
+@pytest.mark.parametrize("make,key", [
+    (lambda: DDPAggregator(hook="powersgd", rank=0), "aggregator.rank"),
+    (lambda: DDPAggregator(hook="powersgd", start_iter=1), "aggregator.start_iter"),
+    (lambda: DDPAggregator(hook="nope"), "aggregator.hook"),
+])
+def test_bad_knobs_raise_value_error_naming_the_key(make, key):
+    with pytest.raises(ValueError, match=key):
+        make()
+

@@ -1,0 +1,135 @@
+"""PowerSGD on our pipelined ring (gvq/aggregators/powersgd.py) against PowerSGD on the summed gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gvq.aggregators.base import RunContext
+from gvq.aggregators.powersgd import PowerSGDAggregator
+from gvq.compressors.powersgd import orthogonalize, plan
+from tests.helpers.dist import run_ranks
+from tests.helpers.grads import SHAPES, flat, grads_at, set_grads
+
+ITERS = 3                       # iteration 0 uncompressed (start_iter=1), then 2 PowerSGD iterations
+
+
+def _powersgd_run(rank, world):
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    agg = PowerSGDAggregator(rank=2, start_iter=1)
+    agg.setup(params, RunContext(rank, world, seed=7))
+    q0 = {i: q.clone() for i, q in agg.lr.q.items()}
+    out = {"q0": q0, "stats": [], "result": [], "phat": [], "segs": [[(s.start, s.stop) for s in segs] for segs in (agg.p_segs, agg.q_segs)]}
+    for it in range(ITERS):
+        set_grads(params, grads_at(rank, it))
+        out["stats"].append(agg.aggregate(it))
+        out["result"].append(agg.bucket.clone())
+        out["phat"].append({i: t.clone() for i, t in agg.lr.phat.items()})
+    agg.close()
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def powersgd_run(request, tmp_path_factory):
+    world = request.param
+    return world, run_ranks(_powersgd_run, world, tmp_path_factory.mktemp(f"psgd{world}"))
+
+
+def _reference(world, q0):
+    """PowerSGD on the summed gradients in one process, with the same initial Q and error feedback."""
+    blocks = plan(SHAPES, 2, 2.0)
+    q, err, outs, phats = dict(q0), torch.zeros(blocks[-1].stop), [], []
+    outs.append(sum(flat(grads_at(r, 0)) for r in range(world)) / world)    # start_iter: plain mean
+    for it in range(1, ITERS):
+        m = sum(flat(grads_at(r, it)) for r in range(world)) + err        # sum_w M_w = sum g + sum e
+        out, phat = m.clone(), {}
+        for i, b in enumerate(blocks):
+            if not b.rank:
+                continue
+            mb = m[b.start: b.stop].view(b.rows, b.cols)
+            phat[i] = orthogonalize(mb @ q[i])
+            qsum = mb.t() @ phat[i]
+            out[b.start: b.stop] = (phat[i] @ qsum.t()).reshape(-1)
+            q[i] = orthogonalize(qsum)
+        err = m - out                                   # sum over ranks of their residuals
+        outs.append(out / world)
+        phats.append(phat)
+    return outs, phats
+
+
+def test_powersgd_through_the_ring_equals_powersgd_on_the_summed_gradients(powersgd_run):
+    world, ranks = powersgd_run
+    outs, phats = _reference(world, ranks[0]["q0"])
+    for r in ranks:
+        for it in range(ITERS):
+            assert torch.allclose(r["result"][it], outs[it], rtol=1e-4, atol=1e-5), (world, it)
+        for it in range(1, ITERS):
+            for i, ref in phats[it - 1].items():
+                assert torch.allclose(r["phat"][it][i], ref, atol=1e-4), (world, it, i)
+    assert [s["phase"] for s in ranks[0]["stats"]] == ["allreduce", "powersgd", "powersgd"]
+
+
+def test_powersgd_p_hat_and_result_are_bitwise_identical_on_all_ranks(powersgd_run):
+    _, ranks = powersgd_run
+    for r in ranks[1:]:
+        for it in range(ITERS):
+            assert torch.equal(r["result"][it], ranks[0]["result"][it])
+            assert all(torch.equal(r["phat"][it][i], t) for i, t in ranks[0]["phat"][it].items())
+
+
+def _sent(segs, payload_len, rank, n):
+    """What additive_allreduce_ sends: every segment but r+1 (reduce-scatter), but r+2 (all-gather)."""
+    sizes = [payload_len(slice(*s)) for s in segs]
+    return 2 * sum(sizes) - sizes[(rank + 1) % n] - sizes[(rank + 2) % n]
+
+
+def test_powersgd_bytes_are_both_passes_payloads_as_the_ring_sends_them(powersgd_run):
+    world, ranks = powersgd_run
+    blocks = plan(SHAPES, 2, 2.0)
+    numel = blocks[-1].stop
+
+    def length(which):
+        return lambda s: sum(getattr(b, which) for b in blocks if s.start <= b.start < s.stop)
+    total = sum(b.p_len + b.q_len for b in blocks)
+    for rank, r in enumerate(ranks):
+        p_segs, q_segs = r["segs"]
+        want = 4 * (_sent(p_segs, length("p_len"), rank, world) + _sent(q_segs, length("q_len"), rank, world))
+        assert [s["bytes_sent"] for s in r["stats"][1:]] == [want, want]
+        assert want <= 4 * total * 2 * (world - 1) / world * 1.5        # ~2(N-1)/N of both payloads
+        assert r["stats"][0]["bytes_sent"] >= 4 * numel * (world - 1) / world   # uncompressed ring
+
+
+def test_powersgd_compression_error_is_the_local_projection_error(powersgd_run):
+    world, ranks = powersgd_run
+    blocks = plan(SHAPES, 2, 2.0)
+    m = flat(grads_at(0, 1))                       # rank 0's M at its first compressed iteration (e = 0)
+    lost = sum(float((mb - ph @ (ph.t() @ mb)).pow(2).sum())
+               for i, b in enumerate(blocks) if b.rank
+               for mb, ph in [(m[b.start: b.stop].view(b.rows, b.cols), ranks[0]["phat"][1][i])])
+    assert ranks[0]["stats"][1]["compression_error"] == pytest.approx(lost / float(m.pow(2).sum()),
+                                                                     rel=1e-3)
+    assert ranks[0]["stats"][0]["compression_error"] == 0.0
+
+
+# -- error feedback --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,key", [
+    (lambda: PowerSGDAggregator(rank=0), "aggregator.rank"),
+    (lambda: PowerSGDAggregator(rank=1.5), "aggregator.rank"),
+    (lambda: PowerSGDAggregator(start_iter=-1), "aggregator.start_iter"),
+    (lambda: PowerSGDAggregator(min_compression_rate=0), "aggregator.min_compression_rate"),
+])
+def test_bad_knobs_raise_value_error_naming_the_key(make, key):
+    with pytest.raises(ValueError, match=key):
+        make()
+
+
+
+def test_powersgd_state_roundtrips_for_a_bitwise_resume():
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    a, b = PowerSGDAggregator(rank=2), PowerSGDAggregator(rank=2)
+    a.setup(params, RunContext(0, 2, seed=1))
+    b.setup(params, RunContext(0, 2, seed=2))
+    a.error.normal_()
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a.error, b.error)
+    assert all(torch.equal(a.lr.q[i], b.lr.q[i]) for i in a.lr.q)

@@ -1,0 +1,69 @@
+"""``python -m gvq.bench netns train``: runner and torch DDP iterations behind kernel-shaped per-rank links.
+
+Root + iproute2 only (network namespaces, veth, tc tbf); skipped elsewhere with the reason."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from gvq.bench import netns
+
+pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
+
+AGGS = ["rar", "ddp", "ddp_fp16", "ddp_powersgd"]
+
+
+def _ours() -> list[str]:
+    """Namespaces this process's harness would have made (names carry our pid)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{netns.PREFIX}{os.getpid()}")]
+
+
+def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsys):
+    """N=2, tiny model, 5 Mbit/s: every aggregator in both tables, and the shaped ring really is slowed
+    to its link (so the test cannot pass on an unshaped path)."""
+    recs = netns.main(["train", "--rates", "5e6", "--world-size", "2", "--model", "cnn", "--iters", "4",
+                       "--warmup", "2", "--aggregators", *AGGS,
+                       "--set", "ddp_powersgd:aggregator.start_iter=2", "--out", str(tmp_path / "t.json")])
+    loop = {r["aggregator"]: r for r in recs if r["rate_bps"] is None}
+    shaped = {r["aggregator"]: r for r in recs if r["rate_bps"] == 5e6}
+    assert list(loop) == AGGS and list(shaped) == AGGS
+    for r in recs:
+        assert r["N"] == 2 and r["iter_s"] > 0 and r["compute_s"] > 0 and r["iters"] == 4
+    rar, rar_lo = shaped["rar"], loop["rar"]
+    assert rar["link"] == "kernel tc tbf, 5 Mbit/s per rank (burst 3000b), N=2"
+    assert rar["iter_s"] > 3 * rar_lo["iter_s"]                 # 61 kB per rank at 5 Mbit/s: ~0.1 s
+    assert rar["aggregate_s"] >= 0.9 * rar["bound_s"]            # no faster than its link
+    assert shaped["ddp"]["iter_s"] >= 0.9 * shaped["ddp"]["bound_s"]   # DDP's collectives shaped too
+    assert shaped["ddp_fp16"]["iter_s"] < shaped["ddp"]["iter_s"]      # half the bytes on the link
+    out = capsys.readouterr().out
+    assert "# iteration time, kernel tc tbf, 5 Mbit/s per rank (burst 3000b), N=2" in out
+    assert "# iteration time, unshaped loopback, N=2" in out and "# summary" in out
+    assert _ours() == []
+
+
+def test_train_harness_removes_namespaces_when_a_rank_fails():
+    with pytest.raises(RuntimeError, match="a shaped rank failed"):
+        netns.main(["train", "--rates", "5e7", "--world-size", "2", "--model", "cnn", "--iters", "1",
+                    "--no-loopback", "--aggregators", "rar", "--set", "aggregator.no_such_key=1"])
+    assert _ours() == []
+
+
+def test_links_are_removed_when_setup_fails_half_way():
+    with pytest.raises(RuntimeError, match="tc qdisc add"):
+        with netns.Links(2, 5e7, burst="not-a-size"):
+            pass
+    assert _ours() == []
+
+
+@pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
+def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
+    """Root only: per-rank veth + tbf really shape (a ring cannot beat its links), and the emulator
+    comparison runs end to end."""
+    rows = netns.main(["--rates", "2e8", "--world-size", "2", "--reps", "3", "--model", "resnet20",
+                       "--out", str(tmp_path / "n.json")])
+    (row,) = rows
+    assert row["kernel_over_bound"] >= 0.9 and row["emulated_over_bound"] >= 0.9
+    assert 0.2 < row["emulated_over_kernel"] < 5

@@ -1,0 +1,55 @@
+"""Aggregators that fail on purpose, for fault tests (importable by spawned ranks via PYTHONPATH)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gvq.aggregators.rar import RingAllReduce
+
+
+class FailAt(RingAllReduce):
+    """Rank ``rank`` raises (or dies with ``os._exit``) at iteration ``at``."""
+
+    def __init__(self, at: int = 5, rank: int = 1, how: str = "raise"):
+        self.at, self.rank, self.how = at, rank, how
+
+    def allreduce_(self, flat, iteration):
+        if iteration == self.at and self.ctx.rank == self.rank:
+            if self.how == "exit":
+                os._exit(3)
+            raise RuntimeError(f"injected failure on rank {self.rank} at iteration {iteration}")
+        return super().allreduce_(flat, iteration)
+
+
+class NaNAt(torch.nn.Module):
+    """DigitsCNN whose forward poisons the loss with NaN on ``rank`` at its ``at``-th call."""
+
+    def __init__(self, num_classes=10, in_channels=1, at: int = 3, rank: int = 1, width: int = 4):
+        super().__init__()
+        from gvq.models import DigitsCNN
+        self.net, self.at, self.rank, self.calls = DigitsCNN(num_classes, in_channels, width=width), at, rank, 0
+
+    def forward(self, x):
+        out = self.net(x)
+        if self.training:
+            self.calls += 1
+            import torch.distributed as dist
+            if self.calls == self.at + 1 and dist.get_rank() == self.rank:
+                out = out * float("nan")
+        return out
+
+
+class DieAt:
+    """Wraps any aggregator; rank ``rank`` dies with ``os._exit`` at iteration ``at``."""
+
+    def __init__(self, inner, at: int = 13, rank: int = 1):
+        self.inner, self.at, self.rank = inner, at, rank
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def aggregate(self, iteration):
+        if iteration == self.at and self.inner.ctx.rank == self.rank:
+            os._exit(3)
+        return self.inner.aggregate(iteration)

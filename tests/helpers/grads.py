@@ -1,0 +1,23 @@
+"""Small per-rank gradients with a real network's mix of shapes (conv, bias, fc, a tiny matrix), for
+aggregator tests that compare against a reference computed on the summed gradients."""
+from __future__ import annotations
+
+import torch
+
+# conv 6x3x3x3 -> 6x27 (rank 2), a bias, conv 8x6x3x3, fc 10x32, and a 3x3 that goes raw (no gain)
+SHAPES = [(6, 3, 3, 3), (6,), (8, 6, 3, 3), (8,), (10, 32), (10,), (3, 3)]
+
+
+def grads_at(rank: int, it: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s gradient at iteration ``it`` (seeded: the same on every call)."""
+    g = torch.Generator().manual_seed(1000 * it + rank)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+def set_grads(params, grads) -> None:
+    for p, x in zip(params, grads):
+        p.grad.copy_(x)
+
+
+def flat(grads) -> torch.Tensor:
+    return torch.cat([x.reshape(-1) for x in grads])

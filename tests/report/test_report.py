@@ -1,0 +1,246 @@
+"""gvq.report on a real 2-job sweep (rar, qsgd) plus derived runs: a second seed, an incomplete run (no
+summary.json, truncated CSV) and a failed one.  Table values are recomputed here from the CSVs with the
+csv module; the HTML is rendered by a headless Chromium when one is installed."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gvq.report.__main__ import main as report_main
+from gvq.report.runs import ReportError, default_dirs
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = 0.8
+OUTPUTS = ("report.html", "table.csv", "table.md", "curves.png", "breakdown.png", "breakdown.csv")
+
+
+def _cli_env() -> dict:
+    return {**os.environ, "WANDB_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory) -> Path:
+    """Two real jobs through the CLI: rar and qsgd, 2 ranks, 30 iterations."""
+    out = tmp_path_factory.mktemp("report") / "sweep"
+    cmd = [sys.executable, "cli.py", "-m", "aggregator=rar,qsgd", "world_size=2", "iterations=30",
+           "eval_every=10", "logger=csv", "logger.progress=false", f"hydra.sweep.dir={out}"]
+    res = subprocess.run(cmd, cwd=ROOT, env=_cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def _retag(run: Path, seed: int) -> None:
+    """Make a copied run another seed of its group (overrides and summary say so)."""
+    summary = json.loads((run / "summary.json").read_text())
+    summary["overrides"] = summary["overrides"] + [f"seed={seed}"]
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def mixed(real_sweep, tmp_path_factory) -> Path:
+    """The real sweep plus: rar seed 1 (rar's CSV, aggregate_s x1.5), an incomplete qsgd run, a failed one."""
+    root = tmp_path_factory.mktemp("mixed") / "sweep"
+    shutil.copytree(real_sweep, root)
+    seed1 = root / "2"
+    shutil.copytree(root / "0", seed1)
+    _retag(seed1, 1)
+    rows = _rows(seed1 / "metrics.csv")
+    for r in rows:
+        r["aggregate_s"] = str(float(r["aggregate_s"]) * 1.5)
+        r["test_acc"] = str(float(r["test_acc"]) - 0.01) if r["test_acc"] else ""
+    with open(seed1 / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    incomplete = root / "3"
+    shutil.copytree(root / "1", incomplete)
+    (incomplete / "summary.json").unlink()
+    text = (incomplete / "metrics.csv").read_text().splitlines(keepends=True)
+    (incomplete / "metrics.csv").write_text("".join(text[:13]) + text[13][:20])   # killed mid-row
+    failed = root / "4"
+    shutil.copytree(root / "1", failed)
+    summary = json.loads((failed / "summary.json").read_text())
+    (failed / "summary.json").write_text(json.dumps({
+        "status": "failed", "reason": "RuntimeError: rank 1 exploded", "config": summary["config"],
+        "job_type": "qsgd", "overrides": summary["overrides"] + ["aggregator.compressor.bits=2"]}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(mixed) -> tuple[Path, pd.DataFrame]:
+    assert report_main([str(mixed), "--target-acc", str(TARGET)]) == 0
+    out = mixed / "report"
+    return out, pd.read_csv(out / "table.csv")
+
+
+def _row(table: pd.DataFrame, aggregator: str, status: str = "completed") -> pd.Series:
+    hit = table[(table["aggregator"] == aggregator) & (table["status"] == status)]
+    assert len(hit) == 1, table[["group", "aggregator", "status"]]
+    return hit.iloc[0]
+
+
+def _csv_stats(run: Path) -> dict:
+    rows = _rows(run / "metrics.csv")
+    evals = [r for r in rows if r["test_acc"]]
+    hit = [r for r in evals if float(r["test_acc"]) >= TARGET]
+    return {"final": float(evals[-1]["test_acc"]),
+            "agg": statistics.fmean(float(r["aggregate_s"]) for r in rows),
+            "iter": statistics.fmean(float(r["aggregate_s"]) + float(r["compute_s"]) for r in rows),
+            "bytes": statistics.fmean(float(r["bytes_sent"]) for r in rows),
+            "target": float(hit[0]["wall_s"]) if hit else math.nan}
+
+
+def test_report_writes_every_output(built):
+    out, table = built
+    for name in OUTPUTS:
+        assert (out / name).stat().st_size > 0, name
+    import matplotlib.image as mpimg
+    for png in ("curves.png", "breakdown.png"):
+        assert mpimg.imread(out / png).std() > 0.01          # a drawn figure, not a blank canvas
+    assert "final top-1" in (out / "table.md").read_text()
+    assert len(table) == 4                                   # rar (2 seeds), qsgd, qsgd incomplete, failed
+
+
+def test_table_values_equal_the_csvs(built, mixed):
+    _, table = built
+    rar = [_csv_stats(mixed / "0"), _csv_stats(mixed / "2")]
+    qsgd = _csv_stats(mixed / "1")
+    r, q = _row(table, "rar"), _row(table, "qsgd")
+    assert r["runs"] == 2 and q["runs"] == 1
+    assert r["final_top1"] == pytest.approx(statistics.fmean(s["final"] for s in rar), rel=1e-9)
+    assert r["final_top1_std"] == pytest.approx(statistics.stdev(s["final"] for s in rar), rel=1e-9)
+    assert q["final_top1"] == pytest.approx(qsgd["final"], rel=1e-9)
+    rar_agg = statistics.fmean(s["agg"] for s in rar)
+    assert r["aggregate_s_per_iter"] == pytest.approx(rar_agg, rel=1e-9)
+    assert q["aggregate_s_per_iter"] == pytest.approx(qsgd["agg"], rel=1e-9)
+    assert q["aggregation_speedup"] == pytest.approx(rar_agg / qsgd["agg"], rel=1e-9)
+    rar_iter = statistics.fmean(s["iter"] for s in rar)
+    assert q["iteration_speedup"] == pytest.approx(rar_iter / qsgd["iter"], rel=1e-9)
+    assert r["aggregation_speedup"] == pytest.approx(1.0)
+    assert q["bytes_per_iter"] == pytest.approx(qsgd["bytes"], rel=1e-9)
+    assert q["compression_ratio"] == pytest.approx(rar[0]["bytes"] / qsgd["bytes"], rel=1e-9)
+    assert q["compression_ratio"] > 7                                   # 4-bit codes + bucket scales
+    if math.isnan(qsgd["target"]):
+        assert q["reached"] == "0/1"
+    else:
+        assert q["time_to_target_s"] == pytest.approx(qsgd["target"], rel=1e-9)
+    assert q["compression_error"] > 0 and math.isnan(r["compression_error"])
+
+
+def test_failed_and_incomplete_runs_are_marked_not_dropped(built, mixed):
+    out, table = built
+    inc, bad = _row(table, "qsgd", "incomplete"), _row(table, "qsgd", "failed")
+    assert "no summary.json" in inc["reason"] and "12/30 iterations" in inc["reason"]
+    assert bad["reason"] == "RuntimeError: rank 1 exploded"
+    assert math.isnan(inc["final_top1"]) and math.isnan(bad["final_top1"])
+    md = (out / "table.md").read_text()
+    assert "failed: RuntimeError: rank 1 exploded" in md and "incomplete: no summary.json" in md
+    failed_line = next(line for line in md.splitlines() if "rank 1 exploded" in line)
+    assert "—" in failed_line
+    page = (out / "report.html").read_text()
+    assert '<tr class="failed">' in page and '<tr class="incomplete">' in page
+    assert "Not completed" in page and str(mixed / "3") in page and str(mixed / "4") in page
+
+
+def test_html_is_self_contained(built):
+    page = (built[0] / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "<table" in page
+    assert "DigitsCNN" in page and "world_size: 2" in page and "net: unshaped" in page
+    assert "src=\"http" not in page and "src='http" not in page
+
+
+@pytest.mark.parametrize("kind", ["empty", "not_runs", "missing"])
+def test_no_runs_exit_2_with_one_line(tmp_path, capsys, kind):
+    target = tmp_path / "d"
+    if kind != "missing":
+        target.mkdir()
+    if kind == "not_runs":
+        (target / "sub").mkdir()
+        (target / "notes.txt").write_text("hello")
+    assert report_main([str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gvq.report: error:") and len(err.splitlines()) == 1 and str(target) in err
+
+
+def test_cli_exit_2_without_traceback(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "gvq.report", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith("gvq.report: error: no run dirs")
+
+
+def test_default_dir_is_the_latest_sweep(tmp_path):
+    runs = tmp_path / "runs"
+    with pytest.raises(ReportError):
+        default_dirs(runs)
+    single = runs / "2026-01-01" / "10-00-00"
+    (single / ".hydra").mkdir(parents=True)
+    assert default_dirs(runs) == [single]
+    for i, name in enumerate(("a", "b")):
+        sweep = runs / "multirun" / name
+        sweep.mkdir(parents=True)
+        (sweep / "multirun.yaml").write_text("{}")
+        os.utime(sweep / "multirun.yaml", (1000 + 10 * (i == 0), 1000 + 10 * (i == 0)))
+    assert default_dirs(runs) == [runs / "multirun" / "a"]
+
+
+@pytest.mark.parametrize("exp", ["quick_compare", "paper_orq"])
+def test_presets_compose_and_sweep(compose_cfg, exp):
+    cfg = compose_cfg(f"experiment={exp}", return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert "rar" in params.aggregator and "bingrad_b" in params.aggregator
+    first = (ROOT / "conf" / "experiment" / f"{exp}.yaml").read_text().splitlines()
+    assert first[0] == "# @package _global_" and "python cli.py -m experiment=" + exp in first[1]
+    if exp == "paper_orq":
+        assert cfg.iterations == 78125 and cfg.batch_size * cfg.world_size == 128
+        assert cfg.model._target_.endswith("resnet56") and cfg.optim.schedule == "step"
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+def test_report_renders_in_a_headless_browser(built, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium on this machine (CI installs Debian's chromium)")
+    page = (built[0] / "report.html").resolve().as_uri()
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    shot = tmp_path / "shot.png"
+    subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2000", page],
+                   capture_output=True, timeout=120)
+    import matplotlib.image as mpimg
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[0] >= 1000 and pixels[..., :3].std() > 0.05     # text and figures, not blank
+    dom = subprocess.run(base + ["--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<img") == 2 and 'id="summary"' in dom and "rank 1 exploded" in dom
+
+
+def test_peers_preset_sweeps_the_peers_unshaped(compose_cfg):
+    """experiment=peers_compare: quick_compare's budget, every peer in the sweep, no emulated link
+    (the emulator cannot slow DDP's collectives, so none is shaped)."""
+    cfg = compose_cfg("experiment=peers_compare", return_hydra_config=True)
+    assert cfg.hydra.sweeper.params.aggregator.split(",") == [
+        "rar", "fp16", "qsgd", "gradiveq", "powersgd", "ddp", "ddp_fp16", "ddp_powersgd"]
+    assert cfg.net.bandwidth_bps is None and cfg.world_size == 2 and cfg.iterations == 300
+    assert cfg.dataset._target_.endswith("digits") or "digits" in str(cfg.dataset)

@@ -1,0 +1,29 @@
+"""Run discovery and grouping (gvq/report/runs.py): knobs a run's aggregator did not read do not split
+its group, on a real sweep through the CLI."""
+from __future__ import annotations
+
+import json
+
+from gvq.report.runs import find_runs, group_runs, load_run
+from tests.helpers.cli import cli
+
+
+def test_sweep_crossing_a_gradiveq_knob_with_rar_gives_one_rar_group(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = cli("-m", "aggregator=rar,gradiveq", "lambda=0.01,0.05", "iterations=6", "eval_every=6",
+            "model.width=4", "warmup=1", "L_t=2", "L_c=2", "logger=csv", "logger.progress=false",
+            f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln and "lambda" in ln]
+    assert len(warnings) == 2 and all("aggregator=rar does not read lambda=" in w for w in warnings), r.stderr
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    rar_inert = ("lambda", "L_t", "L_c", "warmup")                     # set for gradiveq, unread by rar
+    assert sorted(tuple(s["inert_knobs"]) for s in summaries) == [(), (), rar_inert, rar_inert]
+    groups = group_runs([load_run(p) for p in find_runs([sweep])])
+    by_agg = {}
+    for g in groups:
+        by_agg.setdefault(g.aggregator, []).append(g)
+    assert [len(g.runs) for g in by_agg["rar"]] == [2]                 # lambda does not split rar
+    labels = sorted(g.label for g in by_agg["gradiveq"])               # gradiveq reads lambda: two groups
+    assert len(labels) == 2 and "lambda=0.01" in labels[0] and "lambda=0.05" in labels[1], labels
+    assert "lambda" not in by_agg["rar"][0].label

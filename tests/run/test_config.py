@@ -1,0 +1,150 @@
+"""Config composition (in-process) and bad input through the real CLI (subprocess)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.utils import get_object, instantiate
+from omegaconf import OmegaConf
+
+from gvq.aggregators.base import Aggregator
+from gvq.run.validate import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = ("aggregator", "model", "dataset", "optim", "net", "logger")
+
+
+def _options(group):
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_option_file_composes_and_validates(compose_cfg, group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    validate(cfg)
+    assert OmegaConf.to_container(cfg, resolve=True)[group] is not None
+
+
+@pytest.mark.parametrize("option", _options("aggregator"))
+def test_every_aggregator_instantiates_and_satisfies_the_contract(compose_cfg, option):
+    cfg = compose_cfg(f"aggregator={option}")
+    agg = instantiate(cfg.aggregator, _convert_="object")
+    assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} lacks part of the Aggregator protocol"
+    assert isinstance(agg.name, str) and isinstance(agg.extra_fields, tuple)
+
+
+def _targets(node, where: str):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "_target_" and isinstance(v, str):
+                yield where, v
+            else:
+                yield from _targets(v, f"{where}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _targets(v, f"{where}[{i}]")
+
+
+TARGETS = [(f"{p.relative_to(ROOT)}:{w}", t)
+           for p in sorted(list((ROOT / "conf").rglob("*.yaml")) + list((ROOT / "tests" / "conf").rglob("*.yaml")))
+           for w, t in _targets(yaml.safe_load(p.read_text()) or {}, "")]
+
+
+@pytest.mark.parametrize("where,target", TARGETS, ids=[w for w, _ in TARGETS])
+def test_every_target_in_every_option_file_resolves(where, target):
+    """A stale ``_target_`` (a class moved or renamed) fails here, even in an option no other test
+    instantiates; launcher plugins resolve only where their optional extra is installed."""
+    if target.startswith("hydra_plugins.") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        pytest.skip("launcher plugin not installed (optional extra)")
+    assert callable(get_object(target)), f"{where}: {target}"
+
+
+def test_hydra_dirs_come_from_conf_hydra_default(compose_cfg):
+    cfg = compose_cfg(return_hydra_config=True)
+    assert cfg.hydra.run.dir.startswith("runs/") and cfg.hydra.sweep.dir.startswith("runs/multirun/")
+    assert cfg.hydra.job.chdir is False
+    assert "\nhydra:" not in (ROOT / "conf" / "config.yaml").read_text()   # one home for Hydra's settings
+
+
+def test_the_target_scan_sees_every_room():
+    rooms = {t.split(".")[1] for _, t in TARGETS if t.startswith("gvq.")}
+    assert {"aggregators", "compressors", "models", "data"} <= rooms
+
+
+def test_lambda_is_top_level_and_typed(compose_cfg):
+    cfg = compose_cfg("lambda=0.05", "s=inf", "K=x3")
+    assert cfg["lambda"] == 0.05 and cfg.s == float("inf") and cfg.K == "x3"
+
+
+def test_schema_rejects_unknown_and_ill_typed_keys(compose_cfg):
+    from hydra.errors import ConfigCompositionException
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("no_such_key=1")
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("world_size=abc")
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("optim.no_such_knob=1")
+
+
+@pytest.mark.parametrize("override,key", [
+    ("world_size=0", "world_size"), ("iterations=0", "iterations"), ("batch_size=0", "batch_size"),
+    ("lambda=1.0", "lambda"), ("lambda=-0.1", "lambda"), ("eval_every=0", "eval_every"),
+    ("L_t=1", "L_t"), ("L_c=0", "L_c"), ("s=0", "s"), ("s=2.5", "s"), ("warmup=-1", "warmup"),
+    ("K=abc", "K"), ("K=0", "K"), ("optim.lr=0", "optim.lr"), ("optim.schedule=linear", "optim.schedule"),
+    ("net.bandwidth_bps=0", "net.bandwidth_bps"), ("net.bandwidth_bps=-5", "net.bandwidth_bps"),
+    ("net.latency_s=-1", "net.latency_s"), ("device=tpu", "device"), ("timeout_s=0", "timeout_s"),
+])
+def test_range_errors_name_the_key(compose_cfg, override, key):
+    with pytest.raises(ConfigError) as e:
+        validate(compose_cfg(override))
+    msg = str(e.value)
+    assert msg.startswith(key) and "\n" not in msg
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args, "logger=csv"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["aggregator=nope"], "aggregator"),
+    (["model=nope"], "model"),
+    (["dataset=nope"], "dataset"),
+    (["bogus=1"], "bogus"),
+    (["world_size=0"], "world_size"),
+    (["iterations=0"], "iterations"),
+    (["batch_size=0"], "batch_size"),
+    (["lambda=1.5"], "lambda"),
+    (["dataset=cifar10", "dataset.root=/nonexistent"], "cifar-10-batches-py"),
+    (["aggregator.nonsense=3"], "nonsense"),
+])
+def test_bad_input_exits_nonzero_with_one_line_and_no_traceback(tmp_path, args, needle):
+    r = _cli(*args, f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr + r.stdout
+    assert needle in r.stderr
+
+
+def test_slurm_launcher_config_composes(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    r = _cli("--cfg", "hydra", "hydra/launcher=slurm", "hydra.launcher.partition=cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "submitit_slurm" in r.stdout or "SlurmLauncher" in r.stdout
+    assert "partition: cpu" in r.stdout
+
+
+@pytest.mark.parametrize("aggregator,overrides,inert", [
+    ("rar", ["lambda=0.5"], ["lambda"]),
+    ("qsgd", ["L_t=7", "K=x2", "world_size=4"], ["K", "L_t"]),
+    ("gradiveq", ["lambda=0.5", "L_t=7", "warmup=3"], []),
+    ("gradiveq_bf16", ["lambda=0.5", "s=4"], []),        # reads them through its defaults (gradiveq)
+    ("powersgd", [], []),                                # knobs at their defaults, not set: nothing to say
+])
+def test_knobs_the_aggregator_does_not_read_are_inert(compose_cfg, aggregator, overrides, inert):
+    from gvq.run.validate import inert_knobs
+    cfg = compose_cfg(f"aggregator={aggregator}", *overrides)
+    assert inert_knobs(cfg, [f"aggregator={aggregator}", *overrides]) == inert

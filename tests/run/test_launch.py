@@ -1,0 +1,59 @@
+"""Scale-out through torchrun on loopback: one node with 2 processes, and two launchers (--nnodes=2)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+ARGS = ["iterations=20", "eval_every=10", "logger=csv"]
+
+
+def _env():
+    env = dict(os.environ, WANDB_MODE="disabled")
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _free_port() -> int:
+    """A port the kernel says is free now (never a fixed one: parallel tests would collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_single_node_runs_ranks_without_spawning(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", str(ROOT / "cli.py"), *ARGS,
+                        f"hydra.run.dir={run}"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["config"]["world_size"] == 2 and summary["replicas_identical"]
+    assert len(pd.read_csv(run / "metrics.csv")) == 20
+
+
+@pytest.mark.slow
+def test_two_torchrun_launchers_form_one_job(tmp_path):
+    port = _free_port()
+    common = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+              f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=gvq-test-{port}"]
+    procs = [subprocess.Popen([*common, f"--node_rank={i}", str(ROOT / "cli.py"), *ARGS,
+                               f"hydra.run.dir={tmp_path}/node{i}"], cwd=ROOT, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    runs = [d for d in tmp_path.iterdir() if (d / "summary.json").exists()]
+    assert len(runs) == 1                                   # written once, by global rank 0
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary["config"]["world_size"] == 2 and summary["replicas_identical"]

@@ -1,0 +1,152 @@
+"""The tree shows the architecture (../shared/LAYOUT.md): the folder is the role, the file is the variant,
+imports run one way, and a helper has one copy.  Static checks on the source with ``ast``: nothing is
+imported, so they hold for code paths no other test reaches."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "gvq"
+TOP_LEVEL = {"__init__.py", "data.py", "models.py"}   # every other module lives in a room
+
+# room -> the rooms it may import (LAYOUT.md's floors; a room may always import itself)
+ALLOWED = {
+    "compressors": set(),
+    "data": set(),
+    "models": set(),
+    "comm": {"compressors"},
+    "aggregators": {"comm", "compressors"},
+    "run": {"aggregators", "comm", "compressors", "data", "models"},
+    "bench": {"run", "aggregators", "comm", "compressors", "data", "models"},
+    "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
+    "report": set(),                                  # reads run outputs, never the training code
+}
+SHARED_NAMES = {"main"}   # each CLI module's entry point: always called qualified (module.main)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(name: str) -> set[str]:
+    """gvq modules ``name`` imports anywhere in its body (function-level imports included)."""
+    path = MODULES[name]
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # ``from gvq.comm import ring`` imports the module gvq.comm.ring
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in MODULES and t != name}
+    return out
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "gvq"
+
+
+def test_no_top_level_module_outside_a_room():
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in TOP_LEVEL)
+    assert loose == [], f"top-level modules must move into a room (aggregators/, comm/, run/ ...): {loose}"
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(ALLOWED) - {
+        "data", "models"}
+
+
+def test_import_graph_has_no_cycle():
+    state: dict[str, int] = {}        # 1: on the DFS stack, 2: done
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for dep in sorted(GRAPH[m]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, stack + [dep])
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_imports_run_one_way():
+    wrong = [f"{m} imports {d}" for m, deps in GRAPH.items() for d in deps
+             if _room(m) in ALLOWED and _room(d) != _room(m) and _room(d) not in ALLOWED[_room(m)]]
+    assert wrong == [], "imports against LAYOUT.md's floors:\n" + "\n".join(sorted(wrong))
+
+
+def test_cycle_check_catches_a_cycle():
+    """The checker itself: a two-module cycle in a scratch graph is found."""
+    graph = {"a": {"b"}, "b": {"a"}}
+    seen, found = set(), []
+
+    def visit(m, stack):
+        for d in graph[m]:
+            if d in stack:
+                found.append(stack + [d])
+            elif d not in seen:
+                seen.add(d)
+                visit(d, stack + [d])
+    visit("a", ["a"])
+    assert found == [["a", "b", "a"]]
+
+
+def test_no_two_functions_share_a_name_with_different_bodies():
+    bodies: dict[str, dict[str, str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in SHARED_NAMES:
+                bodies.setdefault(node.name, {})[name] = ast.dump(node)
+    dup = {f: sorted(where) for f, where in bodies.items() if len(set(where.values())) > 1}
+    assert dup == {}, f"same name, different bodies (give one a distinct name, or keep one copy): {dup}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_small(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= 320, f"{name}: {lines} lines (split by role; ~300 at most)"
+
+
+def test_tests_mirror_the_package():
+    """tests/<room>/test_<variant>.py tests gvq/<room>/<variant>(.py or package); the few test files
+    that check one property across a room's variants are named, with why, in MIRROR_EXCEPTIONS."""
+    rooms = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    test_rooms = {p.name for p in (ROOT / "tests").iterdir() if (p / "__init__.py").exists()}
+    assert rooms <= test_rooms, f"tests/ lacks a package for {sorted(rooms - test_rooms)}"
+    orphans = []
+    for room in sorted(rooms):
+        for t in sorted((ROOT / "tests" / room).glob("test_*.py")):
+            variant = t.stem[len("test_"):]
+            home = PKG / room
+            if not ((home / f"{variant}.py").exists() or (home / variant).is_dir()) \
+                    and f"{room}/{t.name}" not in MIRROR_EXCEPTIONS:
+                orphans.append(f"tests/{room}/{t.name}")
+    assert orphans == [], f"no gvq/<room>/<variant> to mirror: {orphans}"
+
+
+MIRROR_EXCEPTIONS = {
+    "compressors/test_quantizers.py": "the scalar quantizers' shared properties, side by side",
+    "run/test_config.py": "every conf/ option composed through run/schema.py and run/validate.py",
+    "report/test_report.py": "python -m gvq.report (report/__main__.py) on a real sweep",
+    "report/test_report_smoke.py": "python -m gvq.report on failed / incomplete runs",
+}
