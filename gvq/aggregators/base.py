@@ -162,5 +162,3 @@ def equal_segments(numel: int, n: int) -> list[slice]:
     for i in range(n):
         bounds.append(bounds[-1] + base + (1 if i < extra else 0))
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-

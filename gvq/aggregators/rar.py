@@ -13,5 +13,3 @@ class RingAllReduce(FlatAggregator):
 
     def allreduce_(self, flat, iteration):
         ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
-
-

@@ -171,4 +171,3 @@ def main(argv: list[str]) -> list[dict]:
         Path(args.out).write_text(json.dumps(records, indent=2))
         print(f"records -> {args.out}")
     return records
-

@@ -1,5 +1,5 @@
-"""Kernel-shaped per-rank links (root only): ``sudo python -m gvq.bench.netns [--rates 5e7 2e8]`` validates
-the link emulator; ``sudo python -m gvq.bench.netns train --rates 5e7 2e8 --world-size 2`` compares whole
+"""Kernel-shaped per-rank links (root only): ``sudo python -m gvq.bench netns [--rates 5e7 2e8]`` validates
+the link emulator; ``sudo python -m gvq.bench netns train --rates 5e7 2e8 --world-size 2`` compares whole
 training iterations of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``).
 
 Puts each of N ranks in its own network namespace with a veth into a bridge (in a hub namespace) and
@@ -166,8 +166,8 @@ def shaping_label(rate: float, burst: str, world: int) -> str:
 
 
 def train_main(argv) -> list[dict]:
-    """``python -m gvq.bench.netns train``: whole iterations, kernel-shaped per-rank links and loopback."""
-    p = argparse.ArgumentParser(prog="python -m gvq.bench.netns train",
+    """``python -m gvq.bench netns train``: whole iterations, kernel-shaped per-rank links and loopback."""
+    p = argparse.ArgumentParser(prog="python -m gvq.bench netns train",
                                 description="gvq.bench train iterations behind kernel tc tbf per-rank links")
     p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
     p.add_argument("--world-size", type=int, nargs="+", default=[2])
@@ -188,7 +188,7 @@ def train_main(argv) -> list[dict]:
         p.error("--world-size must be >= 2, --iters >= 1, --rates > 0")
     why = available()
     if why:
-        print(f"gvq.bench.netns train: skipped: {why}")
+        print(f"gvq.bench netns train: skipped: {why}")
         return []
     with _sigterm_exits():
         records = _train(args)
@@ -239,7 +239,7 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "train":
         return train_main(argv[1:])
-    p = argparse.ArgumentParser(prog="python -m gvq.bench.netns", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gvq.bench netns", description=__doc__.splitlines()[0])
     p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--reps", type=int, default=10)
@@ -248,7 +248,7 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     why = available()
     if why:
-        print(f"gvq.bench.netns: skipped: {why}")
+        print(f"gvq.bench netns: skipped: {why}")
         return []
     rows = []
     for rate in args.rates:

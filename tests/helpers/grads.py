@@ -21,3 +21,8 @@ def set_grads(params, grads) -> None:
 
 def flat(grads) -> torch.Tensor:
     return torch.cat([x.reshape(-1) for x in grads])
+
+
+def gaussian(n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` standard normal values from a seeded generator."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
