@@ -45,12 +45,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from gvq.comm import ring
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.aggregators.gradiveq_sync import fit_everywhere, payload_balanced_segments, write_layer_stats
+from gvq.comm import ring
 from gvq.compressors.base import split_on_cuts
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.qsgd import QSGD
-from gvq.aggregators.gradiveq_sync import payload_balanced_segments, fit_everywhere, write_layer_stats
 
 log = logging.getLogger("gvq")
 NAN = float("nan")

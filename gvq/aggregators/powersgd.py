@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from gvq.comm import ring
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.comm import ring
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
 
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from gvq.aggregators.base import RunContext
 from gvq.bench.common import make_aggregator, model_shapes, print_markdown, spawn_loopback
 
+
 class AllReduceRef:
     """gloo's ``dist.all_reduce`` on the flat buffer: the reference our ring is held to."""
     name = "allreduce"

@@ -25,7 +25,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (PERFORMANCE.md); small next to a ring segment
 
 

@@ -36,9 +36,9 @@ import sys
 import torch
 from torch import Tensor
 
-from gvq.compressors.base import Compressor
 from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401 (re-exported)
                                       unpack, word_format)
+from gvq.compressors.base import Compressor
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17

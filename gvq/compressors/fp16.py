@@ -7,12 +7,11 @@ under 6e-5 lose precision (subnormals) -- the real cost of a 16-bit wire.  NaN/I
 """
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
-from gvq.compressors.base import Compressor
 from gvq.compressors._bucketing import check_finite
+from gvq.compressors.base import Compressor
 
 FP16_MAX = 65504.0
 

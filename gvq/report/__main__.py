@@ -27,7 +27,7 @@ from gvq.report.stats import build_table, group_stats
 
 # -- command line ------------------------------------------------------------------------------------
 def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
-    from gvq.report import plots as rp     # matplotlib: only when a report is drawn
+    from gvq.report import plots as rp  # matplotlib: only when a report is drawn
     paths = find_runs(dirs)
     if not paths:
         raise ReportError(f"no run dirs (with metrics.csv, summary.json or .hydra/) under "

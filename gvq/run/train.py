@@ -18,9 +18,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from gvq.run import checkpoint
 from gvq.aggregators.base import RunContext
 from gvq.data import iterate_batches
+from gvq.run import checkpoint
 from gvq.run.logs import RunLog
 
 log = logging.getLogger("gvq")

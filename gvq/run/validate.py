@@ -10,7 +10,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from gvq.run.schema import TOP_LEVEL_KEYS
 
-
 #: top-level knobs that only some aggregators read, through an interpolation in their option file
 #: (``lam: ${lambda}`` in conf/aggregator/gradiveq.yaml); top-level so sweeps can cross them with every
 #: aggregator (``-m aggregator=rar,gradiveq lambda=0.01,0.05``)

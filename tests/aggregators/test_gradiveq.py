@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from tests.helpers.cli import cli
-from tests.helpers.dist import run_ranks
 from hydra.utils import instantiate
 
 from gvq.aggregators.base import RunContext
-from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.aggregators.gradiveq import GradiVeQAggregator
+from gvq.compressors.gradiveq.codec import GradiVeQ
+from tests.helpers.cli import cli
+from tests.helpers.dist import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 # two conv layers (K auto = F*D*W: 12 and 18), their biases and a linear head (raw regions)

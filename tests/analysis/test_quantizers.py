@@ -1,7 +1,6 @@
 """The ORQ paper's quantization-error claims (gvq/analysis/quantizers.py) on synthetic gradients."""
 from __future__ import annotations
 
-
 from gvq.bench.quantizers import laplace_vector
 from tests.helpers.grads import gaussian
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers.dist import run_ranks
 from gvq.aggregators.compressed import CompressedAggregator
 from gvq.comm.p2p import P2P, PeerLostError
+from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Half, Projection
 
 

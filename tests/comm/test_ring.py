@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers.dist import run_ranks
-from gvq.comm import ring
 from gvq.aggregators.base import equal_segments
+from gvq.comm import ring
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import split_on_cuts
+from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Half, Projection, Sign
 
 

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from gvq.bench.quantizers import laplace_vector
 from gvq.compressors import _bucketing as bucketing
+from gvq.compressors._packing import Layout, pack, unpack, word_format
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
-from gvq.compressors._packing import Layout, pack, unpack, word_format
 from gvq.compressors.fp16 import FP16
 from gvq.compressors.linear import Linear
 from gvq.compressors.orq import ORQ
 from gvq.compressors.qsgd import QSGD
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.terngrad import TernGrad
-from gvq.bench.quantizers import laplace_vector
 from tests.helpers.grads import gaussian
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -123,9 +123,9 @@ def test_nonfinite_check_is_one_reduction_and_still_exact(monkeypatch):
     values whose sum overflows."""
     import torch
 
-    from gvq.run import train
-    from gvq.aggregators.rar import RingAllReduce
     from gvq.aggregators.base import RunContext
+    from gvq.aggregators.rar import RingAllReduce
+    from gvq.run import train
 
     class _NoDist(RingAllReduce):
         def setup(self, params, ctx):          # the bucket only: no P2P, no process group

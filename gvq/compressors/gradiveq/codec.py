@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from gvq.compressors.base import Compressor, check_int
-from gvq.compressors.gradiveq.state import GradiVeQState
 from gvq.compressors.gradiveq.layout import GradLayout, Group, build_groups, check_config, cuts, parse_K, pieces
+from gvq.compressors.gradiveq.state import GradiVeQState
 from gvq.compressors.gradiveq.pca import principal_subspace
 
 BASIS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
