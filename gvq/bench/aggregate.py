@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,7 +21,9 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import RunContext
-from gvq.bench.common import make_aggregator, model_shapes, print_markdown, spawn_loopback
+from gvq.bench.common import (add_clock_args, check_clock_args, clock_label, make_aggregator, model_shapes,
+                              print_markdown, spawn_loopback)
+from gvq.comm import clock
 
 
 class AllReduceRef:
@@ -34,9 +35,9 @@ class AllReduceRef:
 
     def aggregate(self, it):
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        t0 = time.perf_counter()
+        t0 = clock.now()
         dist.all_reduce(flat)
-        return {"aggregate_s": time.perf_counter() - t0, "bytes_sent": float("nan"), "wire_s": 0.0,
+        return {"aggregate_s": clock.now() - t0, "bytes_sent": float("nan"), "wire_s": 0.0,
                 "compress_s": 0.0, "decompress_s": 0.0}
 
     def close(self):
@@ -52,9 +53,9 @@ def time_aggregator(agg, params, grads, ctx, args) -> dict:
         for p, g in zip(params, grads):
             p.grad.copy_(g)
         dist.barrier()
-        t0 = time.perf_counter()
+        t0 = clock.sync()                       # virtual: every rank starts the repetition together
         stats = agg.aggregate(rep)
-        wall = torch.tensor([time.perf_counter() - t0, stats["wire_s"], stats["compress_s"],
+        wall = torch.tensor([clock.now() - t0, stats["wire_s"], stats["compress_s"],
                              stats["decompress_s"]], dtype=torch.float64)
         dist.all_reduce(wall, op=dist.ReduceOp.MAX)
         if rep >= args.warmup:
@@ -82,6 +83,7 @@ BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these t
 
 def aggregation_rank(rank, args, init, out):
     torch.set_num_threads(1)
+    clock.configure(args.clock, args.compute_scale, args.codec_scale)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
                             timeout=timedelta(seconds=120))
     try:
@@ -94,8 +96,8 @@ def aggregation_rank(rank, args, init, out):
         ctx = RunContext(rank, args.world_size, 0, 120.0, args.bandwidth, args.latency)
         records = []
         for name in args.aggregators:
-            if name == "allreduce" and args.bandwidth:
-                continue                      # gloo's collective cannot be shaped in-process
+            if name == "allreduce" and (args.bandwidth or args.clock == "virtual"):
+                continue                      # gloo's collective cannot be shaped in-process, nor timed virtually
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
             records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
         if rank == 0:
@@ -115,7 +117,7 @@ def run_aggregation(args) -> list[dict]:
     for r in records:
         r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
         r["byte_ratio"] = base["bytes_per_rank"] / r["bytes_per_rank"] if base and r["bytes_per_rank"] else None
-        r["model"], r["latency_s"] = args.model, args.latency
+        r["model"], r["latency_s"], r["clock"] = args.model, args.latency, clock_label(args)
     return records
 
 
@@ -125,7 +127,7 @@ def print_aggregation(records: list[dict]) -> None:
     cols += ["bound_s", "time_over_bound", "compress_s", "wire_s", "decompress_s"]
     r0 = records[0]
     link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
-    print_markdown(records, cols, f"aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, "
+    print_markdown(records, cols, f"aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, {r0['clock']}, "
                    f"reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
 
 
@@ -143,6 +145,7 @@ def parse_aggregation_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; prefix name: to target one, "
                         "e.g. gradiveq:aggregator.compressor.target_ratio=8")
+    add_clock_args(p)
     p.add_argument("--out", default=None, help="write all records as JSON here")
     p.add_argument("--rank", type=int, default=None,
                    help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
@@ -152,6 +155,7 @@ def parse_aggregation_args(argv):
         p.error("--world-size and --reps must be >= 1")
     if any(b is not None and b <= 0 for b in args.bandwidth):
         p.error("--bandwidth must be > 0")
+    check_clock_args(p, args, args.bandwidth)
     return args
 
 

@@ -62,3 +62,28 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
     import pandas as pd
     print(f"\n# {header}")
     print(pd.DataFrame(records)[cols].to_markdown(index=False, floatfmt=".4g"))
+
+
+def add_clock_args(p) -> None:
+    """``--clock wall|virtual --compute-scale X --codec-scale Y`` (as ``net.clock`` etc. in a run)."""
+    p.add_argument("--clock", choices=["wall", "virtual"], default="wall",
+                   help="virtual: each rank's CPU time x the scales + the link model, nothing slept")
+    p.add_argument("--compute-scale", type=float, default=1.0, help="virtual: forward/backward CPU time x this")
+    p.add_argument("--codec-scale", type=float, default=1.0, help="virtual: compress/decompress CPU time x this")
+
+
+def check_clock_args(p, args, bandwidths: list) -> None:
+    """The run's clock rules (gvq.run.validate) for benchmark flags; ``p.error`` on a bad combination."""
+    if args.compute_scale <= 0 or args.codec_scale <= 0:
+        p.error("--compute-scale and --codec-scale must be > 0")
+    if args.clock == "wall" and (args.compute_scale != 1 or args.codec_scale != 1):
+        p.error("--compute-scale / --codec-scale apply to --clock virtual only")
+    if args.clock == "virtual" and any(b is None for b in bandwidths):
+        p.error("--clock virtual needs --bandwidth (the link model advances the clock)")
+
+
+def clock_label(args) -> str:
+    """The clock a table's times are on, for its header (a figure never travels without its clock)."""
+    if args.clock == "wall":
+        return "wall clock"
+    return f"virtual time (compute x{args.compute_scale:g}, codec x{args.codec_scale:g})"

@@ -20,16 +20,16 @@ the reference iterated alongside (``torch_ddp`` if run, else ``ddp``).  Columns:
 ``ddp_comm_s`` / ``ddp_wait_s`` (DDP: first bucket launched -> last averaged / last launched -> last
 averaged), ``MB_per_rank`` (sent per rank; an estimate for DDP).
 
-Loopback unless ranks are started elsewhere: ``--rank R --init URL`` runs one rank (``gvq.bench.netns train``
-starts them in network namespaces behind kernel-shaped links).  The in-process link emulator cannot slow
-DDP's collectives, so there is no ``--bandwidth`` here.
+Loopback unless ranks are started elsewhere: ``--rank R --init URL`` runs one rank (``gvq.bench netns train``
+starts them in network namespaces behind kernel-shaped links).  ``--bandwidth`` emulates every rank's link
+for the runner's aggregators only (the in-process emulator cannot slow DDP's collectives); ``--clock
+virtual`` times them in virtual time (:mod:`gvq.comm.clock`), where DDP modes are refused.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,7 +38,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
-from gvq.bench.common import build_model, make_aggregator, print_markdown, spawn_loopback
+from gvq.bench.common import (add_clock_args, build_model, check_clock_args, clock_label, make_aggregator,
+                              print_markdown, spawn_loopback)
+from gvq.comm import clock
 from gvq.run import train
 
 DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
@@ -55,7 +57,8 @@ class _Mode:
             net = torch.nn.parallel.DistributedDataParallel(net)
         elif name != "local":
             self.agg = make_aggregator(name, args.set)
-            self.agg.setup(list(net.parameters()), RunContext(rank, world, 0, 120.0))
+            bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
+            self.agg.setup(list(net.parameters()), RunContext(rank, world, 0, 120.0, bw))
             if hasattr(self.agg, "wrap"):              # aggregators inside backward (torch DDP)
                 net = self.agg.wrap(net)
         self.net = net
@@ -67,23 +70,27 @@ class _Mode:
 
     def iterate(self, x, y, it: int) -> list[float]:
         """One iteration; this rank's [iter_s, compute_s, ...] (times of the runner's columns)."""
-        t0 = time.perf_counter()
+        t0 = clock.now()
         if self.agg is None:
-            loss = F.cross_entropy(self.net(x), y)
-            self.opt.zero_grad(set_to_none=False)
-            loss.backward()
-            compute = time.perf_counter() - t0
-            self.opt.step()
+            with clock.phase("compute"):
+                loss = F.cross_entropy(self.net(x), y)
+                self.opt.zero_grad(set_to_none=False)
+                loss.backward()
+            compute = clock.now() - t0
+            with clock.phase("compute"):
+                self.opt.step()
             row = {"compute_s": compute}
         else:                                          # the runner's own per-iteration path
             row = train.step(self.net, self.opt, self.agg, x, y, it)
             row = train.reduce_stats(row, train.TIME_KEYS, train.MEAN_KEYS)
-        row["iter_s"] = time.perf_counter() - t0
+        row["iter_s"] = clock.now() - t0
         return [float(row.get(k, 0.0)) for k in COLS]
 
 
 def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     torch.set_num_threads(1)
+    clock.configure(getattr(args, "clock", "wall"), getattr(args, "compute_scale", 1.0),
+                    getattr(args, "codec_scale", 1.0))
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
@@ -97,6 +104,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         for it in range(warmup + args.iters):
             for m in modes:                            # interleaved: every mode sees the same load
                 dist.barrier()
+                clock.sync()                           # virtual: every rank starts the iteration together
                 t = torch.tensor(m.iterate(x, y, it), dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 if it >= warmup:
@@ -151,6 +159,9 @@ def parse_iteration_args(argv):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench "
                    "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="emulated per-rank link (bit/s) for the runner's aggregators; DDP's are never shaped")
+    add_clock_args(p)
     p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
                    "per-iteration rows, rank 0 only)")
     p.add_argument("--rank", type=int, default=None,
@@ -163,6 +174,13 @@ def parse_iteration_args(argv):
         p.error("--aggregators: each mode once")
     if args.rank is not None and (len(args.world_size) != 1 or not args.init):
         p.error("--rank needs one --world-size and --init")
+    if args.bandwidth is not None and args.bandwidth <= 0:
+        p.error("--bandwidth must be > 0")
+    check_clock_args(p, args, [args.bandwidth])
+    unseen = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]
+    if args.clock == "virtual" and unseen:
+        p.error(f"--clock virtual: {', '.join(unseen)} communicate outside gvq's P2P (torch DDP); "
+                "time them with --clock wall (kernel shaping: python -m gvq.bench netns train)")
     return args
 
 
@@ -178,9 +196,11 @@ def main(argv: list[str]) -> list[dict]:
         iteration_rank(args.rank, args.world_size[0], args, args.init, args.out or "/dev/null")
         return []
     records = []
+    link = (f"{args.bandwidth / 1e6:g} Mbit/s per rank (emulated, runner aggregators)" if args.bandwidth
+            else "unshaped loopback")
     for world in args.world_size:
-        recs = summarize_iterations(run_iterations(args, world), args, world, "unshaped loopback")
-        print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
+        recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=args.bandwidth)
+        print_iterations(recs, f"iteration time, {link}, {clock_label(args)}, N={world}")
         records += recs
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))

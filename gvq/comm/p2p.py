@@ -14,6 +14,13 @@ chunk's real transfer after the emulated finish, not one whole message's.  Recei
 need no emulation: a message simply cannot be received before it is sent.  Only traffic that goes
 through this class is shaped; collectives the runner does not own (e.g. DDP's) need kernel shaping
 (``sudo python -m gvq.bench netns train``).
+
+Under ``net.clock=virtual`` (:mod:`gvq.comm.clock`) the same link model is computed instead of slept
+(:class:`VirtualLink`): a send at virtual time ``t`` on a link free at ``f`` occupies it from
+``max(t, f)`` for ``8b/B`` and arrives ``alpha`` later; the arrival time travels in-band (an 8-byte header
+message before the payload, same tag, not counted in ``bytes_sent``); waiting on a receive moves the
+clock to ``max(clock, arrival)``, waiting on a send to ``max(clock, its arrival)`` (the wall emulator's
+send handle completes then too).  The real bytes move at once.
 """
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from gvq.comm import clock
 
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (PERFORMANCE.md); small next to a ring segment
 
@@ -122,6 +131,48 @@ class EmulatedLink:
         self._thread.join(timeout=10)
 
 
+class VirtualLink:
+    """One rank's outgoing link in virtual time: FIFO, serialisation at ``bandwidth_bps``, then
+    ``latency_s``; computed, never slept."""
+
+    def __init__(self, bandwidth_bps: float, latency_s: float = 0.0):
+        self.bandwidth_bps, self.latency_s = float(bandwidth_bps), float(latency_s)
+        self.free_at = float("-inf")
+
+    def arrival(self, nbytes: int, t: float) -> float:
+        """Arrival time of a message of ``nbytes`` handed to the link at ``t`` (occupies the link)."""
+        self.free_at = max(t, self.free_at) + 8.0 * nbytes / self.bandwidth_bps
+        return self.free_at + self.latency_s
+
+    def close(self):
+        pass
+
+
+class _VirtualMessage:
+    """A send or receive in virtual time: the real handles (header, payload) and the arrival time.
+    Each real handle is waited for at most once (a second ``wait`` on a finished gloo receive would
+    wait for the *next* message on its buffer)."""
+
+    def __init__(self, header: torch.Tensor, handles: list, arrival: float | None = None):
+        self.header, self.handles, self._arrival = header, handles, arrival
+        self._waited = [False] * len(handles)
+
+    @property
+    def arrival(self) -> float:
+        return self._arrival if self._arrival is not None else float(self.header[0])
+
+    def wait(self, timeout=None, upto: int | None = None):
+        """Wait for the real messages (only the first ``upto`` of them: the header alone is 1)."""
+        for i, h in enumerate(self.handles[:upto]):
+            if not self._waited[i]:
+                h.wait(timeout=timeout)
+                self._waited[i] = True
+        return True
+
+    def is_completed(self):
+        return all(w or h.is_completed() for w, h in zip(self._waited, self.handles))
+
+
 class P2P:
     """isend / irecv / wait with accounting.  ``wire_s`` counts only time blocked in ``wait``."""
 
@@ -129,7 +180,11 @@ class P2P:
                  bandwidth_bps: float | None = None, latency_s: float = 0.0):
         self.rank, self.world_size = rank, world_size
         self.timeout = timedelta(seconds=timeout_s)
-        self.link = EmulatedLink(bandwidth_bps, latency_s) if bandwidth_bps else None
+        self.clock = clock.get()
+        if self.clock.virtual and not bandwidth_bps:
+            raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
+        link = VirtualLink if self.clock.virtual else EmulatedLink
+        self.link = link(bandwidth_bps, latency_s) if bandwidth_bps else None
         self.bytes_sent = 0
         self.wire_s = 0.0
 
@@ -147,7 +202,13 @@ class P2P:
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
-        self.bytes_sent += tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent += nbytes
+        if self.clock.virtual:
+            arrival = self.link.arrival(nbytes, self.clock.now())
+            header = torch.tensor([arrival], dtype=torch.float64)
+            return _VirtualMessage(header, [dist.isend(header, dst, tag=tag), dist.isend(tensor, dst, tag=tag)],
+                                   arrival)
         if self.link is not None:
             return _All([self.link.submit(c, dst, tag) for c in chunks(tensor)])
         return dist.isend(tensor, dst, tag=tag)
@@ -155,27 +216,45 @@ class P2P:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
+        if self.clock.virtual:
+            header = torch.empty(1, dtype=torch.float64)
+            return _VirtualMessage(header, [dist.irecv(header, src, tag=tag), dist.irecv(tensor, src, tag=tag)])
         if self.link is not None:
             return _All([dist.irecv(c, src, tag=tag) for c in chunks(tensor)])
         return dist.irecv(tensor, src, tag=tag)
 
-    @staticmethod
-    def done(handle) -> bool:
-        """Has ``handle`` finished?  Never blocks (errors surface in :meth:`wait`)."""
-        return handle.is_completed()
+    def done(self, handle) -> bool:
+        """Has ``handle`` finished?  Wall: never blocks (errors surface in :meth:`wait`).  Virtual: done
+        only if the message has arrived by this rank's clock, which may need its real header first (a
+        blocking read; safe in the ring, where a probe is followed by local work only, never a send)."""
+        if not isinstance(handle, _VirtualMessage):
+            return handle.is_completed()
+        if handle._arrival is None:
+            self._real_wait(handle, None, upto=1)            # the header: when does it arrive?
+        if handle.arrival > self.clock.now():
+            return False
+        self.wait(handle)
+        return True
 
     def wait(self, handle, peer: int | None = None) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         try:
-            handle.wait(timeout=self.timeout)
+            self._real_wait(handle, peer)
+            if isinstance(handle, _VirtualMessage):
+                self.clock.advance_to(handle.arrival)
+        finally:
+            self.wire_s += self.clock.now() - t0
+
+    def _real_wait(self, handle, peer: int | None, **kw) -> None:
+        try:
+            with self.clock.blocked():
+                handle.wait(timeout=self.timeout, **kw)
         except Exception as e:
             who = f"rank {peer}" if peer is not None else "a peer"
             raise PeerLostError(
                 f"rank {self.rank}: lost {who} (no answer within {self.timeout.total_seconds():g}s "
                 f"or connection closed): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             ) from e
-        finally:
-            self.wire_s += time.perf_counter() - t0
 
     def close(self):
         if self.link is not None:

@@ -22,28 +22,30 @@ rank ends with bitwise identical values (owners use the decoded payload they sen
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 import torch
 
+from gvq.comm import clock as rank_clock
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import Compressor
 
 
 class Clock:
-    """Labelled wall-clock accumulators (``with clock("compress"):``)."""
+    """Labelled accumulators on the rank's clock (``with clock("compress"):``); every label the ring uses
+    is codec work, so under ``net.clock=virtual`` it advances at ``net.codec_scale``."""
 
     def __init__(self):
         self.totals: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, label: str):
-        t0 = time.perf_counter()
+        t0 = rank_clock.now()
         try:
-            yield
+            with rank_clock.phase("codec"):
+                yield
         finally:
-            self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - t0
+            self.totals[label] = self.totals.get(label, 0.0) + rank_clock.now() - t0
 
     def get(self, label: str) -> float:
         return self.totals.get(label, 0.0)

@@ -39,8 +39,12 @@ def preflight(cfg: DictConfig) -> None:
             raise ConfigError("device=cuda: no CUDA device is visible here; use device=cpu")
     except ConfigError as e:
         config_error(str(e))
-    data = _try_instantiate("aggregator", cfg.aggregator, _convert_="object") and \
-        _try_instantiate("dataset", cfg.dataset)
+    agg = _try_instantiate("aggregator", cfg.aggregator, _convert_="object")
+    if cfg.net.clock == "virtual" and not getattr(agg, "virtual_time", False):
+        config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
+                     "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
+                     "(sudo python -m gvq.bench netns train)")
+    data = _try_instantiate("dataset", cfg.dataset)
     _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
 
 

@@ -33,6 +33,9 @@ class OptimSchema:
 class NetSchema:
     bandwidth_bps: Optional[float] = None
     latency_s: float = 0.0
+    clock: str = "wall"
+    compute_scale: float = 1.0
+    codec_scale: float = 1.0
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from gvq.aggregators.base import RunContext
+from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.run import checkpoint
 from gvq.run.logs import RunLog
@@ -138,12 +139,13 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
 
 
 def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
-    t0 = time.perf_counter()
-    out = model(x)
-    loss = F.cross_entropy(out, y)
-    opt.zero_grad(set_to_none=False)
-    loss.backward()
-    compute_s = time.perf_counter() - t0
+    t0 = clock.now()
+    with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+    compute_s = clock.now() - t0
     acc = (out.argmax(1) == y).float().mean().item()
     row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
     if check_gradients(model, agg, it, nan_policy):
@@ -151,12 +153,19 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent"), 0)
         return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
-    opt.step()
+    with clock.phase("compute"):
+        opt.step()
     return {**row, **stats}
 
 
 TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent", "skipped")
 MEAN_KEYS = ("train_loss", "train_acc")
+
+
+def clock_fields(cfg: dict) -> dict:
+    """Which clock the run's times are on, with its scales (summary.json, and each CSV row's clock)."""
+    net = cfg["net"]
+    return {"clock": net["clock"], "compute_scale": net["compute_scale"], "codec_scale": net["codec_scale"]}
 
 
 def replicas_identical(model) -> bool:
@@ -176,11 +185,14 @@ class Progress:
     totals: dict = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
     test_loss: float = float("nan")
     test_acc: float = float("nan")
-    wall_offset: float = 0.0           # wall_s already spent before a resume
+    wall_offset: float = 0.0           # wall_s (on the run's clock) already spent before a resume
+    real_wall_offset: float = 0.0      # real seconds already spent before a resume
 
 
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
     """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
+    net = cfg["net"]
+    clock.configure(net["clock"], net["compute_scale"], net["codec_scale"])   # before P2P is built
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     prog, old_rows = Progress(), []
     if cfg["resume"]:
@@ -216,15 +228,17 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
     bar = _progress_bar(cfg, runlog, agg, world, prog)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
     dev = comm_device()
-    t0 = time.perf_counter() - prog.wall_offset
+    t0, real0 = clock.sync() - prog.wall_offset, time.perf_counter() - prog.real_wall_offset
     for it in range(prog.start, iters):
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
         row = reduce_stats(step(model, opt, agg, x, y, it, cfg["nan_policy"]), TIME_KEYS, MEAN_KEYS)
         sched.step()
-        row.update(iteration=it, epoch=epoch, lr=lr, wall_s=time.perf_counter() - t0)
+        row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
+                   real_wall_s=time.perf_counter() - real0)
         row.setdefault("phase", agg.name)
+        row["clock"] = cfg["net"]["clock"]
         if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
             prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
@@ -236,14 +250,15 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}", refresh=False)
         if every and (it + 1) % every == 0 and it + 1 < iters:
-            state = {**vars(prog), "start": it + 1, "wall_offset": time.perf_counter() - t0}
+            state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
+                     "real_wall_offset": time.perf_counter() - real0}
             checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state})
     if bar is not None:
         bar.close()
-    return _finish(cfg, model, runlog, prog, time.perf_counter() - t0)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0)
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float):
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float):
     identical = replicas_identical(model)
     if not identical:
         raise RuntimeError("replicas diverged: ranks hold different parameters after training")
@@ -251,10 +266,11 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float):
         return None
     iters = cfg["iterations"]
     summary = {"status": "completed", "iterations": iters, "final_test_acc": prog.test_acc,
-               "final_test_loss": prog.test_loss, "wall_s": wall_s, "replicas_identical": identical,
+               "final_test_loss": prog.test_loss, "wall_s": wall_s, "real_wall_s": real_wall_s,
+               **clock_fields(cfg), "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
     runlog.summary(summary)
-    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs -> %s", prog.test_acc, prog.test_loss,
-             wall_s, runlog.run_dir)
+    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, wall_s,
+             f" (virtual; real {real_wall_s:.1f}s)" if clock.get().virtual else "", runlog.run_dir)
     return summary

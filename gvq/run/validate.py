@@ -57,8 +57,22 @@ def validate(cfg) -> None:
     _require(net.bandwidth_bps is None or net.bandwidth_bps > 0,
              f"net.bandwidth_bps={net.bandwidth_bps}: must be > 0 (or null for no emulation)")
     _require(net.latency_s >= 0, f"net.latency_s={net.latency_s}: must be >= 0")
+    _validate_clock(net, cfg.device)
     _require(cfg.logger.wandb.mode in ("offline", "online", "disabled"),
              f"logger.wandb.mode={cfg.logger.wandb.mode}: must be offline, online or disabled")
+
+
+def _validate_clock(net, device: str) -> None:
+    _require(net.clock in ("wall", "virtual"), f"net.clock={net.clock}: must be wall or virtual")
+    for key in ("compute_scale", "codec_scale"):
+        _require(net[key] > 0, f"net.{key}={net[key]}: must be > 0")
+        _require(net[key] == 1 or net.clock == "virtual",
+                 f"net.{key}={net[key]}: scales apply to the virtual clock only (add net.clock=virtual)")
+    if net.clock == "virtual":
+        _require(net.bandwidth_bps is not None, "net.clock=virtual: there is no link model to advance the "
+                 "clock (net=none); pick a link, e.g. net=mbit50 or net.bandwidth_bps=1e9")
+        _require(device == "cpu", "net.clock=virtual: CPU time does not measure GPU kernels; use device=cpu "
+                 "(and net.compute_scale for a faster machine)")
 
 
 def _validate_optim(o) -> None:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from tests.helpers.cli import TEST_CONF, cli
 
-TIME_COLS = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s"]
+TIME_COLS = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s"]
 COMMON = ["logger=csv", "iterations=24", "eval_every=6", "world_size=2", "batch_size=16",
           f"hydra.searchpath=[file://{TEST_CONF}]"]
 

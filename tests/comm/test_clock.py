@@ -1,0 +1,163 @@
+"""Virtual time (gvq/comm/clock.py and the link model in gvq/comm/p2p.py): the clock counts this thread's
+CPU time at the phase's scale, never a wait; messages arrive when the link model says, exactly."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gvq.comm import clock as C
+from gvq.comm.p2p import P2P, VirtualLink
+from gvq.compressors.base import split_on_cuts
+from tests.helpers.dist import run_ranks
+from tests.helpers.toy_compressors import Projection
+
+CPU_SLACK = 0.05     # seconds of the test's own Python between clock reads (measured: < 5 ms)
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+
+
+def test_virtual_clock_counts_cpu_time_at_the_phase_scale():
+    clk = C.RankClock("virtual", compute_scale=0.25, codec_scale=4.0)
+    t0, c0 = clk.now(), time.thread_time()
+    with clk.phase("compute"):
+        _spin(0.2)
+    mid, c1 = clk.now(), time.thread_time()
+    assert mid - t0 == pytest.approx(0.25 * (c1 - c0), abs=0.01)
+    with clk.phase("codec"):
+        _spin(0.05)
+    assert clk.now() - mid == pytest.approx(4 * 0.05, abs=0.02)
+
+
+def test_waits_are_not_computation_and_arrivals_only_move_the_clock_forward():
+    clk = C.RankClock("virtual")
+    t0 = clk.now()
+    with clk.blocked():
+        _spin(0.1)                          # CPU burnt while blocked (e.g. a spinning wait): not counted
+        time.sleep(0.05)
+    assert clk.now() - t0 < 0.01
+    clk.advance_to(t0 + 3.0)
+    assert clk.now() == pytest.approx(t0 + 3.0, abs=0.01)
+    clk.advance_to(t0 + 1.0)                # an arrival in the past changes nothing
+    assert clk.now() >= t0 + 3.0
+
+
+def test_wall_clock_is_perf_counter_and_rejects_bad_settings():
+    clk = C.RankClock("wall")
+    assert abs(clk.now() - time.perf_counter()) < 0.01
+    with pytest.raises(ValueError, match="net.clock"):
+        C.RankClock("cpu")
+    with pytest.raises(ValueError, match="net.compute_scale"):
+        C.RankClock("virtual", compute_scale=0)
+
+
+def test_virtual_link_is_a_fifo_with_serialisation_then_latency():
+    link = VirtualLink(8e3, latency_s=0.5)          # 1 kB/s
+    assert link.arrival(1000, 0.0) == 1.5            # serialised 0..1, then 0.5 latency
+    assert link.arrival(500, 0.2) == 2.0             # queued behind the first: leaves 1..1.5
+    assert link.arrival(1000, 10.0) == 11.5          # idle link: starts at once
+
+
+# -- scripted exchanges on 2-4 ranks, 1 kB/s links: every time is whole seconds ---------------------
+B, SIZE = 8e3, 250                                  # 250 float32 = 1000 bytes = 1 s on the link
+
+
+def _relay(rank, world, latency, count):
+    """Rank 0 sends ``count`` messages back to back; every other rank forwards each one on arrival.
+    Returns (arrival clock of each message, the clock after the last send completed), relative to a
+    common start."""
+    C.configure("virtual")
+    p2p = P2P(rank, world, 30.0, B, latency)
+    t0 = C.sync()
+    got, sends = [], []
+    for _ in range(count):
+        buf = torch.full((SIZE,), float(rank))
+        if rank > 0:
+            p2p.wait(p2p.irecv(buf, rank - 1))
+            got.append(C.now() - t0)
+        if rank < world - 1:
+            sends.append(p2p.isend(buf, rank + 1))
+    for h in sends:
+        p2p.wait(h)
+    return got, C.now() - t0
+
+
+@pytest.mark.parametrize("world,latency,count", [(2, 0.0, 1), (3, 0.25, 1), (4, 0.0, 3), (3, 0.5, 3)])
+def test_scripted_relay_arrives_exactly_when_the_link_model_says(tmp_path, world, latency, count):
+    per_rank = run_ranks(_relay, world, tmp_path, latency, count)
+    for rank, (got, end) in enumerate(per_rank):
+        # message i leaves rank 0 after i earlier ones (FIFO) and each hop adds 1 s + latency:
+        # pipelined, hop k receives message i at (k + i) * 1 s + k * latency
+        want = [(rank + i) + rank * latency for i in range(count)] if rank else []
+        assert got == pytest.approx(want, abs=CPU_SLACK), (rank, got, want)
+        if rank < world - 1:       # a send completes when the link has carried it (as the wall emulator)
+            assert end == pytest.approx((rank + count) + (rank + 1) * latency, abs=CPU_SLACK)
+
+
+def _additive(rank, world, numel, pieces):
+    from gvq.comm import ring
+    C.configure("virtual")
+    comp = Projection(unit=8, d=3)
+    flat = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    p2p, timer = P2P(rank, world, 60.0, 1e8), ring.Clock()
+    segs = split_on_cuts(comp.cuts(numel), world)
+    if pieces > 1:                                  # each segment as several messages (cut-through)
+        segs = [[slice(s.start + (s.stop - s.start) * k // pieces // 8 * 8,
+                       s.start + (s.stop - s.start) * (k + 1) // pieces // 8 * 8 if k + 1 < pieces else s.stop)
+                 for k in range(pieces)] for s in segs]
+    C.sync()
+    ring.additive_allreduce_(flat, segs, comp, p2p, timer)
+    return flat, p2p.bytes_sent, p2p.wire_s
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_algorithm_1_in_virtual_time_sums_right_without_deadlock(tmp_path, world):
+    """Probes answer in virtual time (a receive is done only once it has arrived by this rank's clock);
+    no probe order may deadlock the pipelined ring, whatever N."""
+    numel, comp = 8 * 4 * world, Projection(unit=8, d=3)
+    per_rank = run_ranks(_additive, world, tmp_path, numel, 3, timeout=240)
+    whole = slice(0, numel)
+    total = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(world))
+    expect = comp.decompress(comp.compress(total, whole), whole)
+    for flat, sent, wire in per_rank:
+        assert torch.allclose(flat, expect, atol=1e-4)
+        assert sent > 0 and wire >= 0
+    assert all(torch.equal(per_rank[0][0], f) for f, _, _ in per_rank)
+
+
+_BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+def _virtual_compute_s() -> float:
+    clk = C.RankClock("virtual")
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    t0 = clk.now()
+    with clk.phase("compute"):
+        for _ in range(200):
+            a = (a @ b).tanh_()
+    return clk.now() - t0
+
+
+def test_a_busy_sibling_does_not_change_virtual_compute_time():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        quiet = min(_virtual_compute_s() for _ in range(2))
+        hogs = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(2)]   # both cores busy
+        try:
+            busy = min(_virtual_compute_s() for _ in range(2))
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+    finally:
+        torch.set_num_threads(threads)
+    assert 0.5 < busy / quiet < 2.0, (quiet, busy)      # wall time would roughly double or worse
