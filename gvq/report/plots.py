@@ -71,12 +71,19 @@ def _series(group, col: str, smooth: int = 1, log: bool = False) -> pd.DataFrame
     return agg
 
 
-def _plot_group(axes, group, color, smooth: int) -> None:
+def time_clock(groups) -> str:
+    """The one clock time axes use: the first completed group's (groups on another clock are left off
+    those axes: two clocks never share one)."""
+    done = [g for g in groups if g.status == "completed"] or list(groups)
+    return done[0].clock if done else "wall-clock"
+
+
+def _plot_group(axes, group, color, smooth: int, on_time_axis: bool) -> None:
     style = "-" if group.status == "completed" else "--"
     label = group.label + ("" if group.status == "completed" else f" ({group.status})")
     for row, (col, sm) in enumerate((("test_acc", 1), ("train_loss", smooth))):
         s = _series(group, col, sm, log=row == 1)
-        for ax, x in zip(axes[row], ("iteration", "wall_s")):
+        for ax, x in zip(axes[row], ("iteration", "wall_s") if on_time_axis else ("iteration",)):
             first = row == 0 and x == "iteration"
             ax.plot(s[x], s["mean"], style, color=color, label=label if first else None, lw=1.4)
             if len(group.runs) > 1 and s["lo"].notna().any():
@@ -95,18 +102,20 @@ def _loss_limits(axes, groups, smooth: int) -> None:
 
 
 def plot_curves(groups, path: Path, setting: str) -> Path:
-    """2 x 2: test accuracy / train loss against iteration / wall-clock; shading: +- std over seeds."""
+    """2 x 2: test accuracy / train loss against iteration / the run's clock; shading: +- std over seeds."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
     longest = max((len(r.metrics) for g in groups for r in g.runs if r.metrics is not None), default=1)
     smooth = max(1, longest // 50)
     colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
+    clock = time_clock(groups)
     for i, g in enumerate(groups):
-        _plot_group(axes, g, colors[i % len(colors)], smooth)
+        _plot_group(axes, g, colors[i % len(colors)], smooth, g.clock == clock)
     axes[0][0].set_ylabel("test accuracy (top-1)")
     axes[1][0].set_ylabel("train loss" + (f" (running mean of {smooth})" if smooth > 1 else "")
                           + "\ngeometric mean ± std over seeds")
     axes[1][0].set_xlabel("iteration")
-    axes[1][1].set_xlabel("wall-clock (s)")
+    others = sorted({g.clock for g in groups} - {clock})
+    axes[1][1].set_xlabel(f"{clock} (s)" + (f"\nnot shown: runs on {', '.join(others)}" if others else ""))
     _loss_limits(axes[1], groups, smooth)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -121,12 +130,13 @@ def plot_curves(groups, path: Path, setting: str) -> Path:
 def breakdown(groups, stats_of) -> pd.DataFrame:
     """Seconds per ``PER`` iterations of each completed group; ``other_s`` = aggregate_s minus the three
     measured parts (each part is a max over ranks, so their sum can exceed aggregate_s: clipped at 0)."""
-    rows = []
+    rows, clock = [], time_clock(groups)
     for g in groups:
         s = stats_of(g)
-        if g.status != "completed" or math.isnan(s.get("aggregate_s", math.nan)) or "compute_s" not in s:
+        if g.status != "completed" or math.isnan(s.get("aggregate_s", math.nan)) or "compute_s" not in s \
+                or g.clock != clock:        # one axis, one clock
             continue
-        row = {"group": g.label, **{k: PER * s.get(k, 0.0) for k, _, _ in PARTS[:4]}}
+        row = {"group": g.label, "clock": g.clock, **{k: PER * s.get(k, 0.0) for k, _, _ in PARTS[:4]}}
         parts = row["compress_s"] + row["wire_s"] + row["decompress_s"]
         row["other_s"] = max(0.0, PER * s["aggregate_s"] - parts)
         row["aggregate_s"] = PER * s["aggregate_s"]
@@ -145,7 +155,7 @@ def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
     for xi, (total, agg) in enumerate(zip(bottom, table.get("aggregate_s", []))):
         ax.text(xi, total, f"agg {agg:.1f}s", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, table.get("group", []), rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"seconds per {PER} iterations")
+    ax.set_ylabel(f"seconds per {PER} iterations\n({table['clock'].iloc[0] if len(table) else 'wall-clock'})")
     ax.set_title(textwrap.fill(f"Computation vs aggregation ({setting})", 12 * fig.get_figwidth()),
                  fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -180,6 +190,7 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
     return pd.DataFrame({
         "group": df["group"], "aggregator": df["aggregator"], "runs": df["runs"],
         "status": [s if not r else f"{s}: {r}" for s, r in zip(df["status"], df["reason"])],
+        "clock": df["clock"],
         "final top-1": [_pm(m, s, ".4f") for m, s in zip(df["final_top1"], df["final_top1_std"])],
         f"time to {target:g} acc": [_target(r) for _, r in df.iterrows()],
         "aggregation / iter": [_num(v * 1e3, ".2f", " ms") for v in df["aggregate_s_per_iter"]],
@@ -204,7 +215,7 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
     (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
     setting = describe_setting(runs)
     figures = [(plot_curves(groups, out / "curves.png", setting),
-                "Test accuracy and train loss against iteration and wall-clock "
+                f"Test accuracy and train loss against iteration and {time_clock(groups)} "
                 "(bands: ± std over seeds; loss: geometric)")]
     parts = breakdown(groups, stats_of)
     if len(parts):

@@ -48,6 +48,19 @@ class Group:
     def aggregator(self) -> str:
         return self.runs[0].aggregator
 
+    @property
+    def clock(self) -> str:
+        return clock_of(self.runs[0])
+
+
+def clock_of(run: Run) -> str:
+    """The clock a run's times are on, as an axis names it: ``wall-clock`` or ``virtual time (compute
+    x0.167, codec x1)`` (net.clock; runs from before virtual time were all wall-clock)."""
+    net = (run.config or {}).get("net") or {}
+    if net.get("clock", "wall") != "virtual":
+        return "wall-clock"
+    return f"virtual time (compute ×{net.get('compute_scale', 1):.3g}, codec ×{net.get('codec_scale', 1):.3g})"
+
 
 # -- finding and reading runs -------------------------------------------------------------------------
 def is_run_dir(p: Path) -> bool:

@@ -70,6 +70,7 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
                  else s.get("compression_ratio", np.nan))
         rows.append({
             "group": g.label, "aggregator": g.aggregator, "runs": len(g.runs), "status": g.status,
+            "clock": g.clock,
             "reason": "; ".join(sorted({r.reason for r in g.runs if r.reason})),
             "final_top1": s.get("final_acc") if done else np.nan,
             "final_top1_std": s.get("final_acc_std") if done else np.nan,

@@ -97,6 +97,8 @@ def test_schema_rejects_unknown_and_ill_typed_keys(compose_cfg):
     ("K=abc", "K"), ("K=0", "K"), ("optim.lr=0", "optim.lr"), ("optim.schedule=linear", "optim.schedule"),
     ("net.bandwidth_bps=0", "net.bandwidth_bps"), ("net.bandwidth_bps=-5", "net.bandwidth_bps"),
     ("net.latency_s=-1", "net.latency_s"), ("device=tpu", "device"), ("timeout_s=0", "timeout_s"),
+    ("net.clock=sundial", "net.clock"), ("net.clock=virtual", "net.clock"),
+    ("net.compute_scale=0.5", "net.compute_scale"), ("net.codec_scale=-1", "net.codec_scale"),
 ])
 def test_range_errors_name_the_key(compose_cfg, override, key):
     with pytest.raises(ConfigError) as e:
@@ -121,6 +123,8 @@ def _cli(*args, cwd=ROOT):
     (["lambda=1.5"], "lambda"),
     (["dataset=cifar10", "dataset.root=/nonexistent"], "cifar-10-batches-py"),
     (["aggregator.nonsense=3"], "nonsense"),
+    (["net.clock=virtual"], "no link model"),                                   # net=none: nothing to advance it
+    (["net=mbit50", "net.clock=virtual", "aggregator=ddp"], "kernel shaping"),  # DDP's traffic is not P2P's
 ])
 def test_bad_input_exits_nonzero_with_one_line_and_no_traceback(tmp_path, args, needle):
     r = _cli(*args, f"hydra.run.dir={tmp_path}/run")
