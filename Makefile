@@ -1,12 +1,13 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
 # make test  -> set up .venv if missing, then run the test suite
 # make setup -> only the install;  make bench -> the aggregation benchmark
+# make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench validate-clock clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ bench: $(STAMP)
 	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 1e9 --aggregators rar fp16 qsgd gradiveq gradiveq_bf16 powersgd \
 	    --set K=x1 gradiveq:aggregator.compressor.pool=true gradiveq:aggregator.compressor.target_ratio=8 \
 	    gradiveq_bf16:aggregator.compressor.pool=true gradiveq_bf16:aggregator.compressor.target_ratio=8 powersgd:aggregator.rank=6
+
+validate-clock: $(STAMP)
+	$(PY) -m gvq.bench clock --bandwidth 5e7 2e8
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,6 +4,7 @@
     python -m gvq.bench train --world-size 2 4                         # whole iterations vs torch DDP
     python -m gvq.bench quantizers                                     # codec GB/s, one thread
     sudo python -m gvq.bench netns [train] --rates 5e7 2e8             # kernel-shaped links (root)
+    python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
 
 ``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
 """
@@ -16,6 +17,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "train": "gvq.bench.train",
     "quantizers": "gvq.bench.quantizers",
     "netns": "gvq.bench.netns",
+    "clock": "gvq.bench.clock",
 }
 
 

@@ -59,6 +59,9 @@ class _Mode:
             self.agg = make_aggregator(name, args.set)
             bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
             self.agg.setup(list(net.parameters()), RunContext(rank, world, 0, 120.0, bw))
+            if getattr(args, "compressed_only", False) and hasattr(self.agg, "prepare_benchmark"):
+                # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
+                self.agg.prepare_benchmark([torch.zeros_like(p) for p in net.parameters()], args)
             if hasattr(self.agg, "wrap"):              # aggregators inside backward (torch DDP)
                 net = self.agg.wrap(net)
         self.net = net
@@ -161,6 +164,8 @@ def parse_iteration_args(argv):
                    "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
     p.add_argument("--bandwidth", type=float, default=None,
                    help="emulated per-rank link (bit/s) for the runner's aggregators; DDP's are never shaped")
+    p.add_argument("--compressed-only", action="store_true",
+                   help="time compressed iterations only (as gvq.bench aggregate: fit GradiVeQ's basis first)")
     add_clock_args(p)
     p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
                    "per-iteration rows, rank 0 only)")

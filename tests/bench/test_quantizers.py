@@ -29,4 +29,4 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
 def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])
-    assert e.value.code == 2 and "aggregate,train,quantizers,netns" in capsys.readouterr().err
+    assert e.value.code == 2 and "aggregate,train,quantizers,netns,clock" in capsys.readouterr().err
