@@ -205,7 +205,7 @@ def main(argv: list[str]) -> list[dict]:
             else "unshaped loopback")
     for world in args.world_size:
         recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=args.bandwidth)
-        print_iterations(recs, f"iteration time, {link}, {clock_label(args)}, N={world}")
+        print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args)}")
         records += recs
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
