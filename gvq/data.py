@@ -141,11 +141,34 @@ def _download_cifar(classes: int, root: str) -> None:
         pass
 
 
+#: what a CIFAR python batch may ask the unpickler for: numpy arrays and their dtypes, nothing callable else
+_CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                  ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.numeric", "_frombuffer"),
+                  ("numpy._core.numeric", "_frombuffer"), ("_codecs", "encode")}
+
+
+class _DataOnly(pickle.Unpickler):
+    """A data file is data: the pickle may rebuild arrays, never import or call anything else."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"asks for {module}.{name}, which a CIFAR batch never does")
+        return super().find_class(module, name)
+
+
+def _load_batch(path: str) -> dict:
+    with open(path, "rb") as fh:
+        try:
+            return _DataOnly(fh, encoding="bytes").load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as e:
+            raise ValueError(f"{path}: not a CIFAR python batch ({e}); refusing to run code from a data file") \
+                from None
+
+
 def _read_batches(folder: str, files: list[str], key: bytes) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = [], []
     for f in files:
-        with open(os.path.join(folder, f), "rb") as fh:
-            d = pickle.load(fh, encoding="bytes")
+        d = _load_batch(os.path.join(folder, f))
         xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         ys.append(np.asarray(d[key], dtype=np.int64))
     return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import sys
 
@@ -287,3 +288,23 @@ def test_yaml_instantiates(compose_cfg, tmp_path, monkeypatch, model, dataset, c
     net = instantiate(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels)
     with torch.no_grad():
         assert net(ds.x_test[:2]).shape == (2, classes)
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused_naming_the_file(tmp_path):
+    folder = _write_fake_cifar(tmp_path, 10)
+    marker = tmp_path / "pwned"
+    with open(folder / "data_batch_1", "wb") as fh:
+        pickle.dump({b"data": _RunsCode(marker), b"labels": [0]}, fh)
+    with pytest.raises(ValueError) as e:
+        D.cifar10(str(tmp_path))
+    msg = str(e.value)
+    assert "data_batch_1" in msg and "\n" not in msg and "posix.system" in msg
+    assert not marker.exists()

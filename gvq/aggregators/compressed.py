@@ -7,8 +7,6 @@ compressed domain are summed as they travel (b); others are decoded, added and r
 """
 from __future__ import annotations
 
-import pickle
-
 import torch
 
 from gvq.aggregators.base import FlatAggregator
@@ -45,11 +43,12 @@ class CompressedAggregator(FlatAggregator):
         self._segs: tuple[int, list[slice]] | None = None
 
     def state_dict(self) -> dict:
-        # the compressor whole: dither generators and banks, learned bases (pickling is its contract)
-        return {"compressor": pickle.dumps(self.compressor)}
+        # the compressor's own state (dither generator and bank, learned bases) as tensors: a checkpoint
+        # is data, never objects to unpickle
+        return {"compressor": self.compressor.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.compressor = pickle.loads(state["compressor"])
+        self.compressor.load_state_dict(state["compressor"])
 
     def segments(self, numel: int) -> list[slice]:
         if self._segs is None or self._segs[0] != numel:

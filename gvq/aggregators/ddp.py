@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import pickle
 import time
 
 import torch
@@ -159,23 +158,31 @@ class DDPAggregator:
     def close(self) -> None:
         pass
 
+    #: the hook's fields a resume can use (see :meth:`load_state_dict`), all numbers
+    _CARRIED = ("iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")
+
     def state_dict(self) -> dict:
-        """The PowerSGD hook's state (see :meth:`load_state_dict` for what a resume can use of it)."""
+        """The PowerSGD hook's iteration count and RNG, as numbers and a tensor (no pickled objects)."""
         if self.timing is None or self.hook != "powersgd":
             return {}
-        return {"powersgd_state": pickle.dumps(self.timing.inner_state)}   # it drops its process group
+        st = self.timing.inner_state
+        name, keys, pos, has_gauss, gauss = st.rng.get_state()       # numpy MT19937 state
+        return {"powersgd": {**{k: getattr(st, k) for k in self._CARRIED}, "rng_keys": torch.from_numpy(
+            keys.astype("int64")), "rng_rest": [name, int(pos), int(has_gauss), float(gauss)],
+            "had_memory": bool(st.error_dict)}}
 
     def load_state_dict(self, state: dict) -> None:
-        if "powersgd_state" in state and self.timing is not None:
-            loaded, mine = pickle.loads(state["powersgd_state"]), self.timing.inner_state
+        if "powersgd" in state and self.timing is not None:
+            saved, mine = state["powersgd"], self.timing.inner_state
             # The hook keys its error memory and warm-start P/Q by DDP bucket, as flat tensors in the
             # bucket's parameter order -- and a new DDP instance uses another order (model order) until
             # it rebuilds its buckets after its first iteration.  Restoring them would add residuals
             # to the wrong parameters, so only the iteration count and the RNG carry over: the resumed
             # run keeps its phase but restarts the memory (not bitwise equal to an uninterrupted run).
-            for k in ("iter", "rng", "total_numel_before_compression", "total_numel_after_compression",
-                      "next_stats_report"):
-                setattr(mine, k, getattr(loaded, k))       # in place: DDP holds this object
-            if loaded.error_dict and self.ctx.rank == 0:
+            for k in self._CARRIED:
+                setattr(mine, k, saved[k])                  # in place: DDP holds this object
+            name, pos, has_gauss, gauss = saved["rng_rest"]
+            mine.rng.set_state((name, saved["rng_keys"].numpy().astype("uint32"), pos, has_gauss, gauss))
+            if saved["had_memory"] and self.ctx.rank == 0:
                 log.warning("%s resume: torch's PowerSGD error memory and warm-start Q are reset "
                             "(keyed by DDP's bucket layout, which a new DDP instance changes)", self.name)

@@ -114,6 +114,15 @@ class BucketQuantizer(Compressor):
         gen.set_state(torch.frombuffer(bytearray(state["gen"]), dtype=torch.uint8))
         self.__dict__.update(state, gen=gen)
 
+    def state_dict(self) -> dict:
+        """The dither generator and bank (a bitwise resume draws the same uniforms next)."""
+        bank = self._ws.get("bank")
+        return {"gen": self.gen.get_state(), **({"bank": bank.clone()} if bank is not None else {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["gen"])
+        self._ws = {"bank": state["bank"].clone()} if "bank" in state else {}
+
     def scratch(self, tag: str, shape, dtype=torch.float32) -> Tensor:
         """A reused work buffer: fresh multi-MB tensors cost page faults, ~2x QSGD's kernel time."""
         key = (tag, tuple(shape), dtype)

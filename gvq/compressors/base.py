@@ -58,6 +58,14 @@ class Compressor:
         dtype, n = self.payload_spec(seg)
         return n * torch.empty((), dtype=dtype).element_size()
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (tensors, numbers, strings only: loaded without unpickling objects);
+        stateless codecs keep nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def ratio(self, numel: int) -> float:
         """Achieved compression ratio on a whole vector of ``numel`` fp32 values (bytes in / bytes out)."""
         whole = slice(0, numel)

@@ -49,7 +49,8 @@ def load(resume_dir: str, rank: int, world: int) -> dict:
     meta = json.loads(marker.read_text())
     if meta["world_size"] != world:
         raise ValueError(f"resume={resume_dir}: checkpoint has world_size={meta['world_size']}, run has {world}")
-    state = torch.load(folder / f"rank{rank}.pt", weights_only=False)
+    # data only: tensors, numbers, strings, lists, dicts (a checkpoint from elsewhere runs no code here)
+    state = torch.load(folder / f"rank{rank}.pt", weights_only=True)
     if state["iteration"] != meta["iteration"]:
         raise RuntimeError(f"resume={resume_dir}: rank {rank}'s file does not match latest.json")
     return state

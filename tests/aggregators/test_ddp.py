@@ -77,3 +77,30 @@ def test_bad_knobs_raise_value_error_naming_the_key(make, key):
     with pytest.raises(ValueError, match=key):
         make()
 
+
+
+def _powersgd_state_roundtrip(rank, world, path):
+    def wrapped():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 4))
+        agg = DDPAggregator(hook="powersgd", rank=1, start_iter=2, min_compression_rate=0.5)
+        agg.setup(list(net.parameters()), RunContext(rank, world))
+        return agg, agg.wrap(net)
+
+    agg, model = wrapped()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
+    for it in range(4):
+        model(x).square().sum().backward()
+        agg.aggregate(it)
+    torch.save(agg.state_dict(), f"{path}/{rank}.pt")
+    fresh, _ = wrapped()
+    fresh.load_state_dict(torch.load(f"{path}/{rank}.pt", weights_only=True))   # data only
+    a, b = agg.timing.inner_state, fresh.timing.inner_state
+    same_rng = all(bool((u == v).all()) if hasattr(u, "shape") else u == v
+                   for u, v in zip(a.rng.get_state(), b.rng.get_state()))
+    return a.iter, b.iter, same_rng
+
+
+def test_ddp_powersgd_state_is_data_and_carries_iteration_and_rng(tmp_path):
+    for it_a, it_b, same_rng in run_ranks(_powersgd_state_roundtrip, 2, tmp_path, str(tmp_path)):
+        assert it_a == it_b == 4 and same_rng

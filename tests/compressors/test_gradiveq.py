@@ -338,3 +338,13 @@ def test_bad_config_raises_a_one_line_error_naming_the_key(kw, key):
 
 def test_lambda_is_accepted_under_its_yaml_key():
     assert GradiVeQ(**{"lambda": 0.2}).lam == 0.2
+
+
+def test_fitted_state_lives_on_the_device_of_the_fit():
+    """Codecs allocate on their input's device: state set from meta tensors (a stand-in for CUDA here)
+    is built on meta, nothing on the host."""
+    comp = _fitted()
+    U, mu = [u.to("meta") for u in comp._U], [m.to("meta") for m in comp._mu]
+    comp._set_state(U, mu, comp._energy)
+    for t in [comp._mu_flat, *comp._Uc, *comp._Ud, *comp._muU]:
+        assert t.device.type == "meta"

@@ -3,9 +3,13 @@ and same seed + same config => identical metrics (determinism)."""
 from __future__ import annotations
 
 import json
+import os
+import pickle
 from pathlib import Path
 
 import pandas as pd
+import pytest
+import torch
 
 from tests.helpers.cli import TEST_CONF, cli
 
@@ -46,3 +50,24 @@ def test_same_seed_same_config_gives_identical_metrics(tmp_path):
 def test_resume_without_checkpoint_is_a_config_error(tmp_path):
     r = cli(*COMMON, f"resume={tmp_path}", f"hydra.run.dir={tmp_path}/x")
     assert r.returncode == 2 and "resume=" in r.stderr and "Traceback" not in r.stderr
+
+
+class _RunsCode:
+    """A pickle that would run a command when loaded (what a hostile shared checkpoint could hold)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    from gvq.run import checkpoint
+    folder, marker = tmp_path / "checkpoint", tmp_path / "pwned"
+    folder.mkdir()
+    (folder / "latest.json").write_text(json.dumps({"iteration": 5, "world_size": 1}))
+    torch.save({"iteration": 5, "model": _RunsCode(marker)}, folder / "rank0.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load(str(tmp_path), 0, 1)
+    assert not marker.exists()

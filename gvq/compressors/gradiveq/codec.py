@@ -79,9 +79,6 @@ class GradiVeQ(GradiVeQState, Compressor):
         self.layout = GradLayout(shapes)
         self.groups = build_groups(self.layout, self._K_spec, self.K, self.s)
         self._starts = [g.start for g in self.groups]
-        self._raw_mask = torch.ones(self.layout.numel, dtype=torch.bool)
-        for g in self.groups:
-            self._raw_mask[g.start: g.stop] = False
         self._cuts: list[int] | None = None
         self._fitted, self._plans = False, {}
         return self
@@ -139,13 +136,14 @@ class GradiVeQ(GradiVeQState, Compressor):
     def _set_state(self, U: list[Tensor], mu: list[Tensor], energy: list[float]) -> None:
         # energies rounded to float32, as they travel in state_tensors: every rank logs the same stats
         self._U, self._mu = U, mu
-        self._energy = torch.tensor(energy, dtype=torch.float32).tolist()
+        self._energy = torch.tensor(energy, dtype=torch.float32, device="cpu").tolist()   # host numbers
         # mu_m^T U_d per slice, so that compress is X U - (mu U) / N  (Eq. 3) with no centred copy of X
         self._muU = [m @ u for m, u in zip(mu, U)]
         # The bases (~45x the gradient at K/d = 8 with K = F*D) are streamed from memory on every call,
         # so their layout is the one the GEMM reads fastest (measured, one core, DRAM-resident): compress
         # as U^T X^T from a contiguous U^T, decompress as U P^T from U: 1.2-1.9x faster than X U / P U^T.
-        self._mu_flat = torch.zeros(self.layout.numel)             # mu where compressed, 0 on raw values
+        # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
+        self._mu_flat = (mu[0].new_zeros(self.layout.numel) if mu else torch.zeros(self.layout.numel))
         for g, m in zip(self.groups, mu):
             self._mu_flat[g.start: g.stop] = m.reshape(-1)
         self._Uc = [u.T.contiguous().to(self._dt) for u in U]
@@ -236,9 +234,8 @@ class GradiVeQ(GradiVeQState, Compressor):
         self._need_fit()
         g_flat = g_flat.reshape(-1).to(torch.float32)
         c = torch.add(g_flat, self._mu_flat, alpha=-1.0 / self.world_size)
-        raw = g_flat[self._raw_mask]
-        r2 = float(raw.dot(raw))
-        self._track = [float(c.dot(c)), 0.0, float(g_flat.dot(g_flat)) - r2]
+        compressed2 = sum((g_flat[g.start: g.stop].pow(2).sum() for g in self.groups), g_flat.new_zeros(()))
+        self._track = [float(c.dot(c)), 0.0, float(compressed2)]
 
     _track: list[float] | None = None
 
