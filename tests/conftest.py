@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -26,3 +27,22 @@ def compose_cfg():
             return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
     yield _compose
     GlobalHydra.instance().clear()
+
+
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for this test (small ops: two contended threads on this 2-core host are slower)."""
+    yield from _threads(1)
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """As ``one_thread``, for a whole module (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield from _threads(1)

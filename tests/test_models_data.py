@@ -88,15 +88,6 @@ def test_kaiming_init_scale():
     assert abs(conv.std().item() - math.sqrt(2 / 576)) < 0.005
 
 
-@pytest.fixture
-def one_thread():
-    """Small convs run faster on one thread than on two contended ones."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_digits_cnn_learns(one_thread):
     torch.manual_seed(0)
     d, model = D.digits(), M.DigitsCNN()

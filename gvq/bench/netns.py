@@ -174,12 +174,7 @@ def train_main(argv) -> list[dict]:
     p.add_argument("--world-size", type=int, nargs="+", default=[2])
     p.add_argument("--aggregators", nargs="+", default=["rar", "ddp", "ddp_fp16", "ddp_powersgd", "local"],
                    help="as gvq.bench train: conf/aggregator options, torch_ddp, local")
-    p.add_argument("--model", default="resnet20")
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench)")
+    bench_train.add_workload_args(p, model="resnet20", iters=20)
     p.add_argument("--burst", default="auto", help="tbf burst (tc size, e.g. 64kb); auto: 1 ms of the rate")
     p.add_argument("--no-loopback", action="store_true", help="skip the unshaped loopback reference")
     p.add_argument("--timeout", type=float, default=600, help="per shaped run, s")

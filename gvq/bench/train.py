@@ -150,18 +150,24 @@ def print_iterations(records: list[dict], header: str) -> None:
                    f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up, {ref}")
 
 
+def add_workload_args(p, model: str, iters: int) -> None:
+    """What one timed iteration is (model, batch, counts, aggregator overrides): shared with
+    ``gvq.bench netns train``, which passes these flags on to the ranks it starts."""
+    p.add_argument("--model", default=model)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench "
+                   "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
+
+
 def parse_iteration_args(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench train", description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=int, nargs="+", default=[2, 4])
     p.add_argument("--aggregators", nargs="+", default=list(DEFAULT_MODES),
                    help="conf/aggregator options, torch_ddp (bare DDP loop) or local (no communication)")
-    p.add_argument("--model", default="cnn")
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench "
-                   "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
+    add_workload_args(p, model="cnn", iters=30)
     p.add_argument("--bandwidth", type=float, default=None,
                    help="emulated per-rank link (bit/s) for the runner's aggregators; DDP's are never shaped")
     p.add_argument("--compressed-only", action="store_true",

@@ -169,9 +169,6 @@ class _VirtualMessage:
                 self._waited[i] = True
         return True
 
-    def is_completed(self):
-        return all(w or h.is_completed() for w, h in zip(self._waited, self.handles))
-
 
 class P2P:
     """isend / irecv / wait with accounting.  ``wire_s`` counts only time blocked in ``wait``."""

@@ -16,15 +16,8 @@ from gvq.compressors.gradiveq.codec import GradiVeQ
 # two conv layers, their biases, a small FC (PowerSGD compresses it, GradiVeQ sends it raw)
 SHAPES = [torch.Size(s) for s in [(16, 8, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 16), (10,)]]
 NUMEL = sum(math.prod(s) for s in SHAPES)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: one intra-op thread avoids spin-waiting on a shared 2-core machine (5x CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny matrices: one intra-op thread avoids spin-waiting on a shared 2-core machine (5x CPU)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def _stationary(T: int, seed: int = 0, k: int = 12) -> list[torch.Tensor]:

@@ -23,6 +23,9 @@ from tests.helpers.grads import gaussian
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# this 2-core machine is shared: one intra-op thread keeps timings and runtime sane
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
 METHODS = {
     "qsgd4bit": lambda **kw: QSGD(bits=4, **kw),
     "qsgd5": lambda **kw: QSGD(levels=5, **kw),
@@ -39,15 +42,6 @@ UNBIASED = ["qsgd4bit", "qsgd5", "terngrad", "linear5", "orq3", "orq9"]
 DETERMINISTIC = ["signsgd", "bingrad_b", "bingrad_b_mean"]
 # methods whose levels include each bucket's values exactly when a bucket is constant
 EXACT_ON_CONSTANT = ["terngrad", "signsgd", "linear5", "orq3", "orq9", "bingrad_pb", "bingrad_b"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """This 2-core machine is shared: one intra-op thread keeps timings and runtime sane."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def roundtrip(comp, x):
