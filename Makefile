@@ -2,12 +2,13 @@
 # make test  -> set up .venv if missing, then run the test suite
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
+# make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; ~80 min on 2 cores)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup run test bench validate-clock clean
+.PHONY: setup run test bench validate-clock paper-time clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,11 @@ bench: $(STAMP)
 
 validate-clock: $(STAMP)
 	$(PY) -m gvq.bench clock --bandwidth 5e7 2e8
+
+paper-time: $(STAMP)
+	$(PY) -m gvq.bench paper --world-size 6 --bandwidth auto 1e9
+	$(PY) -m gvq.bench paper --world-size 8 16 --bandwidth auto
+	$(PY) -m gvq.report --cycle runs/paper_time/N* --out runs/paper_time/report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

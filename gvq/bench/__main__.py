@@ -5,6 +5,7 @@
     python -m gvq.bench quantizers                                     # codec GB/s, one thread
     sudo python -m gvq.bench netns [train] --rates 5e7 2e8             # kernel-shaped links (root)
     python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
+    python -m gvq.bench paper                                          # the GradiVeQ paper's time table
 
 ``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
 """
@@ -18,6 +19,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "quantizers": "gvq.bench.quantizers",
     "netns": "gvq.bench.netns",
     "clock": "gvq.bench.clock",
+    "paper": "gvq.bench.paper",
 }
 
 

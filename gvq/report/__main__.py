@@ -7,6 +7,9 @@ their overrides minus ``seed`` (several seeds => mean +- std), and writes into `
 (computation vs aggregation time per 500 iterations, aggregation split into compress / wire / decompress
 / other, as GradiVeQ's Fig. 7b), ``table.csv`` / ``table.md`` and a self-contained ``report.html``.
 
+``--cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
+with the paper's claims beside (:mod:`gvq.report.cycle`): ``cycle.csv``, ``cycle.md``, ``cycle.png``.
+
 Speed-ups and compression ratios compare a group with the uncompressed ``rar`` runs of the same setting:
 the same resolved config except the aggregator, the seed, logging and the GradiVeQ knobs (which only
 GradiVeQ reads).  Iteration time is ``compute_s + aggregate_s`` (evaluation excluded).  Failed and
@@ -39,15 +42,37 @@ def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
     return rp.render(out, title, runs, groups, lambda g: stats[id(g)], build_table(groups, stats), target)
 
 
+def write_cycle(dirs: list[Path], out: Path) -> str:
+    from gvq.report import cycle
+    paths = find_runs(dirs)
+    if not paths:
+        raise ReportError(f"no run dirs under {', '.join(map(str, dirs))}")
+    df = cycle.cycle_table([load_run(p) for p in paths])
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "cycle.csv", index=False)
+    shown = df.drop(columns=["clock", "cycle"]).round(3)
+    claims = cycle.claims(df).round(3)
+    text = (f"Seconds per {df['cycle'].iloc[0]} iterations; clock of each row: "
+            f"{'; '.join(sorted(set(df['clock'])))}\n\n{shown.to_markdown(index=False)}\n\n"
+            f"The paper's claims (GradiVeQ sec. 4) beside these runs:\n\n{claims.to_markdown(index=False)}\n")
+    (out / "cycle.md").write_text(text)
+    cycle.plot_cycle(df, out / "cycle.png")
+    return text + f"-> {out}/cycle.md, cycle.csv, cycle.png"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gvq.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="*", type=Path, help="run or sweep dirs (default: the latest sweep)")
     p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
     p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
+    p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
     args = p.parse_args(argv)
     try:
         dirs = args.dirs or default_dirs()
         out = args.out or dirs[0] / "report"
+        if args.cycle:
+            print(write_cycle(dirs, out))
+            return 0
         display = write_report(dirs, out, args.target_acc)
     except ReportError as e:
         print(f"gvq.report: error: {e}", file=sys.stderr)

@@ -1,0 +1,117 @@
+"""The GradiVeQ paper's time table (sec. 4, Fig. 7b) in virtual time: ``python -m gvq.bench paper``
+(``make paper-time``).
+
+Runs ``python cli.py experiment=paper_time`` (ResNet-32, CIFAR-100-shaped synthetic data, ``net.clock=virtual``)
+for RAR, 4-bit QSGD-RAR and both GradiVeQ settings (``gradiveq``: K auto, lambda = 0.01, the paper's;
+``gradiveq_pooled``: K/d = 8) at every ``--world-size`` x ``--bandwidth`` x ``--compute-scale``, one job at a
+time, into ``--out/N<n>-<link>-compute<scale>/<aggregator>``, then prints ``python -m gvq.report --cycle``
+of them: seconds per L_t + L_c = 500 iterations, counted as the paper does, with its claims beside.
+
+``--bandwidth auto`` is the paper's CPU regime: the link at which RAR's aggregation is 850/650 of the
+computation (850 s vs 650 s per 500 iterations) at the paper's N = 6, solved from one short RAR run at
+the preset's link: aggregation = other + bits / B, with ``bits`` the bits a rank sends per iteration (exact)
+and ``other`` (additions, per-message costs) what the run measured beyond bits / B.  The GPU regime is the
+same link with ``--compute-scale 0.16667`` (a GPU 6x faster, as the paper says its K80s were).
+
+RAR and QSGD-RAR runs log ``--steady-iters`` iterations (all steady state); GradiVeQ runs log the L_t = 100
+sampling iterations, the refresh and ``--compressed-iters`` compressed ones.  Jobs whose ``summary.json``
+exists are kept (re-running resumes an interrupted table); ``--force`` reruns them.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]          # cli.py and conf/ (an editable install's checkout)
+METHODS = ("rar", "qsgd", "gradiveq", "gradiveq_pooled")
+PAPER_RATIO = 850 / 650                             # RAR aggregation / computation, paper's CPU cluster
+CALIBRATION_BPS = 5.0e7                             # the link of the calibration run (any: solved from it)
+L_T = 100                                           # the preset's L_t
+
+
+def job_dir(out: Path, world: int, bps: float, scale: float, method: str) -> Path:
+    return out / f"N{world}-{bps / 1e6:g}Mbps-compute{scale:g}" / method
+
+
+def run_job(out: Path, world: int, bps: float, scale: float, method: str, iters: int, extra=(),
+            force: bool = False) -> Path:
+    """One ``cli.py experiment=paper_time`` run (skipped if it completed before); its run dir."""
+    run_dir = job_dir(out, world, bps, scale, method)
+    if (run_dir / "summary.json").is_file() and not force:
+        return run_dir
+    cmd = [sys.executable, str(ROOT / "cli.py"), "experiment=paper_time", f"aggregator={method}",
+           f"world_size={world}", f"net.bandwidth_bps={bps:g}", f"net.compute_scale={scale:g}",
+           f"iterations={iters}", f"hydra.run.dir={run_dir}", *extra]
+    print(f"gvq.bench paper: {' '.join(cmd[2:-1])}", flush=True)
+    env = dict(os.environ, WANDB_MODE="disabled")
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    return run_dir
+
+
+def read_columns(run_dir: Path, skip: int = 2) -> dict[str, float]:
+    """Medians after ``skip`` start-up iterations of compute_s, aggregate_s and bytes_sent in metrics.csv."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))[skip:]
+    if not rows:
+        raise SystemExit(f"gvq.bench paper: {run_dir}/metrics.csv has no row after the first {skip}")
+    return {k: statistics.median(float(r[k]) for r in rows) for k in ("compute_s", "aggregate_s", "bytes_sent")}
+
+
+def solve_bandwidth(compute_s: float, aggregate_s: float, bytes_sent: float, bps: float,
+                    ratio: float = PAPER_RATIO) -> float:
+    """The link B at which aggregation = ratio x compute, given one run at ``bps``: aggregation = other +
+    bits / B, where ``other`` = the measured aggregation beyond bits / bps (never negative)."""
+    bits = 8.0 * bytes_sent
+    other = max(aggregate_s - bits / bps, 0.0)
+    budget = ratio * compute_s - other
+    if budget <= 0:
+        raise SystemExit(f"gvq.bench paper: RAR's non-wire aggregation ({other:.3f} s) already exceeds "
+                         f"{ratio:.3f} x compute ({compute_s:.3f} s): no link gives the paper's ratio")
+    return float(f"{bits / budget:.3g}")
+
+
+def calibrate(args, world: int = 6) -> float:
+    """The paper's ratio is a fact about its 6-node cluster: solved at N = 6 whatever ``--world-size`` runs."""
+    run_dir = run_job(args.out / "calibrate", world, CALIBRATION_BPS, 1.0, "rar", args.steady_iters, args.set,
+                      args.force)
+    m = read_columns(run_dir)
+    bps = solve_bandwidth(m["compute_s"], m["aggregate_s"], m["bytes_sent"], CALIBRATION_BPS)
+    print(f"gvq.bench paper: calibrated at N={world}, virtual time: compute {m['compute_s']:.3f} s, RAR "
+          f"aggregation {m['aggregate_s']:.3f} s at {CALIBRATION_BPS / 1e6:g} Mbit/s ({m['bytes_sent'] / 1e6:.2f} MB "
+          f"a rank) => {bps / 1e6:g} Mbit/s gives aggregation/compute = 850/650", flush=True)
+    return bps
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m gvq.bench paper", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-size", type=int, nargs="+", default=[6])
+    p.add_argument("--bandwidth", nargs="+", default=["auto"], help="bit/s per rank, or auto (850/650)")
+    p.add_argument("--compute-scale", type=float, nargs="+", default=[1.0, 0.16667], help="1: CPU, 1/6: GPU")
+    p.add_argument("--methods", nargs="+", default=list(METHODS))
+    p.add_argument("--steady-iters", type=int, default=12, help="iterations of the rar / qsgd runs")
+    p.add_argument("--compressed-iters", type=int, default=10, help="compressed iterations of GradiVeQ runs")
+    p.add_argument("--set", nargs="*", default=[], help="more cli.py overrides for every job")
+    p.add_argument("--out", type=Path, default=Path("runs/paper_time"))
+    p.add_argument("--force", action="store_true", help="rerun jobs that completed before")
+    p.add_argument("--calibrate", action="store_true", help="only solve the 850/650 link and print it")
+    args = p.parse_args(argv)
+    args.out = args.out.resolve()
+    auto = calibrate(args) if args.calibrate or "auto" in args.bandwidth else None
+    if args.calibrate:
+        return auto
+    links = [auto if b == "auto" else float(b) for b in args.bandwidth]
+    settings = []                                      # the calibration run is not a row of the table
+    for world in args.world_size:
+        for bps in links:
+            for scale in args.compute_scale:
+                for method in args.methods:
+                    iters = L_T + args.compressed_iters if method.startswith("gradiveq") else args.steady_iters
+                    settings.append(run_job(args.out, world, bps, scale, method, iters, args.set, args.force))
+    subprocess.run([sys.executable, "-m", "gvq.report", "--cycle", *map(str, settings), "--out",
+                    str(args.out / "report")], check=True, cwd=ROOT)
+    return links

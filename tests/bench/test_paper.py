@@ -1,0 +1,42 @@
+"""The paper-table driver (gvq/bench/paper.py): the 850/650 link solved from one run, job dirs, completed
+jobs kept, and the command a job runs."""
+from __future__ import annotations
+
+import pytest
+
+from gvq.bench import paper
+
+
+def test_solve_bandwidth_puts_rar_aggregation_at_the_papers_ratio_of_compute():
+    # 1 MB a rank = 8 Mbit: 0.8 s of wire at 10 Mbit/s; 0.9 s measured => 0.1 s is not the wire
+    bps = paper.solve_bandwidth(compute_s=0.65, aggregate_s=0.9, bytes_sent=1e6, bps=1e7)
+    assert bps == pytest.approx(8e6 / (0.85 - 0.1), rel=5e-3)          # 3 significant digits
+    assert 0.1 + 8e6 / bps == pytest.approx(850 / 650 * 0.65, rel=5e-3)
+
+
+def test_solve_bandwidth_refuses_when_no_link_can_reach_the_ratio():
+    with pytest.raises(SystemExit, match="no link gives the paper's ratio"):
+        paper.solve_bandwidth(compute_s=0.1, aggregate_s=1.0, bytes_sent=1e3, bps=1e9)
+
+
+def test_completed_jobs_are_kept_and_others_run_the_preset(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(paper.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    done = paper.job_dir(tmp_path, 6, 5.26e7, 1 / 6, "rar")
+    assert done == tmp_path / "N6-52.6Mbps-compute0.166667" / "rar"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    assert paper.run_job(tmp_path, 6, 5.26e7, 1 / 6, "rar", 12) == done and calls == []
+    paper.run_job(tmp_path, 8, 1e9, 1.0, "gradiveq", 110, ["seed=1"])
+    (cmd,) = calls
+    assert cmd[2:] == ["experiment=paper_time", "aggregator=gradiveq", "world_size=8", "net.bandwidth_bps=1e+09",
+                       "net.compute_scale=1", "iterations=110",
+                       f"hydra.run.dir={tmp_path / 'N8-1000Mbps-compute1' / 'gradiveq'}", "seed=1"]
+    paper.run_job(tmp_path, 6, 5.26e7, 1 / 6, "rar", 12, force=True)
+    assert len(calls) == 2                                               # --force reruns a completed job
+
+
+def test_read_columns_takes_medians_after_start_up(tmp_path):
+    rows = ["compute_s,aggregate_s,bytes_sent"] + ["9,9,5"] * 2 + ["1,2,5", "3,4,5", "2,3,5"]
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    assert paper.read_columns(tmp_path) == {"compute_s": 2.0, "aggregate_s": 3.0, "bytes_sent": 5.0}
