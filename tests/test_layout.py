@@ -22,6 +22,7 @@ ALLOWED = {
     "run": {"aggregators", "comm", "compressors", "data", "models"},
     "bench": {"run", "aggregators", "comm", "compressors", "data", "models"},
     "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
+    "predict": {"bench", "aggregators", "comm", "compressors", "data", "models"},
     "report": set(),                                  # reads run outputs, never the training code
 }
 SHARED_NAMES = {"main"}   # each CLI module's entry point: always called qualified (module.main)

@@ -75,7 +75,7 @@ def solve_bandwidth(compute_s: float, aggregate_s: float, bytes_sent: float, bps
     return float(f"{bits / budget:.3g}")
 
 
-def calibrate(args, world: int = 6) -> float:
+def calibrate_link(args, world: int = 6) -> float:
     """The paper's ratio is a fact about its 6-node cluster: solved at N = 6 whatever ``--world-size`` runs."""
     run_dir = run_job(args.out / "calibrate", world, CALIBRATION_BPS, 1.0, "rar", args.steady_iters, args.set,
                       args.force)
@@ -101,7 +101,7 @@ def main(argv=None):
     p.add_argument("--calibrate", action="store_true", help="only solve the 850/650 link and print it")
     args = p.parse_args(argv)
     args.out = args.out.resolve()
-    auto = calibrate(args) if args.calibrate or "auto" in args.bandwidth else None
+    auto = calibrate_link(args) if args.calibrate or "auto" in args.bandwidth else None
     if args.calibrate:
         return auto
     links = [auto if b == "auto" else float(b) for b in args.bandwidth]

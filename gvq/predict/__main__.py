@@ -1,0 +1,94 @@
+"""``python -m gvq.predict [flags]``: predicted aggregation and iteration times per aggregator.
+
+    python -m gvq.predict calibrate [--model resnet32]       # once per machine: costs + ring structure
+    python -m gvq.predict --world-size 6 16 --bandwidth 5e7 1e9 --compute-scale 0.16667
+    python -m gvq.predict --validate                         # model vs virtual-time benchmarks
+    python -m gvq.predict project                            # winners for N = 2..1024 x 1 Mbit/s..100 Gbit/s
+
+Every figure is on the virtual clock's terms (CPU time of this machine x the scales, plus the link model),
+for the aggregators ``calibrate`` measured (make bench's settings: GradiVeQ bf16 pooled K/d = 8,
+PowerSGD rank 6).  ``bound`` says what dominates a row: compute, bandwidth (bytes / B), latency
+(messages x (alpha + posting)) or codec (the rest of the aggregation).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from gvq.predict import model as M
+
+ROOT_DIR = Path("runs/predict")          # calibrate writes <ROOT_DIR>/<model>/
+
+
+def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
+    """(bytes a rank sends on average, messages it sends) per aggregation, from the ring structure."""
+    nbytes, msgs = 0.0, 0
+    for rnd in m.struct["aggregators"][name][str(n)]:
+        total = sum(sum(b) for b in rnd["bytes"])
+        pieces = sum(1 for seg in rnd["bytes"] for b in seg if b > 0)
+        if rnd["kind"] in ("allgather", "ps"):
+            nbytes += (n - 1) * total / (1 if rnd["kind"] == "allgather" else n) * (1 if n > 1 else 0)
+            msgs += n - 1
+        else:
+            nbytes += 2 * (n - 1) / n * total
+            msgs += 2 * (n - 1) * pieces // max(n, 1)
+    return nbytes, msgs
+
+
+def row(m: M.Calibrated, name: str, n: int, bps: float, alpha: float, codec: float, compute: float) -> dict:
+    it = M.iteration(m, name, n, bps, alpha, codec, compute)
+    nbytes, msgs = traffic(m, name, n)
+    parts = {"compute": it["compute_s"], "bandwidth": 8 * nbytes / bps,
+             "latency": msgs * (alpha + m.cal["msg_s"])}
+    parts["codec"] = max(it["aggregate_s"] - parts["bandwidth"] - parts["latency"], 0.0)
+    return {"N": n, "link_bps": bps, "compute_scale": compute, "aggregator": name, **it,
+            "MB_per_rank": nbytes / 1e6, "bound": max(parts, key=parts.get)}
+
+
+def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=(1.0,)) -> pd.DataFrame:
+    df = pd.DataFrame([row(m, a, n, b, alpha, codec, c) for n in worlds for b in links for c in computes
+                       for a in names])
+    keys = ["N", "link_bps", "compute_scale"]
+    base = df[df["aggregator"] == "rar"].set_index(keys)["iter_s"].rename("_rar")
+    df = df.join(base, on=keys)
+    df["speedup_vs_rar"] = df["_rar"] / df["iter_s"]
+    return df.drop(columns="_rar")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("calibrate", "project"):
+        from importlib import import_module
+        return import_module(f"gvq.predict.{'calibrate' if argv[0] == 'calibrate' else 'project'}").main(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m gvq.predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-size", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--bandwidth", type=float, nargs="+", default=[5e7, 2e8, 1e9], help="bit/s per rank")
+    p.add_argument("--latency", type=float, default=0.0, help="alpha: seconds per message on the link")
+    p.add_argument("--compute-scale", type=float, nargs="+", default=[1.0])
+    p.add_argument("--codec-scale", type=float, default=1.0)
+    p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
+    p.add_argument("--model", default="resnet32", help="reads runs/predict/<model>/ (python -m gvq.predict "
+                   "calibrate --model <model> writes it)")
+    p.add_argument("--calibration", type=Path, default=None, help="calibrate's output folder, if elsewhere")
+    p.add_argument("--validate", action="store_true", help="model vs virtual-time benchmarks, cell by cell")
+    p.add_argument("--reps", type=int, default=6, help="--validate: aggregation repetitions per cell")
+    p.add_argument("--iters", type=int, default=4, help="--validate: timed iterations per cell")
+    p.add_argument("--out", type=Path, default=None, help="--validate: also write the table as CSV here")
+    args = p.parse_args(argv)
+    m = M.Calibrated.load(args.calibration or ROOT_DIR / args.model)
+    if args.validate:
+        from gvq.predict import validate
+        return validate.report_validation(m, args)
+    df = table(m, args.aggregators or m.aggregators, args.world_size, args.bandwidth, args.latency,
+               args.codec_scale, args.compute_scale)
+    print(f"# predicted, virtual-time terms ({m.cal['model']}, batch {m.cal['batch_size']}, codec "
+          f"x{args.codec_scale:g}, alpha {args.latency:g} s; calibrated on {m.cal['host']})")
+    print(df.to_markdown(index=False, floatfmt=".4g"))
+    return df
+
+
+if __name__ == "__main__":
+    main()

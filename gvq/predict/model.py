@@ -1,0 +1,108 @@
+"""The cost model: an aggregator's time at N ranks on a link of B bit/s (latency alpha), from the
+measured costs (``calibration.json``) and the ring structure (``structure.json``), replayed by
+:mod:`gvq.predict.schedule`; plus compute, for whole iterations.
+
+Scales as in virtual time: codec work (compress, decompress, payload adds, PowerSGD's bookkeeping) x
+``codec_scale``; forward / backward / step x ``compute_scale``; the uncompressed ring's adds, the division
+by N and message posting at 1.  An iteration = compute + aggregation (every rank starts aggregating at
+once, as after the runner's per-iteration clock sync); aggregation = the slowest rank's.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gvq.predict import schedule as S
+
+
+@dataclass
+class Calibrated:
+    cal: dict
+    struct: dict
+    cache: dict = field(default_factory=dict)        # aggregation times already simulated
+
+    @classmethod
+    def load(cls, folder: Path) -> Calibrated:
+        try:
+            return cls(json.loads((folder / "calibration.json").read_text()),
+                       json.loads((folder / "structure.json").read_text()))
+        except FileNotFoundError as e:
+            raise SystemExit(f"gvq.predict: {e.filename} missing: run `python -m gvq.predict calibrate` "
+                             f"first (--calibration {folder})") from None
+
+    @property
+    def aggregators(self) -> list[str]:
+        return list(self.struct["aggregators"])
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted(int(n) for n in next(iter(self.struct["aggregators"].values())))
+
+
+def _cost(fit: list[float], values, scale: float) -> np.ndarray:
+    return (fit[0] + fit[1] * np.asarray(values, dtype=float)) * scale
+
+
+def _pieces(rnd: dict, costs: dict, scale: float) -> S.Pieces:
+    n, P = len(rnd["vals"]), max(1, max(len(s) for s in rnd["vals"]))
+    vals, nbytes, present = np.zeros((n, P)), np.zeros((n, P)), np.zeros((n, P), bool)
+    for s, (v, b) in enumerate(zip(rnd["vals"], rnd["bytes"])):
+        vals[s, :len(v)], nbytes[s, :len(b)], present[s, :len(v)] = v, b, True
+    elems = nbytes / 4.0                            # the payload adds run on float32 payloads
+    return S.Pieces(_cost(costs["compress"], vals, scale) * present, _cost(costs["decompress"], vals, scale) * present,
+                    _cost(costs["add"], elems, scale) * present, nbytes, present)
+
+
+def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
+    kind, n = rnd["kind"], len(rnd["vals"])
+    if kind == "plain":
+        vals = np.array([sum(v) for v in rnd["vals"]], float)
+        return S.plain_ring(4.0 * vals, _cost(cal["vector"]["add"], vals, 1.0), link, start)
+    p = _pieces(rnd, cal["codecs"][rnd["key"]], codec_scale)
+    if kind == "additive":
+        return S.additive_ring(p, link, start)
+    if kind == "reencode":                          # partial += flat[seg]: float32 values, codec phase
+        add = _cost(cal["vector"]["add"], [sum(v) for v in rnd["vals"]], codec_scale)
+        return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], add, link, start)
+    gather = S.gather_ring if kind == "allgather" else S.through_server
+    numel = float(rnd["vals"][0][0])
+    return gather(float(p.nbytes[0, 0]), float(p.compress[0, 0]), float(p.decompress[0, 0]),
+                  float(_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
+
+
+def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,
+                codec_scale: float = 1.0) -> float:
+    """Seconds of one aggregation (the slowest rank), as the virtual clock would time it."""
+    key = (name, n, bps, alpha, codec_scale)
+    if key not in m.cache:
+        m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale)
+    return m.cache[key]
+
+
+def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float) -> float:
+    per_n = m.struct["aggregators"].get(name)
+    if per_n is None:
+        raise SystemExit(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
+    if str(n) not in per_n:
+        raise SystemExit(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
+    cal, numel = m.cal, m.struct["numel"]
+    link = S.Link(bps, alpha, cal["msg_s"])
+    t = np.zeros(n)
+    for rnd in per_n[str(n)]:
+        t = _ring(rnd, cal, link, codec_scale, t)
+    extra = float(_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
+    if name.startswith("powersgd"):                                    # M = g + e, two copies, e -= ...
+        extra += 4 * float(_cost(cal["vector"]["add"], numel, codec_scale))
+    return float(t.max()) + extra
+
+
+def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
+              compute_scale: float = 1.0) -> dict:
+    """{compute_s, aggregate_s, iter_s} of one steady-state iteration (plus the runner's non-finite
+    check of the gradient, at scale 1)."""
+    comp = m.cal["compute_s"] * compute_scale + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0))
+    agg = aggregation(m, name, n, bps, alpha, codec_scale)
+    return {"compute_s": comp, "aggregate_s": agg, "iter_s": comp + agg}

@@ -1,0 +1,92 @@
+"""``python -m gvq.predict project``: which aggregator is fastest per iteration at N = 2..1024 ranks x
+B = 1 Mbit/s..100 Gbit/s x compute scale {1, 1/6, 1/50}, for each calibrated model: ``projection.csv``
+(every cell, every aggregator, its bound) and one heatmap per model (``projection_<model>.png``: the
+winner's colour, its margin over the second in the cell, and the line beyond which GradiVeQ-RAR is no
+longer faster than uncompressed RAR).  Aggregation does not depend on the compute scale (every rank
+starts it together), so it is simulated once per (aggregator, N, B).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gvq.predict import model as M
+from gvq.predict.__main__ import ROOT_DIR, row
+
+LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
+SCALES = [1.0, 1 / 6, 1 / 50]
+
+
+def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0) -> pd.DataFrame:
+    rows = [row(m, a, n, b, alpha, 1.0, c) for n in worlds for b in links for a in m.aggregators for c in scales]
+    return pd.DataFrame(rows).assign(model=m.cal["model"])
+
+
+def winners(df: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the fastest aggregator, its margin (second's time / its time) and GradiVeQ vs RAR."""
+    out = []
+    for (n, b, c), g in df.groupby(["N", "link_bps", "compute_scale"]):
+        g = g.sort_values("iter_s")
+        t = g.set_index("aggregator")["iter_s"]
+        gv = next((a for a in t.index if a.startswith("gradiveq")), None)
+        out.append({"N": n, "link_bps": b, "compute_scale": c, "winner": g["aggregator"].iloc[0],
+                    "margin": g["iter_s"].iloc[1] / g["iter_s"].iloc[0],
+                    "winner_bound": g["bound"].iloc[0],
+                    "gradiveq_vs_rar": t["rar"] / t[gv] if gv and "rar" in t else np.nan})
+    return pd.DataFrame(out)
+
+
+def plot(win: pd.DataFrame, model: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = sorted(win["winner"].unique())
+    cmap = plt.get_cmap("tab10")
+    scales = sorted(win["compute_scale"].unique(), reverse=True)
+    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.6), squeeze=False)
+    for ax, c in zip(axes[0], scales):
+        w = win[win["compute_scale"] == c]
+        Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
+        img = np.full((len(Ns), len(Bs)), np.nan)
+        for _, r in w.iterrows():
+            i, j = Ns.index(r["N"]), Bs.index(r["link_bps"])
+            img[i, j] = names.index(r["winner"])
+            ax.text(j, i, f"{r['margin']:.1f}", ha="center", va="center", fontsize=6)
+        ax.imshow(img, cmap=cmap, vmin=0, vmax=9, aspect="auto", origin="lower")
+        gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
+        ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
+        ax.set_xticks(range(len(Bs)), [f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M" for b in Bs], fontsize=7)
+        ax.set_yticks(range(len(Ns)), [str(n) for n in Ns], fontsize=7)
+        ax.set_xlabel("link, bit/s per rank")
+        ax.set_ylabel("N ranks")
+        ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(names))]
+    fig.legend(handles + [plt.Line2D([], [], color="k")], names + ["GradiVeQ-RAR = RAR"], loc="lower center",
+               ncol=len(names) + 1, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m gvq.predict project", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["resnet32"], help="each calibrated under --calibration/<model>")
+    p.add_argument("--calibration", type=Path, default=ROOT_DIR)
+    p.add_argument("--max-world-size", type=int, default=1024)
+    p.add_argument("--out", type=Path, default=Path("runs/predict"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for model in args.models:
+        m = M.Calibrated.load(args.calibration / model)
+        worlds = [n for n in m.world_sizes if n & (n - 1) == 0 and n <= args.max_world_size]
+        df = grid(m, worlds, LINKS, SCALES)
+        win = winners(df).assign(model=model)
+        plot(win, model, args.out / f"projection_{model}.png")
+        frames.append(df.merge(win, on=["N", "link_bps", "compute_scale"]))
+        print(f"gvq.predict project: {model}: {len(win)} cells -> {args.out}/projection_{model}.png", flush=True)
+    pd.concat(frames).to_csv(args.out / "projection.csv", index=False)
+    return frames

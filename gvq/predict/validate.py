@@ -1,0 +1,73 @@
+"""``python -m gvq.predict --validate``: the model against virtual-time benchmarks, cell by cell.
+
+For every ``--world-size`` and ``--bandwidth``: ``gvq.bench aggregate --clock virtual`` (aggregation, the
+slowest rank, median of repetitions) and ``gvq.bench train --clock virtual --compressed-only`` (whole
+iterations) with the calibration's model, batch and aggregator settings, run as subprocesses; then the
+model's figure for the same cell and the ratio model / measured.  Nothing is adjusted to the outcome.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from gvq.predict import model as M
+from gvq.predict.structure import SETTINGS
+
+
+def _virtual_bench(sub: str, flags: list[str]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/r.json"
+        subprocess.run([sys.executable, "-m", "gvq.bench", sub, *flags, "--clock", "virtual", "--out", out],
+                       check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return json.loads(Path(out).read_text())
+
+
+def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
+            iters: int) -> list[dict]:
+    """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train)."""
+    cal, cells = m.cal, {}
+    common = ["--model", cal["model"], "--num-classes", str(cal["num_classes"]), "--set", *SETTINGS]
+    for n in worlds:
+        for r in _virtual_bench("aggregate", ["--world-size", str(n), "--bandwidth", *map(str, links), "--reps", str(reps),
+                                      "--warmup", "2", "--aggregators", *names, *common]):
+            cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
+    for b in links:
+        for r in _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
+                                  "--warmup", "2", "--compressed-only", "--batch-size", str(cal["batch_size"]),
+                                  "--aggregators", *names, *common]):
+            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(iter_s=r["iter_s"])
+    return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
+
+
+def compare(m: M.Calibrated, measured: list[dict]) -> pd.DataFrame:
+    rows = []
+    for r in measured:
+        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"])
+        rows.append({**r, "model_aggregate_s": it["aggregate_s"], "model_iter_s": it["iter_s"],
+                     "agg_ratio": it["aggregate_s"] / r["aggregate_s"] if r.get("aggregate_s") else None,
+                     "iter_ratio": it["iter_s"] / r["iter_s"] if r.get("iter_s") else None})
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> str:
+    ratios = pd.concat([df["agg_ratio"], df["iter_ratio"]]).dropna()
+    off = (ratios - 1).abs()
+    return (f"{len(ratios)} cells: {int((off <= 0.10).sum())} within 10% ({(off <= 0.10).mean():.0%}), "
+            f"{int((off > 0.25).sum())} beyond 25%; ratio range {ratios.min():.2f}-{ratios.max():.2f}")
+
+
+def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
+    names = args.aggregators or m.aggregators
+    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters))
+    print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}; ratio 1 = exact)")
+    print(df.to_markdown(index=False, floatfmt=".4g"))
+    print(summary(df))
+    if args.out:
+        df.to_csv(args.out, index=False)
+    return df

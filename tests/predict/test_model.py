@@ -1,0 +1,36 @@
+"""The cost model (gvq/predict/model.py) on a real calibration: consistent with its own schedule."""
+from __future__ import annotations
+
+import pytest
+
+from gvq.predict import model as M
+
+
+def test_iteration_is_compute_plus_aggregation_and_scales_apply(calibrated):
+    m = M.Calibrated.load(calibrated)
+    one = M.iteration(m, "qsgd", 4, 5e7)
+    assert one["iter_s"] == pytest.approx(one["compute_s"] + one["aggregate_s"])
+    gpu = M.iteration(m, "qsgd", 4, 5e7, compute_scale=1 / 6)
+    assert gpu["aggregate_s"] == one["aggregate_s"] and gpu["compute_s"] < one["compute_s"]
+    assert M.aggregation(m, "qsgd", 4, 5e7, codec_scale=0.1) < one["aggregate_s"]
+
+
+def test_slower_links_and_more_bytes_cost_more(calibrated):
+    m = M.Calibrated.load(calibrated)
+    for name in m.aggregators:
+        assert M.aggregation(m, name, 4, 5e6) > M.aggregation(m, name, 4, 5e8)
+    # at 1 Mbit/s the wire dominates: rar (4 bytes a value) is slower than fp16 (2)
+    assert M.aggregation(m, "rar", 4, 1e6) > M.aggregation(m, "fp16", 4, 1e6)
+
+
+def test_unknown_world_size_or_aggregator_is_one_line(calibrated):
+    m = M.Calibrated.load(calibrated)
+    with pytest.raises(SystemExit, match="N=2000 not in the calibrated structure"):
+        M.aggregation(m, "rar", 2000, 1e9)
+    with pytest.raises(SystemExit, match="aggregator 'orq' not calibrated"):
+        M.aggregation(m, "orq", 4, 1e9)
+
+
+def test_missing_calibration_names_the_command(tmp_path):
+    with pytest.raises(SystemExit, match="python -m gvq.predict calibrate"):
+        M.Calibrated.load(tmp_path)

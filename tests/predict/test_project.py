@@ -1,0 +1,29 @@
+"""Projection (gvq/predict/project.py) and the default query CLI: seconds, a table, a heatmap, a CSV."""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from gvq.predict import __main__ as cli
+from gvq.predict import project
+
+
+def test_default_query_runs_in_seconds_and_prints_a_table(calibrated, capsys):
+    t0 = time.perf_counter()
+    df = cli.main(["--calibration", str(calibrated)])
+    assert time.perf_counter() - t0 < 60                              # generous: seconds here
+    assert len(df) == 4 * 3 * 5 and set(df["bound"]) <= {"compute", "bandwidth", "latency", "codec"}
+    assert (df[df["aggregator"] == "rar"]["speedup_vs_rar"] == 1).all()
+    assert "predicted, virtual-time terms" in capsys.readouterr().out
+
+
+def test_project_writes_heatmap_and_csv(calibrated, tmp_path):
+    project.main(["--models", calibrated.name, "--calibration", str(calibrated.parent), "--max-world-size", "8",
+                  "--out", str(tmp_path)])
+    df = pd.read_csv(tmp_path / "projection.csv")
+    cells = df.drop_duplicates(["N", "link_bps", "compute_scale"])
+    assert len(cells) == 3 * len(project.LINKS) * len(project.SCALES)            # N = 2, 4, 8
+    fastest = df.loc[df.groupby(["N", "link_bps", "compute_scale"])["iter_s"].idxmin()]
+    assert (fastest["aggregator"] == fastest["winner"]).all() and (cells["margin"] >= 1).all()
+    assert (tmp_path / "projection_cnn.png").stat().st_size > 10_000

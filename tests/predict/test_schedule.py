@@ -1,0 +1,56 @@
+"""The ring schedules on a cost model (gvq/predict/schedule.py) against times computed by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gvq.predict import schedule as S
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_uncompressed_ring_is_the_textbook_formula(n):
+    S_bytes, B, alpha = 1.9e6, 5e7, 2e-3
+    t = S.plain_ring(np.full(n, S_bytes / n), np.zeros(n), S.Link(B, alpha))
+    assert t.max() == pytest.approx(2 * (n - 1) / n * S_bytes * 8 / B + 2 * (n - 1) * alpha, rel=1e-12)
+    assert np.ptp(t) == pytest.approx(0, abs=1e-12)                # equal segments: every rank alike
+
+
+def test_reencode_ring_pays_every_codec_call_on_the_critical_path():
+    # N = 2, c = compress, d = decompress, a = add, w = wire of one segment: c; send, wait w; d + a + c;
+    # d; send, wait w; d  =>  2c + 2w + 3d + a
+    c, d, a, w = 1.0, 0.5, 0.1, 3.0
+    t = S.reencode_ring(np.full(2, w * 1e6 / 8), np.full(2, c), np.full(2, d), np.full(2, a), S.Link(1e6))
+    assert t == pytest.approx(np.full(2, 2 * c + 2 * w + 3 * d + a))
+
+
+def _pieces(n, P, c, d, a, nbytes):
+    shape = (n, P)
+    return S.Pieces(np.full(shape, c), np.full(shape, d), np.full(shape, a), np.full(shape, float(nbytes)),
+                    np.ones(shape, bool))
+
+
+def test_algorithm_1_one_piece_by_hand():
+    # N = 2, one piece: own compress c, send (arrives c + w); compress the other segment (2c), wait for
+    # the left's payload (c + w), add a => t1 = max(2c, c + w) + a; all-gather: send the sum (arrives
+    # t1 + w), decompress the held one while it travels (t1 + d), wait (t1 + w), decompress it => + d
+    c, d, a, w = 1.0, 0.5, 0.1, 3.0
+    t = S.additive_ring(_pieces(2, 1, c, d, a, w * 1e6 / 8), S.Link(1e6))
+    t1 = max(2 * c, c + w) + a
+    assert t == pytest.approx(np.full(2, max(t1 + d, t1 + w) + d))
+
+
+def test_pieces_hide_compression_behind_the_wire():
+    # same bytes and codec work cut in 4 pieces: the pipeline leaves less of it outside the wire
+    c, d, a, w = 0.4, 0.4, 0.0, 1.0
+    one = S.additive_ring(_pieces(4, 1, c, d, a, w * 1e6 / 8), S.Link(1e6)).max()
+    four = S.additive_ring(_pieces(4, 4, c / 4, d / 4, a, w * 1e6 / 8 / 4), S.Link(1e6)).max()
+    wire = 2 * 3 * w                                               # 2(N-1) segment transfers
+    assert wire < four < one
+
+
+def test_empty_pieces_send_nothing_and_latency_counts_per_message():
+    n = 4
+    p = _pieces(n, 2, 0.0, 0.0, 0.0, 1000.0)
+    p.nbytes[:, 1] = 0                                             # second piece of each segment: empty
+    t = S.additive_ring(p, S.Link(8e3, alpha=0.5)).max()
+    assert t == pytest.approx(2 * (n - 1) * (1.0 + 0.5))           # one 1000-byte message per step
