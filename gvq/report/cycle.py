@@ -136,22 +136,27 @@ def _claim_value(claim: str, by: pd.DataFrame, m: str) -> float:
 
 
 def plot_cycle(df: pd.DataFrame, path) -> None:
-    """Bars of computation + aggregation per cycle: one panel per (N, link, clock) -- a regime is a clock
-    (its compute scale), and no axis mixes clocks -- methods along x."""
+    """Bars of computation + aggregation per cycle: a row of panels per (N, link), a column per regime
+    (a regime is a clock -- its compute scale -- and no axis mixes clocks), methods along x."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = list(df.groupby(["N", "link_Mbps", "regime"], sort=False))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
-    for ax, ((n, link, reg), g) in zip(axes[0], panels):
-        labels = list(g["method"])
+    settings = list(dict.fromkeys(zip(df["N"], df["link_Mbps"])))
+    regimes = list(dict.fromkeys(df["regime"]))
+    fig, axes = plt.subplots(len(settings), len(regimes), figsize=(4.2 * len(regimes), 3.4 * len(settings)),
+                             squeeze=False)
+    for (i, (n, link)), (j, reg) in ((a, b) for a in enumerate(settings) for b in enumerate(regimes)):
+        ax, g = axes[i][j], df[(df["N"] == n) & (df["link_Mbps"] == link) & (df["regime"] == reg)]
+        if g.empty:
+            ax.set_axis_off()
+            continue
         x = range(len(g))
         ax.bar(x, g["compute"], color="0.6", label="computation")
         ax.bar(x, g["aggregation"], bottom=g["compute"], color="tab:orange", label="aggregation")
-        ax.set_xticks(list(x), labels, rotation=30, fontsize=8)
+        ax.set_xticks(list(x), list(g["method"]), rotation=20, fontsize=8)
         ax.set_title(f"N = {n}, {link:g} Mbit/s, {reg} regime", fontsize=9)
         ax.set_ylabel(f"s per {g['cycle'].iloc[0]} iterations\n{g['clock'].iloc[0]}", fontsize=8)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
