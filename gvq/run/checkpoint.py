@@ -7,6 +7,11 @@ complete exactly when that file names it.  Resuming loads every rank's file, kee
 before the checkpoint in the new run dir and continues: the data stream, being a pure function of
 (seed, epoch, rank, batch), restarts at the saved iteration, so the resumed run's metrics equal an
 uninterrupted run's, times aside.
+
+A checkpoint says what it belongs to (:func:`identity`: gvq version, world size, model, data shape,
+aggregator), in ``latest.json`` and in every rank's file; :func:`check_resume` compares it with the new run
+and reads every rank's file as data before any rank starts, so a mismatch, a truncated file or a foreign
+one stops the launcher in one line (nothing but Hydra's log and config files reach the new run dir).
 """
 from __future__ import annotations
 
@@ -18,6 +23,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gvq import __version__
+
+#: identity keys compared on resume, in the order a mismatch is reported (the version is only recorded)
+COMPARED = ("world_size", "aggregator", "model", "num_classes", "in_channels")
+
+
+class ResumeError(ValueError):
+    """A checkpoint that does not belong to this run or cannot be read; its message is one line."""
+
+
+def identity(cfg: dict, aggregator: str, num_classes: int, in_channels: int, world: int) -> dict:
+    """What a checkpoint belongs to: every key that changes a tensor's shape or what the state means."""
+    return {"gvq_version": __version__, "world_size": int(world), "aggregator": str(aggregator),
+            "model": json.dumps(cfg["model"], sort_keys=True, default=str), "num_classes": int(num_classes),
+            "in_channels": int(in_channels)}
 
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -25,11 +45,11 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict) -> None:
+def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict, ident: dict) -> None:
     """Checkpoint after iteration ``it - 1``: the resumed run starts at ``it``."""
     folder = Path(run_dir) / "checkpoint"
     folder.mkdir(exist_ok=True)
-    state = {"iteration": it, "model": model.state_dict(), "optimizer": opt.state_dict(),
+    state = {"iteration": it, "identity": ident, "model": model.state_dict(), "optimizer": opt.state_dict(),
              "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
              "aggregator": agg.state_dict() if hasattr(agg, "state_dict") else {}, **extra}
     _atomic_save(state, folder / f"rank{rank}.pt")
@@ -37,7 +57,7 @@ def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict) 
     if rank == 0:
         marker = folder / "latest.json"
         tmp = marker.with_name("latest.json.tmp")
-        tmp.write_text(json.dumps({"iteration": it, "world_size": dist.get_world_size()}))
+        tmp.write_text(json.dumps({"iteration": it, "world_size": dist.get_world_size(), "identity": ident}))
         os.replace(tmp, marker)
 
 
@@ -54,6 +74,40 @@ def load(resume_dir: str, rank: int, world: int) -> dict:
     if state["iteration"] != meta["iteration"]:
         raise RuntimeError(f"resume={resume_dir}: rank {rank}'s file does not match latest.json")
     return state
+
+
+def check_resume(resume_dir: str, ident: dict) -> None:
+    """Raise :class:`ResumeError` (one line) unless ``resume_dir`` holds a complete, readable checkpoint
+    written by a run with the same :data:`COMPARED` identity as ``ident``."""
+    folder = Path(resume_dir) / "checkpoint"
+    marker = folder / "latest.json"
+    try:
+        meta = json.loads(marker.read_text())
+        old = meta["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ResumeError(f"resume={resume_dir}: {marker} is not a gvq checkpoint marker (no identity record; "
+                          "written by another tool or a gvq before 0.1.0's identity records)") from None
+    for key in COMPARED:
+        if old.get(key) != ident[key]:
+            raise ResumeError(f"resume={resume_dir}: the checkpoint was written with {key}={_short(old.get(key))}, "
+                              f"this run has {key}={_short(ident[key])}")
+    for r in range(ident["world_size"]):
+        _check_rank_file(folder / f"rank{r}.pt", meta["iteration"], old)
+
+
+def _short(v) -> str:
+    return v if not isinstance(v, str) or len(v) < 120 else v[:117] + "..."
+
+
+def _check_rank_file(path: Path, iteration: int, ident: dict) -> None:
+    try:       # mmap: reads the archive's index and the tensors' headers, not megabytes of state
+        state = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception as e:                           # truncated zip, foreign pickle, missing file, ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ResumeError(f"resume: {path} is unreadable or not a gvq checkpoint ({first[:200]})") from None
+    if not isinstance(state, dict) or state.get("identity") != ident or state.get("iteration") != iteration:
+        raise ResumeError(f"resume: {path} does not belong to this checkpoint (its identity or iteration differs "
+                          "from latest.json: a partial or mixed checkpoint set)")
 
 
 def restore(state: dict, model, opt, sched, agg) -> None:

@@ -22,6 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from gvq.run import checkpoint
 from gvq.run.logs import setup_logging
 from gvq.run.validate import ConfigError, inert_knobs, validate
 
@@ -31,8 +32,9 @@ def config_error(msg: str) -> None:
     sys.exit(2)
 
 
-def preflight(cfg: DictConfig) -> None:
-    """Fail fast, with one line and no traceback, on values only the code can judge."""
+def preflight(cfg: DictConfig):
+    """Fail fast, with one line and no traceback, on values only the code can judge; returns the
+    instantiated aggregator and dataset (they name a checkpoint's identity)."""
     try:
         validate(cfg)
         if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -46,6 +48,22 @@ def preflight(cfg: DictConfig) -> None:
                      "(sudo python -m gvq.bench netns train)")
     data = _try_instantiate("dataset", cfg.dataset)
     _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    return agg, data
+
+
+def check_identity(cfg: DictConfig, meta: dict, agg, data) -> None:
+    """Record what this run's checkpoints belong to (``meta['identity']``); on ``resume=``, refuse a
+    checkpoint of another run, or an unreadable one, before anything is written or spawned."""
+    world = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "LOCAL_RANK" in os.environ \
+        else cfg.world_size
+    name = getattr(agg, "name", None) or meta["job_type"] or cfg.aggregator._target_   # its state's kind
+    meta["identity"] = checkpoint.identity(OmegaConf.to_container(cfg, resolve=True), name, data.num_classes,
+                                           data.in_channels, world)
+    if cfg.resume:
+        try:
+            checkpoint.check_resume(cfg.resume, meta["identity"])
+        except checkpoint.ResumeError as e:
+            config_error(str(e))
 
 
 def _try_instantiate(group: str, node, **kwargs):
@@ -84,8 +102,9 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 
 
 def launch(cfg: DictConfig) -> dict | None:
-    preflight(cfg)
+    agg, data = preflight(cfg)
     meta = run_meta(cfg)
+    check_identity(cfg, meta, agg, data)
     warn_inert(cfg, meta)
     plain = OmegaConf.to_container(cfg, resolve=True)
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun: be that rank

@@ -205,7 +205,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
     try:
         for row in old_rows:
             runlog.row(row, replay=True)
-        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog)
+        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog,
+                        meta.get("identity") or {})
         failed = False
         return summary
     finally:
@@ -222,7 +223,7 @@ def _progress_bar(cfg, runlog, agg, world, prog):
                 leave=False, mininterval=1.0)
 
 
-def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
+def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict):
     data, model, opt, sched, agg = parts
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
@@ -252,7 +253,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress):
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}
-            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state})
+            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state}, ident)
     if bar is not None:
         bar.close()
     return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0)

@@ -71,3 +71,60 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         checkpoint.load(str(tmp_path), 0, 1)
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def rar_checkpoint(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("ckpt") / "rar"
+    r = cli(*COMMON, "aggregator=rar", "iterations=8", "checkpoint.every=4", f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
+def _refused(r, new: Path, *needles: str) -> None:
+    """One line on stderr naming what differs, no traceback, and nothing of ours in the new run dir."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gvq:")]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert all(n in lines[0] for n in needles), lines[0]
+    made = {p.name for p in new.iterdir()} if new.exists() else set()
+    assert made <= {".hydra", "cli.log"}, made                     # Hydra's own files only
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("aggregator=gradiveq", ("aggregator=rar", "aggregator=gradiveq")),
+    ("aggregator=qsgd", ("aggregator=rar", "aggregator=qsgd")),
+    ("model.width=8", ("model=", '"width": 8')),
+    ("world_size=3", ("world_size=2", "world_size=3")),
+])
+def test_resuming_another_runs_checkpoint_is_refused_in_one_line(rar_checkpoint, tmp_path, override, needles):
+    new = tmp_path / "new"
+    r = cli(*COMMON, "aggregator=rar", override, f"resume={rar_checkpoint}", f"hydra.run.dir={new}")
+    _refused(r, new, f"resume={rar_checkpoint}", *needles)
+
+
+def test_a_truncated_rank_file_is_refused_naming_it(rar_checkpoint, tmp_path):
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(rar_checkpoint, copy)
+    rank1 = copy / "checkpoint" / "rank1.pt"
+    rank1.write_bytes(rank1.read_bytes()[: rank1.stat().st_size // 2])
+    new = tmp_path / "new"
+    r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
+    _refused(r, new, str(rank1), "unreadable or not a gvq checkpoint")
+
+
+def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(rar_checkpoint, copy)
+    (copy / "checkpoint" / "latest.json").write_text(json.dumps({"iteration": 4, "world_size": 2}))
+    new = tmp_path / "new"
+    r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
+    _refused(r, new, "latest.json is not a gvq checkpoint marker")
+
+
+def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
+    r = cli(*COMMON, "aggregator=rar", "iterations=8", f"resume={rar_checkpoint}", f"hydra.run.dir={tmp_path}/r")
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads((rar_checkpoint / "checkpoint" / "latest.json").read_text())
+    assert meta["identity"]["aggregator"] == "rar" and meta["identity"]["gvq_version"]
