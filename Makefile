@@ -3,12 +3,13 @@
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
 # make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; ~80 min on 2 cores)
+# make projection -> calibrate the cost model per model, then which aggregator wins at N x B (heatmaps)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup run test bench validate-clock paper-time clean
+.PHONY: setup run test bench validate-clock paper-time projection clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +38,12 @@ paper-time: $(STAMP)
 	$(PY) -m gvq.bench paper --world-size 6 --bandwidth auto 1e9
 	$(PY) -m gvq.bench paper --world-size 8 16 --bandwidth auto
 	$(PY) -m gvq.report --cycle runs/paper_time/N* --out runs/paper_time/report
+
+MODELS ?= cnn resnet20 resnet32 resnet110
+projection: $(STAMP)
+	for m in $(MODELS); do test -f runs/predict/$$m/calibration.json || \
+	    $(PY) -m gvq.predict calibrate --model $$m --num-classes $$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; done
+	$(PY) -m gvq.predict project --models $(MODELS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

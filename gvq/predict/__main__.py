@@ -29,9 +29,10 @@ def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
     for rnd in m.struct["aggregators"][name][str(n)]:
         total = sum(sum(b) for b in rnd["bytes"])
         pieces = sum(1 for seg in rnd["bytes"] for b in seg if b > 0)
-        if rnd["kind"] in ("allgather", "ps"):
-            nbytes += (n - 1) * total / (1 if rnd["kind"] == "allgather" else n) * (1 if n > 1 else 0)
-            msgs += n - 1
+        if rnd["kind"] == "allgather":                # every payload forwarded N - 1 times
+            nbytes, msgs = nbytes + (n - 1) * total, msgs + n - 1
+        elif rnd["kind"] == "ps":                     # N - 1 up, N - 1 down, averaged over ranks
+            nbytes, msgs = nbytes + 2 * (n - 1) / n * total, msgs + 2 * (n - 1) // n
         else:
             nbytes += 2 * (n - 1) / n * total
             msgs += 2 * (n - 1) * pieces // max(n, 1)
