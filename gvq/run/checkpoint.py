@@ -23,7 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gvq import __version__
+try:                                                   # the installed distribution's version
+    from importlib.metadata import version as _dist_version
+    __version__ = _dist_version("gvq")
+except Exception:                                      # running from a bare checkout
+    __version__ = "unknown"
+
 
 #: identity keys compared on resume, in the order a mismatch is reported (the version is only recorded)
 COMPARED = ("world_size", "aggregator", "model", "num_classes", "in_channels")
@@ -89,13 +94,13 @@ def check_resume(resume_dir: str, ident: dict) -> None:
                           "written by another tool or a gvq before 0.1.0's identity records)") from None
     for key in COMPARED:
         if old.get(key) != ident[key]:
-            raise ResumeError(f"resume={resume_dir}: the checkpoint was written with {key}={_short(old.get(key))}, "
-                              f"this run has {key}={_short(ident[key])}")
+            raise ResumeError(f"resume={resume_dir}: the checkpoint was written with {key}={_clip_value(old.get(key))}, "
+                              f"this run has {key}={_clip_value(ident[key])}")
     for r in range(ident["world_size"]):
         _check_rank_file(folder / f"rank{r}.pt", meta["iteration"], old)
 
 
-def _short(v) -> str:
+def _clip_value(v) -> str:
     return v if not isinstance(v, str) or len(v) < 120 else v[:117] + "..."
 
 

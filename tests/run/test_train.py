@@ -102,7 +102,10 @@ def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
     env = dict(os.environ, WANDB_MODE="disabled")
     p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "iterations=1000000", "logger=csv",
                           f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         # a shell that runs `make test` in the background hands its children SIGINT
+                         # ignored; a terminal's Ctrl-C reaches a launcher with the default disposition
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (run / "metrics.csv").exists() or len((run / "metrics.csv").read_text().splitlines()) < 5:
         assert time.monotonic() < deadline and p.poll() is None
