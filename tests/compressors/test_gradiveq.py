@@ -345,6 +345,10 @@ def test_fitted_state_lives_on_the_device_of_the_fit():
     is built on meta, nothing on the host."""
     comp = _fitted()
     U, mu = [u.to("meta") for u in comp._U], [m.to("meta") for m in comp._mu]
-    comp._set_state(U, mu, comp._energy)
+    comp._set_state(U, mu, comp._energy, torch.device("meta"))
     for t in [comp._mu_flat, *comp._Uc, *comp._Ud, *comp._muU]:
         assert t.device.type == "meta"
+    whole = slice(0, comp.layout.numel)
+    payload = comp.compress(torch.empty(comp.layout.numel, device="meta"), whole)   # payload on meta too
+    assert payload.device.type == "meta"
+    assert comp.decompress(payload, whole).device.type == "meta"

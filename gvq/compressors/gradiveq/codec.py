@@ -112,7 +112,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         for g in self.groups:
             u, m, e = self._fit_group(g, samples)
             U.append(u), mu.append(m), energy.append(e)
-        self._set_state(U, mu, energy)
+        self._set_state(U, mu, energy, samples.device)
         return self
 
     def _fit_group(self, g: Group, samples: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -133,7 +133,7 @@ class GradiVeQ(GradiVeQState, Compressor):
                                  eps=torch.finfo(samples.dtype).eps)
         return fit.U, mean.float().contiguous(), fit.energy
 
-    def _set_state(self, U: list[Tensor], mu: list[Tensor], energy: list[float]) -> None:
+    def _set_state(self, U: list[Tensor], mu: list[Tensor], energy: list[float], device) -> None:
         # energies rounded to float32, as they travel in state_tensors: every rank logs the same stats
         self._U, self._mu = U, mu
         self._energy = torch.tensor(energy, dtype=torch.float32, device="cpu").tolist()   # host numbers
@@ -143,7 +143,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         # so their layout is the one the GEMM reads fastest (measured, one core, DRAM-resident): compress
         # as U^T X^T from a contiguous U^T, decompress as U P^T from U: 1.2-1.9x faster than X U / P U^T.
         # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
-        self._mu_flat = (mu[0].new_zeros(self.layout.numel) if mu else torch.zeros(self.layout.numel))
+        self._mu_flat = torch.zeros(self.layout.numel, device=device)
         for g, m in zip(self.groups, mu):
             self._mu_flat[g.start: g.stop] = m.reshape(-1)
         self._Uc = [u.T.contiguous().to(self._dt) for u in U]
@@ -188,7 +188,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         x = x.reshape(-1).to(torch.float32)
         if x.numel() != seg.stop - seg.start:
             raise ValueError(f"GradiVeQ.compress: {x.numel()} values for segment {seg}")
-        out, beta = torch.empty(total, dtype=torch.float32), -1.0 / self.world_size
+        out, beta = torch.empty(total, dtype=torch.float32, device=x.device), -1.0 / self.world_size
         for p, off in plan:
             a, b = p.start - seg.start, p.stop - seg.start
             if p.gid < 0:
@@ -207,7 +207,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         if payload.numel() != total:
             raise ValueError(f"GradiVeQ.decompress: payload of {payload.numel()} for {total} expected")
         payload = payload.reshape(-1).to(torch.float32)
-        out = torch.empty(seg.stop - seg.start, dtype=torch.float32)
+        out = torch.empty(seg.stop - seg.start, dtype=torch.float32, device=payload.device)
         for p, off in plan:
             a, b = p.start - seg.start, p.stop - seg.start
             if p.gid < 0:

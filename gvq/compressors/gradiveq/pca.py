@@ -65,7 +65,7 @@ def principal_subspace(centred: Tensor, dof: int, lam: float, fallback: Tensor, 
         u = fallback.to(torch.float64).reshape(K, 1)
         norm = float(u.norm())
         if norm == 0.0:
-            u = torch.zeros(K, 1, dtype=torch.float64)
+            u = torch.zeros(K, 1, dtype=torch.float64, device=fallback.device)
             u[0, 0] = 1.0
         else:
             u = u / norm

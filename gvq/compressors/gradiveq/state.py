@@ -43,7 +43,7 @@ class GradiVeQState:
         for g in self.groups:
             mu.append(vals[off: off + g.n * g.K].reshape(g.n, g.K).float().clone())
             off += g.n * g.K
-        self._set_state(U, mu, vals[off:].tolist())
+        self._set_state(U, mu, vals[off:].tolist(), vals.device)
 
     def state_dict(self) -> dict:
         """Plain tensors / ints / strings: the layout's shapes, K and s, and the fitted state if any."""
