@@ -19,38 +19,26 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
+
+from gvq.bench.common import run_bench
 
 AGGREGATORS = ["rar", "qsgd", "gradiveq_bf16", "powersgd"]
 SETTINGS = ["K=x1", "gradiveq_bf16:aggregator.compressor.pool=true",
             "gradiveq_bf16:aggregator.compressor.target_ratio=8", "powersgd:aggregator.rank=6"]
 
 
-def _bench(sub: str, flags: list[str], pin: bool) -> list[dict]:
-    """One ``python -m gvq.bench <sub>`` in a subprocess (optionally pinned to core 0); its records."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/r.json"
-        cmd = [sys.executable, "-m", "gvq.bench", sub, *flags, "--out", out]
-        if pin:
-            cmd = ["taskset", "-c", "0", *cmd]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        return json.loads(Path(out).read_text())
-
-
 def _aggregation(args, world: int, bw: float, clock: str, pin: bool = False) -> dict[str, dict]:
     flags = ["--world-size", str(world), "--bandwidth", f"{bw:g}", "--model", args.model, "--reps",
              str(args.reps), "--warmup", "2", "--clock", clock, "--aggregators", *AGGREGATORS, "--set", *SETTINGS]
-    return {r["aggregator"]: r for r in _bench("aggregate", flags, pin)}
+    return {r["aggregator"]: r for r in run_bench("aggregate", flags, pin)}
 
 
 def _iterations(args, bw: float, clock: str, pin: bool = False) -> dict[str, dict]:
     flags = ["--world-size", "2", "--bandwidth", f"{bw:g}", "--model", args.model, "--num-classes", "100",
              "--iters", str(args.iters), "--warmup", "2", "--clock", clock, "--compressed-only",
              "--aggregators", *AGGREGATORS, "--set", *SETTINGS]
-    return {r["aggregator"]: r for r in _bench("train", flags, pin)}
+    return {r["aggregator"]: r for r in run_bench("train", flags, pin)}
 
 
 def _pair_rows(check: str, bw: float, what: str, ref: dict, test: dict, key: str, band: float,

@@ -17,8 +17,10 @@ CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 def compose(overrides: list[str]):
     """The run config ``python cli.py <overrides>`` would compose (schema registered, in-process)."""
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
     from gvq.run.schema import register
     register()
     GlobalHydra.instance().clear()
@@ -54,6 +56,21 @@ def spawn_loopback(fn, world: int, *args):
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/out.json"
         mp.spawn(fn, args=(*args, f"file://{tmp}/rendezvous", out), nprocs=world)
+        return json.loads(Path(out).read_text())
+
+
+def run_bench(sub: str, flags: list[str], pin: bool = False) -> list[dict]:
+    """One ``python -m gvq.bench <sub> <flags>`` in a subprocess (one thread a rank; ``pin``: all on core 0),
+    its table silenced; returns the records it wrote with ``--out``."""
+    import os
+    import subprocess
+    import sys
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/r.json"
+        cmd = [sys.executable, "-m", "gvq.bench", sub, *flags, "--out", out]
+        if pin:
+            cmd = ["taskset", "-c", "0", *cmd]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
         return json.loads(Path(out).read_text())
 
 

@@ -7,25 +7,15 @@ model's figure for the same cell and the ratio model / measured.  Nothing is adj
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pandas as pd
 
+from gvq.bench.common import run_bench
 from gvq.predict import model as M
 from gvq.predict.structure import SETTINGS
 
 
 def _virtual_bench(sub: str, flags: list[str]) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/r.json"
-        subprocess.run([sys.executable, "-m", "gvq.bench", sub, *flags, "--clock", "virtual", "--out", out],
-                       check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        return json.loads(Path(out).read_text())
+    return run_bench(sub, [*flags, "--clock", "virtual"])
 
 
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
