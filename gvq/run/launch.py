@@ -51,17 +51,16 @@ def preflight(cfg: DictConfig):
     return agg, data
 
 
-def check_identity(cfg: DictConfig, meta: dict, agg, data) -> None:
+def check_identity(plain: dict, meta: dict, agg, data) -> None:
     """Record what this run's checkpoints belong to (``meta['identity']``); on ``resume=``, refuse a
     checkpoint of another run, or an unreadable one, before anything is written or spawned."""
     world = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "LOCAL_RANK" in os.environ \
-        else cfg.world_size
-    name = getattr(agg, "name", None) or meta["job_type"] or cfg.aggregator._target_   # its state's kind
-    meta["identity"] = checkpoint.identity(OmegaConf.to_container(cfg, resolve=True), name, data.num_classes,
-                                           data.in_channels, world)
-    if cfg.resume:
+        else plain["world_size"]
+    name = getattr(agg, "name", None) or meta["job_type"] or plain["aggregator"]["_target_"]   # its state's kind
+    meta["identity"] = checkpoint.identity(plain, name, data.num_classes, data.in_channels, world)
+    if plain["resume"]:
         try:
-            checkpoint.check_resume(cfg.resume, meta["identity"])
+            checkpoint.check_resume(plain["resume"], meta["identity"])
         except checkpoint.ResumeError as e:
             config_error(str(e))
 
@@ -104,9 +103,9 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 def launch(cfg: DictConfig) -> dict | None:
     agg, data = preflight(cfg)
     meta = run_meta(cfg)
-    check_identity(cfg, meta, agg, data)
-    warn_inert(cfg, meta)
     plain = OmegaConf.to_container(cfg, resolve=True)
+    check_identity(plain, meta, agg, data)
+    warn_inert(cfg, meta)
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun: be that rank
         plain["world_size"] = int(os.environ["WORLD_SIZE"])
         return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://")
