@@ -67,3 +67,10 @@ def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
     (row,) = rows
     assert row["kernel_over_bound"] >= 0.9 and row["emulated_over_bound"] >= 0.9
     assert 0.2 < row["emulated_over_kernel"] < 5
+
+
+def test_links_default_to_a_small_bucket():
+    """The default tbf bucket is 1 ms of the rate: a large bucket (tc's common 512kb) hands a ~1 MB ring
+    half its bytes at line speed, so the shaped ring would beat its own link (CI caught 0.89x)."""
+    assert netns.Links(2, 2e8).burst == "25000b" and netns.Links(2, 1e6).burst == "3000b"
+    assert netns.Links(2, 2e8, burst="64kb").burst == "64kb"
