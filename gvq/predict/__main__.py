@@ -43,8 +43,8 @@ def row(m: M.Calibrated, name: str, n: int, bps: float, alpha: float, codec: flo
     it = M.iteration(m, name, n, bps, alpha, codec, compute)
     nbytes, msgs = traffic(m, name, n)
     parts = {"compute": it["compute_s"], "bandwidth": 8 * nbytes / bps,
-             "latency": msgs * (alpha + m.cal["msg_s"])}
-    parts["codec"] = max(it["aggregate_s"] - parts["bandwidth"] - parts["latency"], 0.0)
+             "latency": msgs * (alpha + 2 * m.cal["msg"][0])}                 # a send and a receive posted
+    parts["codec"] = max(it["aggregate_s"] - parts["bandwidth"] - parts["latency"], 0.0) + it["measure_s"]
     return {"N": n, "link_bps": bps, "compute_scale": compute, "aggregator": name, **it,
             "MB_per_rank": nbytes / 1e6, "bound": max(parts, key=parts.get)}
 

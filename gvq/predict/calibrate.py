@@ -2,14 +2,16 @@
 
 * **Compute**: forward + backward + SGD step of the model at the batch size (one thread, CPU time,
   median of ``reps``): the virtual clock's compute phase before its scale.
-* **Codecs**: every compress / decompress / payload add each aggregator's ring makes, timed call by call
-  (CPU time of one thread, one process, quiet) on the real compressor and the real pieces of its
-  segments at several N, then ``seconds = fixed + per_value * values`` by least squares (values: the
-  piece's gradient values; payload elements for the add).  GradiVeQ is fitted first (L_t random samples,
-  as ``gvq.bench``), tracking its Eq. 7 loss as the compressed phase does.
+* **Codecs**: every statement of each aggregator's ring that calls its codec -- compress, the payload
+  add, decompress into the gradient, and the re-encode ring's decode-add-encode hop -- timed call by
+  call (CPU time of one thread, one process) on the real compressor and the real pieces of its segments
+  at N = ``CAL_NS``, caches flushed before each call (``--cache cold``: what the ring's waits leave), as
+  a cost curve over the piece size (medians, linear in between).  GradiVeQ is fitted first (L_t random
+  samples, as ``gvq.bench``), tracking its Eq. 7 loss as the compressed phase does.  Plus each
+  aggregator's per-iteration measurement (the compression error), which iterations pay.
 * **Vector ops** at scale 1 (the uncompressed ring's add, the division by N) and **messages**: the CPU a
-  rank spends posting one send or receive, from a 2-rank virtual-time ring of a tiny vector (what the
-  virtual clock counts: everything but the blocked waits).
+  rank spends posting one send or receive, fixed + per byte, from 2-rank virtual-time rings of two sizes
+  (what the virtual clock counts: everything but the blocked waits).
 * **Structure** (``structure.json`` beside it): for each aggregator and N, its ring's rounds, kind and
   per-piece values and payload bytes, from the ring code's own segment functions.
 
@@ -85,55 +87,122 @@ def compute(model: str, batch: int, num_classes: int, reps: int = 8) -> float:
     return statistics.median(_cpu_seconds(step) for _ in range(reps))
 
 
-def codec_costs(name: str, agg, numel: int, reps: int = 3) -> dict:
-    """Per codec of the aggregator's rounds: [fixed, per value] of compress, decompress and add, from
-    every piece of its segments at N = 2, 8 and 32 run as a one-rank ring (compress all, then decompress
-    all: the order the ring calls them in); one untimed pass first (plans and layouts are cached per
-    segment, as in a steady-state run), then the median of ``reps`` per piece."""
+CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (sizes in between interpolate)
+PIECES_PER_N = 6                         # pieces sampled per N (evenly over its segments)
+
+
+def curve(points: list[tuple[float, float]]) -> dict:
+    """Seconds as a function of values, piecewise linear through the median at each distinct size
+    (codec costs are not one line: a piece that fits in cache costs less per value than one that
+    does not, and the model must be right at every N's piece size, not on average)."""
+    by: dict[float, list[float]] = {}
+    for x, y in points:
+        by.setdefault(float(x), []).append(y)
+    xs = sorted(by)
+    return {"values": xs, "seconds": [statistics.median(by[x]) for x in xs]}
+
+
+def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) -> dict:
+    """Per codec of the aggregator's rounds: a cost curve for each call the ring makes, timed on the
+    real compressor and the real pieces of its segments at the world sizes ``CAL_NS``: ``compress``,
+    ``add`` (payload into a received one), ``decompress`` (into the gradient) and, for re-encode rings,
+    ``hop`` (decode, add the own segment, re-encode).  One untimed pass first (plans and layouts are
+    cached per segment, as in a steady-state run), then the median of ``reps`` per piece.  ``cold``:
+    the caches are flushed before every timed call, as the ring's waits do (the payload arrives from
+    the wire, other ranks and the transport run in between)."""
     points: dict[str, dict[str, list]] = {}
     flat = torch.randn(numel)
-    for n in (2, 8, 32):
+    for n in CAL_NS:
         for rnd in rounds(name, agg, numel, n):
             if rnd["kind"] == "plain":
                 continue
-            pieces = [q for seg in rnd["segs"] for q in seg]
-            runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg) for _ in range(reps + 1)][1:]
-            got = points.setdefault(rnd["key"], {"compress": [], "decompress": [], "add": []})
+            pieces = _sample([q for seg in rnd["segs"] for q in seg])
+            hop = rnd["kind"] == "reencode"
+            runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg, hop, cold) for _ in range(reps + 1)][1:]
+            got = points.setdefault(rnd["key"], {op: [] for op in runs[0]})
             for op in got:
-                for k in range(len(runs[0][op])):
-                    size = runs[0][op][k][0]
+                for k, (size, _) in enumerate(runs[0][op]):
                     got[op].append((size, statistics.median(r[op][k][1] for r in runs)))
-    return {k: {op: linear(v) for op, v in ops.items()} for k, ops in points.items()}
+    return {k: {op: curve(v) for op, v in ops.items()} for k, ops in points.items()}
 
 
-def _one_rank_ring(comp, flat, pieces, agg) -> dict[str, list]:
-    """One rank's codec calls of a ring at N = 1: (values, seconds) per call, per operation."""
-    got: dict[str, list] = {"compress": [], "decompress": [], "add": []}
+def _sample(pieces: list) -> list:
+    if len(pieces) <= PIECES_PER_N:
+        return pieces
+    idx = np.linspace(0, len(pieces) - 1, PIECES_PER_N).round().astype(int)
+    return [pieces[i] for i in sorted(set(idx))]
+
+
+class _Evict:
+    """Touches a buffer twice the last-level cache: what a cache looks like after a wait."""
+
+    def __init__(self, on: bool):
+        self.buf = torch.zeros(2 * _llc_bytes() // 4) if on else None
+
+    def __call__(self):
+        if self.buf is not None:
+            self.buf.add_(1.0)
+
+
+def _llc_bytes() -> int:
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        txt = f.read_text().strip()
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(txt[-1:], 1)
+        sizes.append(int(txt.rstrip("KMG")) * mult)
+    return max(sizes, default=64 << 20)
+
+
+def _one_rank_ring(comp, flat, pieces, agg, hop: bool, cold: bool) -> dict[str, list]:
+    """One rank's codec calls, each the ring's own statement: (values, seconds) per call, per op."""
+    ops = ("compress", "decompress") + (("hop",) if hop else ("add",))   # payloads add only if additive
+    got: dict[str, list] = {op: [] for op in ops}
+    evict = _Evict(cold)
     if hasattr(agg, "lr"):
         agg.lr.begin()                          # PowerSGD: a fresh iteration's P / Q state
     track = getattr(comp, "track", None)
     if track is not None:
         track(flat)                             # GradiVeQ's compressed phase tracks its Eq. 7 loss
     try:
-        payloads = []
-        for q in pieces:
-            t0 = time.thread_time()
-            payloads.append(comp.compress(flat[q], q))
-            got["compress"].append((q.stop - q.start, time.thread_time() - t0))
-            other = payloads[-1].clone()
-            got["add"].append((other.numel(), _cpu_seconds(lambda: other.add_(payloads[-1]))))
+        payloads = [_timed(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
         for q, pl in zip(pieces, payloads):
-            got["decompress"].append((q.stop - q.start, _cpu_seconds(lambda: comp.decompress(pl, q))))
+            inbox = comp.empty_payload(q)
+            inbox.copy_(pl)                     # what the receive wrote
+            if hop:
+                _timed(got["hop"], q, evict, lambda: _hop(comp, flat, inbox, q))
+            else:
+                _timed(got["add"], q, evict, lambda: inbox.add_(pl), inbox.numel())
+        for q, pl in zip(pieces, payloads):
+            _timed(got["decompress"], q, evict, lambda: flat.__setitem__(q, comp.decompress(pl, q)))
     finally:
         if track is not None:
             track(None)
     return got
 
 
-def message_cost(reps: int = 200) -> float:
-    """CPU seconds the virtual clock counts per posted send or receive (2-rank ring of 64 values)."""
+def _hop(comp, flat, inbox, q):
+    partial = comp.decompress(inbox, q)         # ring.reencode_allreduce_'s reduce-scatter step
+    partial += flat[q]
+    return comp.compress(partial, q)
+
+
+def _timed(into: list, q: slice, evict, fn, size: int | None = None):
+    evict()
+    t0 = time.thread_time()
+    out = fn()
+    into.append((q.stop - q.start if size is None else size, time.thread_time() - t0))
+    return out
+
+
+MSG_VALUES = (64, 131072)                # 2-rank rings: segments of 128 B and 256 KB
+
+
+def message_cost(reps: int = 40) -> list[float]:
+    """[fixed, per byte] CPU seconds the virtual clock counts per posted send or receive, from 2-rank
+    virtual-time rings of two sizes (everything but the blocked waits, less the ring's own add)."""
     from gvq.bench.common import spawn_loopback
-    return spawn_loopback(_message_rank, 2, reps)["msg_s"]
+    per_post = spawn_loopback(_message_rank, 2, reps)["per_post"]
+    return linear([(v // 2 * 4, t) for v, t in zip(MSG_VALUES, per_post)])
 
 
 def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
@@ -146,30 +215,57 @@ def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
     clock.configure("virtual")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        p2p, x, segs = P2P(rank, 2, 60.0, 1e15), torch.zeros(64), equal_segments(64, 2)
-        ring.allreduce_(x, segs, p2p)
-        t0 = clock.sync()
-        for _ in range(reps):
+        p2p, per_post = P2P(rank, 2, 60.0, 1e15), []
+        for values in MSG_VALUES:
+            x, segs = torch.zeros(values), equal_segments(values, 2)
             ring.allreduce_(x, segs, p2p)
-        per_call = (clock.sync() - t0) / reps
-        if rank == 0:                           # 2 steps x (1 receive + 1 send) posted per call
-            Path(out).write_text(json.dumps({"msg_s": per_call / 4}))
+            blocks = []
+            for _ in range(5):                  # median of blocks: one hiccup of the host is not a cost
+                t0 = clock.sync()
+                for _ in range(reps):
+                    ring.allreduce_(x, segs, p2p)
+                blocks.append((clock.sync() - t0) / reps)
+            per_call = statistics.median(blocks)
+            half, buf = x[segs[0]], torch.zeros(segs[0].stop)
+            add = statistics.median(_cpu_seconds(lambda: half.__iadd__(buf)) for _ in range(reps))
+            per_post.append((per_call - add) / 4)  # 2 steps x (1 receive + 1 send) posted per call
+        if rank == 0:
+            Path(out).write_text(json.dumps({"per_post": per_post}))
     finally:
         dist.destroy_process_group()
 
 
-def calibrate(model: str, batch: int, num_classes: int, out: Path) -> dict:
+def measure_cost(agg, numel: int, reps: int = 5) -> float:
+    """Median CPU seconds of the aggregator's per-iteration measurement (e.g. the compression error:
+    a whole-gradient compress + decompress), which every rank runs before aggregating, untimed as
+    aggregation but inside the iteration."""
+    flat = torch.randn(numel) * 1e-2
+    if hasattr(agg, "_local_error"):            # PowerSGD: ||M||^2 before its rings, the error after
+        agg._compressed = True
+
+        def run():
+            agg.measure(flat)
+            agg._local_error()
+    else:
+        def run():
+            agg.measure(flat)
+    run()
+    return statistics.median(_cpu_seconds(run) for _ in range(reps))
+
+
+def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = True) -> dict:
     """Measure everything; write ``calibration.json`` and ``structure.json`` under ``out``."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cal = {"host": platform.processor() or platform.machine(), "torch": torch.__version__, "model": model,
            "batch_size": batch, "num_classes": num_classes, "settings": SETTINGS,
-           "compute_s": compute(model, batch, num_classes), "vector": vector_ops(), "msg_s": message_cost(),
-           "codecs": {}}
+           "compute_s": compute(model, batch, num_classes), "vector": vector_ops(), "msg": message_cost(),
+           "cache": "cold" if cold else "warm", "codecs": {}, "measure": {}}
     struct = {"model": model, "aggregators": {}}
     for name in AGGREGATORS:
         agg, numel = build_on_one_rank(name, model, num_classes)
-        cal["codecs"].update(codec_costs(name, agg, numel))
+        cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
+        cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel
         struct["aggregators"][name] = {str(n): [{k: v for k, v in r.items() if k not in ("codec", "segs")}
                                                 for r in rounds(name, agg, numel, n)] for n in structure_ns()}
@@ -187,9 +283,13 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=100)
     p.add_argument("--out", type=Path, default=None, help="default: runs/predict/<model>")
+    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                   help="codec calls timed after flushing the caches (as after the ring's waits; one rank "
+                        "per core of a busy host) or back to back (a rank alone on its machine)")
     args = p.parse_args(argv)
     args.out = args.out or Path("runs/predict") / args.model
-    cal = calibrate(args.model, args.batch_size, args.num_classes, args.out)
+    cal = calibrate(args.model, args.batch_size, args.num_classes, args.out, args.cache == "cold")
     print(f"gvq.predict calibrate: compute {cal['compute_s'] * 1e3:.1f} ms / iteration, message "
-          f"{cal['msg_s'] * 1e6:.1f} us -> {args.out}/calibration.json, structure.json")
+          f"{cal['msg'][0] * 1e6:.1f} us + {cal['msg'][1] * 1e9:.2f} ns/byte -> {args.out}/calibration.json, "
+          "structure.json")
     return cal

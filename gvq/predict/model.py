@@ -42,8 +42,19 @@ class Calibrated:
         return sorted(int(n) for n in next(iter(self.struct["aggregators"].values())))
 
 
-def _cost(fit: list[float], values, scale: float) -> np.ndarray:
-    return (fit[0] + fit[1] * np.asarray(values, dtype=float)) * scale
+def _cost(fit, values, scale: float) -> np.ndarray:
+    """Seconds of an operation on ``values``: a [fixed, per value] line, or a measured curve
+    ({values, seconds}; linear between points, the end slopes beyond them)."""
+    v = np.asarray(values, dtype=float)
+    if isinstance(fit, dict):
+        xs, ys = np.asarray(fit["values"], float), np.asarray(fit["seconds"], float)
+        if len(xs) == 1:
+            return ys[0] * v / max(xs[0], 1.0) * scale
+        out = np.interp(v, xs, ys)
+        hi = ys[-1] + (v - xs[-1]) * max(ys[-1] - ys[-2], 0.0) / (xs[-1] - xs[-2])
+        lo = ys[0] + (v - xs[0]) * max(ys[1] - ys[0], 0.0) / (xs[1] - xs[0])
+        return np.maximum(np.where(v > xs[-1], hi, np.where(v < xs[0], lo, out)), 0.0) * scale
+    return (fit[0] + fit[1] * v) * scale
 
 
 def _pieces(rnd: dict, costs: dict, scale: float) -> S.Pieces:
@@ -53,7 +64,7 @@ def _pieces(rnd: dict, costs: dict, scale: float) -> S.Pieces:
         vals[s, :len(v)], nbytes[s, :len(b)], present[s, :len(v)] = v, b, True
     elems = nbytes / 4.0                            # the payload adds run on float32 payloads
     return S.Pieces(_cost(costs["compress"], vals, scale) * present, _cost(costs["decompress"], vals, scale) * present,
-                    _cost(costs["add"], elems, scale) * present, nbytes, present)
+                    _cost(costs["add"], elems, scale) * present if "add" in costs else 0.0 * vals, nbytes, present)
 
 
 def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
@@ -61,12 +72,13 @@ def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.n
     if kind == "plain":
         vals = np.array([sum(v) for v in rnd["vals"]], float)
         return S.plain_ring(4.0 * vals, _cost(cal["vector"]["add"], vals, 1.0), link, start)
-    p = _pieces(rnd, cal["codecs"][rnd["key"]], codec_scale)
+    costs = cal["codecs"][rnd["key"]]
+    p = _pieces(rnd, costs, codec_scale)
     if kind == "additive":
         return S.additive_ring(p, link, start)
-    if kind == "reencode":                          # partial += flat[seg]: float32 values, codec phase
-        add = _cost(cal["vector"]["add"], [sum(v) for v in rnd["vals"]], codec_scale)
-        return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], add, link, start)
+    if kind == "reencode":                          # decode, partial += flat[seg], encode: one statement
+        hop = _cost(costs["hop"], [sum(v) for v in rnd["vals"]], codec_scale)
+        return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], hop, link, start)
     gather = S.gather_ring if kind == "allgather" else S.through_server
     numel = float(rnd["vals"][0][0])
     return gather(float(p.nbytes[0, 0]), float(p.compress[0, 0]), float(p.decompress[0, 0]),
@@ -89,7 +101,7 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
     if str(n) not in per_n:
         raise SystemExit(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
     cal, numel = m.cal, m.struct["numel"]
-    link = S.Link(bps, alpha, cal["msg_s"])
+    link = S.Link(bps, alpha, *cal["msg"])
     t = np.zeros(n)
     for rnd in per_n[str(n)]:
         t = _ring(rnd, cal, link, codec_scale, t)
@@ -101,8 +113,9 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
 
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
               compute_scale: float = 1.0) -> dict:
-    """{compute_s, aggregate_s, iter_s} of one steady-state iteration (plus the runner's non-finite
-    check of the gradient, at scale 1)."""
+    """{compute_s, aggregate_s, iter_s} of one steady-state iteration: compute, the runner's non-finite
+    check of the gradient and the aggregator's untimed measurement (both at scale 1), aggregation."""
     comp = m.cal["compute_s"] * compute_scale + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0))
+    meas = m.cal["measure"].get(name, 0.0)
     agg = aggregation(m, name, n, bps, alpha, codec_scale)
-    return {"compute_s": comp, "aggregate_s": agg, "iter_s": comp + agg}
+    return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

@@ -24,7 +24,11 @@ NEVER = -np.inf
 class Link:
     bps: float
     alpha: float = 0.0
-    msg: float = 0.0                        # CPU seconds to post one send or one receive
+    msg: float = 0.0                        # CPU seconds to post one send or one receive ...
+    msg_per_byte: float = 0.0               # ... plus this per byte of it
+
+    def post_cost(self, nbytes) -> np.ndarray:
+        return self.msg + self.msg_per_byte * np.asarray(nbytes, dtype=float)
 
 
 @dataclass
@@ -45,20 +49,27 @@ class _Ranks:
         self.n, self.link = n, link
         self.t = np.zeros(n) if start is None else np.array(start, dtype=float)
         self.free = np.full(n, NEVER)
+        self.last_sent = np.full(n, NEVER)    # latest arrival of anything this rank has sent
 
     def send(self, nbytes: np.ndarray, mask=True) -> np.ndarray:
         real = (np.asarray(nbytes) > 0) & mask
-        self.t = self.t + real * self.link.msg
+        self.t = self.t + real * self.link.post_cost(nbytes)
         start = np.maximum(self.t, self.free)
         end = start + 8.0 * np.asarray(nbytes, dtype=float) / self.link.bps
         self.free = np.where(real, end, self.free)
-        return np.where(real, end + self.link.alpha, NEVER)
+        arrival = np.where(real, end + self.link.alpha, NEVER)
+        self.last_sent = np.maximum(self.last_sent, arrival)
+        return arrival
 
     def post(self, nbytes: np.ndarray, mask=True) -> None:
-        self.t = self.t + ((np.asarray(nbytes) > 0) & mask) * self.link.msg
+        self.t = self.t + ((np.asarray(nbytes) > 0) & mask) * self.link.post_cost(nbytes)
 
     def wait(self, sent_by_left: np.ndarray) -> None:
         self.t = np.maximum(self.t, np.roll(sent_by_left, 1))
+
+    def wait_sent(self, own: np.ndarray) -> None:
+        """``P2P.wait`` on one's own send: the virtual clock moves to its arrival too."""
+        self.t = np.maximum(self.t, own)
 
 
 def plain_ring(seg_bytes: np.ndarray, add: np.ndarray, link: Link, start=None) -> np.ndarray:
@@ -68,17 +79,22 @@ def plain_ring(seg_bytes: np.ndarray, add: np.ndarray, link: Link, start=None) -
     for i in range(n - 1):
         out, inc = (r - i) % n, (r - i - 1) % n
         R.post(seg_bytes[inc])
-        R.wait(R.send(seg_bytes[out]))
+        sent = R.send(seg_bytes[out])
+        R.wait(sent)
         R.t = R.t + add[inc]
+        R.wait_sent(sent)
     for i in range(n - 1):
         out, inc = (r + 1 - i) % n, (r - i) % n
         R.post(seg_bytes[inc])
-        R.wait(R.send(seg_bytes[out]))
+        sent = R.send(seg_bytes[out])
+        R.wait(sent)
+        R.wait_sent(sent)
     return R.t
 
 
-def reencode_ring(seg_bytes, compress, decompress, add, link: Link, start=None) -> np.ndarray:
-    """:func:`ring.reencode_allreduce_`: every hop decompresses, adds, recompresses (nothing overlaps)."""
+def reencode_ring(seg_bytes, compress, decompress, hop, link: Link, start=None) -> np.ndarray:
+    """:func:`ring.reencode_allreduce_`: every hop decompresses, adds, recompresses (``hop``, one cost per
+    segment; nothing overlaps), then a compressed all-gather decoding each segment into the gradient."""
     n = len(seg_bytes)
     R, r = _Ranks(n, link, start), np.arange(n)
     R.t = R.t + compress[r]
@@ -86,15 +102,19 @@ def reencode_ring(seg_bytes, compress, decompress, add, link: Link, start=None) 
     for i in range(n - 1):
         seg = (r - i - 1) % n
         R.post(seg_bytes[seg])
-        R.wait(R.send(seg_bytes[held]))
-        R.t = R.t + decompress[seg] + add[seg] + compress[seg]
+        sent = R.send(seg_bytes[held])
+        R.wait(sent)
+        R.t = R.t + hop[seg]
+        R.wait_sent(sent)
         held = seg
     R.t = R.t + decompress[(r + 1) % n]
     for i in range(n - 1):
         seg = (r - i) % n
         R.post(seg_bytes[seg])
-        R.wait(R.send(seg_bytes[held]))
+        sent = R.send(seg_bytes[held])
+        R.wait(sent)
         R.t = R.t + decompress[seg]
+        R.wait_sent(sent)
         held = seg
     return R.t
 
@@ -157,7 +177,7 @@ def _allgather(p: Pieces, R: _Ranks, held: np.ndarray) -> np.ndarray:
             tail = tail + have
         prev = cur if i < n - 2 else prev
     rest = np.array([queue[k, head[k]:tail[k]].sum() for k in range(n)])
-    return R.t + rest
+    return np.maximum(R.t + rest, R.last_sent)          # then every send handle is waited for
 
 
 def gather_ring(nbytes: float, compress: float, decompress: float, add: float, link: Link,
@@ -167,7 +187,9 @@ def gather_ring(nbytes: float, compress: float, decompress: float, add: float, l
     R.t = R.t + compress
     for _ in range(n - 1):
         R.post(np.full(n, nbytes))
-        R.wait(R.send(np.full(n, nbytes)))
+        sent = R.send(np.full(n, nbytes))
+        R.wait(sent)
+        R.wait_sent(sent)
     return R.t + n * decompress + (n - 1) * add
 
 
@@ -175,16 +197,16 @@ def through_server(nbytes: float, compress: float, decompress: float, add: float
                    n: int, start=None) -> np.ndarray:
     """``topology=ps``: every rank sends to rank 0, which decodes, sums, re-encodes and sends N - 1 copies
     on its one link (FIFO); everyone decodes the result."""
-    wire = 8.0 * nbytes / link.bps
+    wire, msg = 8.0 * nbytes / link.bps, float(link.post_cost(nbytes))
     t = np.full(n, compress) + (0.0 if start is None else float(np.max(start)))
-    worker_arrival = compress + link.msg + wire + link.alpha          # each worker on its own link
-    t[1:] += 2 * link.msg                                             # its send and its receive posted
-    t0 = t[0] + max((n - 1) * link.msg, worker_arrival - compress if n > 1 else 0.0)
+    worker_arrival = t[1:] + msg + wire + link.alpha                  # each worker on its own link
+    t[1:] = np.maximum(t[1:] + msg, worker_arrival) + msg             # send waited for, receive posted
+    t0 = max(t[0] + (n - 1) * msg, float(worker_arrival.max()) if n > 1 else 0.0)
     t0 += n * decompress + (n - 1) * add + compress                   # decode, sum, re-encode
     free = -np.inf
     for k in range(1, n):
-        t0 += link.msg
+        t0 += msg
         free = max(t0, free) + wire
         t[k] = max(t[k], free + link.alpha)
-    t[0] = t0
+    t[0] = max(t0, free + link.alpha) if n > 1 else t0               # its sends waited for
     return t + decompress

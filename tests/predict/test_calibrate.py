@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gvq.predict.calibrate import linear
+from gvq.predict.calibrate import curve, linear
 from gvq.predict.structure import AGGREGATORS
 
 
@@ -21,12 +21,23 @@ def test_linear_never_returns_a_negative_fixed_cost():
 
 def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     cal = json.loads((calibrated / "calibration.json").read_text())
-    assert cal["model"] == "cnn" and 0 < cal["compute_s"] < 5 and 0 < cal["msg_s"] < 0.05
+    assert cal["model"] == "cnn" and 0 < cal["compute_s"] < 5 and cal["cache"] == "cold"
+    assert 0 < cal["msg"][0] < 0.05 and cal["msg"][1] >= 0
     assert set(cal["vector"]) == {"add", "div", "finite"}
     assert set(cal["codecs"]) == {"fp16", "qsgd", "gradiveq_bf16", "powersgd-P", "powersgd-Q"}
-    for ops in cal["codecs"].values():
-        assert set(ops) == {"compress", "decompress", "add"}
-        assert all(len(v) == 2 and v[0] >= 0 and v[1] >= 0 for v in ops.values())
-    assert cal["codecs"]["qsgd"]["compress"][1] > cal["vector"]["add"][1]    # quantizing costs more than adding
+    for key, ops in cal["codecs"].items():
+        hop = key in ("fp16", "qsgd")                                  # re-encode rings: no payload add
+        assert set(ops) == {"compress", "decompress", "hop" if hop else "add"}, key
+        for c in ops.values():
+            assert c["values"] == sorted(c["values"]) and len(c["values"]) >= 2
+            assert all(t >= 0 for t in c["seconds"])
+    qsgd = cal["codecs"]["qsgd"]["compress"]
+    assert qsgd["seconds"][-1] > qsgd["seconds"][0]                   # a bigger piece costs more
+    assert set(cal["measure"]) == set(AGGREGATORS) and cal["measure"]["qsgd"] > cal["measure"]["rar"]
     struct = json.loads((calibrated / "structure.json").read_text())
     assert list(struct["aggregators"]) == list(AGGREGATORS)
+
+
+def test_curve_is_the_median_per_size_in_size_order():
+    c = curve([(1000, 3.0), (10, 1.0), (1000, 5.0), (1000, 4.0), (10, 2.0), (10, 9.0)])
+    assert c == {"values": [10.0, 1000.0], "seconds": [2.0, 4.0]}

@@ -9,7 +9,8 @@ from gvq.predict import model as M
 def test_iteration_is_compute_plus_aggregation_and_scales_apply(calibrated):
     m = M.Calibrated.load(calibrated)
     one = M.iteration(m, "qsgd", 4, 5e7)
-    assert one["iter_s"] == pytest.approx(one["compute_s"] + one["aggregate_s"])
+    assert one["iter_s"] == pytest.approx(one["compute_s"] + one["measure_s"] + one["aggregate_s"])
+    assert one["measure_s"] > 0 and M.iteration(m, "rar", 4, 5e7)["measure_s"] < one["measure_s"]
     gpu = M.iteration(m, "qsgd", 4, 5e7, compute_scale=1 / 6)
     assert gpu["aggregate_s"] == one["aggregate_s"] and gpu["compute_s"] < one["compute_s"]
     assert M.aggregation(m, "qsgd", 4, 5e7, codec_scale=0.1) < one["aggregate_s"]
@@ -34,3 +35,10 @@ def test_unknown_world_size_or_aggregator_is_one_line(calibrated):
 def test_missing_calibration_names_the_command(tmp_path):
     with pytest.raises(SystemExit, match="python -m gvq.predict calibrate"):
         M.Calibrated.load(tmp_path)
+
+
+def test_cost_curves_interpolate_and_extrapolate_along_their_end_slopes():
+    c = {"values": [100.0, 1000.0, 10000.0], "seconds": [1.0, 2.0, 20.0]}
+    got = M._cost(c, [100, 550, 1000, 20000, 50], 2.0)
+    assert got == pytest.approx([2.0, 3.0, 4.0, 2 * (20.0 + 10000 * 18 / 9000), 2 * (1.0 - 50 / 900)])
+    assert M._cost([1e-5, 2e-9], [1000.0], 1.0) == pytest.approx([1e-5 + 2e-6])     # a [fixed, per] line

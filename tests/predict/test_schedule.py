@@ -19,7 +19,7 @@ def test_reencode_ring_pays_every_codec_call_on_the_critical_path():
     # N = 2, c = compress, d = decompress, a = add, w = wire of one segment: c; send, wait w; d + a + c;
     # d; send, wait w; d  =>  2c + 2w + 3d + a
     c, d, a, w = 1.0, 0.5, 0.1, 3.0
-    t = S.reencode_ring(np.full(2, w * 1e6 / 8), np.full(2, c), np.full(2, d), np.full(2, a), S.Link(1e6))
+    t = S.reencode_ring(np.full(2, w * 1e6 / 8), np.full(2, c), np.full(2, d), np.full(2, d + a + c), S.Link(1e6))
     assert t == pytest.approx(np.full(2, 2 * c + 2 * w + 3 * d + a))
 
 
@@ -54,3 +54,19 @@ def test_empty_pieces_send_nothing_and_latency_counts_per_message():
     p.nbytes[:, 1] = 0                                             # second piece of each segment: empty
     t = S.additive_ring(p, S.Link(8e3, alpha=0.5)).max()
     assert t == pytest.approx(2 * (n - 1) * (1.0 + 0.5))           # one 1000-byte message per step
+
+
+def test_a_rank_waits_for_its_own_send_to_arrive():
+    # P2P.wait on a send moves the virtual clock to its arrival.  N = 2, segment 0 takes 3 s on the wire,
+    # segment 1 takes 1 s.  Reduce-scatter: rank 0 sends 0 (arrives 3), gets 1 at 1, waits its send: 3;
+    # rank 1 gets 0 at 3.  All-gather: rank 0 sends 1 from 3 (arrives 4), rank 1 sends 0 from 3 (6);
+    # rank 1 has its receive at 4 but its own send arrives at 6.  Without that wait rank 1 ends at 4.
+    t = S.plain_ring(np.array([3e6, 1e6]) / 8, np.zeros(2), S.Link(1e6))
+    assert t == pytest.approx([6.0, 6.0])
+
+
+def test_posting_costs_fixed_plus_per_byte():
+    link = S.Link(1e9, msg=1e-4, msg_per_byte=1e-9)
+    t = S.plain_ring(np.full(2, 1000.0), np.zeros(2), link)
+    # per step: a receive and a send posted (2 x (1e-4 + 1e-6)), then 8 us on the wire
+    assert t == pytest.approx(np.full(2, 2 * (2 * (1e-4 + 1e-6)) + 2 * 8e-6))
