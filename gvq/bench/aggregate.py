@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import RunContext
-from gvq.bench.common import (add_clock_args, check_clock_args, clock_label, make_aggregator, model_shapes,
-                              print_markdown, spawn_loopback)
+from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, make_aggregator,
+                              model_shapes, print_markdown, spawn_loopback)
 from gvq.comm import clock
 
 
@@ -84,9 +84,9 @@ BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these t
 
 def aggregation_rank(rank, args, init, out):
     torch.set_num_threads(1)
-    clock.configure(args.clock, args.compute_scale, args.codec_scale)
+    clock.configure(args.clock, args.compute_scale, args.codec_scale, True)     # virtual: one timed phase at a time
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
     try:
         gen = torch.Generator().manual_seed(1000 + rank)
         shapes = model_shapes(args.model, args.num_classes)
@@ -94,7 +94,8 @@ def aggregation_rank(rank, args, init, out):
         grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
         for p in params:
             p.grad = torch.zeros_like(p)
-        ctx = RunContext(rank, args.world_size, 0, 120.0, args.bandwidth, args.latency)
+        ctx = RunContext(rank, args.world_size, 0, getattr(args, "timeout", 120.0), args.bandwidth,
+                         args.latency)
         records = []
         for name in args.aggregators:
             if name == "allreduce" and (args.bandwidth or args.clock == "virtual"):
@@ -147,6 +148,7 @@ def parse_aggregation_args(argv):
     p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; prefix name: to target one, "
                         "e.g. gradiveq:aggregator.compressor.target_ratio=8")
     add_clock_args(p)
+    add_timeout_arg(p)
     p.add_argument("--out", default=None, help="write all records as JSON here")
     p.add_argument("--rank", type=int, default=None,
                    help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")

@@ -89,6 +89,11 @@ def add_clock_args(p) -> None:
     p.add_argument("--codec-scale", type=float, default=1.0, help="virtual: compress/decompress CPU time x this")
 
 
+def add_timeout_arg(p) -> None:
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a rank waits for a peer (raise it for many ranks on few cores)")
+
+
 def check_clock_args(p, args, bandwidths: list) -> None:
     """The run's clock rules (gvq.run.validate) for benchmark flags; ``p.error`` on a bad combination."""
     if args.compute_scale <= 0 or args.codec_scale <= 0:

@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
-from gvq.bench.common import (add_clock_args, build_model, check_clock_args, clock_label, make_aggregator,
-                              print_markdown, spawn_loopback)
+from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
+                              make_aggregator, print_markdown, spawn_loopback)
 from gvq.comm import clock
 from gvq.run import train
 
@@ -58,7 +58,8 @@ class _Mode:
         elif name != "local":
             self.agg = make_aggregator(name, args.set)
             bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
-            self.agg.setup(list(net.parameters()), RunContext(rank, world, 0, 120.0, bw))
+            ctx = RunContext(rank, world, 0, getattr(args, "timeout", 120.0), bw)
+            self.agg.setup(list(net.parameters()), ctx)
             if getattr(args, "compressed_only", False) and hasattr(self.agg, "prepare_benchmark"):
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
                 self.agg.prepare_benchmark([torch.zeros_like(p) for p in net.parameters()], args)
@@ -93,9 +94,9 @@ class _Mode:
 def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     torch.set_num_threads(1)
     clock.configure(getattr(args, "clock", "wall"), getattr(args, "compute_scale", 1.0),
-                    getattr(args, "codec_scale", 1.0))
+                    getattr(args, "codec_scale", 1.0), True)            # virtual: one timed phase at a time
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
     try:
         shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
         modes = [_Mode(m, rank, world, args, shape) for m in args.aggregators]
@@ -173,6 +174,7 @@ def parse_iteration_args(argv):
     p.add_argument("--compressed-only", action="store_true",
                    help="time compressed iterations only (as gvq.bench aggregate: fit GradiVeQ's basis first)")
     add_clock_args(p)
+    add_timeout_arg(p)
     p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
                    "per-iteration rows, rank 0 only)")
     p.add_argument("--rank", type=int, default=None,

@@ -112,10 +112,11 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
 
 
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-              compute_scale: float = 1.0) -> dict:
+              compute_scale: float = 1.0, compute_s: float | None = None) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: compute, the runner's non-finite
-    check of the gradient and the aggregator's untimed measurement (both at scale 1), aggregation."""
-    comp = m.cal["compute_s"] * compute_scale + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0))
+    check of the gradient and the aggregator's untimed measurement (both at scale 1), aggregation.
+    ``compute_s``: a fresher measurement of the compute step than the calibration's."""
+    comp = (m.cal["compute_s"] if compute_s is None else compute_s) * compute_scale + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0))
     meas = m.cal["measure"].get(name, 0.0)
     agg = aggregation(m, name, n, bps, alpha, codec_scale)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

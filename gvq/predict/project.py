@@ -2,7 +2,8 @@
 B = 1 Mbit/s..100 Gbit/s x compute scale {1, 1/6, 1/50}, for each calibrated model: ``projection.csv``
 (every cell, every aggregator, its bound) and one heatmap per model (``projection_<model>.png``: the
 winner's colour, its margin over the second in the cell, and the line beyond which GradiVeQ-RAR is no
-longer faster than uncompressed RAR).  Aggregation does not depend on the compute scale (every rank
+longer faster than uncompressed RAR), and ``crossovers.csv``: per N, the link speed where GradiVeQ-RAR stops
+paying off and up to which link each aggregator stays bandwidth-bound.  Aggregation does not depend on the compute scale (every rank
 starts it together), so it is simulated once per (aggregator, N, B).
 """
 from __future__ import annotations
@@ -37,6 +38,36 @@ def winners(df: pd.DataFrame) -> pd.DataFrame:
                     "winner_bound": g["bound"].iloc[0],
                     "gradiveq_vs_rar": t["rar"] / t[gv] if gv and "rar" in t else np.nan})
     return pd.DataFrame(out)
+
+
+def crossovers(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, compute scale, N): the link speed beyond which GradiVeQ-RAR is no longer faster than
+    RAR (geometric interpolation between grid links; NaN: it never pays off / pays off everywhere in
+    the grid), and, per aggregator, the fastest link at which its iteration is still bandwidth-bound."""
+    out = []
+    gv = next((a for a in df["aggregator"].unique() if a.startswith("gradiveq")), None)
+    for (model, c, n), g in df.groupby(["model", "compute_scale", "N"]):
+        t = g.pivot(index="link_bps", columns="aggregator", values="iter_s").sort_index()
+        rec = {"model": model, "compute_scale": c, "N": n,
+               "gradiveq_pays_below_bps": _last_crossing(t["rar"] / t[gv]) if gv and "rar" in t else np.nan}
+        for a, ga in g.groupby("aggregator"):
+            bw = ga[ga["bound"] == "bandwidth"]["link_bps"]
+            rec[f"{a}_bandwidth_bound_to_bps"] = bw.max() if len(bw) else np.nan
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _last_crossing(ratio: pd.Series) -> float:
+    """The link where ``ratio`` (indexed by link, ascending) falls through 1 for the last time."""
+    above = (ratio >= 1).to_numpy()
+    if above.all() or not above.any():
+        return np.nan
+    k = int(np.nonzero(above)[0].max())
+    if k == len(ratio) - 1:
+        return np.nan
+    b0, b1 = np.log(ratio.index[k]), np.log(ratio.index[k + 1])
+    r0, r1 = ratio.iloc[k], ratio.iloc[k + 1]
+    return float(np.exp(b0 + (r0 - 1) / (r0 - r1) * (b1 - b0)))
 
 
 def plot(win: pd.DataFrame, model: str, path: Path) -> None:
@@ -88,5 +119,11 @@ def main(argv=None):
         plot(win, model, args.out / f"projection_{model}.png")
         frames.append(df.merge(win, on=["N", "link_bps", "compute_scale"]))
         print(f"gvq.predict project: {model}: {len(win)} cells -> {args.out}/projection_{model}.png", flush=True)
-    pd.concat(frames).to_csv(args.out / "projection.csv", index=False)
+    full = pd.concat(frames)
+    full.to_csv(args.out / "projection.csv", index=False)
+    cross = crossovers(full)
+    cross.to_csv(args.out / "crossovers.csv", index=False)
+    show = cross[["model", "compute_scale", "N", "gradiveq_pays_below_bps"]]
+    print("# link below which GradiVeQ-RAR beats RAR (per iteration, virtual-time terms; NaN: never or always)")
+    print(show.to_markdown(index=False, floatfmt=".3g"))
     return frames

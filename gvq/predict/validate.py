@@ -3,7 +3,9 @@
 For every ``--world-size`` and ``--bandwidth``: ``gvq.bench aggregate --clock virtual`` (aggregation, the
 slowest rank, median of repetitions) and ``gvq.bench train --clock virtual --compressed-only`` (whole
 iterations) with the calibration's model, batch and aggregator settings, run as subprocesses; then the
-model's figure for the same cell and the ratio model / measured.  Nothing is adjusted to the outcome.
+model's figure for the same cell and the ratio model / measured.  The compute step is re-timed on one
+quiet rank just before and after each ``bench train`` (``compute_now_s``, the calibration's own
+measurement, repeated because this host's speed drifts); nothing is adjusted to the outcome.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from gvq.predict.structure import SETTINGS
 
 
 def _virtual_bench(sub: str, flags: list[str]) -> list[dict]:
-    return run_bench(sub, [*flags, "--clock", "virtual"])
+    return run_bench(sub, [*flags, "--clock", "virtual", "--timeout", "900"])   # 16 ranks on 2 cores: slow fits
 
 
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
@@ -28,17 +30,28 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
                                       "--warmup", "2", "--aggregators", *names, *common]):
             cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
     for b in links:
-        for r in _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
+        before = _compute_now(cal)
+        recs = _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
                                   "--warmup", "2", "--compressed-only", "--batch-size", str(cal["batch_size"]),
-                                  "--aggregators", *names, *common]):
-            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(iter_s=r["iter_s"])
+                                  "--aggregators", *names, *common])
+        now = (before + _compute_now(cal)) / 2
+        for r in recs:
+            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(iter_s=r["iter_s"],
+                                                                               compute_now_s=now)
     return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
+
+
+def _compute_now(cal: dict) -> float:
+    """The calibration's compute measurement (one quiet rank) repeated now: this VM's speed drifts by
+    up to ~15% over minutes (0.34-0.40 s for the same ResNet-32 step), more than the model's error."""
+    from gvq.predict.calibrate import compute
+    return compute(cal["model"], cal["batch_size"], cal["num_classes"])
 
 
 def compare(m: M.Calibrated, measured: list[dict]) -> pd.DataFrame:
     rows = []
     for r in measured:
-        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"])
+        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=r.get("compute_now_s"))
         rows.append({**r, "model_aggregate_s": it["aggregate_s"], "model_iter_s": it["iter_s"],
                      "agg_ratio": it["aggregate_s"] / r["aggregate_s"] if r.get("aggregate_s") else None,
                      "iter_ratio": it["iter_s"] / r["iter_s"] if r.get("iter_s") else None})

@@ -36,6 +36,7 @@ class NetSchema:
     clock: str = "wall"
     compute_scale: float = 1.0
     codec_scale: float = 1.0
+    exclusive: bool = True
 
 
 @dataclass

@@ -192,7 +192,8 @@ class Progress:
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
     """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
     net = cfg["net"]
-    clock.configure(net["clock"], net["compute_scale"], net["codec_scale"])   # before P2P is built
+    # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
+    clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True))
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     prog, old_rows = Progress(), []
     if cfg["resume"]:

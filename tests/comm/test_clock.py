@@ -161,3 +161,53 @@ def test_a_busy_sibling_does_not_change_virtual_compute_time():
     finally:
         torch.set_num_threads(threads)
     assert 0.5 < busy / quiet < 2.0, (quiet, busy)      # wall time would roughly double or worse
+
+
+def _lock_is_free() -> bool:
+    """Can another open file description take the host's clock lock right now?"""
+    import fcntl
+    import os
+    fd = C._open_lock()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_exclusive_phases_hold_the_core_lock_and_waits_release_it():
+    clk = C.RankClock("virtual", exclusive=True)
+    assert _lock_is_free()
+    with clk.phase("compute"):
+        assert not _lock_is_free()
+        with clk.phase("codec"):                       # nested: still held, released only at the end
+            assert not _lock_is_free()
+        assert not _lock_is_free()
+        with clk.blocked():                            # a wait inside a phase gives the core away
+            assert _lock_is_free()
+        assert not _lock_is_free()
+    assert _lock_is_free()
+    wall = C.RankClock("wall", exclusive=True)       # wall clocks never lock
+    with wall.phase("compute"):
+        assert _lock_is_free()
+
+
+def test_a_lock_held_elsewhere_delays_the_phase_but_not_its_clock(monkeypatch, caplog):
+    import fcntl
+    import os
+    other = C._open_lock()
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        monkeypatch.setattr(C, "LOCK_PATIENCE_S", 0.3)
+        clk = C.RankClock("virtual", exclusive=True)
+        t0, w0 = clk.now(), time.perf_counter()
+        with clk.phase("compute"):                     # gives up after 0.3 s, times the phase anyway
+            _spin(0.02)
+        assert time.perf_counter() - w0 >= 0.3
+        assert clk.now() - t0 < 0.02 + CPU_SLACK        # the polling is not counted as computation
+        assert "no clock lock within" in caplog.text and clk._lock is None
+    finally:
+        os.close(other)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from gvq.predict import __main__ as cli
 from gvq.predict import project
@@ -27,3 +29,12 @@ def test_project_writes_heatmap_and_csv(calibrated, tmp_path):
     fastest = df.loc[df.groupby(["N", "link_bps", "compute_scale"])["iter_s"].idxmin()]
     assert (fastest["aggregator"] == fastest["winner"]).all() and (cells["margin"] >= 1).all()
     assert (tmp_path / "projection_cnn.png").stat().st_size > 10_000
+    cross = pd.read_csv(tmp_path / "crossovers.csv")
+    assert len(cross) == 3 * len(project.SCALES) and "rar_bandwidth_bound_to_bps" in cross
+
+
+def test_crossing_is_interpolated_geometrically_between_links():
+    r = pd.Series([3.0, 2.0, 0.5, 0.25], index=[1e6, 1e7, 1e8, 1e9])
+    assert project._last_crossing(r) == pytest.approx(10 ** (7 + 1 / 1.5))
+    assert np.isnan(project._last_crossing(pd.Series([2.0, 1.5], index=[1e6, 1e7])))     # pays everywhere
+    assert np.isnan(project._last_crossing(pd.Series([0.5, 0.2], index=[1e6, 1e7])))     # never

@@ -15,3 +15,13 @@ def test_compare_divides_model_by_measurement_and_summary_counts_bands(calibrate
     df = validate.compare(m, measured)
     assert df["agg_ratio"].iloc[0] == pytest.approx(1.0) and df["iter_ratio"].iloc[0] == pytest.approx(0.5)
     assert validate.summary(df).startswith("2 cells: 1 within 10% (50%), 1 beyond 25%")
+
+
+def test_a_fresh_compute_measurement_replaces_the_calibrated_one(calibrated):
+    m = M.Calibrated.load(calibrated)
+    base = M.iteration(m, "qsgd", 4, 2e8)
+    cell = {"N": 4, "link_bps": 2e8, "aggregator": "qsgd", "aggregate_s": 1.0, "iter_s": 1.0,
+            "compute_now_s": m.cal["compute_s"] + 0.1}
+    df = validate.compare(m, [cell])
+    assert df["model_iter_s"].iloc[0] == pytest.approx(base["iter_s"] + 0.1)
+    assert df["model_aggregate_s"].iloc[0] == pytest.approx(base["aggregate_s"])
