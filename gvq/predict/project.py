@@ -117,7 +117,7 @@ def main(argv=None):
         df = grid(m, worlds, LINKS, SCALES)
         win = winners(df).assign(model=model)
         plot(win, model, args.out / f"projection_{model}.png")
-        frames.append(df.merge(win, on=["N", "link_bps", "compute_scale"]))
+        frames.append(df.merge(win, on=["N", "link_bps", "compute_scale", "model"]))
         print(f"gvq.predict project: {model}: {len(win)} cells -> {args.out}/projection_{model}.png", flush=True)
     full = pd.concat(frames)
     full.to_csv(args.out / "projection.csv", index=False)
