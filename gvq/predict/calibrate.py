@@ -91,15 +91,19 @@ CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (si
 PIECES_PER_N = 6                         # pieces sampled per N (evenly over its segments)
 
 
-def curve(points: list[tuple[float, float]]) -> dict:
-    """Seconds as a function of values, piecewise linear through the median at each distinct size
-    (codec costs are not one line: a piece that fits in cache costs less per value than one that
-    does not, and the model must be right at every N's piece size, not on average)."""
-    by: dict[float, list[float]] = {}
-    for x, y in points:
-        by.setdefault(float(x), []).append(y)
-    xs = sorted(by)
-    return {"values": xs, "seconds": [statistics.median(by[x]) for x in xs]}
+def curve(points: list[tuple[float, float]], width: float = 1.1) -> dict:
+    """Seconds as a function of values, piecewise linear through medians of sizes within ``width`` x
+    of each other (one point per N, in effect): codec costs are not one line -- a piece that fits in
+    cache costs less per value than one that does not -- and the model must be right at every N's
+    piece size, not on average.  Binning keeps the noise of two near-equal sizes out of the slopes."""
+    pts = sorted((float(x), y) for x, y in points)
+    xs, ys, k = [], [], 0
+    while k < len(pts):
+        group = [p for p in pts[k:] if p[0] <= pts[k][0] * width]
+        xs.append(statistics.median(p[0] for p in group))
+        ys.append(statistics.median(p[1] for p in group))
+        k += len(group)
+    return {"values": xs, "seconds": ys}
 
 
 def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) -> dict:

@@ -38,6 +38,7 @@ def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     assert list(struct["aggregators"]) == list(AGGREGATORS)
 
 
-def test_curve_is_the_median_per_size_in_size_order():
-    c = curve([(1000, 3.0), (10, 1.0), (1000, 5.0), (1000, 4.0), (10, 2.0), (10, 9.0)])
-    assert c == {"values": [10.0, 1000.0], "seconds": [2.0, 4.0]}
+def test_curve_is_the_median_per_size_bin_in_size_order():
+    c = curve([(1000, 3.0), (10, 1.0), (1050, 5.0), (1000, 4.0), (10, 2.0), (10, 9.0)])
+    assert c == {"values": [10.0, 1000.0], "seconds": [2.0, 4.0]}      # 1000 and 1050: one bin
+    assert curve([(100, 1.0), (120, 2.0)])["values"] == [100.0, 120.0]   # 20% apart: two
