@@ -33,6 +33,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
+from gvq.aggregators import ddp_memory
 from gvq.aggregators.base import check_int
 from gvq.compressors.powersgd import low_rank
 
@@ -42,14 +43,21 @@ HOOKS = ("allreduce", "fp16", "powersgd")
 
 
 class _Timing:
-    """Comm hook state: the wrapped hook's state plus launch / completion times of this iteration."""
+    """Comm hook state: the wrapped hook's state plus launch / completion times of this iteration, and
+    which parameters (model order) each DDP bucket holds, for the PowerSGD memory's state_dict."""
 
-    def __init__(self, inner_state):
+    def __init__(self, inner_state, params: list):
         self.inner_state = inner_state
         self.launched: list[float] = []
         self.done: list[float] = []
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.shapes = [tuple(p.shape) for p in params]
+        self.buckets: dict[int, list[int]] = {}         # bucket index -> parameter indices, bucket order
+        self.pending: dict | None = None                 # per-parameter memory to restore (a resume)
 
     def reset(self, *_) -> None:
+        if self.launched:                                # an iteration ran: every bucket had its memory
+            self.pending = None
         self.launched, self.done = [], []
 
 
@@ -57,6 +65,8 @@ def _timed(inner):
     """A comm hook that runs ``inner`` and records when each bucket's future is launched and done."""
     def hook(state: _Timing, bucket):
         state.launched.append(time.perf_counter())
+        if state.inner_state is not None:               # PowerSGD: its memory follows the parameters
+            ddp_memory.see_bucket(state, bucket.index(), [state.index[id(p)] for p in bucket.parameters()])
         fut = inner(state.inner_state, bucket)
 
         def finished(f):
@@ -112,7 +122,7 @@ class DDPAggregator:
         else:
             inner_state = None                       # the default hooks take the process group
             inner = default_hooks.fp16_compress_hook if self.hook == "fp16" else default_hooks.allreduce_hook
-        self.timing = _Timing(inner_state)
+        self.timing = _Timing(inner_state, list(model.parameters()))
         ddp.register_comm_hook(self.timing, _timed(inner))
         ddp.register_forward_pre_hook(self.timing.reset)      # an iteration's times start at its forward
         self.model = ddp
@@ -158,31 +168,26 @@ class DDPAggregator:
     def close(self) -> None:
         pass
 
-    #: the hook's fields a resume can use (see :meth:`load_state_dict`), all numbers
+    #: the hook's fields a resume carries over as numbers (its memory goes per parameter, see below)
     _CARRIED = ("iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")
 
     def state_dict(self) -> dict:
-        """The PowerSGD hook's iteration count and RNG, as numbers and a tensor (no pickled objects)."""
+        """The PowerSGD hook's iteration count, RNG, and its error memory and warm-start P / Q cut per
+        parameter (tensors; no pickled objects): the hook keys them by DDP bucket, and a new DDP
+        instance buckets in another order until its first rebuild."""
         if self.timing is None or self.hook != "powersgd":
             return {}
         st = self.timing.inner_state
         name, keys, pos, has_gauss, gauss = st.rng.get_state()       # numpy MT19937 state
         return {"powersgd": {**{k: getattr(st, k) for k in self._CARRIED}, "rng_keys": torch.from_numpy(
             keys.astype("int64")), "rng_rest": [name, int(pos), int(has_gauss), float(gauss)],
-            "had_memory": bool(st.error_dict)}}
+            "memory": ddp_memory.per_parameter(self.timing)}}
 
     def load_state_dict(self, state: dict) -> None:
         if "powersgd" in state and self.timing is not None:
             saved, mine = state["powersgd"], self.timing.inner_state
-            # The hook keys its error memory and warm-start P/Q by DDP bucket, as flat tensors in the
-            # bucket's parameter order -- and a new DDP instance uses another order (model order) until
-            # it rebuilds its buckets after its first iteration.  Restoring them would add residuals
-            # to the wrong parameters, so only the iteration count and the RNG carry over: the resumed
-            # run keeps its phase but restarts the memory (not bitwise equal to an uninterrupted run).
             for k in self._CARRIED:
                 setattr(mine, k, saved[k])                  # in place: DDP holds this object
             name, pos, has_gauss, gauss = saved["rng_rest"]
             mine.rng.set_state((name, saved["rng_keys"].numpy().astype("uint32"), pos, has_gauss, gauss))
-            if saved["had_memory"] and self.ctx.rank == 0:
-                log.warning("%s resume: torch's PowerSGD error memory and warm-start Q are reset "
-                            "(keyed by DDP's bucket layout, which a new DDP instance changes)", self.name)
+            self.timing.pending = saved["memory"]           # put back bucket by bucket, at first sight

@@ -2,6 +2,8 @@
 against rar (with PowerSGD on our ring alongside)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -104,3 +106,35 @@ def _powersgd_state_roundtrip(rank, world, path):
 def test_ddp_powersgd_state_is_data_and_carries_iteration_and_rng(tmp_path):
     for it_a, it_b, same_rng in run_ranks(_powersgd_state_roundtrip, 2, tmp_path, str(tmp_path)):
         assert it_a == it_b == 4 and same_rng
+
+
+def test_powersgd_hook_memory_follows_parameters_across_rebucketing():
+    """DDP re-buckets (a new instance after a resume, its first rebuild): the hook's error memory and P / Q,
+    keyed by bucket, are cut per parameter on the old layout and rebuilt for the new one."""
+    from types import SimpleNamespace
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    from gvq.aggregators import ddp_memory
+    st = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1, min_compression_rate=1.0)
+    shapes = [(8, 4), (3,), (8, 4), (5, 6)]                  # bias (3,) is never compressed
+    state = SimpleNamespace(inner_state=st, shapes=shapes, buckets={}, pending=None)
+    tag = {i: float(10 * (i + 1)) for i in range(4)}          # every element of parameter i holds tag[i]
+    pq = {i: (shapes[i][0], shapes[i][1]) for i in (0, 2, 3)}   # P: n * 1, Q: m * 1 values
+
+    def fill(b, params):
+        ddp_memory.see_bucket(state, b, params)
+        st.error_dict[b] = torch.cat([torch.full((math.prod(shapes[i]),), tag[i]) for i in params])
+        layout = ddp_memory._pq_layout(state, params)
+        st.p_memory_dict[b] = torch.cat([torch.full((pq[i][0],), tag[i] + 1) for i, _, _ in layout])
+        st.q_memory_dict[b] = torch.cat([torch.full((pq[i][1],), tag[i] + 2) for i, _, _ in layout])
+
+    fill(0, [3, 2]), fill(1, [1, 0])                          # the saved run's buckets
+    ddp_memory.see_bucket(state, 0, [0, 1, 2, 3])             # re-bucketed: one bucket, model order
+    assert state.buckets == {0: [0, 1, 2, 3]} and 1 not in st.error_dict
+    want = torch.cat([torch.full((math.prod(shapes[i]),), tag[i]) for i in range(4)])
+    assert torch.equal(st.error_dict[0], want)
+    # the hook's layout: shape (8, 4) first (parameters 0 and 2), then (5, 6)
+    assert [i for i, _, _ in ddp_memory._pq_layout(state, [0, 1, 2, 3])] == [0, 2, 3]
+    assert torch.equal(st.p_memory_dict[0], torch.cat([torch.full((pq[i][0],), tag[i] + 1) for i in (0, 2, 3)]))
+    assert torch.equal(st.q_memory_dict[0], torch.cat([torch.full((pq[i][1],), tag[i] + 2) for i in (0, 2, 3)]))

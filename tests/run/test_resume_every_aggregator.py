@@ -15,7 +15,7 @@ from tests.helpers.cli import ROOT, cli
 
 AGGREGATORS = sorted(p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml"))
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
-         "fit_s", "monitor_s"]
+         "fit_s", "monitor_s", "ddp_comm_s", "ddp_wait_s"]
 # 16 iterations, resumed at 11: GradiVeQ warms up 2, samples 3 (2-4), refreshes, compresses 4 (5-8) and
 # samples again from 9, so the checkpoint holds a fitted basis and two samples; PowerSGD (ours and DDP's
 # hook) compresses from iteration 3.
