@@ -36,16 +36,23 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
                                   "--aggregators", *names, *common])
         now = (before + _compute_now(cal)) / 2
         for r in recs:
-            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(iter_s=r["iter_s"],
-                                                                               compute_now_s=now)
+            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(
+                iter_s=r["iter_s"], bench_compute_s=r["compute_s"], compute_now_s=now)
     return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
 
 
 def _compute_now(cal: dict) -> float:
     """The calibration's compute measurement (one quiet rank) repeated now: this VM's speed drifts by
     up to ~15% over minutes (0.34-0.40 s for the same ResNet-32 step), more than the model's error."""
+    import torch
+
     from gvq.predict.calibrate import compute
-    return compute(cal["model"], cal["batch_size"], cal["num_classes"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                    # as calibrate and every rank: one intra-op thread
+    try:
+        return compute(cal["model"], cal["batch_size"], cal["num_classes"])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def compare(m: M.Calibrated, measured: list[dict]) -> pd.DataFrame:

@@ -25,3 +25,12 @@ def test_a_fresh_compute_measurement_replaces_the_calibrated_one(calibrated):
     df = validate.compare(m, [cell])
     assert df["model_iter_s"].iloc[0] == pytest.approx(base["iter_s"] + 0.1)
     assert df["model_aggregate_s"].iloc[0] == pytest.approx(base["aggregate_s"])
+
+
+def test_compute_is_re_timed_on_one_thread(calibrated, monkeypatch):
+    import torch
+    seen = []
+    monkeypatch.setattr("gvq.predict.calibrate.compute", lambda *a: seen.append(torch.get_num_threads()) or 0.5)
+    before = torch.get_num_threads()
+    m = M.Calibrated.load(calibrated)
+    assert validate._compute_now(m.cal) == 0.5 and seen == [1] and torch.get_num_threads() == before
