@@ -168,16 +168,16 @@ def _one_rank_ring(comp, flat, pieces, agg, hop: bool, cold: bool) -> dict[str, 
     if track is not None:
         track(flat)                             # GradiVeQ's compressed phase tracks its Eq. 7 loss
     try:
-        payloads = [_timed(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
+        payloads = [_time_call(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
         for q, pl in zip(pieces, payloads):
             inbox = comp.empty_payload(q)
             inbox.copy_(pl)                     # what the receive wrote
             if hop:
-                _timed(got["hop"], q, evict, lambda: _hop(comp, flat, inbox, q))
+                _time_call(got["hop"], q, evict, lambda: _hop(comp, flat, inbox, q))
             else:
-                _timed(got["add"], q, evict, lambda: inbox.add_(pl), inbox.numel())
+                _time_call(got["add"], q, evict, lambda: inbox.add_(pl), inbox.numel())
         for q, pl in zip(pieces, payloads):
-            _timed(got["decompress"], q, evict, lambda: flat.__setitem__(q, comp.decompress(pl, q)))
+            _time_call(got["decompress"], q, evict, lambda: flat.__setitem__(q, comp.decompress(pl, q)))
     finally:
         if track is not None:
             track(None)
@@ -190,7 +190,7 @@ def _hop(comp, flat, inbox, q):
     return comp.compress(partial, q)
 
 
-def _timed(into: list, q: slice, evict, fn, size: int | None = None):
+def _time_call(into: list, q: slice, evict, fn, size: int | None = None):
     evict()
     t0 = time.thread_time()
     out = fn()
