@@ -50,12 +50,13 @@ def relay_(t: torch.Tensor, p2p: P2P, chunk: int = CHUNK) -> None:
         p2p.wait(send, p2p.right)
 
 
-def relay_state(comp: GradiVeQ, p2p: P2P) -> None:
-    """Rank 0's fitted state onto every rank (rank 0 reloads its own, so all take the same path)."""
+def relay_state(comp: GradiVeQ, p2p: P2P, device) -> None:
+    """Rank 0's fitted state onto every rank (rank 0 reloads its own, so all take the same path);
+    receive buffers on ``device`` (the samples', i.e. the gradient's)."""
     if p2p.rank == 0:
         ds, vals = comp.state_tensors()
     else:
-        ds = comp.state_d_buffer()
+        ds = comp.state_d_buffer(device)
     relay_(ds, p2p)
     if p2p.rank != 0:
         vals = comp.state_value_buffer(ds)
@@ -75,7 +76,7 @@ def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -
     if mode == "broadcast":
         if p2p.rank == 0:
             comp.fit(samples)
-        relay_state(comp, p2p)
+        relay_state(comp, p2p, samples.device)
         return True
     comp.fit(samples)
     if p2p.world_size == 1:
@@ -87,7 +88,7 @@ def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -
     if int(both[0]) == -int(both[1]):
         return False
     log.warning("gradiveq: PCA state differs between ranks after a local fit; relaying rank 0's")
-    relay_state(comp, p2p)
+    relay_state(comp, p2p, samples.device)
     return True
 
 

@@ -302,7 +302,7 @@ def test_state_tensors_round_trip_gives_bitwise_identical_payloads():
     src = _fitted(world_size=2, s=2, K="x1")
     ds, vals = src.state_tensors()
     dst = GradiVeQ(world_size=2, s=2, K="x1").bind(SHAPES)       # a receiving rank: buffers first
-    d_buf = dst.state_d_buffer()
+    d_buf = dst.state_d_buffer(ds.device)
     d_buf.copy_(ds)
     v_buf = dst.state_value_buffer(d_buf)
     v_buf.copy_(vals)
@@ -352,3 +352,6 @@ def test_fitted_state_lives_on_the_device_of_the_fit():
     payload = comp.compress(torch.empty(comp.layout.numel, device="meta"), whole)   # payload on meta too
     assert payload.device.type == "meta"
     assert comp.decompress(payload, whole).device.type == "meta"
+    ds, vals = comp.state_tensors()                              # what the relay sends, and receives into
+    assert ds.device.type == vals.device.type == "meta"
+    assert comp.state_d_buffer(torch.device("meta")).device.type == "meta"   # receive buffers where asked

@@ -12,29 +12,34 @@ class GradiVeQState:
     """state_tensors / load_state_tensors (the relay) and state_dict / load_state_dict (checkpoints)."""
 
     def state_tensors(self) -> list[Tensor]:
-        """[d per group (int64, n_groups), floats (all U_d, then all mu, then energies; float32)]."""
+        """[d per group (int64, n_groups), floats (all U_d, then all mu, then energies; float32)], on the
+        device the fit ran on."""
         self._need_fit()
-        ds = torch.tensor([U.shape[1] for U in self._U], dtype=torch.int64)
+        dev = self._mu_flat.device
+        ds = torch.tensor([U.shape[1] for U in self._U], dtype=torch.int64, device=dev)
         vals = torch.cat([U.reshape(-1) for U in self._U] + [m.reshape(-1) for m in self._mu]
-                         + [torch.tensor(self._energy, dtype=torch.float32)])
+                         + [torch.tensor(self._energy, dtype=torch.float32, device=dev)])
         return [ds, vals]
 
-    def state_d_buffer(self) -> Tensor:
-        """Receive buffer for ``state_tensors()[0]``: its size is fixed by bind (number of groups)."""
+    def state_d_buffer(self, device) -> Tensor:
+        """Receive buffer for ``state_tensors()[0]`` on ``device`` (the transport's): its size is fixed
+        by bind (number of groups)."""
         self._need_layout()
-        return torch.empty(len(self.groups), dtype=torch.int64)
+        return torch.empty(len(self.groups), dtype=torch.int64, device=device)
 
     def state_value_buffer(self, ds: Tensor) -> Tensor:
-        """Receive buffer for ``state_tensors()[1]`` once the d's (``ds``) have arrived."""
+        """Receive buffer for ``state_tensors()[1]`` once the d's (``ds``) have arrived, on their device."""
+        return torch.empty(self._state_value_count(ds), dtype=torch.float32, device=ds.device)
+
+    def _state_value_count(self, ds: Tensor) -> int:
         self._need_layout()
-        n = sum(g.K * int(k) + g.n * g.K + 1 for g, k in zip(self.groups, ds.tolist()))
-        return torch.empty(n, dtype=torch.float32)
+        return sum(g.K * int(k) + g.n * g.K + 1 for g, k in zip(self.groups, ds.tolist()))
 
     def load_state_tensors(self, tensors: list[Tensor]) -> None:
         ds, vals = tensors
         self._need_layout()
         bad_d = any(not 1 <= k <= g.K for g, k in zip(self.groups, ds.tolist()))
-        if ds.numel() != len(self.groups) or bad_d or vals.numel() != self.state_value_buffer(ds).numel():
+        if ds.numel() != len(self.groups) or bad_d or vals.numel() != self._state_value_count(ds):
             raise ValueError("GradiVeQ.load_state_tensors: sizes do not match the bound layout")
         U, mu, off = [], [], 0
         for g, k in zip(self.groups, ds.tolist()):
