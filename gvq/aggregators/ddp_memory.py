@@ -42,13 +42,12 @@ def per_parameter(state) -> dict:
             pieces = err.split([math.prod(state.shapes[i]) for i in params])
             for i, piece in zip(params, pieces):
                 out["error"][i] = piece.clone()
-        for key, memory in (("p", st.p_memory_dict.get(b)), ("q", st.q_memory_dict.get(b))):
-            if memory is None:
-                continue
-            layout = _pq_layout(state, params)
-            lengths = [p_len if key == "p" else q_len for _, p_len, q_len in layout]
-            for (i, _, _), piece in zip(layout, memory.split(lengths)):
-                out[key][i] = piece.clone()
+        if b not in st.p_memory_dict:
+            continue
+        layout = _pq_layout(state, params)
+        for key, memory, col in (("p", st.p_memory_dict[b], 1), ("q", st.q_memory_dict[b], 2)):
+            for item, piece in zip(layout, memory.split([item[col] for item in layout])):
+                out[key][item[0]] = piece.clone()
     return out
 
 

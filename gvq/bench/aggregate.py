@@ -86,7 +86,7 @@ def aggregation_rank(rank, args, init, out):
     torch.set_num_threads(1)
     clock.configure(args.clock, args.compute_scale, args.codec_scale, True)     # virtual: one timed phase at a time
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
-                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
+                            timeout=timedelta(seconds=args.timeout))
     try:
         gen = torch.Generator().manual_seed(1000 + rank)
         shapes = model_shapes(args.model, args.num_classes)
@@ -94,8 +94,7 @@ def aggregation_rank(rank, args, init, out):
         grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
         for p in params:
             p.grad = torch.zeros_like(p)
-        ctx = RunContext(rank, args.world_size, 0, getattr(args, "timeout", 120.0), args.bandwidth,
-                         args.latency)
+        ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency)
         records = []
         for name in args.aggregators:
             if name == "allreduce" and (args.bandwidth or args.clock == "virtual"):

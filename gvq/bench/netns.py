@@ -149,7 +149,7 @@ def kernel_shaped(args, rate: float) -> dict:
 def emulated(args, rate: float) -> dict:
     ns = argparse.Namespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
                             model=args.model, num_classes=100, reps=args.reps, warmup=3, set=[],
-                            clock="wall", compute_scale=1.0, codec_scale=1.0)
+                            clock="wall", compute_scale=1.0, codec_scale=1.0, timeout=120.0)
     rec = run_aggregation(ns)[0]
     rec["shaping"] = "in-process emulator, loopback"
     return rec

@@ -115,14 +115,14 @@ def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) ->
     the caches are flushed before every timed call, as the ring's waits do (the payload arrives from
     the wire, other ranks and the transport run in between)."""
     points: dict[str, dict[str, list]] = {}
-    flat = torch.randn(numel)
+    flat, evict = torch.randn(numel), _Evict(cold)
     for n in CAL_NS:
         for rnd in rounds(name, agg, numel, n):
             if rnd["kind"] == "plain":
                 continue
             pieces = _sample([q for seg in rnd["segs"] for q in seg])
             hop = rnd["kind"] == "reencode"
-            runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg, hop, cold) for _ in range(reps + 1)][1:]
+            runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg, hop, evict) for _ in range(reps + 1)][1:]
             got = points.setdefault(rnd["key"], {op: [] for op in runs[0]})
             for op in got:
                 for k, (size, _) in enumerate(runs[0][op]):
@@ -157,11 +157,10 @@ def _llc_bytes() -> int:
     return max(sizes, default=64 << 20)
 
 
-def _one_rank_ring(comp, flat, pieces, agg, hop: bool, cold: bool) -> dict[str, list]:
+def _one_rank_ring(comp, flat, pieces, agg, hop: bool, evict: _Evict) -> dict[str, list]:
     """One rank's codec calls, each the ring's own statement: (values, seconds) per call, per op."""
     ops = ("compress", "decompress") + (("hop",) if hop else ("add",))   # payloads add only if additive
     got: dict[str, list] = {op: [] for op in ops}
-    evict = _Evict(cold)
     if hasattr(agg, "lr"):
         agg.lr.begin()                          # PowerSGD: a fresh iteration's P / Q state
     track = getattr(comp, "track", None)
