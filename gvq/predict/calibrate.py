@@ -1,7 +1,8 @@
 """``python -m gvq.predict calibrate``: measure, on this machine, what the cost model needs; one JSON.
 
 * **Compute**: forward + backward + SGD step of the model at the batch size (one thread, CPU time,
-  median of ``reps``): the virtual clock's compute phase before its scale.
+  ``reps`` samples kept sorted, their median beside): the virtual clock's compute phase before its
+  scale.  The spread matters: an iteration waits for the slowest of N ranks (see ``model.slowest``).
 * **Codecs**: every statement of each aggregator's ring that calls its codec -- compress, the payload
   add, decompress into the gradient, and the re-encode ring's decode-add-encode hop -- timed call by
   call (CPU time of one thread, one process) on the real compressor and the real pieces of its segments
@@ -70,8 +71,12 @@ def vector_ops(reps: int = 20) -> dict:
     return {"add": linear(add), "div": linear(div), "finite": linear(finite)}
 
 
-def compute(model: str, batch: int, num_classes: int, reps: int = 8) -> float:
-    """Median CPU seconds of one forward + backward + SGD step (what the compute phase times)."""
+COMPUTE_REPS = 40    # enough samples for the median of the slowest of 16 ranks (the 0.958 quantile)
+
+
+def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS) -> list[float]:
+    """CPU seconds of one forward + backward + SGD step (what the compute phase times), ``reps`` samples
+    sorted: their spread on one quiet rank is the spread between ranks of one iteration."""
     from gvq.bench.common import build_model
     shape = (1, 8, 8) if model == "cnn" else (3, 32, 32)
     net = build_model(model, num_classes, shape[0])
@@ -84,7 +89,7 @@ def compute(model: str, batch: int, num_classes: int, reps: int = 8) -> float:
         loss.backward()
         opt.step()
     step()
-    return statistics.median(_cpu_seconds(step) for _ in range(reps))
+    return sorted(_cpu_seconds(step) for _ in range(reps))
 
 
 CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (sizes in between interpolate)
@@ -262,8 +267,9 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     torch.manual_seed(0)
     cal = {"host": platform.processor() or platform.machine(), "torch": torch.__version__, "model": model,
            "batch_size": batch, "num_classes": num_classes, "settings": SETTINGS,
-           "compute_s": compute(model, batch, num_classes), "vector": vector_ops(), "msg": message_cost(),
+           "compute_samples": compute(model, batch, num_classes), "vector": vector_ops(), "msg": message_cost(),
            "cache": "cold" if cold else "warm", "codecs": {}, "measure": {}}
+    cal["compute_s"] = statistics.median(cal["compute_samples"])
     struct = {"model": model, "aggregators": {}}
     for name in AGGREGATORS:
         agg, numel = build_on_one_rank(name, model, num_classes)

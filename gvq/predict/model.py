@@ -5,7 +5,8 @@ measured costs (``calibration.json``) and the ring structure (``structure.json``
 Scales as in virtual time: codec work (compress, decompress, payload adds, PowerSGD's bookkeeping) x
 ``codec_scale``; forward / backward / step x ``compute_scale``; the uncompressed ring's adds, the division
 by N and message posting at 1.  An iteration = compute + aggregation (every rank starts aggregating at
-once, as after the runner's per-iteration clock sync); aggregation = the slowest rank's.
+once, as after the runner's per-iteration clock sync, and waits for the slowest rank's gradient: see
+``slowest``); aggregation = the slowest rank's.
 """
 from __future__ import annotations
 
@@ -111,12 +112,33 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
     return float(t.max()) + extra
 
 
+def slowest(samples, n: int) -> float:
+    """Median, over iterations, of the slowest of ``n`` ranks' compute: every rank waits for the last
+    one's gradient, so an iteration costs the maximum of N draws, whose CDF is F^N; its median is F's
+    ``0.5 ** (1 / n)`` quantile (0.71 at N = 2, 0.96 at 16).  Draws are the calibration's one-rank
+    samples, as if ranks were independent; beyond the samples' range (N well past their count) it stays
+    at their maximum -- a heavier tail (stragglers on a shared cluster) is not in them."""
+    return float(np.quantile(np.asarray(samples, float), 0.5 ** (1.0 / max(n, 1))))
+
+
+def compute_time(m: Calibrated, n: int, compute_s=None) -> float:
+    """The compute phase of an N-rank iteration.  ``compute_s``: fresher samples (a list) or a fresher
+    median (a number; the calibration's samples rescaled to it), for a host whose speed drifts."""
+    samples = m.cal.get("compute_samples") or [m.cal["compute_s"]]
+    if isinstance(compute_s, (list, tuple)):
+        samples = compute_s
+    elif compute_s is not None:
+        samples = np.asarray(samples, float) * (compute_s / float(np.median(samples)))
+    return slowest(samples, n)
+
+
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-              compute_scale: float = 1.0, compute_s: float | None = None) -> dict:
-    """{compute_s, aggregate_s, iter_s} of one steady-state iteration: compute, the runner's non-finite
-    check of the gradient and the aggregator's untimed measurement (both at scale 1), aggregation.
-    ``compute_s``: a fresher measurement of the compute step than the calibration's."""
-    comp = (m.cal["compute_s"] if compute_s is None else compute_s) * compute_scale + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0))
+              compute_scale: float = 1.0, compute_s=None) -> dict:
+    """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
+    runner's non-finite check of the gradient and the aggregator's untimed measurement (both at scale 1),
+    aggregation.  ``compute_s``: see :func:`compute_time`."""
+    comp = (compute_time(m, n, compute_s) * compute_scale
+            + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
     meas = m.cal["measure"].get(name, 0.0)
     agg = aggregation(m, name, n, bps, alpha, codec_scale)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

@@ -4,10 +4,13 @@ For every ``--world-size`` and ``--bandwidth``: ``gvq.bench aggregate --clock vi
 slowest rank, median of repetitions) and ``gvq.bench train --clock virtual --compressed-only`` (whole
 iterations) with the calibration's model, batch and aggregator settings, run as subprocesses; then the
 model's figure for the same cell and the ratio model / measured.  The compute step is re-timed on one
-quiet rank just before and after each ``bench train`` (``compute_now_s``, the calibration's own
-measurement, repeated because this host's speed drifts); nothing is adjusted to the outcome.
+quiet rank just before and after each ``bench train`` (``compute_now_s``: the calibration's own
+samples, taken again because this host's speed drifts; the model takes the slowest of N from them);
+nothing is adjusted to the outcome.
 """
 from __future__ import annotations
+
+import statistics
 
 import pandas as pd
 
@@ -30,19 +33,20 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
                                       "--warmup", "2", "--aggregators", *names, *common]):
             cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
     for b in links:
-        before = _compute_now(cal)
+        before = _compute_now(cal)                     # samples before and after: the drift averaged
         recs = _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
                                   "--warmup", "2", "--compressed-only", "--batch-size", str(cal["batch_size"]),
                                   "--aggregators", *names, *common])
-        now = (before + _compute_now(cal)) / 2
+        now = sorted(before + _compute_now(cal))
         for r in recs:
             cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(
-                iter_s=r["iter_s"], bench_compute_s=r["compute_s"], compute_now_s=now)
+                iter_s=r["iter_s"], bench_compute_s=r["compute_s"], compute_now_s=statistics.median(now),
+                compute_samples=now)
     return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
 
 
-def _compute_now(cal: dict) -> float:
-    """The calibration's compute measurement (one quiet rank) repeated now: this VM's speed drifts by
+def _compute_now(cal: dict) -> list[float]:
+    """The calibration's compute samples (one quiet rank) taken again now: this VM's speed drifts by
     up to ~15% over minutes (0.34-0.40 s for the same ResNet-32 step), more than the model's error."""
     import torch
 
@@ -56,10 +60,15 @@ def _compute_now(cal: dict) -> float:
 
 
 def compare(m: M.Calibrated, measured: list[dict]) -> pd.DataFrame:
+    """One row per cell: the measurements, the model's figures (``model_compute_s``: the slowest of N
+    ranks' compute from the freshest samples) and the ratios model / measured."""
     rows = []
     for r in measured:
-        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=r.get("compute_now_s"))
-        rows.append({**r, "model_aggregate_s": it["aggregate_s"], "model_iter_s": it["iter_s"],
+        r = dict(r)
+        samples = r.pop("compute_samples", None)
+        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=samples or r.get("compute_now_s"))
+        rows.append({**r, "model_compute_s": it["compute_s"], "model_aggregate_s": it["aggregate_s"],
+                     "model_iter_s": it["iter_s"],
                      "agg_ratio": it["aggregate_s"] / r["aggregate_s"] if r.get("aggregate_s") else None,
                      "iter_ratio": it["iter_s"] / r["iter_s"] if r.get("iter_s") else None})
     return pd.DataFrame(rows)

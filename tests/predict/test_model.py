@@ -1,6 +1,7 @@
 """The cost model (gvq/predict/model.py) on a real calibration: consistent with its own schedule."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gvq.predict import model as M
@@ -42,3 +43,19 @@ def test_cost_curves_interpolate_and_extrapolate_along_their_end_slopes():
     got = M._cost(c, [100, 550, 1000, 20000, 50], 2.0)
     assert got == pytest.approx([2.0, 3.0, 4.0, 2 * (20.0 + 10000 * 18 / 9000), 2 * (1.0 - 50 / 900)])
     assert M._cost([1e-5, 2e-9], [1000.0], 1.0) == pytest.approx([1e-5 + 2e-6])     # a [fixed, per] line
+
+
+def test_an_iteration_waits_for_the_slowest_of_n_ranks():
+    samples = list(range(101))                      # F uniform on 0..100
+    assert M.slowest(samples, 1) == pytest.approx(50.0)                  # the median
+    assert M.slowest(samples, 2) == pytest.approx(100 * 0.5 ** 0.5)      # P(max of 2 <= x) = F(x)^2 = 1/2
+    assert M.slowest(samples, 16) == pytest.approx(100 * 0.5 ** (1 / 16))
+    assert M.slowest(samples, 10**6) <= 100.0                           # never beyond the slowest sample
+
+
+def test_a_fresher_median_rescales_the_calibrated_spread(calibrated):
+    m = M.Calibrated.load(calibrated)
+    s = m.cal["compute_samples"]
+    assert len(s) >= 16 and s == sorted(s) and m.cal["compute_s"] == pytest.approx(float(np.median(s)))
+    assert M.compute_time(m, 8) >= M.compute_time(m, 2) >= M.compute_time(m, 1)
+    assert M.compute_time(m, 8, 2 * m.cal["compute_s"]) == pytest.approx(2 * M.compute_time(m, 8))

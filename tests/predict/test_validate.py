@@ -17,20 +17,24 @@ def test_compare_divides_model_by_measurement_and_summary_counts_bands(calibrate
     assert validate.summary(df).startswith("2 cells: 1 within 10% (50%), 1 beyond 25%")
 
 
-def test_a_fresh_compute_measurement_replaces_the_calibrated_one(calibrated):
+def test_fresh_compute_samples_replace_the_calibrated_ones(calibrated):
     m = M.Calibrated.load(calibrated)
     base = M.iteration(m, "qsgd", 4, 2e8)
+    fresh = [1.0, 1.1, 1.2, 1.3, 1.4]
     cell = {"N": 4, "link_bps": 2e8, "aggregator": "qsgd", "aggregate_s": 1.0, "iter_s": 1.0,
-            "compute_now_s": m.cal["compute_s"] + 0.1}
+            "compute_now_s": 1.2, "compute_samples": fresh}
     df = validate.compare(m, [cell])
-    assert df["model_iter_s"].iloc[0] == pytest.approx(base["iter_s"] + 0.1)
+    slowest_of_4 = 1.0 + 0.4 * 0.5 ** 0.25                # F's 0.84 quantile, linear between samples
+    assert df["model_compute_s"].iloc[0] == pytest.approx(base["compute_s"] - M.slowest(m.cal["compute_samples"], 4)
+                                                          + slowest_of_4)
     assert df["model_aggregate_s"].iloc[0] == pytest.approx(base["aggregate_s"])
+    assert "compute_samples" not in df.columns           # the table keeps the median, not the samples
 
 
 def test_compute_is_re_timed_on_one_thread(calibrated, monkeypatch):
     import torch
     seen = []
-    monkeypatch.setattr("gvq.predict.calibrate.compute", lambda *a: seen.append(torch.get_num_threads()) or 0.5)
+    monkeypatch.setattr("gvq.predict.calibrate.compute", lambda *a: seen.append(torch.get_num_threads()) or [0.5])
     before = torch.get_num_threads()
     m = M.Calibrated.load(calibrated)
-    assert validate._compute_now(m.cal) == 0.5 and seen == [1] and torch.get_num_threads() == before
+    assert validate._compute_now(m.cal) == [0.5] and seen == [1] and torch.get_num_threads() == before
