@@ -5,6 +5,7 @@
 """
 import hydra
 
+from gvq.run.errors import one_line_errors
 from gvq.run.schema import register
 
 register()
@@ -17,4 +18,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    main()
+    one_line_errors(main)       # Hydra's composition errors as one line naming the key (exit 2)

@@ -156,21 +156,24 @@ class _DataOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _load_batch(path: str) -> dict:
-    with open(path, "rb") as fh:
-        try:
-            return _DataOnly(fh, encoding="bytes").load()
-        except (pickle.UnpicklingError, EOFError, ValueError) as e:
-            raise ValueError(f"{path}: not a CIFAR python batch ({e}); refusing to run code from a data file") \
-                from None
+def _load_batch(path: str, key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Images (n, 3, 32, 32) uint8 and labels of one batch file; a ValueError naming the file otherwise."""
+    try:
+        with open(path, "rb") as fh:
+            d = _DataOnly(fh, encoding="bytes").load()
+        x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        y = np.asarray(d[key], dtype=np.int64).reshape(-1)
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} images but {len(y)} labels")
+        return x, y
+    except Exception as e:  # noqa: BLE001 - a data file: whatever is wrong, it is not a CIFAR batch
+        what = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"no {e} entry"
+        raise ValueError(f"{path}: not a CIFAR python batch ({str(what).splitlines()[0][:200]}); a data file "
+                         "never runs code here -- check dataset.root") from None
 
 
 def _read_batches(folder: str, files: list[str], key: bytes) -> tuple[torch.Tensor, torch.Tensor]:
-    xs, ys = [], []
-    for f in files:
-        d = _load_batch(os.path.join(folder, f))
-        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(d[key], dtype=np.int64))
+    xs, ys = zip(*(_load_batch(os.path.join(folder, f), key) for f in files))
     return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
 

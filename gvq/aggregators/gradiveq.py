@@ -95,6 +95,11 @@ class GradiVeQAggregator(FlatAggregator):
         self._it = 0
 
     # -- binding -------------------------------------------------------------------------------------
+    def preflight(self, params) -> None:
+        """What needs the model's shapes, checked by the launcher before ranks start: K against every
+        conv layer's F*D (a ValueError naming K and the layer)."""
+        self.compressor.bind([tuple(p.shape) for p in params])
+
     def setup(self, params, ctx):
         super().setup(params, ctx)
         comp, n = self.compressor, ctx.world_size

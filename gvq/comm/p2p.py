@@ -42,6 +42,15 @@ def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
     return list(tensor.split(per)) if tensor.numel() > per else [tensor]
 
 
+def wait_all(handles, timeout) -> None:
+    """Wait for every handle within one ``timeout`` overall (a message in k chunks must not get k
+    timeouts: a lost peer is reported after timeout_s, not k x timeout_s)."""
+    deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+    for h in handles:
+        left = None if deadline is None else timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
+        h.wait(timeout=left)
+
+
 class PeerLostError(RuntimeError):
     """A peer did not answer within the timeout, or its connection broke."""
 
@@ -63,8 +72,7 @@ class _All:
         self.handles = handles
 
     def wait(self, timeout=None):
-        for h in self.handles:
-            h.wait(timeout=timeout)
+        wait_all(self.handles, timeout)
         return True
 
     def is_completed(self):
@@ -163,10 +171,10 @@ class _VirtualMessage:
 
     def wait(self, timeout=None, upto: int | None = None):
         """Wait for the real messages (only the first ``upto`` of them: the header alone is 1)."""
-        for i, h in enumerate(self.handles[:upto]):
-            if not self._waited[i]:
-                h.wait(timeout=timeout)
-                self._waited[i] = True
+        todo = [i for i in range(len(self.handles[:upto])) if not self._waited[i]]
+        wait_all([self.handles[i] for i in todo], timeout)
+        for i in todo:
+            self._waited[i] = True
         return True
 
 

@@ -34,6 +34,9 @@ class Compressor:
     stochastic: bool = False
     #: short name used in logs
     name: str = "identity"
+    #: the largest magnitude the wire format carries (fp16: 65504); the runner checks, before a ring
+    #: starts, that world_size x max|g| stays below it, so a partial sum cannot overflow mid-ring
+    max_abs: float = float("inf")
 
     def cuts(self, numel: int) -> list[int]:
         """Allowed segment boundaries in ``[0, numel]``, sorted, including both ends."""

@@ -21,6 +21,7 @@ class FP16(Compressor):
     additive = False
     stochastic = False
     ideal_ratio = 2.0
+    max_abs = FP16_MAX
 
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
         return torch.uint8, 2 * (seg.stop - seg.start)

@@ -135,10 +135,11 @@ def compute_time(m: Calibrated, n: int, compute_s=None) -> float:
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
               compute_scale: float = 1.0, compute_s=None) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
-    runner's non-finite check of the gradient and the aggregator's untimed measurement (both at scale 1),
-    aggregation.  ``compute_s``: see :func:`compute_time`."""
+    runner's non-finite checks of the gradient (before aggregation and of the aggregate) and the
+    aggregator's untimed measurement (both at scale 1), aggregation.  ``compute_s``: see
+    :func:`compute_time`."""
     comp = (compute_time(m, n, compute_s) * compute_scale
-            + float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
+            + 2 * float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
     meas = m.cal["measure"].get(name, 0.0)
     agg = aggregation(m, name, n, bps, alpha, codec_scale)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

@@ -1,23 +1,27 @@
 """Checkpoints every ``checkpoint.every`` iterations and ``resume=<run dir>``.
 
-Each rank writes its own file (``checkpoint/rank<r>.pt``: model, optimizer, lr schedule, torch RNG,
-aggregator state such as GradiVeQ's basis or a quantizer's dither generator, running totals), atomically
-(temporary file + rename); after a barrier rank 0 writes ``checkpoint/latest.json``, so a checkpoint is
-complete exactly when that file names it.  Resuming loads every rank's file, keeps the old run's CSV rows
-before the checkpoint in the new run dir and continues: the data stream, being a pure function of
-(seed, epoch, rank, batch), restarts at the saved iteration, so the resumed run's metrics equal an
-uninterrupted run's, times aside.
+A checkpoint is a *set*: one directory per checkpointed iteration, ``checkpoint/iter-<it>/``, where each
+rank writes its own file (``rank<r>.pt``: model, optimizer, lr schedule, torch RNG, aggregator state such as
+GradiVeQ's basis or a quantizer's dither generator, running totals; temporary file + rename).  After a
+barrier rank 0 publishes the set -- ``complete.json`` inside it, then ``checkpoint/latest.json`` naming it
+-- and only then removes sets older than the newest ``checkpoint.keep``.  A set without ``complete.json`` is
+never read: a kill at any instant of a write leaves the previous complete set in place, and resume takes
+the newest complete set.  Resuming loads every rank's file, keeps the old run's CSV rows before the
+checkpoint in the new run dir and continues: the data stream, being a pure function of (seed, epoch, rank,
+batch), restarts at the saved iteration, so the resumed run's metrics equal an uninterrupted run's, times
+aside.
 
 A checkpoint says what it belongs to (:func:`identity`: gvq version, world size, model, data shape,
-aggregator), in ``latest.json`` and in every rank's file; :func:`check_resume` compares it with the new run
-and reads every rank's file as data before any rank starts, so a mismatch, a truncated file or a foreign
-one stops the launcher in one line (nothing but Hydra's log and config files reach the new run dir).
+aggregator), in ``complete.json`` and in every rank's file; :func:`check_resume` compares it with the new
+run and reads every rank's file as data before any rank starts, so a mismatch, a truncated file or a
+foreign one stops the launcher in one line (nothing reaches the new run dir).
 """
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -31,7 +35,7 @@ except Exception:                                      # running from a bare che
 
 
 #: identity keys compared on resume, in the order a mismatch is reported (the version is only recorded)
-COMPARED = ("world_size", "aggregator", "model", "num_classes", "in_channels")
+COMPARED = ("world_size", "aggregator", "model", "dataset", "optim", "num_classes", "in_channels")
 
 
 class ResumeError(ValueError):
@@ -40,9 +44,11 @@ class ResumeError(ValueError):
 
 def identity(cfg: dict, aggregator: str, num_classes: int, in_channels: int, world: int) -> dict:
     """What a checkpoint belongs to: every key that changes a tensor's shape or what the state means."""
+    def as_text(node) -> str:
+        return json.dumps(node, sort_keys=True, default=str)
     return {"gvq_version": __version__, "world_size": int(world), "aggregator": str(aggregator),
-            "model": json.dumps(cfg["model"], sort_keys=True, default=str), "num_classes": int(num_classes),
-            "in_channels": int(in_channels)}
+            "model": as_text(cfg["model"]), "dataset": as_text(cfg["dataset"]), "optim": as_text(cfg["optim"]),
+            "num_classes": int(num_classes), "in_channels": int(in_channels)}
 
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -50,48 +56,73 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict, ident: dict) -> None:
-    """Checkpoint after iteration ``it - 1``: the resumed run starts at ``it``."""
-    folder = Path(run_dir) / "checkpoint"
-    folder.mkdir(exist_ok=True)
+def _atomic_json(obj: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def set_dir(run_dir: str | Path, it: int) -> Path:
+    return Path(run_dir) / "checkpoint" / f"iter-{it:09d}"
+
+
+def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict, ident: dict,
+         keep: int = 2) -> None:
+    """Checkpoint after iteration ``it - 1`` (the resumed run starts at ``it``) as a new set, published
+    when every rank's file is in it; then all but the newest ``keep`` sets are removed."""
+    folder = set_dir(run_dir, it)
+    folder.mkdir(parents=True, exist_ok=True)
     state = {"iteration": it, "identity": ident, "model": model.state_dict(), "optimizer": opt.state_dict(),
              "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
              "aggregator": agg.state_dict() if hasattr(agg, "state_dict") else {}, **extra}
     _atomic_save(state, folder / f"rank{rank}.pt")
-    dist.barrier()                      # every rank's file is in place before the marker
+    dist.barrier()                      # every rank's file is in place before the set is published
     if rank == 0:
-        marker = folder / "latest.json"
-        tmp = marker.with_name("latest.json.tmp")
-        tmp.write_text(json.dumps({"iteration": it, "world_size": dist.get_world_size(), "identity": ident}))
-        os.replace(tmp, marker)
+        meta = {"iteration": it, "world_size": dist.get_world_size(), "identity": ident, "set": folder.name}
+        _atomic_json(meta, folder / "complete.json")
+        _atomic_json(meta, folder.parent / "latest.json")          # a pointer for people; resume scans
+        for old in complete_sets(folder.parent)[:-max(keep, 1)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def complete_sets(root: Path) -> list[Path]:
+    """The published sets under ``root`` (``checkpoint/``), oldest first."""
+    return sorted(p.parent for p in root.glob("iter-*/complete.json"))
+
+
+def newest(resume_dir: str) -> tuple[Path, dict]:
+    """The newest complete set of a run dir and its record; :class:`ResumeError` if there is none."""
+    root = Path(resume_dir) / "checkpoint"
+    sets = complete_sets(root)
+    if not sets:
+        what = "only unfinished sets" if any(root.glob("iter-*")) else "none"
+        raise ResumeError(f"resume={resume_dir}: no complete checkpoint set under {root} ({what}; a set is "
+                          "complete when its complete.json exists)")
+    try:
+        return sets[-1], json.loads((sets[-1] / "complete.json").read_text())
+    except (OSError, ValueError):
+        raise ResumeError(f"resume={resume_dir}: {sets[-1]}/complete.json is unreadable") from None
 
 
 def load(resume_dir: str, rank: int, world: int) -> dict:
-    folder = Path(resume_dir) / "checkpoint"
-    marker = folder / "latest.json"
-    if not marker.exists():
-        raise FileNotFoundError(f"resume={resume_dir}: no complete checkpoint (checkpoint/latest.json) there")
-    meta = json.loads(marker.read_text())
+    folder, meta = newest(resume_dir)
     if meta["world_size"] != world:
         raise ValueError(f"resume={resume_dir}: checkpoint has world_size={meta['world_size']}, run has {world}")
     # data only: tensors, numbers, strings, lists, dicts (a checkpoint from elsewhere runs no code here)
     state = torch.load(folder / f"rank{rank}.pt", weights_only=True)
     if state["iteration"] != meta["iteration"]:
-        raise RuntimeError(f"resume={resume_dir}: rank {rank}'s file does not match latest.json")
+        raise RuntimeError(f"resume={resume_dir}: rank {rank}'s file does not match {folder}/complete.json")
     return state
 
 
 def check_resume(resume_dir: str, ident: dict) -> None:
     """Raise :class:`ResumeError` (one line) unless ``resume_dir`` holds a complete, readable checkpoint
-    written by a run with the same :data:`COMPARED` identity as ``ident``."""
-    folder = Path(resume_dir) / "checkpoint"
-    marker = folder / "latest.json"
-    try:
-        meta = json.loads(marker.read_text())
-        old = meta["identity"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ResumeError(f"resume={resume_dir}: {marker} is not a gvq checkpoint marker (no identity record; "
-                          "written by another tool or a gvq before 0.1.0's identity records)") from None
+    set written by a run with the same :data:`COMPARED` identity as ``ident``."""
+    folder, meta = newest(resume_dir)
+    old = meta.get("identity") if isinstance(meta, dict) else None
+    if not isinstance(old, dict):
+        raise ResumeError(f"resume={resume_dir}: {folder}/complete.json is not a gvq checkpoint record (no "
+                          "identity: written by another tool)")
     for key in COMPARED:
         if old.get(key) != ident[key]:
             raise ResumeError(f"resume={resume_dir}: the checkpoint was written with {key}={_clip_value(old.get(key))}, "
@@ -112,7 +143,7 @@ def _check_rank_file(path: Path, iteration: int, ident: dict) -> None:
         raise ResumeError(f"resume: {path} is unreadable or not a gvq checkpoint ({first[:200]})") from None
     if not isinstance(state, dict) or state.get("identity") != ident or state.get("iteration") != iteration:
         raise ResumeError(f"resume: {path} does not belong to this checkpoint (its identity or iteration differs "
-                          "from latest.json: a partial or mixed checkpoint set)")
+                          "from its set's complete.json: a mixed checkpoint set)")
 
 
 def restore(state: dict, model, opt, sched, agg) -> None:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -23,13 +22,40 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.run import checkpoint
-from gvq.run.logs import setup_logging
+from gvq.run.logs import repair_csv, setup_logging
+from gvq.run.signals import (
+    die_with_parent,
+    on_sigterm,
+    signals_interrupt,
+    spawn_and_join,
+)
 from gvq.run.validate import ConfigError, inert_knobs, validate
 
 
 def config_error(msg: str) -> None:
     print(f"gvq: config error: {msg}", file=sys.stderr)
+    discard_run_dir()
     sys.exit(2)
+
+
+def discard_run_dir() -> None:
+    """A run refused before its ranks start leaves nothing under runs/: Hydra has already made its dir
+    (config copies, its log); remove those, then the dir and its parents while they are empty."""
+    try:
+        hc = HydraConfig.get()
+    except ValueError:                 # not inside a Hydra job (a test calling launch directly)
+        return
+    out = Path(hc.runtime.output_dir)
+    for p in (out / hc.output_subdir if hc.output_subdir else None, out / f"{hc.job.name}.log"):
+        if p is not None and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p is not None:
+            p.unlink(missing_ok=True)
+    stop = {Path.cwd().resolve(), Path("/")}
+    d = out.resolve()
+    while d not in stop and d.name != "runs" and d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+        d = d.parent
 
 
 def preflight(cfg: DictConfig):
@@ -47,8 +73,25 @@ def preflight(cfg: DictConfig):
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
                      "(sudo python -m gvq.bench netns train)")
     data = _try_instantiate("dataset", cfg.dataset)
-    _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    world = int(os.environ.get("WORLD_SIZE", cfg.world_size)) if "LOCAL_RANK" in os.environ else cfg.world_size
+    if cfg.batch_size * world > len(data):
+        config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "
+                     f"exceeds the dataset's {len(data)} training examples")
+    if hasattr(agg, "preflight"):          # checks that need the model's shapes (GradiVeQ's K)
+        try:
+            agg.preflight(list(model.parameters()))
+        except ValueError as e:
+            config_error(str(e).strip().splitlines()[0])
     return agg, data
+
+
+def _torchrun_world(cfg: DictConfig, overrides: list[str]) -> None:
+    """Under torchrun the world size is torchrun's: a different ``world_size=`` given is refused."""
+    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "world_size"]
+    if given and "LOCAL_RANK" in os.environ and int(os.environ["WORLD_SIZE"]) != cfg.world_size:
+        config_error(f"world_size={cfg.world_size}: torchrun started {os.environ['WORLD_SIZE']} ranks "
+                     "(--nnodes x --nproc_per_node); drop world_size= or make them agree")
 
 
 def check_identity(plain: dict, meta: dict, agg, data) -> None:
@@ -103,58 +146,49 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 def launch(cfg: DictConfig) -> dict | None:
     agg, data = preflight(cfg)
     meta = run_meta(cfg)
+    _torchrun_world(cfg, meta["overrides"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_identity(plain, meta, agg, data)
     warn_inert(cfg, meta)
     if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun: be that rank
         plain["world_size"] = int(os.environ["WORLD_SIZE"])
-        return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://")
+        return _exit_if_diverged(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
     run_dir = Path(meta["run_dir"])
+    meta["launcher_pid"] = os.getpid()
     init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
     _plain_start_method()
     try:
-        _spawn_and_join(plain, meta, init)
+        with signals_interrupt():
+            spawn_and_join(worker, (plain, meta, init), plain["world_size"])
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        write_failure(run_dir, plain, meta, str(e))
+        frozen = getattr(e, "stopped_ranks", [])
+        note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "
+                "waiting on it gave up" if frozen else "")
+        write_failure(run_dir, plain, meta, str(e), note=note)
         if json.loads((run_dir / "summary.json").read_text()).get("status") == "completed":
             print(f"gvq: warning: a rank failed after training completed (results kept): {e}",
                   file=sys.stderr)
         else:
-            print(f"gvq: run failed: {e}", file=sys.stderr)
+            print(f"gvq: run failed: {e}" + (f"\ngvq: {note}" if note else ""), file=sys.stderr)
             sys.exit(1)
-    except KeyboardInterrupt:
-        write_failure(run_dir, plain, meta, "interrupted (Ctrl-C): every rank was stopped")
-        print("gvq: interrupted; every rank stopped", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        write_failure(run_dir, plain, meta, f"interrupted by {name}: every rank was stopped", "interrupted")
+        print(f"gvq: interrupted ({name}); every rank stopped", file=sys.stderr)
+        sys.exit(128 + signum)
     finally:
         Path(init[len("file://"):]).unlink(missing_ok=True)
     summary = run_dir / "summary.json"
-    return json.loads(summary.read_text()) if summary.exists() else None
+    return _exit_if_diverged(json.loads(summary.read_text()) if summary.exists() else None)
 
 
-def _spawn_and_join(plain: dict, meta: dict, init: str, grace_s: float = 10.0) -> None:
-    """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
-    N+1 tracebacks racing), the launcher sends them SIGTERM (they finish their logs) and, after
-    ``grace_s``, SIGKILL."""
-    ctx = mp.start_processes(worker, args=(plain, meta, init), nprocs=plain["world_size"], join=False,
-                             start_method="spawn")
-    try:
-        while not ctx.join():
-            pass
-    except KeyboardInterrupt:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-        deadline = time.monotonic() + grace_s
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-        raise
-
-
-def _on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)     # unwinds through ``finally``: CSV closed, wandb marked failed
+def _exit_if_diverged(summary: dict | None) -> dict | None:
+    """A run that stopped training (every step skipped to the end) is not a success: exit 3."""
+    if summary and summary.get("status") == "diverged":
+        print(f"gvq: run diverged: {summary['reason']}", file=sys.stderr)
+        sys.exit(3)
+    return summary
 
 
 def _plain_start_method() -> None:
@@ -165,18 +199,34 @@ def _plain_start_method() -> None:
         multiprocessing.set_start_method("spawn", force=True)
 
 
-def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str) -> None:
-    """Record the failure; a run rank 0 already completed keeps its results (teardown error noted)."""
+def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str, status: str = "failed",
+                  note: str = "") -> None:
+    """Record the failure (``status`` failed or interrupted, the reason, the last iteration whose row is
+    complete; a torn last CSV row, from a rank killed mid-write, is cut); a run rank 0 already completed
+    keeps its results (teardown error noted)."""
     path = run_dir / "summary.json"
     first = reason.strip().splitlines()
     line = first[-1] if first else "unknown"
+    line = f"{note}: {line}" if note else line
+    last = repair_csv(run_dir / "metrics.csv")
+    done = {}
     if path.exists():
-        done = json.loads(path.read_text())
+        try:
+            done = json.loads(path.read_text())
+        except ValueError:
+            done = {}
         if done.get("status") == "completed":
-            path.write_text(json.dumps({**done, "teardown_error": line}, indent=2, default=str))
+            _write_json(path, {**done, "teardown_error": line})
             return
-    data = {"status": "failed", "reason": line, "config": cfg, **meta}
-    path.write_text(json.dumps(data, indent=2, default=str))
+    if done.get("status") == "diverged":
+        status = "diverged"
+    _write_json(path, {**done, "status": status, "reason": line, "last_iteration": last, "config": cfg, **meta})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
 
 
 def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
@@ -200,7 +250,9 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
     setup_logging(rank)
     if not torchrun:                   # Ctrl-C is the launcher's to handle (see _spawn_and_join)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_sigterm)
+    die_with_parent(None if torchrun else meta.get("launcher_pid"))
     torch.set_num_threads(1 if cfg["device"] == "cpu" else torch.get_num_threads())
     backend = "nccl" if cfg["device"] == "cuda" else "gloo"
     if cfg["device"] == "cuda":

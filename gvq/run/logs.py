@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import signal
 from pathlib import Path
 
 BASE_FIELDS = ("iteration", "epoch", "phase", "compute_s", "aggregate_s", "compress_s", "decompress_s",
@@ -43,9 +44,11 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.fields = tuple(BASE_FIELDS) + tuple(f for f in fields if f not in BASE_FIELDS)
         self.cfg, self.meta = cfg, meta
+        self.last_iteration = None          # the last iteration whose row is written
         self._csv = None
         if cfg["logger"]["csv"]:
-            self._file = open(self.run_dir / "metrics.csv", "w", newline="")
+            # "x": never over existing rows (another run's, or this dir's before a mistaken reuse)
+            self._file = open(self.run_dir / "metrics.csv", "x", newline="")
             self._csv = csv.DictWriter(self._file, fieldnames=self.fields, extrasaction="ignore")
             self._csv.writeheader()
             self._file.flush()
@@ -67,6 +70,7 @@ class RunLog:
         if self._csv is not None:
             self._csv.writerow({k: _fmt(v) for k, v in values.items()})
             self._file.flush()
+        self.last_iteration = int(values["iteration"])
         if self.wandb is not None and not replay:
             data = {wandb_key(k): v for k, v in values.items()
                     if k not in ("iteration", "phase") and isinstance(v, (int, float)) and not _nan(v)}
@@ -82,6 +86,19 @@ class RunLog:
                 if isinstance(v, (int, float, str)):
                     self.wandb.summary[k] = v
 
+    def failure(self, exc: BaseException) -> None:
+        """``summary.json`` for a run that stopped early, written by rank 0 itself (under torchrun no
+        launcher is there to write it): interrupted (a signal) or failed, why, the last complete row."""
+        stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        code = getattr(exc, "code", None)
+        if stopped:
+            sig = code - 128 if isinstance(code, int) and code > 128 else None
+            reason = f"stopped by {signal.Signals(sig).name}" if sig in signal.valid_signals() else "stopped"
+        else:
+            reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        self.summary({"status": "interrupted" if stopped else "failed", "reason": reason,
+                      "last_iteration": self.last_iteration, "config": self.cfg, **self.meta})
+
     def close(self, failed: bool = False) -> None:
         if self._csv is not None:
             self._file.close()
@@ -89,6 +106,23 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.finish(exit_code=1 if failed else 0)
             self.wandb = None
+
+
+def repair_csv(path: Path) -> int | None:
+    """Cut a torn last row (a rank killed mid-write leaves a line without its newline); return the last
+    complete row's iteration (None: no row)."""
+    if not path.exists():
+        return None
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+            data = data[: data.rfind(b"\n") + 1]
+    rows = data.decode(errors="replace").splitlines()[1:]
+    try:
+        return int(rows[-1].split(",", 1)[0]) if rows else None
+    except ValueError:
+        return None
 
 
 def _nan(v) -> bool:

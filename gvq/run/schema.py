@@ -9,6 +9,7 @@ Ranges (``world_size >= 1``, ``0 <= lambda < 1`` ...) are checked in code by :mo
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -52,6 +53,7 @@ class WandbSchema:
 @dataclass
 class CheckpointSchema:
     every: int = 0
+    keep: int = 2
 
 
 @dataclass
@@ -106,3 +108,7 @@ TOP_LEVEL_KEYS = frozenset(build_schema().keys())
 
 def register() -> None:
     ConfigStore.instance().store(name="gvq_schema", node=build_schema())
+    # ``${gvq_uid:}`` in the run / sweep dirs (conf/hydra/default.yaml): two runs started in the same
+    # microsecond still get two dirs.  Cached like Hydra's ``now``, and Hydra copies the cache into every
+    # job of a sweep, so a sweep's jobs share their sweep dir.
+    OmegaConf.register_new_resolver("gvq_uid", lambda: uuid.uuid4().hex[:6], use_cache=True, replace=True)

@@ -22,16 +22,10 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.run import checkpoint
+from gvq.run.guards import aggregated_overflow, check_gradients, comm_device, peer_lost
 from gvq.run.logs import RunLog
 
 log = logging.getLogger("gvq")
-
-
-def comm_device() -> torch.device:
-    """Where small bookkeeping tensors must live for the process group's backend (NCCL: the GPU)."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def lr_lambda(o: dict, iterations: int):
@@ -102,42 +96,6 @@ def reduce_stats(stats: dict, max_keys: tuple[str, ...], mean_keys: tuple[str, .
     return out
 
 
-def nonfinite(model, agg) -> str | None:
-    """Name of the first parameter whose gradient holds NaN/Inf on this rank, or None."""
-    # Fast path, every iteration: a finite sum proves every value finite (NaN propagates, +-Inf gives
-    # Inf or NaN).  One reduction, no bool temporary: ~40x cheaper than isfinite().all() on the
-    # bucket.  A non-finite sum (NaN/Inf, or finite values that overflow) falls to the exact scan.
-    bucket = getattr(agg, "bucket", None)
-    if bucket is not None:
-        if math.isfinite(float(bucket.sum())):
-            return None
-    elif math.isfinite(sum(float(p.grad.sum()) for p in model.parameters() if p.grad is not None)):
-        return None                      # no flat buffer (e.g. torch DDP): one sum per parameter
-    for name, p in model.named_parameters():
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-            return name
-    return None
-
-
-def check_gradients(model, agg, it: int, policy: str) -> bool:
-    """Agree across ranks whether any gradient is non-finite, *before* aggregation (a NaN summed
-    into the ring would poison every replica).  Returns True to skip the iteration (policy ``skip``);
-    raises naming the rank and layer (policy ``error``)."""
-    bad = nonfinite(model, agg)
-    flag = torch.tensor([0 if bad is None else 1], device=comm_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if not flag.item():
-        return False
-    names = [None] * dist.get_world_size()
-    dist.all_gather_object(names, bad)
-    where = ", ".join(f"rank {r}: {n}" for r, n in enumerate(names) if n is not None)
-    if policy == "skip":
-        log.warning("iteration %d skipped on all ranks: non-finite gradient (%s)", it, where)
-        return True
-    raise FloatingPointError(f"non-finite gradient at iteration {it} ({where}); "
-                             "nan_policy=skip skips such iterations on all ranks")
-
-
 def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
@@ -153,6 +111,9 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent"), 0)
         return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
+    if aggregated_overflow(model, agg, it, nan_policy):
+        opt.zero_grad(set_to_none=False)
+        return {**row, **stats, "skipped": 1, "phase": "skipped"}
     with clock.phase("compute"):
         opt.step()
     return {**row, **stats}
@@ -173,7 +134,8 @@ def replicas_identical(model) -> bool:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ref = flat.clone()
     dist.broadcast(ref, 0)
-    same = torch.tensor([int(torch.equal(flat, ref))], device=comm_device())
+    same = torch.tensor([int(torch.equal(flat.view(torch.uint8), ref.view(torch.uint8)))],   # NaN == NaN
+                        device=comm_device())
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     return bool(same.item())
 
@@ -187,6 +149,7 @@ class Progress:
     test_acc: float = float("nan")
     wall_offset: float = 0.0           # wall_s (on the run's clock) already spent before a resume
     real_wall_offset: float = 0.0      # real seconds already spent before a resume
+    skip_streak: int = 0               # consecutive skipped steps up to now (diverged, at the end)
 
 
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
@@ -210,6 +173,13 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
                         meta.get("identity") or {})
         failed = False
         return summary
+    except BaseException as e:
+        err = peer_lost(e, rank, cfg["timeout_s"])
+        if runlog is not None:
+            runlog.failure(err)
+        if err is e:
+            raise
+        raise err from e
     finally:
         agg.close()
         if runlog is not None:
@@ -246,6 +216,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
         for k in TIME_KEYS:
             prog.totals[k] += row[k]
+        prog.skip_streak = prog.skip_streak + 1 if row["skipped"] else 0
         if runlog is not None:
             runlog.row(row)
             if bar is not None:
@@ -254,10 +225,16 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}
-            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state}, ident)
+            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state}, ident,
+                            cfg["checkpoint"]["keep"])
     if bar is not None:
         bar.close()
     return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0)
+
+
+#: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
+#: train after that point, whatever its loop did; its summary says so and the launcher exits non-zero
+DIVERGED_TAIL = 5
 
 
 def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float):
@@ -267,7 +244,10 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
     if runlog is None:
         return None
     iters = cfg["iterations"]
-    summary = {"status": "completed", "iterations": iters, "final_test_acc": prog.test_acc,
+    diverged = prog.skip_streak >= min(DIVERGED_TAIL, iters)
+    status = {"status": "diverged", "reason": f"every step skipped since iteration {iters - prog.skip_streak} "
+              "(non-finite gradients; nan_policy=skip)"} if diverged else {"status": "completed"}
+    summary = {**status, "iterations": iters, "final_test_acc": prog.test_acc,
                "final_test_loss": prog.test_loss, "wall_s": wall_s, "real_wall_s": real_wall_s,
                **clock_fields(cfg), "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gvq.run.checkpoint import complete_sets
 from gvq.run.schema import TOP_LEVEL_KEYS
 
 #: top-level knobs that only some aggregators read, through an interpolation in their option file
@@ -39,10 +40,13 @@ def validate(cfg) -> None:
     for key in ("world_size", "iterations", "batch_size", "eval_every"):
         _require(cfg[key] >= 1, f"{key}={cfg[key]}: must be >= 1")
     _require(cfg.timeout_s > 0, f"timeout_s={cfg.timeout_s}: must be > 0")
+    _require(0 <= cfg.seed < 2**32, f"seed={cfg.seed}: must be in [0, 2^32) (numpy's and scikit-learn's seeds)")
     _require(cfg.device in ("cpu", "cuda"), f"device={cfg.device}: must be cpu or cuda")
     _require(cfg.checkpoint.every >= 0, f"checkpoint.every={cfg.checkpoint.every}: must be >= 0 (0: never)")
-    _require(cfg.resume is None or (Path(cfg.resume) / "checkpoint" / "latest.json").exists(),
-             f"resume={cfg.resume}: no complete checkpoint there (checkpoint/latest.json)")
+    _require(cfg.checkpoint.keep >= 1, f"checkpoint.keep={cfg.checkpoint.keep}: must be >= 1 (complete sets kept)")
+    _require(cfg.resume is None or Path(cfg.resume).is_dir(), f"resume={cfg.resume}: no such directory")
+    _require(cfg.resume is None or bool(complete_sets(Path(cfg.resume) / "checkpoint")),
+             f"resume={cfg.resume}: no complete checkpoint set there (checkpoint/iter-*/complete.json)")
     _require(cfg.nan_policy in ("error", "skip"), f"nan_policy={cfg.nan_policy}: must be error or skip")
     lam = cfg["lambda"]
     _require(0.0 <= lam < 1.0, f"lambda={lam}: must be in [0, 1)")

@@ -23,20 +23,25 @@ class FailAt(RingAllReduce):
 
 
 class NaNAt(torch.nn.Module):
-    """DigitsCNN whose forward poisons the loss with NaN on ``rank`` at its ``at``-th call."""
+    """DigitsCNN whose forward multiplies the output by ``factor`` on ``rank`` at its ``at``-th training
+    call (every call from then on with ``forever``): NaN poisons the loss; a large finite factor gives
+    gradients finite in fp32 that overflow fp16 (max 65504) on the wire."""
 
-    def __init__(self, num_classes=10, in_channels=1, at: int = 3, rank: int = 1, width: int = 4):
+    def __init__(self, num_classes=10, in_channels=1, at: int = 3, rank: int = 1, width: int = 4,
+                 factor: float = float("nan"), forever: bool = False):
         super().__init__()
         from gvq.models import DigitsCNN
         self.net, self.at, self.rank, self.calls = DigitsCNN(num_classes, in_channels, width=width), at, rank, 0
+        self.factor, self.forever = factor, forever
 
     def forward(self, x):
         out = self.net(x)
         if self.training:
             self.calls += 1
             import torch.distributed as dist
-            if self.calls == self.at + 1 and dist.get_rank() == self.rank:
-                out = out * float("nan")
+            hit = self.calls > self.at if self.forever else self.calls == self.at + 1
+            if hit and dist.get_rank() == self.rank:
+                out = out * self.factor
         return out
 
 

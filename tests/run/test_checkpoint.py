@@ -18,6 +18,11 @@ COMMON = ["logger=csv", "iterations=24", "eval_every=6", "world_size=2", "batch_
           f"hydra.searchpath=[file://{TEST_CONF}]"]
 
 
+def _newest(run: Path) -> Path:
+    from gvq.run import checkpoint
+    return checkpoint.newest(str(run))[0]
+
+
 def _metrics(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "metrics.csv").drop(columns=TIME_COLS)
 
@@ -64,9 +69,9 @@ class _RunsCode:
 
 def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
     from gvq.run import checkpoint
-    folder, marker = tmp_path / "checkpoint", tmp_path / "pwned"
-    folder.mkdir()
-    (folder / "latest.json").write_text(json.dumps({"iteration": 5, "world_size": 1}))
+    folder, marker = checkpoint.set_dir(tmp_path, 5), tmp_path / "pwned"
+    folder.mkdir(parents=True)
+    (folder / "complete.json").write_text(json.dumps({"iteration": 5, "world_size": 1}))
     torch.save({"iteration": 5, "model": _RunsCode(marker)}, folder / "rank0.pt")
     with pytest.raises(pickle.UnpicklingError):
         checkpoint.load(str(tmp_path), 0, 1)
@@ -106,7 +111,7 @@ def test_a_truncated_rank_file_is_refused_naming_it(rar_checkpoint, tmp_path):
     import shutil
     copy = tmp_path / "copy"
     shutil.copytree(rar_checkpoint, copy)
-    rank1 = copy / "checkpoint" / "rank1.pt"
+    rank1 = _newest(copy) / "rank1.pt"
     rank1.write_bytes(rank1.read_bytes()[: rank1.stat().st_size // 2])
     new = tmp_path / "new"
     r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
@@ -117,10 +122,10 @@ def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
     import shutil
     copy = tmp_path / "copy"
     shutil.copytree(rar_checkpoint, copy)
-    (copy / "checkpoint" / "latest.json").write_text(json.dumps({"iteration": 4, "world_size": 2}))
+    (_newest(copy) / "complete.json").write_text(json.dumps({"iteration": 4, "world_size": 2}))
     new = tmp_path / "new"
     r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
-    _refused(r, new, "latest.json is not a gvq checkpoint marker")
+    _refused(r, new, "complete.json is not a gvq checkpoint record")
 
 
 def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
@@ -167,3 +172,71 @@ def test_resume_is_bitwise(tmp_path, name):
     pd.testing.assert_frame_equal(a, b)
     if name.startswith("gradiveq"):                  # the checkpoint really sat inside GradiVeQ's state
         assert list(a.phase[4:12]) == ["sample"] + ["compress"] * 4 + ["sample"] * 3
+
+
+# -- atomic checkpoint sets ----------------------------------------------------------------------------
+def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
+    from gvq.run import checkpoint
+    run = tmp_path / "run"
+    r = cli(*COMMON, "aggregator=rar", "iterations=9", "checkpoint.every=2", "checkpoint.keep=2",
+            f"hydra.run.dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    sets = checkpoint.complete_sets(run / "checkpoint")
+    assert [p.name for p in sets] == ["iter-000000006", "iter-000000008"]      # 2 and 4 pruned
+    assert all({f.name for f in p.iterdir()} == {"rank0.pt", "rank1.pt", "complete.json"} for p in sets)
+    assert json.loads((run / "checkpoint" / "latest.json").read_text())["set"] == "iter-000000008"
+
+
+def test_an_unfinished_newer_set_is_never_resumed(rar_checkpoint, tmp_path):
+    """What a kill mid-write leaves: a newer set with some rank files, one torn, and no complete.json."""
+    import shutil
+
+    from gvq.run import checkpoint
+    copy = tmp_path / "copy"
+    shutil.copytree(rar_checkpoint, copy)
+    good, meta = checkpoint.newest(str(copy))
+    torn = checkpoint.set_dir(copy, 99)
+    torn.mkdir()
+    (torn / "rank0.pt").write_bytes((good / "rank0.pt").read_bytes()[:100])
+    assert checkpoint.newest(str(copy))[0] == good
+    checkpoint.check_resume(str(copy), meta["identity"])
+    assert checkpoint.load(str(copy), 1, 2)["iteration"] == meta["iteration"]
+    shutil.rmtree(good)                                         # only the unfinished set left
+    with pytest.raises(checkpoint.ResumeError, match="no complete checkpoint set .*only unfinished sets"):
+        checkpoint.newest(str(copy))
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_instant_of_a_write_leaves_a_resumable_checkpoint(tmp_path):
+    """The whole process group SIGKILLed at random instants of a run that checkpoints every iteration
+    (so most instants fall inside a write): every time, the newest complete set loads on every rank."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gvq.run import checkpoint
+    rng, mid_write = random.Random(0), 0
+    for attempt in range(5):
+        run = tmp_path / f"run{attempt}"
+        p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *COMMON, "iterations=100000", "checkpoint.every=1",
+                              "logger.progress=false", f"hydra.run.dir={run}"], cwd=ROOT,
+                             env=dict(os.environ, WANDB_MODE="disabled"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while len(checkpoint.complete_sets(run / "checkpoint")) < 2:
+                assert time.monotonic() < deadline and p.poll() is None
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.5))
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        folder, meta = checkpoint.newest(str(run))
+        mid_write += any(d.name > folder.name for d in (run / "checkpoint").glob("iter-*"))
+        checkpoint.check_resume(str(run), meta["identity"])
+        assert [checkpoint.load(str(run), r, 2)["iteration"] for r in (0, 1)] == [meta["iteration"]] * 2
+    print(f"kills that landed inside a write (an unfinished newer set present): {mid_write} of 5")

@@ -57,3 +57,29 @@ def test_two_torchrun_launchers_form_one_job(tmp_path):
     assert len(runs) == 1                                   # written once, by global rank 0
     summary = json.loads((runs[0] / "summary.json").read_text())
     assert summary["config"]["world_size"] == 2 and summary["replicas_identical"]
+
+
+@pytest.mark.slow
+def test_a_rank_dying_under_torchrun_leaves_a_failed_summary(tmp_path):
+    """No gvq launcher under torchrun: rank 0 records the failure itself (the peer it lost, the last
+    complete row)."""
+    run = tmp_path / "run"
+    r = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", str(ROOT / "cli.py"), "iterations=50",
+                        "logger=csv", "timeout_s=20", "aggregator._target_=tests.helpers.faulty.FailAt",
+                        "+aggregator.at=7", "+aggregator.how=exit", f"hydra.run.dir={run}"], cwd=ROOT,
+                       env=dict(_env(), PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] in ("failed", "interrupted") and summary["last_iteration"] == 6, summary
+    assert list(pd.read_csv(run / "metrics.csv").iteration) == list(range(7))
+
+
+def test_world_size_disagreeing_with_torchrun_is_refused(tmp_path):
+    run = tmp_path / "run"
+    env = dict(_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()))
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "world_size=4", "logger=csv",
+                        f"hydra.run.dir={run}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "world_size=4: torchrun started 1" in r.stderr
+    assert not run.exists() or not any(run.iterdir())

@@ -1,0 +1,105 @@
+"""A run's processes live and die together: the launcher stops its ranks on Ctrl-C, SIGTERM or SIGHUP
+(a bounded grace, then SIGKILL), and a rank never outlives its launcher, even one killed by SIGKILL.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import torch.multiprocessing as mp
+
+GRACE_S = 10.0       # seconds a stopped rank gets to close its CSV and summary before SIGKILL
+FAIL_GRACE_S = 2.0   # after one rank failed: the others' time to exit, then to obey SIGTERM (torch's
+                     # default, 30 s, kept a frozen rank's job alive half a minute past timeout_s)
+
+
+def _stopped(pid: int) -> bool:
+    """Is the process stopped (state T: SIGSTOP, a debugger)?  Linux /proc; elsewhere False."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def die_with_parent(parent: int | None = None, grace_s: float = GRACE_S) -> None:
+    """A rank never outlives its launcher, even one killed by SIGKILL: Linux signals it (SIGTERM,
+    ``PR_SET_PDEATHSIG``) the moment its parent dies, and a watchdog thread that sees the parent gone
+    (reparented: a new ppid) sends SIGTERM too and, ``grace_s`` later, ends the process outright -- a
+    rank blocked inside a collective does not run Python signal handlers until the call returns.
+    ``parent``: the launcher's pid (default: the current parent), so a launcher that died before this
+    call is noticed too."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))    # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):                                       # not Linux: the watchdog
+        pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(128 + signal.SIGTERM)
+    threading.Thread(target=watch, name="gvq-parent-watchdog", daemon=True).start()
+
+
+class Interrupted(KeyboardInterrupt):
+    """The launcher got SIGTERM or SIGHUP (``kill``, SLURM, Kubernetes, a closed terminal): handled as
+    Ctrl-C is -- every rank stopped within a grace, the run recorded as interrupted."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """While ranks run, SIGTERM and SIGHUP raise :class:`Interrupted` in the launcher (a signal the
+    launcher was started ignoring -- ``nohup`` -- stays ignored)."""
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, on_signal)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)     # unwinds through ``finally``: CSV closed, summary written
+
+
+def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S) -> None:
+    """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
+    N+1 tracebacks racing), the launcher sends them SIGTERM (they finish their logs) and, after
+    ``grace_s``, SIGKILL."""
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False,
+                             start_method="spawn")
+    try:
+        while True:
+            stopped = [i for i, p in enumerate(ctx.processes) if _stopped(p.pid)]
+            try:
+                if ctx.join(timeout=1.0, grace_period=FAIL_GRACE_S):
+                    return
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+                e.stopped_ranks = stopped  # frozen (SIGSTOP, a debugger): the others timed out on them
+                raise
+    except KeyboardInterrupt:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in ctx.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+        raise

@@ -1,0 +1,165 @@
+"""A run's processes live and die together (gvq/run/signals.py): whatever stops the launcher -- Ctrl-C,
+SIGTERM, SIGHUP, SIGKILL -- stops every rank, and the run dir says how it ended.
+
+Each test sets the signal dispositions it relies on (a shell that runs ``make test`` in the background
+hands its children SIGINT ignored) and bounds every wait generously; none times a duration."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.helpers.cli import ROOT
+
+
+def _default_signals():
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _start(run: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, WANDB_MODE="disabled")
+    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "iterations=1000000", "logger=csv",
+                             "logger.progress=false", f"hydra.run.dir={run}", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_default_signals)
+
+
+def _rows(run: Path) -> int:
+    path = run / "metrics.csv"
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def _wait_rows(p: subprocess.Popen, run: Path, n: int = 5) -> None:
+    deadline = time.monotonic() + 120
+    while _rows(run) < n:
+        assert time.monotonic() < deadline and p.poll() is None, (p.stderr.read() if p.poll() is not None else "")
+        time.sleep(0.3)
+
+
+def descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    kids = [int(k) for k in out]
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"        # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def _all_gone(pids: list[int], within_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    return [p for p in pids if _alive(p)]
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False),
+                                           (signal.SIGHUP, False)])
+def test_a_signal_to_the_launcher_stops_every_rank_and_records_the_interruption(tmp_path, sig, to_group):
+    """Ctrl-C reaches the whole process group; ``kill``, SLURM and Kubernetes send SIGTERM to the
+    launcher alone, a closed terminal SIGHUP."""
+    run = tmp_path / "run"
+    p = _start(run)
+    try:
+        _wait_rows(p, run)
+        ranks = descendants(p.pid)
+        (os.killpg if to_group else os.kill)(p.pid, sig)
+        p.wait(timeout=90)
+    finally:
+        _stop(p)
+    assert p.returncode == 128 + sig, p.stderr.read()[-2000:]
+    assert _all_gone(ranks) == []
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and signal.Signals(sig).name in summary["reason"]
+    df = pd.read_csv(run / "metrics.csv")                       # every row whole
+    assert summary["last_iteration"] == df.iteration.iloc[-1] and list(df.iteration) == list(range(len(df)))
+
+
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    run = tmp_path / "run"
+    p = _start(run)
+    try:
+        _wait_rows(p, run)
+        ranks = descendants(p.pid)
+        assert len(ranks) >= 2
+        os.kill(p.pid, signal.SIGKILL)                          # no handler runs in the launcher
+        p.wait(timeout=30)
+        assert _all_gone(ranks) == []                           # the kernel told them (PDEATHSIG)
+    finally:
+        _stop(p)
+    summary = json.loads((run / "summary.json").read_text())    # written by rank 0 on its way out
+    assert summary["status"] == "interrupted" and "SIGTERM" in summary["reason"]
+    assert summary["last_iteration"] >= 4
+
+
+def test_the_watchdog_ends_a_rank_whose_parent_is_gone(tmp_path):
+    """Without PDEATHSIG (another OS, or a rank that re-parented before it was set): the watchdog thread
+    sees the parent gone and stops the process, even one that ignores SIGTERM, after its grace."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
+            "if os.fork() == 0:\n"
+            "    parent = os.getppid()\n"
+            "    from gvq.run.signals import die_with_parent\n"
+            "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "    time.sleep(0.5)\n"                                     # the parent is gone by now
+            "    die_with_parent(parent, grace_s=1.0)\n"
+            "    open(%r, 'w').write(str(os.getpid()))\n"
+            "    time.sleep(60)\n"
+            "else:\n"
+            "    time.sleep(0.1)\n") % (str(ROOT), str(tmp_path / "pid"))
+    subprocess.run([sys.executable, "-c", code], timeout=60)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int((tmp_path / "pid").read_text())
+    assert _all_gone([pid], within_s=30) == []
+
+
+def _ranks(launcher: int) -> list[int]:
+    """The launcher's rank processes, rank order (spawned in order: increasing pids)."""
+    def cmd(pid):
+        try:
+            return open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            return b""
+    return sorted(p for p in descendants(launcher) if b"spawn_main" in cmd(p))
+
+
+def test_a_frozen_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
+    """SIGSTOP: the rank neither answers nor dies.  Its peers give up after timeout_s; the launcher
+    names the frozen rank and takes every process down."""
+    run = tmp_path / "run"
+    p = _start(run, "timeout_s=8")
+    try:
+        _wait_rows(p, run)
+        ranks = _ranks(p.pid)
+        assert len(ranks) == 2
+        t0 = time.monotonic()
+        os.kill(ranks[1], signal.SIGSTOP)
+        _, err = p.communicate(timeout=180)
+        waited = time.monotonic() - t0
+    finally:
+        _stop(p)
+    assert p.returncode == 1
+    assert "rank 1 stopped answering" in err and "Traceback (most recent call last)" in err
+    assert waited < 8 + 60                                        # the timeout and a generous margin
+    assert _all_gone(ranks) == []
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank 1 stopped answering" in summary["reason"]
