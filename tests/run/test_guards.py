@@ -2,6 +2,8 @@
 errors reported as a lost peer.  End-to-end NaN / overflow policies: tests/run/test_train.py."""
 from __future__ import annotations
 
+import pytest
+
 
 def test_nonfinite_check_is_one_reduction_and_still_exact(monkeypatch):
     """The per-iteration non-finite check (gvq.run.guards.nonfinite) is a sum, not an elementwise
