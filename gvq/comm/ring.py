@@ -119,7 +119,7 @@ def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, 
         sends.append(p2p.isend(held[-1], p2p.right))
     for i in range(n - 1):
         pieces = segs[(r - i - 1) % n]
-        inboxes = [comp.empty_payload(q) for q in pieces]
+        inboxes = [comp.empty_payload(q, flat.device) for q in pieces]
         recvs = [p2p.irecv(b, p2p.left) for b in inboxes]    # posted first: compression overlaps them
         for q, inbox, recv in zip(pieces, inboxes, recvs):
             with clock("compress"):
@@ -142,7 +142,7 @@ def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compr
     sends += [p2p.isend(b, p2p.right) for b in held]
     for i in range(n - 1):
         pieces = segs[(r - i) % n]
-        inboxes = [comp.empty_payload(q) for q in pieces]
+        inboxes = [comp.empty_payload(q, flat.device) for q in pieces]
         recvs = [p2p.irecv(b, p2p.left) for b in inboxes]
         for q, inbox, recv in zip(pieces, inboxes, recvs):
             while pending and (not p2p.done(recv) or len(pending) > 2 * len(pieces)):
@@ -168,7 +168,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
         held = comp.compress(flat[segs[r]], segs[r])
     for i in range(n - 1):
         seg = segs[(r - i - 1) % n]
-        inbox = comp.empty_payload(seg)
+        inbox = comp.empty_payload(seg, flat.device)
         recv = p2p.irecv(inbox, p2p.left)
         send = p2p.isend(held, p2p.right)
         p2p.wait(recv, p2p.left)
@@ -184,7 +184,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
         flat[segs[idx]] = comp.decompress(held, segs[idx])
     for i in range(n - 1):
         seg = segs[(r - i) % n]
-        inbox = comp.empty_payload(seg)
+        inbox = comp.empty_payload(seg, flat.device)
         recv = p2p.irecv(inbox, p2p.left)
         send = p2p.isend(held, p2p.right)
         p2p.wait(recv, p2p.left)
@@ -206,7 +206,7 @@ def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Clo
         return
     payloads = {r: own}
     for i in range(n - 1):                          # forward payloads around the ring, unchanged
-        inbox = comp.empty_payload(whole)
+        inbox = comp.empty_payload(whole, flat.device)
         recv = p2p.irecv(inbox, p2p.left)
         send = p2p.isend(payloads[(r - i) % n], p2p.right)
         p2p.wait(recv, p2p.left)
@@ -229,10 +229,10 @@ def _through_server(flat, own, comp, p2p, clock):
     n, r, whole = p2p.world_size, p2p.rank, slice(0, flat.numel())
     if r != 0:
         p2p.wait(p2p.isend(own, 0), 0)
-        result = comp.empty_payload(whole)
+        result = comp.empty_payload(whole, flat.device)
         p2p.wait(p2p.irecv(result, 0), 0)
     else:
-        inboxes = [comp.empty_payload(whole) for _ in range(n - 1)]
+        inboxes = [comp.empty_payload(whole, flat.device) for _ in range(n - 1)]
         recvs = [p2p.irecv(b, k + 1) for k, b in enumerate(inboxes)]
         for k, h in enumerate(recvs):
             p2p.wait(h, k + 1)

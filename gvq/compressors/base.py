@@ -53,13 +53,15 @@ class Compressor:
         return payload.clone()
 
     # -- helpers the engine uses; rarely overridden ---------------------------------------------
-    def empty_payload(self, seg: slice) -> Tensor:
+    def empty_payload(self, seg: slice, device) -> Tensor:
+        """A receive buffer for ``seg``'s payload, on ``device`` (the gradient's: never the host by
+        default, or a CUDA ring would receive into host memory)."""
         dtype, n = self.payload_spec(seg)
-        return torch.empty(n, dtype=dtype)
+        return torch.empty(n, dtype=dtype, device=device)
 
     def payload_nbytes(self, seg: slice) -> int:
         dtype, n = self.payload_spec(seg)
-        return n * torch.empty((), dtype=dtype).element_size()
+        return n * dtype.itemsize
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps (tensors, numbers, strings only: loaded without unpickling objects);

@@ -175,7 +175,7 @@ def _one_rank_ring(comp, flat, pieces, agg, hop: bool, evict: _Evict) -> dict[st
     try:
         payloads = [_time_call(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
         for q, pl in zip(pieces, payloads):
-            inbox = comp.empty_payload(q)
+            inbox = comp.empty_payload(q, flat.device)
             inbox.copy_(pl)                     # what the receive wrote
             if hop:
                 _time_call(got["hop"], q, evict, lambda: _hop(comp, flat, inbox, q))

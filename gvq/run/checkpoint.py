@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gvq.run.logs import write_json_atomic
+
 try:                                                   # the installed distribution's version
     from importlib.metadata import version as _dist_version
     __version__ = _dist_version("gvq")
@@ -56,12 +58,6 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_json(obj: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
 def set_dir(run_dir: str | Path, it: int) -> Path:
     return Path(run_dir) / "checkpoint" / f"iter-{it:09d}"
 
@@ -79,8 +75,8 @@ def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict, 
     dist.barrier()                      # every rank's file is in place before the set is published
     if rank == 0:
         meta = {"iteration": it, "world_size": dist.get_world_size(), "identity": ident, "set": folder.name}
-        _atomic_json(meta, folder / "complete.json")
-        _atomic_json(meta, folder.parent / "latest.json")          # a pointer for people; resume scans
+        write_json_atomic(folder / "complete.json", meta)
+        write_json_atomic(folder.parent / "latest.json", meta)          # a pointer for people; resume scans
         for old in complete_sets(folder.parent)[:-max(keep, 1)]:
             shutil.rmtree(old, ignore_errors=True)
 

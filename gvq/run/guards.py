@@ -47,7 +47,10 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
     bad = nonfinite(model, agg)
     limit = getattr(getattr(agg, "compressor", None), "max_abs", math.inf)
     bucket = getattr(agg, "bucket", None)
-    peak = float(bucket.abs().max()) if math.isfinite(limit) and bucket is not None and bad is None else 0.0
+    peak = 0.0
+    if math.isfinite(limit) and bucket is not None and bad is None:
+        lo, hi = torch.aminmax(bucket)                # max|g| without an |g| temporary
+        peak = max(-float(lo), float(hi))
     flag = torch.tensor([0.0 if bad is None else 1.0, peak], dtype=torch.float64, device=comm_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     world, top = dist.get_world_size(), float(flag[1])

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.run import checkpoint
-from gvq.run.logs import repair_csv, setup_logging
+from gvq.run.logs import repair_csv, setup_logging, write_json_atomic
 from gvq.run.signals import (
     die_with_parent,
     on_sigterm,
@@ -74,7 +74,7 @@ def preflight(cfg: DictConfig):
                      "(sudo python -m gvq.bench netns train)")
     data = _try_instantiate("dataset", cfg.dataset)
     model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
-    world = int(os.environ.get("WORLD_SIZE", cfg.world_size)) if "LOCAL_RANK" in os.environ else cfg.world_size
+    world = torchrun_world() or cfg.world_size
     if cfg.batch_size * world > len(data):
         config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "
                      f"exceeds the dataset's {len(data)} training examples")
@@ -86,19 +86,24 @@ def preflight(cfg: DictConfig):
     return agg, data
 
 
-def _torchrun_world(cfg: DictConfig, overrides: list[str]) -> None:
+def torchrun_world() -> int | None:
+    """The world size torchrun's environment names (this process is one of its ranks), else None."""
+    return int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "LOCAL_RANK" in os.environ else None
+
+
+def _check_torchrun_world(cfg: DictConfig, overrides: list[str]) -> None:
     """Under torchrun the world size is torchrun's: a different ``world_size=`` given is refused."""
     given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "world_size"]
-    if given and "LOCAL_RANK" in os.environ and int(os.environ["WORLD_SIZE"]) != cfg.world_size:
-        config_error(f"world_size={cfg.world_size}: torchrun started {os.environ['WORLD_SIZE']} ranks "
+    world = torchrun_world()
+    if given and world is not None and world != cfg.world_size:
+        config_error(f"world_size={cfg.world_size}: torchrun started {world} ranks "
                      "(--nnodes x --nproc_per_node); drop world_size= or make them agree")
 
 
 def check_identity(plain: dict, meta: dict, agg, data) -> None:
     """Record what this run's checkpoints belong to (``meta['identity']``); on ``resume=``, refuse a
     checkpoint of another run, or an unreadable one, before anything is written or spawned."""
-    world = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "LOCAL_RANK" in os.environ \
-        else plain["world_size"]
+    world = torchrun_world() or plain["world_size"]
     name = getattr(agg, "name", None) or meta["job_type"] or plain["aggregator"]["_target_"]   # its state's kind
     meta["identity"] = checkpoint.identity(plain, name, data.num_classes, data.in_channels, world)
     if plain["resume"]:
@@ -146,12 +151,12 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 def launch(cfg: DictConfig) -> dict | None:
     agg, data = preflight(cfg)
     meta = run_meta(cfg)
-    _torchrun_world(cfg, meta["overrides"])
+    _check_torchrun_world(cfg, meta["overrides"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_identity(plain, meta, agg, data)
     warn_inert(cfg, meta)
-    if "RANK" in os.environ and "LOCAL_RANK" in os.environ:     # started by torchrun: be that rank
-        plain["world_size"] = int(os.environ["WORLD_SIZE"])
+    if torchrun_world() is not None:                            # started by torchrun: be that rank
+        plain["world_size"] = torchrun_world()
         return _exit_if_diverged(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
     run_dir = Path(meta["run_dir"])
     meta["launcher_pid"] = os.getpid()
@@ -164,8 +169,7 @@ def launch(cfg: DictConfig) -> dict | None:
         frozen = getattr(e, "stopped_ranks", [])
         note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "
                 "waiting on it gave up" if frozen else "")
-        write_failure(run_dir, plain, meta, str(e), note=note)
-        if json.loads((run_dir / "summary.json").read_text()).get("status") == "completed":
+        if write_failure(run_dir, plain, meta, str(e), note=note) == "completed":
             print(f"gvq: warning: a rank failed after training completed (results kept): {e}",
                   file=sys.stderr)
         else:
@@ -200,33 +204,25 @@ def _plain_start_method() -> None:
 
 
 def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str, status: str = "failed",
-                  note: str = "") -> None:
+                  note: str = "") -> str:
     """Record the failure (``status`` failed or interrupted, the reason, the last iteration whose row is
     complete; a torn last CSV row, from a rank killed mid-write, is cut); a run rank 0 already completed
-    keeps its results (teardown error noted)."""
+    (or found diverged) keeps that status, a teardown error noted.  Returns the status recorded."""
     path = run_dir / "summary.json"
     first = reason.strip().splitlines()
     line = first[-1] if first else "unknown"
     line = f"{note}: {line}" if note else line
-    last = repair_csv(run_dir / "metrics.csv")
-    done = {}
-    if path.exists():
-        try:
-            done = json.loads(path.read_text())
-        except ValueError:
-            done = {}
-        if done.get("status") == "completed":
-            _write_json(path, {**done, "teardown_error": line})
-            return
-    if done.get("status") == "diverged":
-        status = "diverged"
-    _write_json(path, {**done, "status": status, "reason": line, "last_iteration": last, "config": cfg, **meta})
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        done = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        done = {}
+    if done.get("status") == "completed":
+        write_json_atomic(path, {**done, "teardown_error": line})
+        return "completed"
+    status = "diverged" if done.get("status") == "diverged" else status
+    write_json_atomic(path, {**done, "status": status, "reason": line,
+                             "last_iteration": repair_csv(run_dir / "metrics.csv"), "config": cfg, **meta})
+    return status
 
 
 def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:

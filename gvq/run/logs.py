@@ -77,10 +77,7 @@ class RunLog:
             self.wandb.log(data, step=int(values["iteration"]))
 
     def summary(self, summary: dict) -> None:
-        path = self.run_dir / "summary.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        tmp.replace(path)
+        write_json_atomic(self.run_dir / "summary.json", summary)
         if self.wandb is not None:
             for k, v in summary.items():
                 if isinstance(v, (int, float, str)):
@@ -106,6 +103,13 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.finish(exit_code=1 if failed else 0)
             self.wandb = None
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON to a temporary file and rename it over ``path``: readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
 
 
 def repair_csv(path: Path) -> int | None:

@@ -111,7 +111,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent"), 0)
         return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
-    if aggregated_overflow(model, agg, it, nan_policy):
+    # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
+    if not hasattr(agg, "wrap") and aggregated_overflow(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
         return {**row, **stats, "skipped": 1, "phase": "skipped"}
     with clock.phase("compute"):

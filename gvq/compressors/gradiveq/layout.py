@@ -161,8 +161,9 @@ def build_groups(layout: GradLayout, spec: tuple[str, int], K_raw, s: float) -> 
 
 
 def cuts(groups: list[Group], numel: int) -> list[int]:
-    """Every position outside groups, plus slice boundaries inside them."""
-    ok = torch.ones(numel + 1, dtype=torch.bool)
+    """Every position outside groups, plus slice boundaries inside them.  Index bookkeeping that ends as a
+    Python list, never gradient data: a host mask, whatever device the gradient lives on."""
+    ok = torch.ones(numel + 1, dtype=torch.bool, device="cpu")
     for g in groups:
         ok[g.start + 1: g.stop] = False
         ok[g.start: g.stop + 1: g.K] = True
