@@ -94,7 +94,8 @@ def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS) 
 
 
 CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (sizes in between interpolate)
-PIECES_PER_N = 6                         # pieces sampled per N (evenly over its segments)
+PIECES_PER_N = 6                         # pieces sampled per N (evenly over its segments) ...
+EXACT_MAX = 96                           # ... unless it has at most this many: then all, each kept
 
 
 def curve(points: list[tuple[float, float]], width: float = 1.1) -> dict:
@@ -119,21 +120,28 @@ def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) ->
     ``hop`` (decode, add the own segment, re-encode).  One untimed pass first (plans and layouts are
     cached per segment, as in a steady-state run), then the median of ``reps`` per piece.  ``cold``:
     the caches are flushed before every timed call, as the ring's waits do (the payload arrives from
-    the wire, other ranks and the transport run in between)."""
+    the wire, other ranks and the transport run in between).  Where an N has at most ``EXACT_MAX``
+    pieces, every one is timed and kept under ``pieces[N]`` (seg-major order): a piece's cost depends
+    on which layers it cuts (a slice count, a K), not only on its size, so at those N the model uses
+    each piece's own figure and the curve only in between."""
     points: dict[str, dict[str, list]] = {}
+    exact: dict[str, dict[str, dict]] = {}
     flat, evict = torch.randn(numel), _Evict(cold)
     for n in CAL_NS:
         for rnd in rounds(name, agg, numel, n):
             if rnd["kind"] == "plain":
                 continue
-            pieces = _sample([q for seg in rnd["segs"] for q in seg])
+            every = [q for seg in rnd["segs"] for q in seg]
+            pieces = every if len(every) <= EXACT_MAX else _sample(every)
             hop = rnd["kind"] == "reencode"
             runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg, hop, evict) for _ in range(reps + 1)][1:]
+            meds = {op: [statistics.median(r[op][k][1] for r in runs) for k in range(len(pieces))] for op in runs[0]}
             got = points.setdefault(rnd["key"], {op: [] for op in runs[0]})
             for op in got:
-                for k, (size, _) in enumerate(runs[0][op]):
-                    got[op].append((size, statistics.median(r[op][k][1] for r in runs)))
-    return {k: {op: curve(v) for op, v in ops.items()} for k, ops in points.items()}
+                got[op].extend((size, meds[op][k]) for k, (size, _) in enumerate(runs[0][op]))
+            if pieces is every:
+                exact.setdefault(rnd["key"], {})[str(n)] = meds
+    return {k: {**{op: curve(v) for op, v in ops.items()}, "pieces": exact.get(k, {})} for k, ops in points.items()}
 
 
 def _sample(pieces: list) -> list:
@@ -221,7 +229,7 @@ def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
     from gvq.comm import clock, ring
     from gvq.comm.p2p import P2P
     torch.set_num_threads(1)
-    clock.configure("virtual")
+    clock.configure("virtual", exclusive=True)   # as the benchmarks: the ring timed alone
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         p2p, per_post = P2P(rank, 2, 60.0, 1e15), []

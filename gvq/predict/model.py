@@ -64,8 +64,24 @@ def _pieces(rnd: dict, costs: dict, scale: float) -> S.Pieces:
     for s, (v, b) in enumerate(zip(rnd["vals"], rnd["bytes"])):
         vals[s, :len(v)], nbytes[s, :len(b)], present[s, :len(v)] = v, b, True
     elems = nbytes / 4.0                            # the payload adds run on float32 payloads
-    return S.Pieces(_cost(costs["compress"], vals, scale) * present, _cost(costs["decompress"], vals, scale) * present,
-                    _cost(costs["add"], elems, scale) * present if "add" in costs else 0.0 * vals, nbytes, present)
+    cost = _piece_costs(rnd, costs, scale, present)
+    return S.Pieces(cost("compress", vals), cost("decompress", vals),
+                    cost("add", elems) if "add" in costs else 0.0 * vals, nbytes, present)
+
+
+def _piece_costs(rnd: dict, costs: dict, scale: float, present: np.ndarray):
+    """``cost(op, sizes)`` -> seconds per (segment, piece): each piece's own timing where calibration
+    timed every piece at this N (``pieces``, seg-major), else the op's curve at the piece's size."""
+    exact = costs.get("pieces", {}).get(str(len(rnd["vals"])), {})
+
+    def cost(op: str, sizes: np.ndarray) -> np.ndarray:
+        own = exact.get(op)
+        if own is not None and len(own) == int(present.sum()):
+            out = np.zeros(present.shape)
+            out[present] = np.asarray(own, float) * scale
+            return out
+        return _cost(costs[op], sizes, scale) * present
+    return cost
 
 
 def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
@@ -78,7 +94,8 @@ def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.n
     if kind == "additive":
         return S.additive_ring(p, link, start)
     if kind == "reencode":                          # decode, partial += flat[seg], encode: one statement
-        hop = _cost(costs["hop"], [sum(v) for v in rnd["vals"]], codec_scale)
+        hop = _piece_costs(rnd, costs, codec_scale, p.present)("hop", p.present * np.array(
+            [[sum(v)] for v in rnd["vals"]], float))[:, 0]
         return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], hop, link, start)
     gather = S.gather_ring if kind == "allgather" else S.through_server
     numel = float(rnd["vals"][0][0])

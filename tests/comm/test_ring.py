@@ -164,3 +164,60 @@ def test_pieces_sum_the_same_and_send_the_same_bytes(tmp_path, world, bandwidth)
         assert torch.allclose(pieced, expect, atol=1e-4) and torch.allclose(pieced, plain, atol=1e-5)
         assert b1 == b2 > 0
         assert torch.equal(pieced, per_rank[0][0][0])
+
+
+class _Echo:
+    """One process as rank 0 of a 2-rank ring whose left neighbour sends back what it received; records
+    whether the host's clock lock was held at each send and each wait."""
+    rank, world_size, left, right = 0, 2, 1, 1
+
+    def __init__(self):
+        self.pending, self.seen = [], []
+
+    def irecv(self, tensor, src):
+        self.pending.append(tensor)
+        return tensor
+
+    def isend(self, tensor, dst):
+        self.seen.append(("send", _clock_lock_free()))
+        self.pending.pop(0).copy_(tensor)
+        return tensor
+
+    def wait(self, handle, peer=None):
+        from gvq.comm import clock
+        with clock.get().blocked():
+            self.seen.append(("wait", _clock_lock_free()))
+
+
+def _clock_lock_free() -> bool:
+    import fcntl
+    import os
+
+    from gvq.comm import clock
+    fd = clock._open_lock()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_rings_own_cpu_is_timed_one_rank_at_a_time():
+    """Virtual clock, exclusive: the ring holds the host's lock while it posts and adds (no co-running
+    rank's cache refills billed to it) and gives it away in every wait, so no ring deadlocks."""
+    from gvq.comm import clock
+    clock.configure("virtual", exclusive=True)
+    try:
+        echo = _Echo()
+        ring.allreduce_(torch.ones(6), equal_segments(6, 2), echo)
+        assert _clock_lock_free()
+        assert {op for op, _ in echo.seen} == {"send", "wait"}
+        assert all(free == (op == "wait") for op, free in echo.seen), echo.seen
+    finally:
+        clock.configure("wall")
+    echo = _Echo()                                      # the wall clock never takes it
+    ring.allreduce_(torch.ones(6), equal_segments(6, 2), echo)
+    assert all(free for _, free in echo.seen)

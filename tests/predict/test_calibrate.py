@@ -27,8 +27,8 @@ def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     assert set(cal["codecs"]) == {"fp16", "qsgd", "gradiveq_bf16", "powersgd-P", "powersgd-Q"}
     for key, ops in cal["codecs"].items():
         hop = key in ("fp16", "qsgd")                                  # re-encode rings: no payload add
-        assert set(ops) == {"compress", "decompress", "hop" if hop else "add"}, key
-        for c in ops.values():
+        assert set(ops) == {"compress", "decompress", "hop" if hop else "add", "pieces"}, key
+        for c in (c for op, c in ops.items() if op != "pieces"):
             assert c["values"] == sorted(c["values"]) and len(c["values"]) >= 2
             assert all(t >= 0 for t in c["seconds"])
     qsgd = cal["codecs"]["qsgd"]["compress"]
@@ -36,6 +36,11 @@ def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     assert set(cal["measure"]) == set(AGGREGATORS) and cal["measure"]["qsgd"] > cal["measure"]["rar"]
     struct = json.loads((calibrated / "structure.json").read_text())
     assert list(struct["aggregators"]) == list(AGGREGATORS)
+    for name, per_n in struct["aggregators"].items():         # small N: every piece timed, in ring order
+        for rnd in (r for r in per_n["4"] if r["kind"] != "plain"):
+            timed = cal["codecs"][rnd["key"]]["pieces"]["4"]
+            assert set(timed) == set(cal["codecs"][rnd["key"]]) - {"pieces"}
+            assert all(len(v) == sum(map(len, rnd["vals"])) for v in timed.values()), name
 
 
 def test_curve_is_the_median_per_size_bin_in_size_order():

@@ -59,3 +59,20 @@ def test_a_fresher_median_rescales_the_calibrated_spread(calibrated):
     assert len(s) >= 16 and s == sorted(s) and m.cal["compute_s"] == pytest.approx(float(np.median(s)))
     assert M.compute_time(m, 8) >= M.compute_time(m, 2) >= M.compute_time(m, 1)
     assert M.compute_time(m, 8, 2 * m.cal["compute_s"]) == pytest.approx(2 * M.compute_time(m, 8))
+
+
+def test_pieces_timed_at_an_n_are_used_as_timed_and_curves_elsewhere(calibrated):
+    m = M.Calibrated.load(calibrated)
+    for name in ("gradiveq_bf16", "qsgd"):
+        rnd = m.struct["aggregators"][name]["4"][0]
+        costs = m.cal["codecs"][rnd["key"]]
+        p = M._pieces(rnd, costs, 2.0)
+        assert p.compress[p.present] == pytest.approx(2.0 * np.asarray(costs["pieces"]["4"]["compress"]))
+        curve_only = M._pieces(rnd, {k: v for k, v in costs.items() if k != "pieces"}, 2.0)
+        sizes = [v for seg in rnd["vals"] for v in seg]
+        assert curve_only.compress[p.present] == pytest.approx(M._cost(costs["compress"], sizes, 2.0))
+        before = M.aggregation(m, name, 4, 1e9)             # a piece slower as timed: a slower ring
+        for op in costs["pieces"]["4"].values():
+            op[:] = [10 * t for t in op]
+        m.cache.clear()
+        assert M.aggregation(m, name, 4, 1e9) > before
