@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from gvq.comm import clock
 
-CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (PERFORMANCE.md); small next to a ring segment
+CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo: ~0.5 ms a message); small next to a ring segment
 
 
 def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
