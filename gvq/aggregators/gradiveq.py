@@ -57,10 +57,6 @@ SAMPLING = ("qsgd", "rar")
 FIT_SYNC = ("broadcast", "local")
 
 
-def _clone_or_none(t):
-    return None if t is None else t.clone()
-
-
 class GradiVeQAggregator(FlatAggregator):
     """Warm-up, then {L_t sampling iterations, PCA refresh, <= L_c compressed iterations} forever."""
 
@@ -241,8 +237,7 @@ class GradiVeQAggregator(FlatAggregator):
         return {"phase": self.phase, "count": self.count, "refreshes": self.refreshes,
                 "monitor_stops": self.monitor_stops,
                 "samples": self._samples[: self.count].clone() if keep else None,
-                "compressor": self.compressor.state_dict(), "qsgd_rng": self.qsgd.gen.get_state(),
-                "qsgd_bank": _clone_or_none(self.qsgd._ws.get("bank"))}      # the dither is state too
+                "compressor": self.compressor.state_dict(), "qsgd": self.qsgd.state_dict()}   # its dither too
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore after :meth:`setup` (same model, same world size)."""
@@ -257,10 +252,7 @@ class GradiVeQAggregator(FlatAggregator):
         if sd["samples"] is not None:
             self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32)
             self._samples[: self.count].copy_(sd["samples"])
-        self.qsgd.reseed(0)
-        self.qsgd.gen.set_state(sd["qsgd_rng"])
-        if sd.get("qsgd_bank") is not None:
-            self.qsgd._ws["bank"] = sd["qsgd_bank"].clone()
+        self.qsgd.load_state_dict(sd["qsgd"])
         if self.compressor.fitted:
             self._after_fit()
 

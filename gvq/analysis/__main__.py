@@ -118,9 +118,14 @@ def peers(argv) -> int:
     return 0
 
 
+def dither(argv) -> int:
+    from gvq.analysis.dither import main as dither_main
+    return dither_main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers}
+    commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers, "dither": dither}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m gvq.analysis {{{','.join(commands)}}} [--help]", file=sys.stderr)
         return 2

@@ -76,9 +76,15 @@ def main(argv: list[str]) -> list[dict]:
     rows = []
     for name in args.aggregators:
         comp = make_aggregator(name, args.set).compressor
-        rows.append({"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)})
+        row = {"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)}
+        if getattr(comp, "stochastic", False):      # the dither's cost: fresh draws vs the opt-in bank
+            bank = make_aggregator(name, [*args.set, "aggregator.compressor.dither=bank"]).compressor
+            row["quantize_ms_bank"] = quantizer_throughput(bank, numel=args.numel, reps=args.reps)["quantize_ms"]
+            row["fresh_over_bank"] = row["quantize_ms"] / row["quantize_ms_bank"]
+        rows.append(row)
     import pandas as pd
-    print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}")
+    print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}; "
+          "stochastic ones also with dither=bank (quantize_ms_bank, fresh_over_bank: the cost of fresh draws)")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

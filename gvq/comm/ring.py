@@ -114,6 +114,12 @@ def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P
         raise ValueError(f"aggregator.topology=ring: compressor {comp.name!r} is not additive; "
                          "its payloads cannot be summed in the compressed domain (use the re-encode ring)")
     segs = [[s] if isinstance(s, slice) else list(s) for s in segs]
+    if p2p.world_size == 1:                      # a sum of one payload: encode and decode, no wire
+        for q in (q for seg in segs for q in seg):
+            with clock("compress"):
+                payload = comp.compress(flat[q], q)
+            _decompress_into(flat, q, payload, comp, clock)
+        return
     sends: list = []
     held = _compressed_reduce_scatter(flat, segs, comp, p2p, clock, sends)
     _compressed_allgather(flat, segs, held, comp, p2p, clock, sends)

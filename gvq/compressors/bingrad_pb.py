@@ -41,8 +41,9 @@ class BinGradPB(BucketQuantizer):
     dither_base = 0.5              # code 1 <=> +b1, with probability (v + b1) / 2b1
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
-                 clip: float | None = None):       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-        super().__init__(bucket, clip)
+                 clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
+                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+        super().__init__(bucket, clip, dither)
 
     def _encode(self, rows):
         b1 = pb_level(rows)

@@ -33,8 +33,9 @@ class Linear(BucketQuantizer):
 
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
-                 clip: float | None = None):        # c: clip to +-c*RMS first (narrower range, biased)
-        super().__init__(bucket, clip)
+                 clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
+                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+        super().__init__(bucket, clip, dither)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels
 

@@ -60,8 +60,9 @@ class ORQ(BucketQuantizer):
 
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
-                 clip: float | None = None):        # c: clip to +-c*RMS first (narrower range, biased)
-        super().__init__(bucket, clip)
+                 clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
+                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+        super().__init__(bucket, clip, dither)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
         k = (levels - 1).bit_length() - 1
         if (1 << k) + 1 != levels:

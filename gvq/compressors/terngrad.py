@@ -22,8 +22,9 @@ class TernGrad(BucketQuantizer):
     side_flags_nonfinite = True    # max|v| is NaN/Inf if any value is
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, larger s_t, more error
-                 clip: float | None = None):       # c: clip to +-c*RMS first; smaller => more bias
-        super().__init__(bucket, clip)
+                 clip: float | None = None,       # c: clip to +-c*RMS first; smaller => more bias
+                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+        super().__init__(bucket, clip, dither)
 
     def _encode(self, rows):
         # max|v| as max(max, -min): two vectorised reductions, ~10x faster than abs().amax() or the inf-norm

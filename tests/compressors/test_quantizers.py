@@ -451,7 +451,7 @@ def test_aggregator_config_instantiates_its_compressor(name):
 
 
 def test_dither_bank_grows_for_large_calls_and_keeps_resolution():
-    comp = QSGD(bits=4, bucket=None)
+    comp = QSGD(bits=4, bucket=None, dither="bank")
     comp.compress(gaussian(10), slice(0, 10))
     assert comp._ws["bank"].numel() == bucketing.BANK_MIN
     comp.compress(gaussian(bucketing.BANK_MIN), slice(0, bucketing.BANK_MIN))

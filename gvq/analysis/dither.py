@@ -1,0 +1,118 @@
+"""Are a stochastic quantizer's draws independent within a call and across calls?  ``python -m
+gvq.analysis dither`` (the check behind ``tests/analysis/test_dither.py``).
+
+One fixed vector v is quantized ``calls`` times in a row by one compressor (as consecutive iterations
+do); per call, the total error T_t = sum_i (Q(v)_i - v_i), the sum a next layer forms.  With independent
+draws:
+
+* **within a call**: var(T) = sum_i var(e_i) (errors of different elements uncorrelated); the per-element
+  variances are estimated over the same calls;
+* **across calls**: the lag-k autocorrelations of T_t are 0 (standard error 1/sqrt(calls)), and sums of T
+  over blocks of ``block`` consecutive calls have ``block`` x var(T) as variance (standard error of a
+  sample variance of m blocks: sqrt(2 / (m - 1)) of it).
+
+Each statistic is reported as a z-score (how many standard errors from the iid value); the papers'
+analyses assume all of them are noise.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gvq.compressors.bingrad_pb import BinGradPB
+from gvq.compressors.linear import Linear
+from gvq.compressors.orq import ORQ
+from gvq.compressors.qsgd import QSGD
+from gvq.compressors.terngrad import TernGrad
+
+#: every stochastic quantizer configuration (GradiVeQ's sampling QSGD is ``qsgd4_max``)
+CONFIGS = {
+    "qsgd4_max": lambda d: QSGD(bits=4, norm="max", dither=d),
+    "qsgd4_l2": lambda d: QSGD(bits=4, norm="l2", dither=d),
+    "qsgd2_max": lambda d: QSGD(bits=2, norm="max", dither=d),
+    "qsgd5": lambda d: QSGD(levels=5, dither=d),
+    "terngrad": lambda d: TernGrad(dither=d),
+    "terngrad_clip": lambda d: TernGrad(clip=2.5, dither=d),
+    "orq3": lambda d: ORQ(levels=3, dither=d),
+    "orq5": lambda d: ORQ(levels=5, dither=d),
+    "orq9": lambda d: ORQ(levels=9, dither=d),
+    "linear5": lambda d: Linear(levels=5, dither=d),
+    "bingrad_pb": lambda d: BinGradPB(dither=d),
+}
+LAGS = (1, 2, 3, 5, 10)
+
+
+def total_errors(comp, v: torch.Tensor, calls: int) -> tuple[torch.Tensor, float]:
+    """(T_t for each call, sum_i var(e_i) estimated over the calls)."""
+    seg = slice(0, v.numel())
+    s1 = torch.zeros(v.numel(), dtype=torch.float64)
+    s2 = torch.zeros(v.numel(), dtype=torch.float64)
+    totals = torch.empty(calls, dtype=torch.float64)
+    for t in range(calls):
+        e = (comp.decompress(comp.compress(v, seg), seg) - v).double()
+        totals[t] = e.sum()
+        s1 += e
+        s2 += e * e
+    per_element = (s2 / calls - (s1 / calls) ** 2) * calls / (calls - 1)
+    return totals, float(per_element.sum())
+
+
+def independence(comp, v: torch.Tensor, calls: int = 2000, block: int = 100) -> dict:
+    """z-scores of the statistics in the module docstring (0 +- 1 under independence)."""
+    totals, var_sum = total_errors(comp, v, calls)
+    x = totals - totals.mean()
+    var_t = float((x * x).sum() / (calls - 1))
+    out = {"calls": calls, "numel": v.numel(), "var_T": var_t, "sum_var_e": var_sum,
+           "z_within": (var_t / var_sum - 1) / math.sqrt(2 / (calls - 1))}
+    for k in LAGS:
+        r = float((x[:-k] * x[k:]).sum() / (x * x).sum())
+        out[f"z_lag{k}"] = r * math.sqrt(calls)
+    m = calls // block
+    sums = totals[: m * block].view(m, block).sum(dim=1)
+    out["block_var_ratio"] = float(sums.var()) / (block * var_t)
+    out["z_block"] = (out["block_var_ratio"] - 1) / math.sqrt(2 / (m - 1))
+    return out
+
+
+def independence_table(names, sizes, dither: str = "fresh", calls: int = 2000, block: int = 100, seed: int = 0):
+    """One row per (quantizer, vector size): the z-scores, on a Laplace-distributed vector."""
+    import pandas as pd
+
+    from gvq.bench.quantizers import laplace_vector
+    torch.set_num_threads(1)
+    rows = []
+    for numel in sizes:
+        v = laplace_vector(numel, seed=seed)
+        for name in names:
+            comp = CONFIGS[name](dither)
+            comp.reseed(seed)
+            rows.append({"quantizer": name, "dither": dither, **independence(comp, v, calls, block)})
+    return pd.DataFrame(rows)
+
+
+def verdict(row, z_lag: float = 5.0, z_block: float = 4.0, z_within: float = 4.0) -> bool:
+    """The issue's bar: lag autocorrelations within 5 SE, block sums and the within-call variance 4 SE."""
+    lags = max(abs(row[f"z_lag{k}"]) for k in LAGS)
+    return lags <= z_lag and abs(row["z_block"]) <= z_block and abs(row["z_within"]) <= z_within
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m gvq.analysis dither", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quantizers", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--sizes", nargs="+", type=int, default=[2048, 100_000])
+    p.add_argument("--dither", choices=("fresh", "bank"), default="fresh")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--block", type=int, default=100)
+    p.add_argument("--out", default=None, help="also write the table as CSV here")
+    args = p.parse_args(argv)
+    df = independence_table(args.quantizers, args.sizes, args.dither, args.calls, args.block)
+    df["independent"] = [verdict(r) for _, r in df.iterrows()]
+    print(f"# dither={args.dither}: z-scores of {args.calls} consecutive calls (0 +- 1 if independent; "
+          f"bar: |lag| <= 5, |block|, |within| <= 4)")
+    print(df.to_markdown(index=False, floatfmt=".3g"))
+    if args.out:
+        df.to_csv(args.out, index=False)
+    print(f"{int(df['independent'].sum())} of {len(df)} configurations independent")
+    return 0 if df["independent"].all() else 1
