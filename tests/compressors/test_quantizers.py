@@ -505,3 +505,36 @@ def test_quantizers_through_the_real_ring_engine(tmp_path):
         total = _ring_input(0, numel) + _ring_input(1, numel)
         assert float((per_rank[0][k] - total).norm() / total.norm()) < 3.0   # TernGrad's error is large
     assert torch.equal(per_rank[0][0], _reencode_replay(cases[0][0], 2, 1000))
+
+
+def test_dither_lanes_are_a_64_bit_lcg_folded_and_resume_bitwise():
+    from gvq.compressors._dither import A, C, DitherLanes
+    gen, lanes, cpu = torch.Generator().manual_seed(3), DitherLanes(), torch.device("cpu")
+    lanes.uniform16(10, cpu, gen)
+    before = [int(s) % 2 ** 64 for s in lanes.state]
+    saved = lanes.state_dict()
+    got = lanes.uniform16(12, cpu, gen)
+    for i, s in enumerate(before):                      # s <- a*s + c mod 2^64, read as s ^ (s >>> 32)
+        nxt = (A * s + C) % 2 ** 64
+        assert int(lanes.state[i]) % 2 ** 64 == nxt
+        w = nxt ^ (nxt >> 32)
+        assert [int(v) & 0xFFFF for v in got[4 * i: 4 * i + 4]] == [(w >> 16 * k) & 0xFFFF for k in range(4)]
+    again = DitherLanes()
+    again.load_state_dict(saved)
+    assert torch.equal(again.uniform16(12, cpu, gen), got)
+    assert lanes.uniform16(5, torch.device("meta"), gen).device.type == "meta"
+
+
+def test_fresh_dither_never_repeats_a_calls_uniforms():
+    comp = QSGD(bits=4, bucket=None)
+    x, seg = gaussian(4096), slice(0, 4096)
+    assert comp.dither == "fresh"
+    first = comp.lanes.uniform16(4096, x.device, comp.gen).clone()
+    second = comp.lanes.uniform16(4096, x.device, comp.gen)
+    assert (first == second).float().mean() < 0.01           # 1/65536 by chance
+    comp.reseed(5)
+    a = comp.compress(x, seg)
+    comp.reseed(5)
+    assert torch.equal(comp.compress(x, seg), a)              # same seed, same draws
+    with pytest.raises(ValueError, match="dither='x'"):
+        QSGD(dither="x")
