@@ -120,14 +120,14 @@ class BucketQuantizer(Compressor):
         # checkpoints resume bitwise); the generator travels as bytes,
         bank = {k: v.clone() for k, v in self._ws.items() if k == "bank"}
         return {**self.__dict__, "_ws": bank, "gen": self.gen.get_state().numpy().tobytes(),
-                "lanes": self.lanes.state.cpu().numpy().tobytes()}
+                "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
 
     def __setstate__(self, state):  # not as tensors (spawn would share them through a file descriptor,
         gen = torch.Generator()     # and ranks would step one another's lanes)
         gen.set_state(torch.frombuffer(bytearray(state["gen"]), dtype=torch.uint8))
         lanes = DitherLanes()
-        lanes.load_state_dict({"lanes": torch.frombuffer(bytearray(state["lanes"]), dtype=torch.int64)
-                               if state["lanes"] else torch.empty(0, dtype=torch.int64)})
+        if state["lanes"]:
+            lanes.load_state_dict({"lanes": torch.frombuffer(bytearray(state["lanes"]), dtype=torch.int64)})
         self.__dict__.update(state, gen=gen, lanes=lanes)
 
     def state_dict(self) -> dict:

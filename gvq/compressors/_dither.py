@@ -30,9 +30,9 @@ class DitherLanes:
     likely), on ``device``."""
 
     def __init__(self):
-        self._c = torch.tensor(C, dtype=torch.int64)
-        self.state = torch.empty(0, dtype=torch.int64)
-        self._tmp = torch.empty(0, dtype=torch.int64)
+        self.state: Tensor | None = None           # int64 lanes, on the device of the data they dither
+        self._tmp: Tensor | None = None            # the fold's output buffer, beside them
+        self._c: Tensor | None = None              # the increment as a tensor: c + a*s in one fused pass
 
     def uniform16(self, n: int, device: torch.device, gen: torch.Generator) -> Tensor:
         """``gen`` (CPU, seeded) seeds lanes not yet drawn from."""
@@ -46,18 +46,23 @@ class DitherLanes:
         return out.bitwise_xor_(s).view(torch.int16)[:n]
 
     def _grow(self, words: int, device: torch.device, gen: torch.Generator) -> None:
-        if self.state.device != device or self._c.device != device:   # explicit move, with the data
-            self.state, self._tmp = self.state.to(device), self._tmp.to(device)
+        if self.state is None:
+            self.state = torch.empty(0, dtype=torch.int64, device=device)
+        if self._c is None or self._c.device != device or self.state.device != device:
+            self.state = self.state.to(device)      # explicit move, with the data (e.g. a resume to CUDA)
             self._c = torch.tensor(C, dtype=torch.int64, device=device)
         have = self.state.numel()
-        if have < words:                                   # new lanes: 64 seeded random bits each
-            fresh = torch.empty(words - have, dtype=torch.int64).random_(-2 ** 63, None, generator=gen)
-            self.state = torch.cat([self.state, fresh.to(device)])
+        if have < words:                           # new lanes: 64 random bits each from the seeded CPU
+            seeds = torch.empty(words - have, dtype=torch.int64, device="cpu")   # generator, then moved
+            seeds.random_(-2 ** 63, None, generator=gen)
+            self.state = torch.cat([self.state, seeds.to(device)])
+        if self._tmp is None or self._tmp.numel() != self.state.numel() or self._tmp.device != device:
             self._tmp = torch.empty_like(self.state)
 
     def state_dict(self) -> dict:
-        return {"lanes": self.state.cpu().clone()}
+        """Host data for checkpoints (empty before the first draw)."""
+        lanes = self.state if self.state is not None else torch.empty(0, dtype=torch.int64, device="cpu")
+        return {"lanes": lanes.cpu().clone()}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.state = sd["lanes"].clone()
-        self._tmp = torch.empty_like(self.state)
+        self.state, self._tmp, self._c = sd["lanes"].clone(), None, None     # moved on the next draw

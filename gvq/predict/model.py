@@ -94,8 +94,8 @@ def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.n
     if kind == "additive":
         return S.additive_ring(p, link, start)
     if kind == "reencode":                          # decode, partial += flat[seg], encode: one statement
-        hop = _piece_costs(rnd, costs, codec_scale, p.present)("hop", p.present * np.array(
-            [[sum(v)] for v in rnd["vals"]], float))[:, 0]
+        seg_vals = np.array([[sum(v)] for v in rnd["vals"]], float)      # one piece per segment
+        hop = _piece_costs(rnd, costs, codec_scale, p.present)("hop", seg_vals)[:, 0]
         return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], hop, link, start)
     gather = S.gather_ring if kind == "allgather" else S.through_server
     numel = float(rnd["vals"][0][0])

@@ -12,6 +12,7 @@ import torch
 from gvq.comm import clock as C
 from gvq.comm.p2p import P2P, VirtualLink
 from gvq.compressors.base import split_on_cuts
+from tests.helpers.clock_lock import clock_lock_free
 from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Projection
 
@@ -163,36 +164,21 @@ def test_a_busy_sibling_does_not_change_virtual_compute_time():
     assert 0.5 < busy / quiet < 2.0, (quiet, busy)      # wall time would roughly double or worse
 
 
-def _lock_is_free() -> bool:
-    """Can another open file description take the host's clock lock right now?"""
-    import fcntl
-    import os
-    fd = C._open_lock()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def test_exclusive_phases_hold_the_core_lock_and_waits_release_it():
     clk = C.RankClock("virtual", exclusive=True)
-    assert _lock_is_free()
+    assert clock_lock_free()
     with clk.phase("compute"):
-        assert not _lock_is_free()
+        assert not clock_lock_free()
         with clk.phase("codec"):                       # nested: still held, released only at the end
-            assert not _lock_is_free()
-        assert not _lock_is_free()
+            assert not clock_lock_free()
+        assert not clock_lock_free()
         with clk.blocked():                            # a wait inside a phase gives the core away
-            assert _lock_is_free()
-        assert not _lock_is_free()
-    assert _lock_is_free()
+            assert clock_lock_free()
+        assert not clock_lock_free()
+    assert clock_lock_free()
     wall = C.RankClock("wall", exclusive=True)       # wall clocks never lock
     with wall.phase("compute"):
-        assert _lock_is_free()
+        assert clock_lock_free()
 
 
 def test_a_lock_held_elsewhere_delays_the_phase_but_not_its_clock(monkeypatch, caplog):

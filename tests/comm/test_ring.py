@@ -9,6 +9,7 @@ from gvq.aggregators.base import equal_segments
 from gvq.comm import ring
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import split_on_cuts
+from tests.helpers.clock_lock import clock_lock_free
 from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Half, Projection, Sign
 
@@ -179,30 +180,14 @@ class _Echo:
         return tensor
 
     def isend(self, tensor, dst):
-        self.seen.append(("send", _clock_lock_free()))
+        self.seen.append(("send", clock_lock_free()))
         self.pending.pop(0).copy_(tensor)
         return tensor
 
     def wait(self, handle, peer=None):
         from gvq.comm import clock
         with clock.get().blocked():
-            self.seen.append(("wait", _clock_lock_free()))
-
-
-def _clock_lock_free() -> bool:
-    import fcntl
-    import os
-
-    from gvq.comm import clock
-    fd = clock._open_lock()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+            self.seen.append(("wait", clock_lock_free()))
 
 
 def test_a_rings_own_cpu_is_timed_one_rank_at_a_time():
@@ -213,7 +198,7 @@ def test_a_rings_own_cpu_is_timed_one_rank_at_a_time():
     try:
         echo = _Echo()
         ring.allreduce_(torch.ones(6), equal_segments(6, 2), echo)
-        assert _clock_lock_free()
+        assert clock_lock_free()
         assert {op for op, _ in echo.seen} == {"send", "wait"}
         assert all(free == (op == "wait") for op, free in echo.seen), echo.seen
     finally:
