@@ -75,7 +75,12 @@ def signals_interrupt():
 
 
 def on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)     # unwinds through ``finally``: CSV closed, summary written
+    """Unwind once through ``finally`` (CSV closed, summary written).  Further SIGTERM/SIGHUP are ignored
+    from here: a rank whose launcher died gets two (PDEATHSIG and its watchdog), and the second one
+    interrupted the first's summary write; the watchdog's ``os._exit`` after the grace still ends it."""
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S) -> None:

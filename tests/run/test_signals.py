@@ -163,3 +163,18 @@ def test_a_frozen_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     assert _all_gone(ranks) == []
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 1 stopped answering" in summary["reason"]
+
+
+def test_a_second_sigterm_does_not_interrupt_the_first_ones_unwinding():
+    from gvq.run.signals import on_sigterm
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for s in before:
+            signal.signal(s, on_sigterm)
+        with pytest.raises(SystemExit) as e:
+            on_sigterm(signal.SIGTERM, None)
+        assert e.value.code == 128 + signal.SIGTERM
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in before)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
