@@ -7,6 +7,7 @@ import hydra
 
 from gvq.run.errors import one_line_errors
 from gvq.run.schema import register
+from gvq.run.warm import start_fork_server
 
 register()
 
@@ -17,5 +18,6 @@ def main(cfg):
     launch(cfg)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":          # (ranks import this file too: they must not start servers)
+    start_fork_server()         # the ranks' imports start now, on another core (gvq/run/warm.py)
     one_line_errors(main)       # Hydra's composition errors as one line naming the key (exit 2)

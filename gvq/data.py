@@ -15,6 +15,7 @@ exactly the batches a run that got there by stepping would see.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -65,12 +66,11 @@ def _generator(*parts: int) -> torch.Generator:
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
     """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats."""
-    from sklearn.model_selection import train_test_split
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
     x, y = _digits_arrays()
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, stratify=y,
-                                          random_state=seed)
+    train, test = stratified_split(y, test_fraction, seed)
+    xtr, xte, ytr, yte = x[train], x[test], y[train], y[test]
     mean, std = float(xtr.mean()), float(xtr.std())
     norm = lambda a: torch.from_numpy((a - mean) / std).float()  # noqa: E731
     return TensorData(norm(xtr), torch.from_numpy(ytr).long(), norm(xte),
@@ -79,12 +79,60 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
 
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """Images (1797, 1, 8, 8) in [0, 1] and labels; cached because parsing the CSV takes ~0.5 s."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = (d.images.astype(np.float32) / 16.0)[:, None]
-    x.flags.writeable = d.target.flags.writeable = False  # shared: callers get split copies
-    return x, d.target
+    """Images (1797, 1, 8, 8) in [0, 1] and labels, read from the CSV scikit-learn ships, without
+    importing scikit-learn (its import is ~1 s of every run's start-up; the parse here ~10 ms)."""
+    import gzip
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")      # locates the package; does not import it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("dataset=digits reads the data bundled with scikit-learn: "
+                                "pip install scikit-learn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rb") as f:
+        text = f.read().replace(b"\n", b",")
+    rows = np.array(text.decode().strip(",").split(","), dtype=np.float64).reshape(-1, 65)
+    x = (rows[:, :64].reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
+    y = rows[:, 64].astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False  # shared: callers get split copies
+    return x, y
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test indices, every class in proportion: the split scikit-learn's
+    ``train_test_split(..., stratify=y, random_state=seed)`` gives, index for index (a test pins it),
+    so runs made when gvq called scikit-learn keep their data."""
+    n_test = math.ceil(test_fraction * len(y))
+    rng = np.random.RandomState(seed)
+    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
+    if min(n_test, len(y) - n_test) < len(counts):
+        raise ValueError(f"dataset.test_fraction={test_fraction!r}: leaves a split of {len(y)} examples "
+                         f"with fewer than one example of each of the {len(counts)} classes")
+    by_class = np.split(np.argsort(codes, kind="stable"), np.cumsum(counts)[:-1])
+    n_i = _apportion(counts, len(y) - n_test, rng)
+    t_i = _apportion(counts - n_i, n_test, rng)
+    train, test = [], []
+    for idx, n, t in zip(by_class, n_i, t_i):
+        perm = idx.take(rng.permutation(len(idx)), mode="clip")
+        train.extend(perm[:n])
+        test.extend(perm[n: n + t])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _apportion(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """``draws`` shared among classes in proportion to ``counts``: floors, then one more each to the
+    largest remainders, ties broken at random (scikit-learn's ``_approximate_mode``)."""
+    share = counts / counts.sum() * draws
+    out = np.floor(share)
+    need = int(draws - out.sum())
+    remainder = share - out
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        take = min(len(tied), need)
+        out[rng.choice(tied, size=take, replace=False)] += 1
+        need -= take
+    return out.astype(int)
 
 
 def cifar10(root: str = "data", download: bool = False) -> TensorData:

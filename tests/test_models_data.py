@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import subprocess
 import sys
 
 import numpy as np
@@ -120,6 +121,28 @@ def test_digits_split():
     assert not any(r.numpy().tobytes() in train for r in a.x_test.flatten(1))
     assert torch.bincount(a.y_test, minlength=10).min() >= 35  # stratified: ~36 per class
     assert not torch.equal(D.digits(seed=1).y_test, a.y_test)
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.013, 0.33, 0.77])
+def test_digits_are_scikit_learns_without_importing_it(fraction):
+    """gvq reads the bundled CSV and splits it itself (scikit-learn's import was ~1 s of every run's
+    start-up); the images and each split are scikit-learn's, index for index, so earlier runs keep
+    their data."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = D._digits_arrays()
+    ref = load_digits()
+    assert np.array_equal(x[:, 0], (ref.images / 16).astype(np.float32)) and np.array_equal(y, ref.target)
+    idx = np.arange(len(y))
+    for seed in (0, 1, 123):
+        mine = D.stratified_split(y, fraction, seed)
+        theirs = train_test_split(idx, test_size=fraction, stratify=y, random_state=seed)
+        assert all(np.array_equal(m, t) for m, t in zip(mine, theirs)), (fraction, seed)
+    code = "import gvq.data as D, sys; D.digits(); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    with pytest.raises(ValueError, match="fewer than one example of each"):
+        D.digits(test_fraction=0.001)   # 2 test examples for 10 classes
 
 
 def test_synthetic_shapes_and_learnable():

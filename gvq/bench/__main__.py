@@ -6,6 +6,7 @@
     sudo python -m gvq.bench netns [train] --rates 5e7 2e8             # kernel-shaped links (root)
     python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
+    python -m gvq.bench startup                                        # a 1-iteration run: start-up split
 
 ``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
 """
@@ -20,6 +21,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "netns": "gvq.bench.netns",
     "clock": "gvq.bench.clock",
     "paper": "gvq.bench.paper",
+    "startup": "gvq.bench.startup",
 }
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.run import checkpoint
-from gvq.run.logs import repair_csv, setup_logging, write_json_atomic
+from gvq.run.logs import (
+    mark,
+    process_start,
+    repair_csv,
+    setup_logging,
+    write_json_atomic,
+)
 from gvq.run.signals import (
     die_with_parent,
     on_sigterm,
@@ -30,6 +37,7 @@ from gvq.run.signals import (
     spawn_and_join,
 )
 from gvq.run.validate import ConfigError, inert_knobs, validate
+from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
 
 def config_error(msg: str) -> None:
@@ -149,8 +157,9 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 
 
 def launch(cfg: DictConfig) -> dict | None:
+    startup = {"process": process_start(), "main": time.time()}
     agg, data = preflight(cfg)
-    meta = run_meta(cfg)
+    meta = {**run_meta(cfg), "startup": startup}
     _check_torchrun_world(cfg, meta["overrides"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_identity(plain, meta, agg, data)
@@ -160,11 +169,14 @@ def launch(cfg: DictConfig) -> dict | None:
         return _exit_if_diverged(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
     run_dir = Path(meta["run_dir"])
     meta["launcher_pid"] = os.getpid()
+    mark(meta, "spawn")
     init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
     _plain_start_method()
+    start_fork_server()                # cli.py started it already; a direct launch() call starts it here
     try:
         with signals_interrupt():
-            spawn_and_join(worker, (plain, meta, init), plain["world_size"])
+            spawn_and_join(worker, (plain, meta, init, dict(os.environ)), plain["world_size"],
+                           start_method=start_method())
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         frozen = getattr(e, "stopped_ranks", [])
         note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "
@@ -238,10 +250,13 @@ def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
     return {**meta, "run_dir": box[0]}
 
 
-def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
-    """Entry of one rank (spawned, or the torchrun process itself)."""
+def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict | None = None):
+    """Entry of one rank (forked from the warm server, spawned, or the torchrun process itself);
+    ``env``: the launcher's environment at launch, which a forked rank adopts."""
+    adopt_environment(env)
     torchrun = init_method == "env://"
     rank = int(os.environ["RANK"]) if torchrun else local_rank
+    mark(meta, "rank_start")
     world = int(os.environ["WORLD_SIZE"]) if torchrun else cfg["world_size"]
     setup_logging(rank)
     if not torchrun:                   # Ctrl-C is the launcher's to handle (see _spawn_and_join)
@@ -255,7 +270,10 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str):
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg["timeout_s"]))
-    from gvq.run.train import train  # after init: keeps the spawn import light
+    mark(meta, "rendezvous")
+    from gvq.run.train import (
+        train,  # preloaded by the fork server (spawned: imported here)
+    )
     if torchrun:
         meta = _adopt_rank0_run_dir(rank, meta)
     try:

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 BASE_FIELDS = ("iteration", "epoch", "phase", "compute_s", "aggregate_s", "compress_s", "decompress_s",
@@ -29,6 +30,25 @@ def setup_logging(rank: int) -> None:
     """Spawned ranks do not inherit Hydra's logging: configure each one (rank 0 INFO, others WARNING)."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
                         format=f"[%(asctime)s][rank {rank}][%(levelname)s] %(message)s")
+
+
+def mark(meta: dict, event: str) -> None:
+    """Stamp a start-up event (epoch seconds) into ``meta['startup']``, which summary.json carries:
+    process (the launcher's start), main, spawn, rank_start, rendezvous, built, logger, first_step, trained
+    (``python -m gvq.bench startup`` turns them into the split)."""
+    meta.setdefault("startup", {})[event] = time.time()
+
+
+def process_start() -> float | None:
+    """When this process started (epoch seconds, 10 ms resolution), from Linux /proc; else None."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])        # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def wandb_key(field: str) -> str:

@@ -16,23 +16,40 @@ FAIL_GRACE_S = 2.0   # after one rank failed: the others' time to exit, then to 
                      # default, 30 s, kept a frozen rank's job alive half a minute past timeout_s)
 
 
-def _stopped(pid: int) -> bool:
-    """Is the process stopped (state T: SIGSTOP, a debugger)?  Linux /proc; elsewhere False."""
+def _state(pid: int) -> str | None:
+    """The process's state letter from Linux /proc (R, S, T, Z ...); None if gone or not Linux."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] in ("T", "t")
+            return f.read().rsplit(")", 1)[-1].split()[0]
     except (OSError, IndexError):
+        return None
+
+
+def _stopped(pid: int) -> bool:
+    """Is the process stopped (state T: SIGSTOP, a debugger)?"""
+    return _state(pid) in ("T", "t")
+
+
+def _alive(pid: int) -> bool:
+    """Does the process exist and not as a zombie (a killed launcher its shell has not reaped yet)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        pass
+    return _state(pid) not in ("Z", "X")
 
 
-def die_with_parent(parent: int | None = None, grace_s: float = GRACE_S) -> None:
+def die_with_parent(launcher: int | None = None, grace_s: float = GRACE_S) -> None:
     """A rank never outlives its launcher, even one killed by SIGKILL: Linux signals it (SIGTERM,
     ``PR_SET_PDEATHSIG``) the moment its parent dies, and a watchdog thread that sees the parent gone
-    (reparented: a new ppid) sends SIGTERM too and, ``grace_s`` later, ends the process outright -- a
-    rank blocked inside a collective does not run Python signal handlers until the call returns.
-    ``parent``: the launcher's pid (default: the current parent), so a launcher that died before this
-    call is noticed too."""
-    parent = os.getppid() if parent is None else parent
+    (reparented: a new ppid) or the launcher gone sends SIGTERM too and, ``grace_s`` later, ends the
+    process outright -- a rank blocked inside a collective does not run Python signal handlers until
+    the call returns.  ``launcher``: the launcher's pid, so a launcher that died before this call is
+    noticed too (a rank forked by the fork server has the server as parent, which exits with the
+    launcher)."""
+    parent = os.getppid()
     try:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))    # 1: PR_SET_PDEATHSIG
@@ -40,7 +57,7 @@ def die_with_parent(parent: int | None = None, grace_s: float = GRACE_S) -> None
         pass
 
     def watch():
-        while os.getppid() == parent:
+        while os.getppid() == parent and (launcher is None or _alive(launcher)):
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(grace_s)
@@ -83,12 +100,13 @@ def on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S) -> None:
+def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S,
+                   start_method: str = "spawn") -> None:
     """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
     N+1 tracebacks racing), the launcher sends them SIGTERM (they finish their logs) and, after
-    ``grace_s``, SIGKILL."""
+    ``grace_s``, SIGKILL.  ``start_method``: spawn or forkserver (see :mod:`gvq.run.warm`)."""
     ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False,
-                             start_method="spawn")
+                             start_method=start_method)
     try:
         while True:
             stopped = [i for i, p in enumerate(ctx.processes) if _stopped(p.pid)]

@@ -23,7 +23,7 @@ from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.run import checkpoint
 from gvq.run.guards import aggregated_overflow, check_gradients, comm_device, peer_lost
-from gvq.run.logs import RunLog
+from gvq.run.logs import RunLog, mark
 
 log = logging.getLogger("gvq")
 
@@ -159,6 +159,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True))
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
+    mark(meta, "built")
     prog, old_rows = Progress(), []
     if cfg["resume"]:
         state = checkpoint.load(cfg["resume"], rank, world)
@@ -166,6 +167,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
         prog = Progress(**state["progress"])
         old_rows = checkpoint.previous_rows(cfg["resume"], prog.start) if rank == 0 else []
     runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
+    mark(meta, "logger")
     failed = True
     try:
         for row in old_rows:
@@ -223,6 +225,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}", refresh=False)
+        if it == prog.start and runlog is not None:
+            mark(runlog.meta, "first_step")
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}
@@ -230,6 +234,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
                             cfg["checkpoint"]["keep"])
     if bar is not None:
         bar.close()
+    if runlog is not None:
+        mark(runlog.meta, "trained")
     return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0)
 
 

@@ -44,9 +44,13 @@ def _wait_rows(p: subprocess.Popen, run: Path, n: int = 5) -> None:
         time.sleep(0.3)
 
 
-def descendants(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    kids = [int(k) for k in out]
+    return [int(k) for k in out]
+
+
+def descendants(pid: int) -> list[int]:
+    kids = children(pid)
     return kids + [d for k in kids for d in descendants(k)]
 
 
@@ -133,13 +137,17 @@ def test_the_watchdog_ends_a_rank_whose_parent_is_gone(tmp_path):
 
 
 def _ranks(launcher: int) -> list[int]:
-    """The launcher's rank processes, rank order (spawned in order: increasing pids)."""
+    """The launcher's rank processes, rank order (started in order: increasing pids).  Forked (the
+    default): the children of its fork server, which share the server's command line; spawned: their
+    own (``spawn_main``)."""
     def cmd(pid):
         try:
             return open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             return b""
-    return sorted(p for p in descendants(launcher) if b"spawn_main" in cmd(p))
+    kids = descendants(launcher)
+    forked = [p for p in kids if b"forkserver" in cmd(p) and p not in children(launcher)]
+    return sorted(forked or [p for p in kids if b"spawn_main" in cmd(p)])
 
 
 def test_a_frozen_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):

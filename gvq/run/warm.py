@@ -1,0 +1,60 @@
+"""Ranks start warm: forked from a fork server that has already imported torch and the training code.
+
+A freshly spawned rank is a new interpreter that imports torch (~1.5 s here), ``torch._dynamo`` (which
+``torch.optim`` pulls in on its first step, ~1.2 s) and gvq before it can rendezvous; a one-iteration
+run paid that in every rank, on top of the launcher's own imports.  Instead, ``cli.py`` starts
+multiprocessing's fork server the moment it starts (:func:`start_fork_server`); the server imports
+:data:`PRELOAD` on the second core while the launcher imports Hydra and torch and composes the config,
+and every rank is then a ``fork()`` of it: milliseconds, all imports done.  A Hydra sweep's jobs (and
+the test suite) reuse the one server.  ``python -m gvq.bench startup`` measures the split.
+
+Why a fork server and not plain ``fork`` of the launcher: the server is a clean process -- it never
+touched CUDA (a CUDA-initialised parent cannot fork usable children), runs no threads, holds no Hydra
+log handlers -- and it exits when its launcher does, even one killed by SIGKILL.  What a fork server
+does not give that ``spawn`` did: the launcher's environment at launch time (the server's is the one
+it had when it started); :func:`adopt_environment` hands it over, so ``WANDB_MODE=...`` or
+``GLOO_SOCKET_IFNAME=...`` set in-process before ``launch()`` reach the ranks as they did.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+# what the server imports before forking ranks: everything a rank imports on the way to its first step
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "gvq.run.launch", "gvq.run.train"]
+START_METHOD_ENV = "GVQ_START_METHOD"   # "spawn": fresh interpreters, as before (slower start, nothing shared)
+
+
+def start_method() -> str:
+    """``forkserver`` where the platform has it (Linux, macOS), unless ``GVQ_START_METHOD`` names another."""
+    default = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    method = os.environ.get(START_METHOD_ENV, default)
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"{START_METHOD_ENV}={method!r}: must be forkserver or spawn")
+    return method
+
+
+def start_fork_server() -> bool:
+    """Start the server now (it loads :data:`PRELOAD` in the background) unless this process is itself a
+    rank of torchrun's, which spawns nothing.  Idempotent; returns whether a server is running."""
+    if "LOCAL_RANK" in os.environ or start_method() != "forkserver":
+        return False
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    from multiprocessing import forkserver
+    forkserver.ensure_running()
+    return True
+
+
+def adopt_environment(env: dict[str, str] | None) -> None:
+    """In a rank: take the launcher's environment as it was at launch (``None``: keep this one)."""
+    if env is None or env == os.environ:
+        return
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def server_pid() -> int | None:
+    """The running fork server's pid, else None (tests find the ranks as its children)."""
+    from multiprocessing import forkserver
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
