@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import threading
 import time
@@ -100,6 +101,24 @@ def on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _root_cause(ctx, e: Exception) -> Exception:
+    """When several ranks failed, the one to report is the cause: torch reports the first to exit, and a
+    rank that lost its peer (``PeerLostError``) may exit before the peer that raised does (forked ranks
+    exit in milliseconds).  Returns the lowest rank whose traceback is not a lost peer's, else ``e``."""
+    if "PeerLostError" not in str(e):
+        return e
+    for i, path in enumerate(ctx.error_files):
+        try:
+            with open(path, "rb") as fh:
+                trace = pickle.load(fh)      # torch's own error file: a traceback string it wrote
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue                         # this rank raised nothing (exited, or killed)
+        if isinstance(trace, str) and "PeerLostError" not in trace:
+            return mp.ProcessRaisedException(f"\n\n-- Process {i:d} terminated with the following error:\n"
+                                             f"{trace}", i, ctx.processes[i].pid)
+    return e
+
+
 def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S,
                    start_method: str = "spawn") -> None:
     """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
@@ -114,8 +133,9 @@ def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S,
                 if ctx.join(timeout=1.0, grace_period=FAIL_GRACE_S):
                     return
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+                e = _root_cause(ctx, e)
                 e.stopped_ranks = stopped  # frozen (SIGSTOP, a debugger): the others timed out on them
-                raise
+                raise e
     except KeyboardInterrupt:
         for p in ctx.processes:
             if p.is_alive():

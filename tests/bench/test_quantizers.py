@@ -30,3 +30,14 @@ def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])
     assert e.value.code == 2 and "aggregate,train,quantizers,netns,clock" in capsys.readouterr().err
+
+
+def test_fresh_and_bank_dither_are_timed_side_by_side():
+    from gvq.bench.quantizers import fresh_vs_bank_ms
+    fresh, bank = fresh_vs_bank_ms(QSGD(bits=4), QSGD(bits=4, dither="bank"), numel=20_000, reps=3)
+    assert fresh > 0 and bank > 0
+    rows = bench_main(["quantizers", "--numel", "8192", "--reps", "2", "--aggregators", "qsgd", "bingrad_b"])
+    by = {r["aggregator"]: r for r in rows}
+    assert by["qsgd"]["fresh_over_bank"] == pytest.approx(by["qsgd"]["quantize_ms_fresh_alt"]
+                                                         / by["qsgd"]["quantize_ms_bank"])
+    assert "fresh_over_bank" not in by["bingrad_b"]          # deterministic: no dither to compare

@@ -186,3 +186,27 @@ def test_a_second_sigterm_does_not_interrupt_the_first_ones_unwinding():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_the_rank_that_raised_is_reported_over_the_peers_that_lost_it(tmp_path):
+    """Forked ranks exit in milliseconds: the rank that lost its peer may exit (and be reported by torch)
+    before the peer that raised; the launcher reports the cause."""
+    import pickle
+    from types import SimpleNamespace
+
+    import torch.multiprocessing as tmp_mp
+
+    from gvq.run.signals import _root_cause
+    files = []
+    for i, trace in enumerate(["gvq.comm.p2p.PeerLostError: rank 0: peer 1 closed",
+                               "RuntimeError: injected failure on rank 1", None]):
+        files.append(str(tmp_path / f"err{i}"))
+        if trace is not None:
+            with open(files[-1], "wb") as f:
+                pickle.dump(trace, f)
+    ctx = SimpleNamespace(error_files=files, processes=[SimpleNamespace(pid=100 + i) for i in range(3)])
+    first = tmp_mp.ProcessRaisedException("-- Process 0 ...\ngvq.comm.p2p.PeerLostError: rank 0", 0, 100)
+    cause = _root_cause(ctx, first)
+    assert (cause.error_index, cause.error_pid) == (1, 101) and "injected failure on rank 1" in str(cause)
+    other = tmp_mp.ProcessRaisedException("RuntimeError: a bug on rank 2", 2, 102)
+    assert _root_cause(ctx, other) is other                # not a lost peer: torch's pick stands

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from gvq.run import warm
 from gvq.run.signals import spawn_and_join
 from tests.helpers.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report(rank: int, path: str, env: dict):
@@ -71,3 +76,65 @@ def test_a_runs_startup_stamps_are_in_order(tmp_path, method):
     assert set(stamps) == set(order)
     times = [stamps[k] for k in order]
     assert times == sorted(times), stamps
+
+
+def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # buffered, as in a pipe
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("body, code, err", [
+    ("print('out')", 0, ""),
+    ("print('out'); sys.exit(3)", 3, ""),
+    ("print('out'); sys.exit('gvq: a message')", 1, "gvq: a message"),
+    ("print('out'); threading.Thread(target=time.sleep, args=(0.5,)).start(); sys.exit(4)", 4, ""),
+    ("print('out'); raise ValueError('a bug')", 1, "ValueError: a bug"),
+])
+def test_exit_fast_keeps_what_an_ordinary_exit_does(tmp_path, body, code, err):
+    """The status, sys.exit's message, buffered output, atexit handlers (Hydra's log, multiprocessing's
+    clean-up) and a non-daemon thread's join all survive skipping the interpreter's teardown."""
+    marker = tmp_path / "atexit-ran"
+    script = (f"import atexit, sys, threading, time\n"
+              f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
+              f"from gvq.run.warm import exit_fast\n"
+              f"def main():\n    {body}\n"
+              f"exit_fast(main)\n")
+    r = _python(script, tmp_path)
+    assert (r.returncode, r.stdout) == (code, "out\n"), r.stderr
+    assert err in r.stderr and marker.exists()
+
+
+def test_the_fork_servers_first_module_flushes_and_ends_the_process(tmp_path):
+    r = _python("import sys, gvq.run.warm_server, torch\nprint('buffered')\nsys.exit(7)", tmp_path)
+    assert (r.returncode, r.stdout) == (0, "buffered\n")      # its own status: the server's is moot
+
+
+def _servers_marked(mark: str) -> list[int]:
+    """Live fork servers started with GVQ_TEST_MARK=mark in their environment."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if b"multiprocessing.forkserver" in (d / "cmdline").read_bytes() and \
+                    f"GVQ_TEST_MARK={mark}".encode() in (d / "environ").read_bytes().split(b"\0") and \
+                    (d / "stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+                found.append(int(d.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_launcher_stopped_by_a_config_error_takes_its_fork_server_down(tmp_path):
+    """The server dies with its launcher even while still importing torch (~3 s of work): a caller
+    reading the launcher's output gets end-of-file when the launcher exits, not seconds later."""
+    mark = str(tmp_path.name)
+    env = dict(os.environ, WANDB_MODE="disabled", GVQ_TEST_MARK=mark)
+    env.pop(warm.START_METHOD_ENV, None)
+    p = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "s=0", f"hydra.run.dir={tmp_path}/run"],
+                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p.wait(timeout=120)
+    assert p.returncode == 2 and b"config error" in p.stderr.read()
+    deadline = time.monotonic() + 1.5          # the kernel's signal at the launcher's exit: milliseconds
+    while _servers_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _servers_marked(mark) == []
