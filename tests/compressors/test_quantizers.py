@@ -538,3 +538,13 @@ def test_fresh_dither_never_repeats_a_calls_uniforms():
     assert torch.equal(comp.compress(x, seg), a)              # same seed, same draws
     with pytest.raises(ValueError, match="dither='x'"):
         QSGD(dither="x")
+
+
+def test_qsgd_max_scale_is_each_buckets_max_abs_exactly():
+    """norm=max's side float is max|v| of its bucket, bit for bit (computed as max(max, -min))."""
+    x = laplace_vector(3 * 2048 + 100)
+    x[7], x[2048 + 5] = -40.0, 30.0                       # the extreme of a bucket may be negative
+    lay = QSGD(bits=4, norm="max").layout(x.numel())
+    side = QSGD(bits=4, norm="max").compress(x, slice(0, x.numel()))[: lay.side_bytes].view(torch.float32)
+    want = torch.stack([c.abs().max() for c in x.split(2048)])
+    assert torch.equal(side, want)
