@@ -158,6 +158,10 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 
 def launch(cfg: DictConfig) -> dict | None:
     startup = {"process": process_start(), "main": time.time()}
+    try:
+        method = start_method()
+    except ValueError as e:
+        config_error(str(e))
     agg, data = preflight(cfg)
     meta = {**run_meta(cfg), "startup": startup}
     _check_torchrun_world(cfg, meta["overrides"])
@@ -176,7 +180,7 @@ def launch(cfg: DictConfig) -> dict | None:
     try:
         with signals_interrupt():
             spawn_and_join(worker, (plain, meta, init, dict(os.environ)), plain["world_size"],
-                           start_method=start_method())
+                           start_method=method)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         frozen = getattr(e, "stopped_ranks", [])
         note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "

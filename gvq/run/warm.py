@@ -42,7 +42,10 @@ def start_method() -> str:
 def start_fork_server() -> bool:
     """Start the server now (it loads :data:`PRELOAD` in the background) unless this process is itself a
     rank of torchrun's, which spawns nothing.  Idempotent; returns whether a server is running."""
-    if "LOCAL_RANK" in os.environ or start_method() != "forkserver":
+    try:
+        if "LOCAL_RANK" in os.environ or start_method() != "forkserver":
+            return False
+    except ValueError:                  # launch() reports the bad value, as a config error
         return False
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

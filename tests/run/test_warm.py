@@ -52,6 +52,14 @@ def test_start_method_knob(monkeypatch):
     assert warm.start_fork_server() is False
 
 
+def test_a_bad_start_method_is_a_config_error(tmp_path):
+    r = cli("iterations=1", "logger=csv", f"hydra.run.dir={tmp_path}/run",
+            env=dict(os.environ, **{warm.START_METHOD_ENV: "fork"}))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "gvq: config error: GVQ_START_METHOD='fork': must be forkserver or spawn"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_adopting_an_environment_replaces_it(monkeypatch):
     monkeypatch.setenv("GVQ_TEST_STALE", "1")
     keep = dict(os.environ)
