@@ -147,6 +147,7 @@ def test_tests_mirror_the_package():
 
 MIRROR_EXCEPTIONS = {
     "compressors/test_quantizers.py": "the scalar quantizers' shared properties, side by side",
+    "compressors/test_devices.py": "every compressor on its input's device (meta; CUDA where visible)",
     "run/test_config.py": "every conf/ option composed through run/schema.py and run/validate.py",
     "report/test_report.py": "python -m gvq.report (report/__main__.py) on a real sweep",
     "report/test_report_smoke.py": "python -m gvq.report on failed / incomplete runs",

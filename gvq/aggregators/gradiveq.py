@@ -103,7 +103,7 @@ class GradiVeQAggregator(FlatAggregator):
         comp.bind([tuple(p.shape) for p in self.params])
         numel = comp.layout.numel
         self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
-        self._flat = torch.empty(numel, dtype=torch.float32)
+        self._flat = torch.empty(numel, dtype=torch.float32, device=self.bucket.device)
         self._raw_segs = equal_segments(numel, n)
         self._q_segs = split_on_cuts(self.qsgd.cuts(numel), n)
         self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
@@ -191,7 +191,7 @@ class GradiVeQAggregator(FlatAggregator):
     def _add_sample(self, flat: torch.Tensor) -> float:
         """Store the aggregated sum; after the L_t-th, refresh the compressor (returns fit_s or NaN)."""
         if self._samples is None:
-            self._samples = torch.empty(self.L_t, flat.numel(), dtype=torch.float32)
+            self._samples = torch.empty(self.L_t, flat.numel(), dtype=torch.float32, device=flat.device)
         self._samples[self.count].copy_(flat)
         self.count += 1
         if self.count < self.L_t:
@@ -250,7 +250,8 @@ class GradiVeQAggregator(FlatAggregator):
         self.refreshes, self.monitor_stops = int(sd["refreshes"]), int(sd["monitor_stops"])
         self._samples = None
         if sd["samples"] is not None:
-            self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32)
+            self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32,
+                                        device=self.bucket.device)
             self._samples[: self.count].copy_(sd["samples"])
         self.qsgd.load_state_dict(sd["qsgd"])
         if self.compressor.fitted:

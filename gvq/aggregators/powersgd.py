@@ -51,8 +51,8 @@ class PowerSGDAggregator(FlatAggregator):
         self.lr = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
                            self.warm_start, seed=ctx.seed)
         numel, n = self.bucket.numel(), ctx.world_size
-        self.error = torch.zeros(numel)
-        self._scratch = torch.empty(numel)
+        self.error = torch.zeros(numel, device=self.bucket.device)       # error memory: with the gradient
+        self._scratch = torch.empty(numel, device=self.bucket.device)
         self.p_segs = block_balanced_segments(self.lr.blocks, lambda b: b.p_len, n)
         self.q_segs = block_balanced_segments(self.lr.blocks, lambda b: b.q_len, n)
         self._raw = [slice(b.start, b.stop) for b in self.lr.blocks if not b.rank]

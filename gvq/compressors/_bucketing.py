@@ -81,9 +81,14 @@ def check_dither(dither) -> str:
     return dither
 
 
+def has_data(x: Tensor) -> bool:
+    """False on ``meta`` tensors (shapes only): checks that read values are skipped there."""
+    return x.device.type != "meta"
+
+
 def check_finite(x: Tensor, who: str) -> None:
     """NaN/Inf raise.  One cheap reduction: the sum is NaN/Inf iff some value is (or it overflows)."""
-    if x.numel() and not math.isfinite(float(x.sum(dtype=torch.float32))):
+    if x.numel() and has_data(x) and not math.isfinite(float(x.sum(dtype=torch.float32))):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         raise ValueError(f"{who}: input gradient has {nan} NaN and {inf} Inf values "
                          f"(or sums past float32 range); refusing to quantize garbage")
@@ -143,13 +148,18 @@ class BucketQuantizer(Compressor):
         if "lanes" in state:
             self.lanes.load_state_dict(state)
 
-    def scratch(self, tag: str, shape, dtype=torch.float32, device=None) -> Tensor:
-        """A reused work buffer: fresh multi-MB tensors cost page faults, ~2x QSGD's kernel time."""
-        device = torch.device("cpu") if device is None else torch.device(device)
+    def scratch(self, tag: str, shape, dtype: torch.dtype, device) -> Tensor:
+        """A reused work buffer on ``device`` (the data's): fresh multi-MB tensors cost page faults, ~2x
+        QSGD's kernel time."""
+        device = torch.device(device)
         key = (tag, tuple(shape), dtype, device)
         if key not in self._ws:
             self._ws[key] = torch.empty(shape, dtype=dtype, device=device)
         return self._ws[key]
+
+    def scratch_like(self, tag: str, t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """A reused work buffer of ``t``'s shape, on its device (``dtype``: its own unless given)."""
+        return self.scratch(tag, t.shape, t.dtype if dtype is None else dtype, t.device)
 
     def reseed(self, seed: int) -> None:
         """Seed the dither (the engine calls this per rank); deterministic methods ignore it."""
@@ -178,13 +188,13 @@ class BucketQuantizer(Compressor):
         lay = self.layout(x.numel())
         if not self.side_flags_nonfinite:
             check_finite(x, self.name)
-        out = torch.empty(lay.nbytes, dtype=torch.uint8)      # fresh: it may still be in flight
+        out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
         parts = [self._encode(clip_rows(rows, self.clip) if self.clip else rows)
                  for rows in split_rows(x, self.bucket)]
         if not parts:
             return out
         side = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        if not bool(torch.isfinite(side).all()):
+        if has_data(side) and not bool(torch.isfinite(side).all()):
             check_finite(x, self.name)                # the diagnosis names NaN/Inf inputs
             raise ValueError(f"{self.name}: bucket statistics overflow float32 (|values| too large)")
         out[: lay.side_bytes].view(torch.float32).copy_(side.reshape(-1))
@@ -196,7 +206,7 @@ class BucketQuantizer(Compressor):
         total = lay.n_words * lay.per_word
         if len(parts) == 1 and total == lay.numel:
             return parts[0][0].reshape(-1)
-        flat = self.scratch("stream", (total,), parts[0][0].dtype)
+        flat = self.scratch("stream", (total,), parts[0][0].dtype, parts[0][0].device)
         at = 0
         for codes, _ in parts:
             flat[at: at + codes.numel()] = codes.reshape(-1)
@@ -211,7 +221,7 @@ class BucketQuantizer(Compressor):
                              f"of {lay.numel} values; expected {lay.nbytes} uint8")
         if payload.storage_offset() % 4:              # float32 views need 4-byte alignment
             payload = payload.clone()
-        out = torch.empty(lay.numel, dtype=torch.float32)
+        out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)
         side = payload[: lay.side_bytes].view(torch.float32).view(-1, self.n_side)
         codes = unpack(payload[lay.side_bytes:], lay)
         first = 0
@@ -239,7 +249,7 @@ class BucketQuantizer(Compressor):
         n = y.numel()
         bank = self._ws.get("bank")
         if bank is None or bank.numel() < 2 * n:
-            bank = self._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n))
+            bank = self._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
             self._redraw(bank, 0, bank.numel())
         at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=self.gen))
         y.add_(bank[at: at + n].view_as(y))
@@ -249,8 +259,8 @@ class BucketQuantizer(Compressor):
     def _redraw(self, bank: Tensor, at: int, count: int) -> None:
         """bank[at:at+count] = base + u, u on the 65536 midpoints of (0, 1): 16-bit random integers,
         four per int64 draw (5x cheaper than ``torch.rand``)."""
-        words = self.scratch("words", (-(-count // 4),), torch.int64).random_(-2 ** 63, None,
-                                                                             generator=self.gen)
+        words = torch.empty(-(-count // 4), dtype=torch.int64).random_(-2 ** 63, None, generator=self.gen)
+        words = words.to(bank.device)     # drawn by the seeded host generator, then moved with the data
         part = bank[at: at + count]
         part.copy_(words.view(torch.int16)[:count]).mul_(2.0 ** -16).add_(self.dither_base + DITHER_OFFSET)
 
@@ -260,14 +270,14 @@ class BucketQuantizer(Compressor):
         k = interval_index(rows, levels)
         width = levels[:, 1:] - levels[:, :-1]
         inv = torch.where(width > 0, 1.0 / width, 0.0)          # empty interval: t = 0, its level
-        y = torch.sub(rows, levels.gather(1, k), out=self.scratch("y", rows.shape))
+        y = torch.sub(rows, levels.gather(1, k), out=self.scratch_like("y", rows))
         return self.dither_floor_(y.mul_(inv.gather(1, k)).add_(k))   # y = k + (v - b_k) / width
 
 
 def prefix_sums(srt: Tensor) -> Tensor:
     """(m, n+1) float64 prefix sums of each row, a leading 0: sums over index ranges without round-off
     trouble (a float32 cumsum of 2048 values may lose 3-4 of its 7 digits)."""
-    csum = torch.zeros(srt.shape[0], srt.shape[1] + 1, dtype=torch.float64)
+    csum = torch.zeros(srt.shape[0], srt.shape[1] + 1, dtype=torch.float64, device=srt.device)
     torch.cumsum(srt, dim=1, dtype=torch.float64, out=csum[:, 1:])
     return csum
 
@@ -277,7 +287,7 @@ def interval_index(rows: Tensor, levels: Tensor) -> Tensor:
     whose lower level is <= v).  s-2 comparisons for few levels, binary search for many."""
     s = levels.shape[1]
     if s <= 17:
-        k = torch.zeros(rows.shape, dtype=torch.uint8)
+        k = torch.zeros(rows.shape, dtype=torch.uint8, device=rows.device)
         for j in range(1, s - 1):
             k.add_(rows >= levels[:, j: j + 1])
         return k.long()

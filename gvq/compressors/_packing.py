@@ -90,7 +90,7 @@ def pack(codes: Tensor, lay: Layout, out: Tensor) -> None:
         out.copy_(word)
         return
     c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)
-    word = torch.empty(nw, dtype=torch.int64).copy_(c[:, k - 1])   # dense, even when nw == 1
+    word = torch.empty(nw, dtype=torch.int64, device=c.device).copy_(c[:, k - 1])   # dense, even if nw == 1
     for j in range(k - 2, -1, -1):
         word.mul_(radix).add_(c[:, j])
     out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
@@ -110,9 +110,12 @@ def _chunk(radix: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _digit_table(radix: int, c: int) -> Tensor:
+def _digit_table(radix: int, c: int, device: torch.device = torch.device("cpu")) -> Tensor:
     """Every value in [0, radix**c) -> its c digits, side by side in one integer of a 1-D table, so that
-    decoding is one ``index_select`` (~10x faster than gathering 2-D rows)."""
+    decoding is one ``index_select`` (~10x faster than gathering 2-D rows).  Built on the host once,
+    kept on ``device`` (the payload's) once per device."""
+    if device.type != "cpu":
+        return _digit_table(radix, c).to(device)
     dtype = digit_dtype(radix)
     dsize = torch.empty((), dtype=dtype).element_size()
     width = next(w for w in (1, 2, 4, 8) if w >= c * dsize)
@@ -131,10 +134,10 @@ def unpack(data: Tensor, lay: Layout) -> Tensor:
     if wb == 1:
         word = data.to(torch.int64)
     else:
-        buf = torch.zeros(nw, 8, dtype=torch.uint8)   # zero-extend each word to 64 bits
+        buf = torch.zeros(nw, 8, dtype=torch.uint8, device=data.device)   # zero-extend words to 64 bits
         buf[:, :wb] = data.view(nw, wb)
         word = buf.view(torch.int64).view(nw)
-    out = torch.empty(nw, k, dtype=dtype)
+    out = torch.empty(nw, k, dtype=dtype, device=data.device)
     for start in range(0, k, c):
         cc = min(c, k - start)
         if start + cc < k:                            # floor(x / r) is exact for integers < 2**53
@@ -144,7 +147,7 @@ def unpack(data: Tensor, lay: Layout) -> Tensor:
             word = word.to(torch.int64)
         else:
             piece = word
-        table = _digit_table(radix, cc)
+        table = _digit_table(radix, cc, data.device)
         digits = torch.index_select(table, 0, piece).view(dtype)
         out[:, start: start + cc] = digits.view(nw, table.element_size() // out.element_size())[:, :cc]
     return out.view(-1)[: lay.numel]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from gvq.compressors._bucketing import BucketQuantizer, prefix_sums
+from gvq.compressors._bucketing import BucketQuantizer, has_data, prefix_sums
 
 MAX_LLOYD = 1000                   # rounds are O(log n) on the sorted bucket: the cap is never the cost
 THRESHOLDS = ("lloyd", "mean")
@@ -60,11 +60,11 @@ class BinGradB(BucketQuantizer):
         for _ in range(MAX_LLOYD if self.threshold == "lloyd" else 0):
             b0 = (lo + hi) / 2
             again = torch.searchsorted(srt, b0)
-            if torch.equal(again, below):
+            if has_data(srt) and torch.equal(again, below):   # (meta: shapes only, no test)
                 break
             below = again
             lo, hi = split_means(csum, below, n)
-        codes = torch.ge(rows, b0, out=self.scratch("codes", rows.shape, torch.bool))
+        codes = torch.ge(rows, b0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), torch.cat([lo, hi], dim=1)
 
     def _decode(self, codes, side, out):

@@ -48,7 +48,7 @@ class BinGradPB(BucketQuantizer):
     def _encode(self, rows):
         b1 = pb_level(rows)
         inv = torch.where(b1 > 0, 0.5 / b1, 0.0)
-        y = torch.mul(rows, inv, out=self.scratch("y", rows.shape)).clamp_(-0.5, 0.5)   # Eq. 14 clip
+        y = torch.mul(rows, inv, out=self.scratch_like("y", rows)).clamp_(-0.5, 0.5)   # Eq. 14 clip
         return self.dither_floor_(y), b1
 
     def _decode(self, codes, side, out):

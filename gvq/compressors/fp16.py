@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gvq.compressors._bucketing import check_finite
+from gvq.compressors._bucketing import check_finite, has_data
 from gvq.compressors.base import Compressor
 
 FP16_MAX = 65504.0
@@ -28,7 +28,7 @@ class FP16(Compressor):
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x.reshape(-1)
-        if x.numel():
+        if x.numel() and has_data(x):                   # (meta: shapes only, no values to check)
             peak = float(x.abs().max())                 # NaN propagates: one pass checks both
             if not peak <= FP16_MAX:
                 check_finite(x, self.name)

@@ -18,7 +18,7 @@ from gvq.compressors.base import check_int
 def quantile_levels(sorted_rows: torch.Tensor, s: int) -> torch.Tensor:
     """(m, s) quantiles j/(s-1) of each sorted row, linearly interpolated between order statistics."""
     n = sorted_rows.shape[1]
-    pos = torch.linspace(0, n - 1, s, dtype=torch.float64)
+    pos = torch.linspace(0, n - 1, s, dtype=torch.float64, device=sorted_rows.device)
     lo = pos.floor().long()
     hi = torch.clamp(lo + 1, max=n - 1)
     frac = (pos - lo).float()

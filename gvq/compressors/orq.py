@@ -47,7 +47,7 @@ def orq_levels(srt: torch.Tensor, k: int) -> torch.Tensor:
     levels = torch.stack([srt[:, 0], srt[:, -1]], dim=1)
     for _ in range(k):                                       # halve every interval once per round
         mid = solve_level(srt, csum, levels[:, :-1].contiguous(), levels[:, 1:].contiguous())
-        grown = torch.empty(levels.shape[0], 2 * levels.shape[1] - 1, dtype=levels.dtype)
+        grown = torch.empty(levels.shape[0], 2 * levels.shape[1] - 1, dtype=levels.dtype, device=levels.device)
         grown[:, 0::2], grown[:, 1::2] = levels, mid
         levels = grown
     return levels

@@ -109,6 +109,12 @@ class PowerSGD:
         return {i: orthogonalize(torch.randn(b.cols, b.rank, generator=self.gen))
                 for i, b in enumerate(self.blocks) if b.rank}
 
+    def q_on(self, i: int, device: torch.device) -> Tensor:
+        """Block ``i``'s Q on the gradient's device (drawn by the seeded host generator, moved once)."""
+        if self.q[i].device != device:
+            self.q[i] = self.q[i].to(device)
+        return self.q[i]
+
     def begin(self) -> None:
         """Start an iteration: without warm start, a fresh random Q (drawn identically on all ranks)."""
         self.q_local = []
@@ -168,12 +174,13 @@ class PStage(_Stage):
     name = "powersgd-P"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1])
+        out = torch.empty(self.payload_spec(seg)[1], device=x.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
             piece, n = x[b.start - seg.start: b.stop - seg.start], b.p_len
             if b.rank:
-                torch.mm(piece.view(b.rows, b.cols), self.s.q[i], out=out[off: off + n].view(b.rows, b.rank))
+                torch.mm(piece.view(b.rows, b.cols), self.s.q_on(i, x.device),
+                         out=out[off: off + n].view(b.rows, b.rank))
             else:
                 out[off: off + n] = piece
             off += n
@@ -190,7 +197,7 @@ class PStage(_Stage):
                 self.s.raw[i] = piece          # the ring never writes a payload it has decoded
             off += n
         # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
-        return torch.zeros(()).expand(seg.stop - seg.start)
+        return torch.zeros((), device=payload.device).expand(seg.stop - seg.start)
 
 
 class QStage(_Stage):
@@ -201,7 +208,7 @@ class QStage(_Stage):
     length = "q_len"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1])
+        out = torch.empty(self.payload_spec(seg)[1], device=x.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
             if b.rank:
@@ -212,7 +219,7 @@ class QStage(_Stage):
         return out
 
     def decompress(self, payload, seg):
-        out = torch.empty(seg.stop - seg.start)
+        out = torch.empty(seg.stop - seg.start, device=payload.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
             dst = out[b.start - seg.start: b.stop - seg.start]

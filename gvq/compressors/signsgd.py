@@ -25,7 +25,7 @@ class ScaledSignSGD(BucketQuantizer):
 
     def _encode(self, rows):
         scale = rows.abs().mean(dim=1, keepdim=True)
-        codes = torch.ge(rows, 0, out=self.scratch("codes", rows.shape, torch.bool))
+        codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale
 
     def _decode(self, codes, side, out):

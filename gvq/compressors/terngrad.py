@@ -29,7 +29,7 @@ class TernGrad(BucketQuantizer):
     def _encode(self, rows):
         # max|v| as max(max, -min): two vectorised reductions, ~10x faster than abs().amax() or the inf-norm
         st = torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
-        y = torch.mul(rows, torch.where(st > 0, 1.0 / st, 0.0), out=self.scratch("y", rows.shape))
+        y = torch.mul(rows, torch.where(st > 0, 1.0 / st, 0.0), out=self.scratch_like("y", rows))
         return self.dither_floor_(y), st
 
     def _decode(self, codes, side, out):

@@ -16,6 +16,8 @@ max(S) * max(rows, K) * eps of the *recorded* samples' dtype count as zero, so f
 samples does not fake rank): directions beyond it carry no sample variance and the SVD returns arbitrary
 vectors for them, so a ``d`` or ``target_ratio`` asking for more gets less (a *higher* ratio than
 asked, no error); ``layer_stats()`` shows the real d.
+On ``meta`` tensors (no values) the fit is a dry run of its shapes: full rank assumed, d as asked, or
+the rank under Eq. 6 (which needs values).
 Zero variance (all samples equal, or L_t = 1): d = 1 with the direction of the mean (e_0 if the mean is
 zero too): the one float sent then carries the scale of the gradient along its typical direction, and
 every group keeps d >= 1 so payload shapes never vanish.
@@ -59,6 +61,10 @@ def principal_subspace(centred: Tensor, dof: int, lam: float, fallback: Tensor, 
     K = X.shape[1]
     _, S, Vh = torch.linalg.svd(X, full_matrices=False)
     eig = S.square() / max(dof, 1)
+    if X.device.type == "meta":       # shapes only (a dry run): full rank, d as asked or the rank
+        rank = max(1, min(dof, *X.shape))
+        k = min(rank, d if d is not None else max(1, round(K / target_ratio)) if target_ratio else rank)
+        return PCAFit(Vh[:k].T.float().contiguous(), k, float("nan"), rank)
     tol = float(S.max()) * max(X.shape) * eps if S.numel() else 0.0
     rank = min(int((S > tol).sum()), dof)
     if rank == 0 or float(eig.sum()) <= 0.0:
