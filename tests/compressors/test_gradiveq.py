@@ -355,3 +355,24 @@ def test_fitted_state_lives_on_the_device_of_the_fit():
     ds, vals = comp.state_tensors()                              # what the relay sends, and receives into
     assert ds.device.type == vals.device.type == "meta"
     assert comp.state_d_buffer(torch.device("meta")).device.type == "meta"   # receive buffers where asked
+
+
+@pytest.mark.parametrize("rows, K", [(30, 200), (400, 64)])      # sample space, then K space
+def test_gram_spectrum_is_the_svds_within_float_tolerance(rows, K):
+    """The fit's eigendecomposition of the smaller Gram matrix gives the SVD's singular values and, for
+    every direction above the rank tolerance, its vector up to sign."""
+    from gvq.compressors.gradiveq.pca import _spectrum
+    g = torch.Generator().manual_seed(1)
+    scales = torch.logspace(0, -3, 12, dtype=torch.float64)
+    X = (torch.randn(rows, 12, generator=g, dtype=torch.float64) * scales) @ torch.randn(12, K, generator=g,
+                                                                                         dtype=torch.float64)
+    X = (X + 1e-6 * torch.randn(rows, K, generator=g, dtype=torch.float64)).float().double()
+    S, Vh = _spectrum(X, torch.finfo(torch.float32).eps)
+    _, S_ref, Vh_ref = torch.linalg.svd(X, full_matrices=False)
+    n = min(rows, K)
+    assert S.shape == (n,) and Vh.shape == (n, K)
+    assert torch.allclose(S, S_ref, rtol=0, atol=1e-7 * float(S_ref[0]))
+    cos = (Vh[:12] * Vh_ref[:12]).sum(1).abs()                          # the 12 real directions
+    assert float((1 - cos).abs().max()) < 1e-6
+    S64, _ = _spectrum(X, torch.finfo(torch.float64).eps)              # float64 samples: the SVD itself
+    assert torch.equal(S64, S_ref)
