@@ -7,6 +7,7 @@
     python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
+    python -m gvq.bench codecs                                         # every codec per call vs its floor
 
 ``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
 """
@@ -22,6 +23,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "clock": "gvq.bench.clock",
     "paper": "gvq.bench.paper",
     "startup": "gvq.bench.startup",
+    "codecs": "gvq.bench.codecs",
 }
 
 

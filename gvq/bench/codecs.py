@@ -1,0 +1,137 @@
+"""Codecs against their floor: ``python -m gvq.bench codecs [--model resnet32] [--device cpu|cuda]``.
+
+Every compressor at a model's gradient size, one intra-op thread on the CPU: compress, decompress and,
+for additive codecs, the payload sum a ring hop does, per call (median of ``--reps``).  Beside each, the
+floor: what the call cannot beat on this machine, from ceilings measured in the same run --
+
+* ``gemm_gflops``: one-core matmul rate in the codec's dtype (a 1024 x 1024 fp32 / bf16 product);
+* ``mem_gbps``: memory bandwidth (a 256 MB copy: bytes read + written per second);
+
+and floor = max(multiply-adds x 2 / GEMM rate, bytes that must move / bandwidth), where the bytes are the
+input, the payload, and what a codec streams from memory on every call (GradiVeQ's bases, PowerSGD's
+Q and P matrices); scalar quantizers are bandwidth-bound (their arithmetic is a few operations a value).
+``x_floor`` = time / floor: 1 is the hardware's limit, not an achievable target for a Python codec.
+GradiVeQ is fitted once, before timing, on low-rank synthetic samples of the layout (the fit's time is not
+a per-call cost).  On CUDA every timed call is synchronised.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gvq.bench.common import make_aggregator, model_shapes, print_markdown
+from gvq.bench.quantizers import QUANTIZERS, laplace_vector
+
+#: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and README use
+GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", []),
+            "gradiveq_pooled": ("gradiveq_pooled", []),
+            "gradiveq_pooled_bf16": ("gradiveq_pooled", ["aggregator.compressor.basis_dtype=bfloat16"])}
+DEFAULT = [*QUANTIZERS, *GRADIVEQ, "powersgd"]
+
+
+def _timed(fn, reps: int, device: torch.device) -> float:
+    """Median seconds of ``fn()`` after one untimed call."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def ceilings(device: torch.device, reps: int = 5) -> dict:
+    """Measured here, now: GEMM GFLOP/s per dtype and copy bandwidth (GB/s, read + write)."""
+    out = {}
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        a = torch.randn(1024, 1024, device=device).to(dt)
+        out[f"gemm_gflops_{name}"] = 2 * 1024 ** 3 / _timed(lambda: torch.mm(a, a), reps, device) / 1e9
+    src = torch.empty(64 << 20, device=device).fill_(1.0)          # 256 MB: past every cache
+    dst = torch.empty_like(src)
+    out["mem_gbps"] = 2 * src.numel() * 4 / _timed(lambda: dst.copy_(src), reps, device) / 1e9
+    return out
+
+
+def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
+    comp = make_aggregator(*GRADIVEQ[label]).compressor
+    comp.world_size = 2
+    comp.bind([tuple(s) for s in shapes])
+    n = comp.layout.numel
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(L, 16, generator=g) @ torch.randn(16, n, generator=g)
+    comp.fit((samples + 0.3 * torch.randn(L, n, generator=g)).to(device))
+    macs = sum(g.n * g.K * comp.basis(g.gid)[0].shape[1] for g in comp.groups)
+    dsize = torch.finfo(comp._dt).bits // 8
+    streamed = sum(g.K * comp.basis(g.gid)[0].shape[1] for g in comp.groups) * dsize
+    return comp, macs, streamed, comp.basis_dtype
+
+
+def _powersgd(shapes, device: torch.device):
+    from gvq.compressors.powersgd import PowerSGD
+    agg = make_aggregator("powersgd", [])
+    state = PowerSGD(shapes, agg.rank, agg.min_compression_rate)
+    for i in state.q:
+        state.q_on(i, device)
+    macs = sum(b.rows * b.cols * b.rank for b in state.blocks if b.rank)        # per pass
+    streamed = 4 * sum((b.rows + b.cols) * b.rank for b in state.blocks if b.rank)
+    return state, macs, streamed
+
+
+def measure(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:
+    """One codec's row: per-call times, the floor of its compress, and time / floor."""
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    x = laplace_vector(numel).to(device)
+    seg, macs, streamed, dtype = slice(0, numel), 0, 0, "float32"
+    if name in GRADIVEQ:
+        comp, macs, streamed, dtype = _gradiveq(name, shapes, device)
+    elif name == "powersgd":
+        state, macs, streamed = _powersgd(shapes, device)
+        state.begin()
+        comp = state.p_stage                   # pass P (M Q): the larger product; pass Q's is the same size
+    else:
+        comp = make_aggregator(name, []).compressor
+    payload = comp.compress(x, seg)
+    row = {"codec": name, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
+           "compress_ms": 1e3 * _timed(lambda: comp.compress(x, seg), reps, device),
+           "decompress_ms": 1e3 * _timed(lambda: comp.decompress(payload, seg), reps, device)}
+    row["add_ms"] = 1e3 * _timed(lambda: payload + payload, reps, device) if comp.additive else float("nan")
+    moved = 4 * numel + payload.numel() * payload.element_size() + streamed
+    row["floor_ms"] = 1e3 * max(2 * macs / (ceil[f"gemm_gflops_{dtype}"] * 1e9), moved / (ceil["mem_gbps"] * 1e9))
+    row["x_floor"] = row["compress_ms"] / row["floor_ms"]
+    return row
+
+
+def main(argv: list[str]) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m gvq.bench codecs", description=__doc__.split("\n")[0])
+    p.add_argument("--codecs", nargs="+", default=DEFAULT, help="option files of conf/aggregator/")
+    p.add_argument("--model", default="resnet32", help="whose gradient shapes (conf/model/)")
+    p.add_argument("--num-classes", type=int, default=100)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", help="write the records (and the ceilings) as JSON here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ceil = ceilings(device)
+        shapes = model_shapes(args.model, args.num_classes)
+        rows = [measure(name, shapes, device, ceil, args.reps) for name in args.codecs]
+    finally:
+        torch.set_num_threads(threads)
+    setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
+    print_markdown(rows, ["codec", "dtype", "payload_mb", "compress_ms", "decompress_ms", "add_ms", "floor_ms",
+                          "x_floor"],
+                   f"codecs per call, {args.model} gradient ({sum(int(torch.Size(s).numel()) for s in shapes):,} "
+                   f"values), {device.type}, 1 thread, median of {args.reps}; floor of compress from {setting}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=1))
+    return rows
