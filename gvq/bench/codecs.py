@@ -34,7 +34,7 @@ GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", [])
 DEFAULT = [*QUANTIZERS, *GRADIVEQ, "powersgd"]
 
 
-def _timed(fn, reps: int, device: torch.device) -> float:
+def _median_call_s(fn, reps: int, device: torch.device) -> float:
     """Median seconds of ``fn()`` after one untimed call."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
@@ -53,10 +53,10 @@ def ceilings(device: torch.device, reps: int = 5) -> dict:
     out = {}
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         a = torch.randn(1024, 1024, device=device).to(dt)
-        out[f"gemm_gflops_{name}"] = 2 * 1024 ** 3 / _timed(lambda: torch.mm(a, a), reps, device) / 1e9
+        out[f"gemm_gflops_{name}"] = 2 * 1024 ** 3 / _median_call_s(lambda: torch.mm(a, a), reps, device) / 1e9
     src = torch.empty(64 << 20, device=device).fill_(1.0)          # 256 MB: past every cache
     dst = torch.empty_like(src)
-    out["mem_gbps"] = 2 * src.numel() * 4 / _timed(lambda: dst.copy_(src), reps, device) / 1e9
+    out["mem_gbps"] = 2 * src.numel() * 4 / _median_call_s(lambda: dst.copy_(src), reps, device) / 1e9
     return out
 
 
@@ -85,7 +85,7 @@ def _powersgd(shapes, device: torch.device):
     return state, macs, streamed
 
 
-def measure(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:
+def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:
     """One codec's row: per-call times, the floor of its compress, and time / floor."""
     numel = sum(int(torch.Size(s).numel()) for s in shapes)
     x = laplace_vector(numel).to(device)
@@ -100,9 +100,9 @@ def measure(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> d
         comp = make_aggregator(name, []).compressor
     payload = comp.compress(x, seg)
     row = {"codec": name, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
-           "compress_ms": 1e3 * _timed(lambda: comp.compress(x, seg), reps, device),
-           "decompress_ms": 1e3 * _timed(lambda: comp.decompress(payload, seg), reps, device)}
-    row["add_ms"] = 1e3 * _timed(lambda: payload + payload, reps, device) if comp.additive else float("nan")
+           "compress_ms": 1e3 * _median_call_s(lambda: comp.compress(x, seg), reps, device),
+           "decompress_ms": 1e3 * _median_call_s(lambda: comp.decompress(payload, seg), reps, device)}
+    row["add_ms"] = 1e3 * _median_call_s(lambda: payload + payload, reps, device) if comp.additive else float("nan")
     moved = 4 * numel + payload.numel() * payload.element_size() + streamed
     row["floor_ms"] = 1e3 * max(2 * macs / (ceil[f"gemm_gflops_{dtype}"] * 1e9), moved / (ceil["mem_gbps"] * 1e9))
     row["x_floor"] = row["compress_ms"] / row["floor_ms"]
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> list[dict]:
     try:
         ceil = ceilings(device)
         shapes = model_shapes(args.model, args.num_classes)
-        rows = [measure(name, shapes, device, ceil, args.reps) for name in args.codecs]
+        rows = [measure_codec(name, shapes, device, ceil, args.reps) for name in args.codecs]
     finally:
         torch.set_num_threads(threads)
     setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())

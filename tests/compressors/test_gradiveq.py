@@ -376,3 +376,25 @@ def test_gram_spectrum_is_the_svds_within_float_tolerance(rows, K):
     assert float((1 - cos).abs().max()) < 1e-6
     S64, _ = _spectrum(X, torch.finfo(torch.float64).eps)              # float64 samples: the SVD itself
     assert torch.equal(S64, S_ref)
+
+
+def test_folded_addmm_and_streaming_layouts_agree(monkeypatch):
+    """Small fp32 bases compress/decompress as one addmm (mu folded in), large ones through the
+    streaming layouts: the two give the same payloads and reconstructions within float tolerance."""
+    import gvq.compressors.gradiveq.codec as codec_mod
+    shapes = [(16, 3, 3, 3), (16,), (32, 16, 3, 3), (10, 32)]
+    g = torch.Generator().manual_seed(3)
+    outs = []
+    for fold_bytes in (0, 1 << 30):
+        monkeypatch.setattr(codec_mod, "FOLD_BYTES", fold_bytes)
+        comp = GradiVeQ(K="auto", world_size=2)
+        comp.bind(shapes)
+        n = comp.layout.numel
+        g.manual_seed(3)
+        comp.fit(torch.randn(6, 4, generator=g) @ torch.randn(4, n, generator=g))
+        assert all(comp._fold) == bool(fold_bytes) and any(comp._fold) == bool(fold_bytes)
+        x = torch.randn(n, generator=g)
+        payload = comp.compress(x, slice(0, n))
+        outs.append((payload, comp.decompress(payload, slice(0, n))))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-6)
