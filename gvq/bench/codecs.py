@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from gvq.bench.common import make_aggregator, model_shapes, print_markdown
+from gvq.bench.common import (
+    make_aggregator,
+    median_seconds,
+    model_shapes,
+    print_markdown,
+)
 from gvq.bench.quantizers import QUANTIZERS, laplace_vector
 
 #: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and README use
@@ -34,29 +37,15 @@ GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", [])
 DEFAULT = [*QUANTIZERS, *GRADIVEQ, "powersgd"]
 
 
-def _median_call_s(fn, reps: int, device: torch.device) -> float:
-    """Median seconds of ``fn()`` after one untimed call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def ceilings(device: torch.device, reps: int = 5) -> dict:
     """Measured here, now: GEMM GFLOP/s per dtype and copy bandwidth (GB/s, read + write)."""
     out = {}
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         a = torch.randn(1024, 1024, device=device).to(dt)
-        out[f"gemm_gflops_{name}"] = 2 * 1024 ** 3 / _median_call_s(lambda: torch.mm(a, a), reps, device) / 1e9
+        out[f"gemm_gflops_{name}"] = 2 * 1024 ** 3 / median_seconds(lambda: torch.mm(a, a), reps, device) / 1e9
     src = torch.empty(64 << 20, device=device).fill_(1.0)          # 256 MB: past every cache
     dst = torch.empty_like(src)
-    out["mem_gbps"] = 2 * src.numel() * 4 / _median_call_s(lambda: dst.copy_(src), reps, device) / 1e9
+    out["mem_gbps"] = 2 * src.numel() * 4 / median_seconds(lambda: dst.copy_(src), reps, device) / 1e9
     return out
 
 
@@ -68,9 +57,9 @@ def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
     g = torch.Generator().manual_seed(0)
     samples = torch.randn(L, 16, generator=g) @ torch.randn(16, n, generator=g)
     comp.fit((samples + 0.3 * torch.randn(L, n, generator=g)).to(device))
-    macs = sum(g.n * g.K * comp.basis(g.gid)[0].shape[1] for g in comp.groups)
-    dsize = torch.finfo(comp._dt).bits // 8
-    streamed = sum(g.K * comp.basis(g.gid)[0].shape[1] for g in comp.groups) * dsize
+    ds = [comp.basis(g.gid)[0].shape[1] for g in comp.groups]
+    macs = sum(g.n * g.K * d for g, d in zip(comp.groups, ds))
+    streamed = sum(g.K * d for g, d in zip(comp.groups, ds)) * (torch.finfo(comp._dt).bits // 8)
     return comp, macs, streamed, comp.basis_dtype
 
 
@@ -100,9 +89,9 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
         comp = make_aggregator(name, []).compressor
     payload = comp.compress(x, seg)
     row = {"codec": name, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
-           "compress_ms": 1e3 * _median_call_s(lambda: comp.compress(x, seg), reps, device),
-           "decompress_ms": 1e3 * _median_call_s(lambda: comp.decompress(payload, seg), reps, device)}
-    row["add_ms"] = 1e3 * _median_call_s(lambda: payload + payload, reps, device) if comp.additive else float("nan")
+           "compress_ms": 1e3 * median_seconds(lambda: comp.compress(x, seg), reps, device),
+           "decompress_ms": 1e3 * median_seconds(lambda: comp.decompress(payload, seg), reps, device)}
+    row["add_ms"] = 1e3 * median_seconds(lambda: payload + payload, reps, device) if comp.additive else float("nan")
     moved = 4 * numel + payload.numel() * payload.element_size() + streamed
     row["floor_ms"] = 1e3 * max(2 * macs / (ceil[f"gemm_gflops_{dtype}"] * 1e9), moved / (ceil["mem_gbps"] * 1e9))
     row["x_floor"] = row["compress_ms"] / row["floor_ms"]

@@ -6,7 +6,9 @@ Every ``gvq.bench`` subcommand imports from here (and never from each other), so
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -72,6 +74,21 @@ def run_bench(sub: str, flags: list[str], pin: bool = False) -> list[dict]:
             cmd = ["taskset", "-c", "0", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
         return json.loads(Path(out).read_text())
+
+
+def median_seconds(fn, reps: int, device: torch.device | None = None) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one untimed call (tables, buffers);
+    on CUDA each timed call is synchronised."""
+    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
+    fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def print_markdown(records: list[dict], cols: list[str], header: str) -> None:

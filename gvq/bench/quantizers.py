@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gvq.bench.common import make_aggregator
+from gvq.bench.common import make_aggregator, median_seconds
 from gvq.compressors.base import Compressor
 
 RESNET32_PARAMS = 470_004
@@ -29,15 +29,6 @@ def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tens
     """Laplacian test data from a seeded generator (inverse CDF of a uniform draw)."""
     u = torch.rand(numel, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) - 0.5
     return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
-
-
-def _median_seconds(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def fresh_vs_bank_ms(fresh: Compressor, bank: Compressor, numel: int = RESNET32_PARAMS,
@@ -67,9 +58,8 @@ def quantizer_throughput(compressor: Compressor, numel: int = RESNET32_PARAMS, r
     try:
         x, seg = laplace_vector(numel), slice(0, numel)
         payload = compressor.compress(x, seg)
-        compressor.decompress(payload, seg)
-        t_q = _median_seconds(lambda: compressor.compress(x, seg), reps)
-        t_d = _median_seconds(lambda: compressor.decompress(payload, seg), reps)
+        t_q = median_seconds(lambda: compressor.compress(x, seg), reps)
+        t_d = median_seconds(lambda: compressor.decompress(payload, seg), reps)
     finally:
         torch.set_num_threads(threads)
     nbytes = 4 * numel

@@ -94,6 +94,12 @@ def check_finite(x: Tensor, who: str) -> None:
                          f"(or sums past float32 range); refusing to quantize garbage")
 
 
+def max_abs_rows(rows: Tensor) -> Tensor:
+    """max|v| of each row, (m, 1), exactly, as max(max, -min): two vectorised reductions, several times
+    faster than ``abs().amax()`` or the inf-norm; NaN/Inf propagate."""
+    return torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
+
+
 def clip_rows(rows: Tensor, c: float) -> Tensor:
     """TernGrad clipping, per bucket: clamp to +-c * RMS(bucket).  Returns a new tensor."""
     lim = c * rows.pow(2).mean(dim=1, keepdim=True).sqrt_()
@@ -251,16 +257,18 @@ class BucketQuantizer(Compressor):
         if bank is None or bank.numel() < 2 * n:
             bank = self._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
             self._redraw(bank, 0, bank.numel())
-        at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=self.gen))
+        # window offsets: host integers from the seeded host generator (an index, not data)
+        at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=self.gen, device="cpu"))
         y.add_(bank[at: at + n].view_as(y))
         fresh = -(-n // BANK_REFRESH)
-        self._redraw(bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=self.gen)), fresh)
+        self._redraw(bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=self.gen, device="cpu")),
+                     fresh)
 
     def _redraw(self, bank: Tensor, at: int, count: int) -> None:
         """bank[at:at+count] = base + u, u on the 65536 midpoints of (0, 1): 16-bit random integers,
         four per int64 draw (5x cheaper than ``torch.rand``)."""
-        words = torch.empty(-(-count // 4), dtype=torch.int64).random_(-2 ** 63, None, generator=self.gen)
-        words = words.to(bank.device)     # drawn by the seeded host generator, then moved with the data
+        words = self.scratch("words", (-(-count // 4),), torch.int64, "cpu")     # the seeded host
+        words = words.random_(-2 ** 63, None, generator=self.gen).to(bank.device)  # generator's, moved
         part = bank[at: at + count]
         part.copy_(words.view(torch.int16)[:count]).mul_(2.0 ** -16).add_(self.dither_base + DITHER_OFFSET)
 

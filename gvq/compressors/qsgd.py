@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from gvq.compressors._bucketing import BucketQuantizer
+from gvq.compressors._bucketing import BucketQuantizer, max_abs_rows
 from gvq.compressors.base import check_int
 
 
@@ -55,8 +55,8 @@ class QSGD(BucketQuantizer):
     def _encode(self, rows):
         if self.norm == "l2":
             norm = torch.linalg.vector_norm(rows, ord=2, dim=1, keepdim=True)
-        else:   # max|v| as max(max, -min), exactly: two vectorised reductions, ~2 ms less at ResNet-32
-            norm = torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
+        else:   # max|v|: ~2 ms less than the inf-norm at ResNet-32 size
+            norm = max_abs_rows(rows)
         scale = torch.where(norm > 0, self.half / norm, 0.0)     # all-zero bucket -> every code is 0
         y = torch.mul(rows, scale, out=self.scratch_like("y", rows))   # in [-L, L]; + L in the dither
         return self.dither_floor_(y), norm

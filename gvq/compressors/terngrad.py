@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gvq.compressors._bucketing import BucketQuantizer
+from gvq.compressors._bucketing import BucketQuantizer, max_abs_rows
 
 
 class TernGrad(BucketQuantizer):
@@ -27,8 +27,7 @@ class TernGrad(BucketQuantizer):
         super().__init__(bucket, clip, dither)
 
     def _encode(self, rows):
-        # max|v| as max(max, -min): two vectorised reductions, ~10x faster than abs().amax() or the inf-norm
-        st = torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
+        st = max_abs_rows(rows)
         y = torch.mul(rows, torch.where(st > 0, 1.0 / st, 0.0), out=self.scratch_like("y", rows))
         return self.dither_floor_(y), st
 

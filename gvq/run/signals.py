@@ -101,6 +101,13 @@ def on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+class _StringsOnly(pickle.Unpickler):
+    """Loads pickled plain data (a string) and refuses any object: nothing in the file runs."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refused {module}.{name}: only plain data is read here")
+
+
 def _root_cause(ctx, e: Exception) -> Exception:
     """When several ranks failed, the one to report is the cause: torch reports the first to exit, and a
     rank that lost its peer (``PeerLostError``) may exit before the peer that raised does (forked ranks
@@ -110,7 +117,7 @@ def _root_cause(ctx, e: Exception) -> Exception:
     for i, path in enumerate(ctx.error_files):
         try:
             with open(path, "rb") as fh:
-                trace = pickle.load(fh)      # torch's own error file: a traceback string it wrote
+                trace = _StringsOnly(fh).load()   # torch's error file: a pickled traceback string
         except (OSError, EOFError, pickle.UnpicklingError):
             continue                         # this rank raised nothing (exited, or killed)
         if isinstance(trace, str) and "PeerLostError" not in trace:

@@ -210,3 +210,22 @@ def test_the_rank_that_raised_is_reported_over_the_peers_that_lost_it(tmp_path):
     assert (cause.error_index, cause.error_pid) == (1, 101) and "injected failure on rank 1" in str(cause)
     other = tmp_mp.ProcessRaisedException("RuntimeError: a bug on rank 2", 2, 102)
     assert _root_cause(ctx, other) is other                # not a lost peer: torch's pick stands
+
+
+def test_a_rank_error_file_holding_an_object_is_not_unpickled(tmp_path):
+    """The error files are read as plain data: a pickled object (whose loading could run code) is
+    refused and its rank skipped, never imported or called."""
+    import pickle
+    from types import SimpleNamespace
+
+    import torch.multiprocessing as tmp_mp
+
+    from gvq.run.signals import _root_cause
+    files = [str(tmp_path / "err0"), str(tmp_path / "err1"), str(tmp_path / "err2")]
+    with open(files[1], "wb") as f:
+        pickle.dump(print, f)                                  # a global: loading it needs find_class
+    with open(files[2], "wb") as f:
+        pickle.dump("RuntimeError: the real failure on rank 2", f)
+    ctx = SimpleNamespace(error_files=files, processes=[SimpleNamespace(pid=200 + i) for i in range(3)])
+    first = tmp_mp.ProcessRaisedException("gvq.comm.p2p.PeerLostError: rank 0", 0, 200)
+    assert _root_cause(ctx, first).error_index == 2
