@@ -1,4 +1,4 @@
-"""Analyses of real gradients: ``python -m gvq.analysis quantizers|correlation|peers [--out DIR] ...``.
+"""Analyses of real gradients: ``python -m gvq.analysis quantizers|correlation|peers|dither|frontier ...``.
 
 * ``quantizers``: quantization error ||Q(G)-G||^2/||G||^2 of every scalar quantizer at s = 3, 5, 9 and
   binary on gradients recorded from a short digits run; checks the ORQ paper's claims (CSV + PNG).
@@ -7,6 +7,9 @@
 * ``peers``: GradiVeQ vs PowerSGD-rank-r at equal bytes per iteration (GradiVeQ fitted on L_t earlier
   gradients, scored on the following ones), plus 4-bit QSGD: relative compression error (CSV + table);
   see :mod:`gvq.analysis.peers`.
+* ``frontier``: error against codec time at equal bytes: GradiVeQ over its slice size K at whole-vector
+  ratios 4, 8, 16 and PowerSGD over its rank (CSV + PNG + the K recommended at ratio 8); see
+  :mod:`gvq.analysis.frontier`.
 """
 from __future__ import annotations
 
@@ -123,9 +126,15 @@ def dither(argv) -> int:
     return dither_main(argv)
 
 
+def frontier(argv) -> int:
+    from gvq.analysis.frontier import main as frontier_main
+    return frontier_main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers, "dither": dither}
+    commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers, "dither": dither,
+                "frontier": frontier}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m gvq.analysis {{{','.join(commands)}}} [--help]", file=sys.stderr)
         return 2

@@ -204,7 +204,9 @@ class BucketQuantizer(Compressor):
             check_finite(x, self.name)                # the diagnosis names NaN/Inf inputs
             raise ValueError(f"{self.name}: bucket statistics overflow float32 (|values| too large)")
         out[: lay.side_bytes].view(torch.float32).copy_(side.reshape(-1))
-        pack(self._code_stream(parts, lay), lay, out[lay.side_bytes:])
+        stream = self._code_stream(parts, lay)
+        work = self.scratch("pack", stream.shape, torch.float64, x.device) if lay.per_word > 8 else None
+        pack(stream, lay, out[lay.side_bytes:], work)
         return out
 
     def _code_stream(self, parts, lay: Layout) -> Tensor:
@@ -239,15 +241,26 @@ class BucketQuantizer(Compressor):
         return out
 
     # -- helpers for subclasses ---------------------------------------------------------------
-    def dither_floor_(self, y: Tensor) -> Tensor:
+    @property
+    def dither_shift(self) -> float:
+        """The constant ``dither_floor_`` adds (base + offset): an encoder that can fold it into a pass
+        it makes anyway (an addcmul, a table) says ``shifted=True`` and saves one pass."""
+        return self.dither_base + DITHER_OFFSET
+
+    def dither_floor_(self, y: Tensor, shifted: bool = False) -> Tensor:
         """Unbiased stochastic rounding, in place: integer codes ``floor(y + base + u)`` clamped to
-        [0, levels), u fresh (``dither=fresh``) or from the bank (``base`` = ``self.dither_base``)."""
+        [0, levels), u fresh (``dither=fresh``) or from the bank (``base`` = ``self.dither_base``);
+        ``shifted``: y already holds + ``dither_shift``."""
         if self.dither == "bank":
+            if shifted:                                 # the bank's uniforms carry the shift
+                y.sub_(self.dither_shift)
             self._add_bank_window(y)
         else:
             u = self.scratch("u", y.shape, torch.float32, y.device)
             u.copy_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape))
-            y.add_(u, alpha=2.0 ** -16).add_(self.dither_base + DITHER_OFFSET)
+            y.add_(u, alpha=2.0 ** -16)
+            if not shifted:
+                y.add_(self.dither_shift)
         codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
         return codes.copy_(y).clamp_(max=self.levels - 1)             # float -> int truncates = floor
 

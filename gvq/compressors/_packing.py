@@ -14,6 +14,7 @@ from torch import Tensor
 
 MAX_WORD_BYTES = 6            # words < 2**48: exact in int64 and float64 arithmetic
 MAX_LEVELS = 1 << 16           # codes must fit 16 bits (the ``bits <= 16`` limit)
+BIT_GATHER = 0x0102040810204080  # sum of 2**(56 - 7j), j < 8: gathers eight byte-aligned bits
 
 # ---- layout: every size is a function of (numel, config) only ----------------------------------
 @functools.lru_cache(maxsize=None)
@@ -74,10 +75,18 @@ def split_rows(x: Tensor, bucket: int) -> list[Tensor]:
 
 
 # ---- packing -------------------------------------------------------------------------------
-def pack(codes: Tensor, lay: Layout, out: Tensor) -> None:
-    """Codes (n_words * per_word,) in [0, radix), zero-padded -> ``out``, uint8 (n_words * word_bytes,)."""
+def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) -> None:
+    """Codes (n_words * per_word,) in [0, radix), zero-padded -> ``out``, uint8 (n_words * word_bytes,).
+    ``work``: a reusable float64 buffer of the codes' size for the many-digit path (a fresh 4 MB one
+    costs its page faults, ~1 ms at ResNet-32 size)."""
     k, radix, nw = lay.per_word, lay.radix, lay.n_words
     assert codes.numel() == nw * k, "pad codes to whole words (BucketQuantizer._code_stream)"
+    if lay.word_bytes == 1 and k == 8 and radix == 2 and codes.element_size() == 1:
+        # 1 bit a value: eight 0/1 bytes read as one int64; a multiply moves byte j's bit to bit 56 + j
+        # with no two partial products on one bit (no carries), the top byte is the packed word
+        word = codes.view(torch.uint8).view(nw, 8).view(torch.int64).view(nw) * BIT_GATHER
+        out.copy_(word.bitwise_right_shift_(56).bitwise_and_(0xFF))
+        return
     if lay.word_bytes == 1:
         c = codes.view(nw, k).to(torch.uint8)
         if k == 2 and radix == 16:                    # hot path (4-bit QSGD): c0 | c1 << 4 via int16
@@ -90,10 +99,21 @@ def pack(codes: Tensor, lay: Layout, out: Tensor) -> None:
         out.copy_(word)
         return
     c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)
-    word = torch.empty(nw, dtype=torch.int64, device=c.device).copy_(c[:, k - 1])   # dense, even if nw == 1
-    for j in range(k - 2, -1, -1):
-        word.mul_(radix).add_(c[:, j])
+    if k > 8:     # one float64 matrix-vector product, exact below 2**53: 2.3x faster than 16 strided
+        # Horner steps at 17 base-5 digits a word (few digits: Horner is as fast)
+        cf = c.to(torch.float64) if work is None else work.view(nw, k).copy_(c)
+        word = torch.mv(cf, _powers(radix, k, c.device)).to(torch.int64)
+    else:
+        word = torch.empty(nw, dtype=torch.int64, device=c.device).copy_(c[:, k - 1])   # dense, even if nw == 1
+        for j in range(k - 2, -1, -1):
+            word.mul_(radix).add_(c[:, j])
     out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
+
+
+@functools.lru_cache(maxsize=None)
+def _powers(radix: int, k: int, device: torch.device) -> Tensor:
+    """radix**j for j < k, float64 (exact: words < 2**48), on ``device``."""
+    return torch.tensor([float(radix ** j) for j in range(k)], dtype=torch.float64, device=device)
 
 
 def digit_dtype(radix: int) -> torch.dtype:

@@ -13,6 +13,9 @@ minimise |f(b)|: with |v| sorted descending a_1 >= a_2 >= ... and S_k = a_1 + ..
 (a_{k+1}, a_k]; the best b on that piece is S_k / n clamped to it, and b1 is the best over k (one sort
 and one cumulative sum per bucket).
 
+``fit``: ``histogram`` (default) solves f(b) = 0 on a histogram of |v| over [0, max|v|] (``_histogram``),
+interpolating inside the bin where f changes sign: no sort; ``sorted`` is the exact minimiser above.
+
 Wire: b1 (one float32) + 1 bit a value (ratio 31.5 at bucket 2048).  An all-zero bucket has b1 = 0.
 """
 from __future__ import annotations
@@ -20,6 +23,13 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors._bucketing import BucketQuantizer
+from gvq.compressors._histogram import (
+    bin_counts,
+    bins_for,
+    check_fit,
+    cumulative,
+    grid_coords,
+)
 
 
 def pb_level(rows: torch.Tensor) -> torch.Tensor:
@@ -33,6 +43,38 @@ def pb_level(rows: torch.Tensor) -> torch.Tensor:
     return best.gather(1, k).float()
 
 
+def pb_level_grid(q, rows: torch.Tensor) -> torch.Tensor:
+    """b1 (m, 1) from a histogram of |v| over [0, max|v|] (``q``: the quantizer, for scratch): the root of
+    f(b) = b - sum_{|v| >= b} |v| / n, increasing, interpolated inside the bin where it turns >= 0, then
+    one exact step on the values (``pb_refine``)."""
+    m, n = rows.shape
+    bins = bins_for(n)
+    t = torch.abs(rows, out=q.scratch_like("y", rows))
+    top = t.amax(dim=1, keepdim=True)
+    idx = q.scratch_like("idx", rows, torch.int32)
+    sc = grid_coords(t, None, top, bins, t, idx, q.name)              # t = |v| * sc, in bin units
+    mom = cumulative(bin_counts(idx, m, bins), moments_only=True)
+    edge = torch.arange(bins + 1, dtype=mom.dtype, device=rows.device)
+    f = torch.sub(mom, mom[:, -1:]).mul_(1.0 / n).add_(edge)    # f at every edge
+    e = torch.searchsorted(f, torch.zeros(m, 1, dtype=f.dtype, device=f.device)).clamp_(1, bins)
+    f0, f1 = f.gather(1, e - 1), f.gather(1, e)
+    b_t = (e - 1) + (-f0 / torch.where(f1 > f0, f1 - f0, 1.0)).clamp_(0.0, 1.0)
+    return pb_refine(q, t, b_t.float(), sc, top)
+
+
+def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """One exact step from the estimate b (t units): r = sum_{t >= b} t / n is the root of f if no value
+    lies in [b, r) (it holds on that piece), else the minimiser is at a jump of f, at the first value
+    above b: b1 = min(r, that value).  Exact for constant and sparse buckets.  Float 0/1 masks: bool ops
+    are ~4x slower here."""
+    n = t.shape[1]
+    below = torch.lt(t, b, out=q.scratch_like("below", t))
+    first_above = torch.add(t, below, alpha=2.0 ** 30, out=q.scratch_like("z", t)).amin(dim=1, keepdim=True)
+    r = (t.sum(dim=1, keepdim=True) - below.mul_(t).sum(dim=1, keepdim=True)) / n
+    b1 = torch.minimum(r, first_above)
+    return torch.where(sc > 0, b1 / sc, top)                  # back from bin units (top: an all-zero bucket)
+
+
 class BinGradPB(BucketQuantizer):
     name = "bingrad_pb"
     stochastic = True
@@ -42,11 +84,14 @@ class BinGradPB(BucketQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+                 dither: str = "fresh",             # fresh (independent every call) | bank (faster, correlated)
+                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact b1)
         super().__init__(bucket, clip, dither)
+        self.fit = check_fit(fit)
+        self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 
     def _encode(self, rows):
-        b1 = pb_level(rows)
+        b1 = pb_level(rows) if self.fit == "sorted" else pb_level_grid(self, rows)
         inv = torch.where(b1 > 0, 0.5 / b1, 0.0)
         y = torch.mul(rows, inv, out=self.scratch_like("y", rows)).clamp_(-0.5, 0.5)   # Eq. 14 clip
         return self.dither_floor_(y), b1

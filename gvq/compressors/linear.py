@@ -5,13 +5,16 @@ between order statistics as ``numpy.quantile``), each value rounded at random to
 density is high (the paper's Fig. 1).
 
 Wire: the s levels (s float32 a bucket) + base-s codes (``bucketing.word_format``: s=5 -> 2.35 bits a
-value, s=9 -> 3.2).  Encoding sorts each bucket once (the dominant cost).
+value, s=9 -> 3.2).  No sort: ``Linear`` reads the quantiles off each bucket's histogram (``_histogram``:
+levels on the edge nearest each quantile, within one bin of it; rounding by table lookup).
+``fit: sorted`` keeps the exact quantiles (``quantile_levels``, one sort per bucket).
 """
 from __future__ import annotations
 
 import torch
 
 from gvq.compressors._bucketing import MAX_LEVELS, BucketQuantizer
+from gvq.compressors._histogram import check_fit, cumulative, encode_on_grid, rank_edge
 from gvq.compressors.base import check_int
 
 
@@ -26,6 +29,17 @@ def quantile_levels(sorted_rows: torch.Tensor, s: int) -> torch.Tensor:
     return torch.lerp(a, b, frac).clamp_(min=a, max=b)   # clamp: lerp round-off must not leave [a, b]
 
 
+def quantile_edges(counts: torch.Tensor, s: int) -> torch.Tensor:
+    """(m, s) integer edges nearest the quantiles j/(s-1) of each bucket histogram (m, bins): first 0,
+    last ``bins`` (min and max exactly)."""
+    m, bins = counts.shape
+    cum, _ = cumulative(counts)
+    frac = torch.linspace(0, 1, s, dtype=torch.float64, device=counts.device)
+    edges = rank_edge(cum, counts, frac * (cum[:, -1:] - 1)).round().long()
+    edges[:, 0], edges[:, -1] = 0, bins
+    return edges
+
+
 class Linear(BucketQuantizer):
     name = "linear"
     stochastic = True
@@ -34,14 +48,18 @@ class Linear(BucketQuantizer):
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
+                 dither: str = "fresh",             # fresh (independent every call) | bank (faster, correlated)
+                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
         super().__init__(bucket, clip, dither)
+        self.fit = check_fit(fit)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels
 
     def _encode(self, rows):
-        levels = quantile_levels(rows.sort(dim=1).values, self.levels)
-        return self.round_to_levels(rows, levels), levels
+        if self.fit == "sorted":
+            levels = quantile_levels(rows.sort(dim=1).values, self.levels)
+            return self.round_to_levels(rows, levels), levels
+        return encode_on_grid(self, rows, lambda counts: quantile_edges(counts, self.levels))
 
     def _decode(self, codes, side, out):
         torch.gather(side, 1, codes.long(), out=out)

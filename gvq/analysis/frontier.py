@@ -1,0 +1,266 @@
+"""The error-cost frontier at equal bytes: GradiVeQ over its slice size K and PowerSGD over its rank, on
+REAL gradients.
+
+    python -m gvq.analysis frontier [--model cnn --dataset digits --ratios 4 8 16 --rank 1 2 4 8 ...]
+
+Gradients: one process trains with plain SGD and keeps every iteration's flat gradient
+(:func:`gvq.analysis.record.record_gradients`, batch 128 standing for N = 4 ranks x 32); the schedule
+is :mod:`gvq.analysis.peers`' (``warmup`` skipped, then cycles of ``L_t`` fitting / ``L_c`` evaluation
+gradients), and so are its helpers: GradiVeQ is fitted on a cycle's L_t gradients and scored on the
+FOLLOWING L_c only; PowerSGD (warm-started Q, no error feedback) runs from the first post-warmup
+iteration and is scored on the same evaluation iterations.
+
+Configurations:
+
+* GradiVeQ at every slice size K = m * F * D (``K=x<m>``, m = 1 .. the largest kernel's H * W; a layer
+  keeps floor(H W / m) slices, its tail and every non-conv parameter travel raw; x<H W> = one slice a
+  layer; ``auto`` = x<W>), ``pool`` on by default (one basis per layer fitted on all its slices, as
+  ``conf/aggregator/gradiveq_pooled.yaml``: without it d <= L_t - 1 and small K cannot reach low ratios),
+  at each whole-vector compression ratio in ``--ratios``: bytes target = 4 numel / ratio, reached by
+  bisecting ``target_ratio`` (the same K/d in every layer; d is then per layer ``round(K / target_ratio)``,
+  capped at the samples' rank).  Raw parts count, so a target below the raw bytes, or above what
+  d <= rank allows, cannot be met: the closest reachable point is kept with ``matched=False`` (bytes
+  more than ``--tolerance`` off in some cycle); ``actual_ratio`` is what it sends.  ``in_budget``: its
+  bytes are at most (1 + tolerance) x the target -- matched, or capped BELOW the target (large K: one
+  slice a layer, d <= rank), so it sends fewer bytes than the ratio allows.
+* PowerSGD at every rank in ``--rank``: its own bytes (P and Q of each matrix, 1-D parameters raw).
+
+Metrics, per configuration:
+
+* ``error``: mean over the evaluation gradients of ||decompress(compress(g)) - g||^2 / ||g||^2, whole
+  vector (raw parts are exact and count in the denominator); ``error_median``, ``error_conv`` (conv
+  weights only) beside it;
+* ``bytes``: payload bytes per gradient (GradiVeQ: mean over the cycles' fits; PowerSGD: both passes);
+  ``ratio``: the whole-vector ratio asked (PowerSGD: its own), ``actual_ratio`` = 4 numel / bytes;
+* ``compress_ms`` / ``decompress_ms``: per call on a real evaluation gradient, median of ``--reps`` calls
+  (:func:`gvq.bench.common.median_seconds`, one untimed call first), ONE intra-op thread; GradiVeQ fitted
+  on the first cycle; PowerSGD's two passes summed (compress: M Q and M^T P^; decompress: orth(P) and
+  P^ Q^T).  ``codec_ms`` = compress_ms + decompress_ms (sum of the medians).
+
+Recommendation (:func:`recommend_K`): at ratio 8, among the GradiVeQ rows ``in_budget`` (a row that
+sends fewer bytes than asked still meets the byte budget; one that sends more does not), the lowest
+``error_x_ms`` = error x codec_ms: error and time weigh equally on a log scale (halving the error is worth
+doubling the codec time), unit-free, and its minimiser always lies on the Pareto frontier of
+(codec_ms, error) among the eligible rows; ties go to the lower error.  On the small cnn the codec takes
+well under a millisecond, mostly Python overhead, so there the error decides most of the score.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from gvq.analysis.peer_measures import (
+    fit_gradiveq,
+    layout_flat,
+    match_knob,
+    powersgd_bytes,
+    powersgd_run,
+)
+from gvq.analysis.peers import PeerSetup, error_stats, gradiveq_probes, gradiveq_row
+from gvq.bench.common import median_seconds
+from gvq.compressors.powersgd import PowerSGD
+
+COLUMNS = ["method", "K", "pool", "rank", "ratio", "actual_ratio", "bytes", "matched", "in_budget", "d_range",
+           "error", "codec_ms", "compress_ms", "decompress_ms", "error_x_ms", "error_median", "error_conv",
+           "n_eval", "d", "K_per_layer", "config"]
+PRINTED = ["method", "K", "pool", "rank", "ratio", "actual_ratio", "bytes", "matched", "in_budget", "d_range",
+           "error", "codec_ms", "compress_ms", "decompress_ms", "error_x_ms"]
+
+
+def slice_multiples(shapes) -> list[str]:
+    """``x1`` .. ``x<H W>`` for the largest conv kernel: every multiple of F*D GradiVeQ accepts per
+    layer that still compresses something (a larger K leaves every layer raw)."""
+    hw = [int(s[2]) * int(s[3]) for s in shapes if len(s) == 4]
+    if not hw:
+        raise ValueError("frontier: no conv layer (4-D parameter) for GradiVeQ to compress")
+    return [f"x{m}" for m in range(1, max(hw) + 1)]
+
+
+def single_thread_ms(fns, reps: int) -> list[float]:
+    """Median milliseconds per call of each function, with one intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [1e3 * median_seconds(fn, reps) for fn in fns]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def powersgd_codec_ms(shapes, rank: int, x: torch.Tensor, reps: int, min_compression_rate: float,
+                      seed: int) -> list[float]:
+    """[compress, decompress] ms of PowerSGD rank ``rank`` on ``x``, both passes."""
+    lr = PowerSGD(shapes, rank, min_compression_rate, seed=seed)
+    seg = slice(0, lr.numel)
+    lr.begin()
+    p = lr.p_stage.compress(x, seg)
+    lr.p_stage.decompress(p, seg)               # P^ for pass Q's compress
+    q = lr.q_stage.compress(x, seg)
+
+    def compress():
+        lr.begin()                              # resets the list pass Q appends its payload to
+        lr.p_stage.compress(x, seg)
+        lr.q_stage.compress(x, seg)
+
+    def decompress():
+        lr.p_stage.decompress(p, seg)
+        lr.q_stage.decompress(q, seg)
+    return single_thread_ms([compress, decompress], reps)
+
+
+def powersgd_frontier_row(setup: PeerSetup, rank: int, reps: int, min_compression_rate: float,
+                          seed: int) -> dict:
+    res = powersgd_run(setup.grads, setup.shapes, rank, setup.warmup, False, min_compression_rate,
+                       seed=seed)
+    st = error_stats([res[t][:2] for t in setup.eval_idx])
+    nb = powersgd_bytes(setup.shapes, rank, min_compression_rate)
+    x = setup.grads[setup.eval_idx[0]].float()
+    c, d = powersgd_codec_ms(setup.shapes, rank, x, reps, min_compression_rate, seed)
+    return {"method": "PowerSGD", "K": None, "pool": None, "rank": rank, "ratio": 4 * setup.numel / nb,
+            "bytes": nb, "matched": True, "d_range": None, "d": None, "K_per_layer": None,
+            "error": st["err_mean"], "error_median": st["err_median"], "error_conv": st["err_conv_mean"],
+            "n_eval": st["n_eval"], "compress_ms": c, "decompress_ms": d,
+            "config": f"warm start, no error feedback, min_compression_rate {min_compression_rate:g}"}
+
+
+def gradiveq_frontier_row(setup: PeerSetup, probe, ratio: float, reps: int, tolerance: float,
+                          log) -> dict:
+    """GradiVeQ at ``probe``'s (K, pool) matched to 4 numel / ``ratio`` bytes (``target_ratio`` knob)
+    in every cycle; timed on a fit of the first cycle."""
+    target = round(4 * setup.numel / ratio)
+    row = gradiveq_row(setup, probe, "target_ratio", ratio, target, 0, tolerance, log)  # 0: sched unused
+    fit, ev = setup.cycles[0]
+    v = match_knob(probe.specs[0], probe.raw, "target_ratio", target)
+    comp = fit_gradiveq(setup.shapes, setup.fitting_samples(probe.comp, fit), probe.K, probe.pool,
+                        "target_ratio", v)
+    x, seg = layout_flat(comp, setup.grads[ev.start], setup.shapes), slice(0, setup.numel)
+    payload = comp.compress(x, seg)
+    c, d = single_thread_ms([lambda: comp.compress(x, seg), lambda: comp.decompress(payload, seg)], reps)
+    ds = [st["d"] for st in comp.layer_stats()]
+    return {"method": "GradiVeQ", "K": str(probe.K), "pool": probe.pool, "rank": None, "ratio": ratio,
+            "bytes": row["bytes"], "matched": bool(row["matched"]), "d_range": f"{min(ds)}-{max(ds)}",
+            "d": "/".join(map(str, ds)), "K_per_layer": "/".join(str(g.K) for g in comp.groups),
+            "error": row["err_mean"], "error_median": row["err_median"], "error_conv": row["err_conv_mean"],
+            "n_eval": row["n_eval"], "compress_ms": c, "decompress_ms": d, "config": row["config"]}
+
+
+def frontier_table(grads, shapes, Ks=None, ratios=(4, 8, 16), ranks=(1, 2, 4, 8), pools=(True,),
+                   warmup: int = 50, L_t: int = 50, L_c: int = 80, samples: str = "exact", reps: int = 7,
+                   tolerance: float = 0.03, min_compression_rate: float = 2.0, seed: int = 0,
+                   log=print) -> pd.DataFrame:
+    """One row per configuration (module docstring); ``Ks`` None = :func:`slice_multiples`."""
+    setup = PeerSetup(grads, [torch.Size(s) for s in shapes], warmup, L_t, L_c, samples)
+    Ks = slice_multiples(setup.shapes) if Ks is None else Ks
+    rows = [powersgd_frontier_row(setup, r, reps, min_compression_rate, seed) for r in ranks]
+    for probe in gradiveq_probes(setup, Ks, pools, log).values():
+        rows += [gradiveq_frontier_row(setup, probe, ratio, reps, tolerance, log) for ratio in ratios]
+    df = pd.DataFrame(rows)
+    df["actual_ratio"] = 4.0 * setup.numel / df["bytes"]
+    df["in_budget"] = (df["method"] != "GradiVeQ") | (df["actual_ratio"] * (1 + tolerance) >= df["ratio"])
+    df["codec_ms"] = df["compress_ms"] + df["decompress_ms"]
+    df["error_x_ms"] = df["error"] * df["codec_ms"]
+    return df[COLUMNS]
+
+
+def recommend_K(df: pd.DataFrame, ratio: float = 8) -> pd.Series | None:
+    """The GradiVeQ row at ``ratio`` within its byte budget (``in_budget``) with the lowest error x
+    codec_ms, ties to the lower error; None if no GradiVeQ row at that ratio is within budget."""
+    cand = df[(df["method"] == "GradiVeQ") & (df["ratio"] == ratio) & df["in_budget"].astype(bool)]
+    if cand.empty:
+        return None
+    score = cand["error"] * (cand["compress_ms"] + cand["decompress_ms"])
+    return cand.assign(_s=score).sort_values(["_s", "error"], kind="stable").iloc[0].drop("_s")
+
+
+def recommendation_line(df: pd.DataFrame, ratio: float = 8) -> str:
+    best = recommend_K(df, ratio)
+    if best is None:
+        return f"recommendation at ratio {ratio:g}: none (no GradiVeQ configuration within its bytes)"
+    cand = df[(df["method"] == "GradiVeQ") & (df["ratio"] == ratio) & df["in_budget"].astype(bool)]
+    low, fast = cand.loc[cand["error"].idxmin()], cand.loc[cand["codec_ms"].idxmin()]
+    pool = " pooled" if best["pool"] else ""
+    return (f"recommendation at ratio {ratio:g}: K={best['K']}{pool} (d {best['d_range']}, actual ratio "
+            f"{best['actual_ratio']:.3g}) has the least error per codec-millisecond (lowest error x codec_ms "
+            f"among the {len(cand)} GradiVeQ configurations within ratio {ratio:g}'s bytes): error "
+            f"{best['error']:.4g} x {best['codec_ms']:.3g} ms = {best['error'] * best['codec_ms']:.4g}; "
+            f"lowest error: K={low['K']} ({low['error']:.4g}, {low['codec_ms']:.3g} ms), "
+            f"fastest: K={fast['K']} ({fast['error']:.4g}, {fast['codec_ms']:.3g} ms)")
+
+
+def plot_frontier(df: pd.DataFrame, path_png) -> None:
+    """Error against codec time (log-log): one marker series per ratio (GradiVeQ rows within its bytes,
+    labelled by K; hollow: capped below the target bytes), PowerSGD as its own series (by rank)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 5.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    g = df[(df["method"] == "GradiVeQ") & df["in_budget"].astype(bool)]
+    for i, (ratio, part) in enumerate(g.groupby("ratio")):
+        face = [f"C{i}" if m else "none" for m in part["matched"].astype(bool)]
+        ax.scatter(part["codec_ms"], part["error"], marker="os^Dv"[i % 5], edgecolors=f"C{i}",
+                   facecolors=face, label=f"GradiVeQ {ratio:g}x")
+        for _, r in part.iterrows():
+            ax.annotate(f"{r['K']}{'' if r['pool'] else ' np'}", (r["codec_ms"], r["error"]), fontsize=6)
+    p = df[df["method"] == "PowerSGD"]
+    ax.plot(p["codec_ms"], p["error"], "x--", color="k", label="PowerSGD (rank r)")
+    for _, r in p.iterrows():
+        ax.annotate(f"r{r['rank']:g} ({r['ratio']:.0f}x)", (r["codec_ms"], r["error"]), fontsize=6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("codec time per call, compress + decompress (ms, 1 thread)")
+    ax.set_ylabel("||D(C(g)) - g||^2 / ||g||^2 (held-out gradients)")
+    ax.set_title("Error vs codec time at equal bytes (hollow: fewer bytes than the ratio allows)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path_png, dpi=120)
+
+
+def parse_frontier_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m gvq.analysis frontier", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="runs/analysis/frontier")
+    p.add_argument("--model", default="cnn", help="conf/model name (cnn, resnet20, ...)")
+    p.add_argument("--dataset", default="digits", help="conf/dataset name (digits, synthetic, ...)")
+    p.add_argument("--K", nargs="+", help="GradiVeQ slice sizes (x<m>, auto, ints); default x1..x<H*W>")
+    p.add_argument("--ratios", type=float, nargs="+", default=[4, 8, 16], help="whole-vector byte ratios")
+    p.add_argument("--rank", type=int, nargs="+", default=[1, 2, 4, 8], help="PowerSGD ranks")
+    p.add_argument("--pool", nargs="+", default=["on"], choices=["off", "on"], help="GradiVeQ pool")
+    p.add_argument("--L-t", dest="L_t", type=int, default=50, help="fitting gradients per cycle")
+    p.add_argument("--L-c", dest="L_c", type=int, default=80, help="evaluation gradients per cycle")
+    p.add_argument("--warmup", type=int, default=50, help="first iterations skipped")
+    p.add_argument("--iterations", type=int, default=400, help="gradients recorded")
+    p.add_argument("--samples", choices=["exact", "qsgd"], default="exact", help="GradiVeQ's fitting samples")
+    p.add_argument("--batch", type=int, default=128, help="batch (stands for N=4 ranks x 32)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--reps", type=int, default=7, help="timed calls per codec (median)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="relative byte gap counted as matched")
+    p.add_argument("--min-compression-rate", type=float, default=2.0)
+    p.add_argument("--recommend-at", type=float, default=8.0, help="ratio of the recommendation line")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from gvq.analysis.record import record_gradients
+    a = parse_frontier_args(argv)
+    grads, net = record_gradients(a.model, a.dataset, a.iterations, batch_size=a.batch, lr=a.lr, seed=a.seed)
+    shapes = [p.shape for p in net.parameters()]
+    df = frontier_table(grads, shapes, a.K, a.ratios, a.rank, [v == "on" for v in dict.fromkeys(a.pool)],
+                        a.warmup, a.L_t, a.L_c, a.samples, a.reps, a.tolerance, a.min_compression_rate, a.seed)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "frontier.csv", index=False)
+    plot_frontier(df, out / "frontier.png")
+    print(f"# {a.model} on {a.dataset}, batch {a.batch}, {sum(s.numel() for s in shapes)} values; "
+          f"{a.iterations} iterations, warmup {a.warmup}, cycles of L_t={a.L_t} fitting / <= L_c={a.L_c} "
+          f"evaluation gradients ({int(df['n_eval'].iloc[0])} evaluated); bytes = payload per gradient; "
+          f"ms = median of {a.reps} calls, 1 thread")
+    blank = ("K", "pool", "rank", "d_range")
+    shown = df[PRINTED].astype({"rank": "Int64"}).astype({c: object for c in blank})
+    print(shown.fillna({c: "-" for c in blank}).to_markdown(index=False, floatfmt=".4g"))
+    print(recommendation_line(df, a.recommend_at))
+    print(f"-> {out}/frontier.csv, .png")
+    return 0
