@@ -65,7 +65,7 @@ class GradiVeQAggregator(FlatAggregator):
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, fit_sync: str = "broadcast", pieces: int = 4):
+                 monitor_threshold: float | None = None, fit_sync: str = "local", pieces: int = 4):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -87,6 +87,7 @@ class GradiVeQAggregator(FlatAggregator):
         except ValueError as e:                            # "bits=1: ..." -> "aggregator.qsgd_bits=1: ..."
             raise ValueError(f"aggregator.qsgd_{e}") from None
         self.phase, self.count, self.refreshes, self.monitor_stops = "warmup", 0, 0, 0
+        self.relays = 0                                     # refreshes whose state had to be relayed
         self._samples: torch.Tensor | None = None
         self._it = 0
 
@@ -205,6 +206,7 @@ class GradiVeQAggregator(FlatAggregator):
         fit_s = clock.now() - t0
         self._after_fit()
         self.refreshes += 1
+        self.relays += int(relayed)
         self.phase, self.count = "compress", 0
         if self.ctx.rank == 0:
             write_layer_stats(getattr(self.ctx, "run_dir", None), self.compressor,
@@ -235,7 +237,7 @@ class GradiVeQAggregator(FlatAggregator):
         """Schedule position, the samples collected so far, the compressor's state, the QSGD dither."""
         keep = self.phase == "sample" and self.count > 0 and self._samples is not None
         return {"phase": self.phase, "count": self.count, "refreshes": self.refreshes,
-                "monitor_stops": self.monitor_stops,
+                "relays": self.relays, "monitor_stops": self.monitor_stops,
                 "samples": self._samples[: self.count].clone() if keep else None,
                 "compressor": self.compressor.state_dict(), "qsgd": self.qsgd.state_dict()}   # its dither too
 
@@ -248,6 +250,7 @@ class GradiVeQAggregator(FlatAggregator):
             raise ValueError("GradiVeQAggregator.load_state_dict: compress phase without a fitted state")
         self.phase, self.count = sd["phase"], int(sd["count"])
         self.refreshes, self.monitor_stops = int(sd["refreshes"]), int(sd["monitor_stops"])
+        self.relays = int(sd.get("relays", 0))             # absent in checkpoints before the counter
         self._samples = None
         if sd["samples"] is not None:
             self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32,
@@ -258,6 +261,6 @@ class GradiVeQAggregator(FlatAggregator):
             self._after_fit()
 
     def summary(self) -> dict:
-        """Run-level numbers (not wired into the loop's summary yet)."""
-        return {"refreshes": self.refreshes, "monitor_stops": self.monitor_stops,
+        """Run-level numbers (summary.json's ``aggregator``)."""
+        return {"refreshes": self.refreshes, "relays": self.relays, "monitor_stops": self.monitor_stops,
                 "mean_K_over_d": self.compressor.mean_ratio if self.compressor.fitted else math.nan}

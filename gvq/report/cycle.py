@@ -5,7 +5,8 @@ figures beside: ``python -m gvq.report --cycle DIR`` writes ``cycle.csv``, ``cyc
 Counting.  A GradiVeQ run (its ``phase`` column says ``sample`` / ``compress``): its first sampling phase as
 logged -- ``L_t - 1`` ordinary sampling iterations (4-bit QSGD-RAR plus storing the sample) at their mean
 after ``skip`` start-up iterations, and the ``L_t``-th, whose ``aggregate_s`` holds the PCA refresh too --
-plus the compressed phase that follows: summed as logged when the run logged all ``L_c`` of them, else
+plus the compressed phase that follows (``bytes``: every byte sent, the refresh's relay included if
+``fit_sync: broadcast`` or a digest mismatch needed one): summed as logged when the run logged all ``L_c`` of them, else
 ``L_c`` x their mean (a compressed iteration is stationary: same basis, same bytes, same schedule until the
 next refresh).  Any other run: ``L_t + L_c`` x its mean iteration after ``skip``.  Computation is counted the
 same way (its mean per iteration does not depend on the phase).  The ``counted`` column says which.
@@ -46,8 +47,10 @@ def _gradiveq_cycle(m: pd.DataFrame, L_t: int, L_c: int, skip: int) -> dict:
     ordinary = sample.drop(index=last.name)
     full = len(comp) == L_c
     agg_c = float(comp["aggregate_s"].sum()) if full else L_c * float(comp["aggregate_s"].mean())
+    bytes_c = float(comp["bytes_sent"].sum()) if full else L_c * float(comp["bytes_sent"].mean())
     return {"aggregation": (L_t - 1) * _mean_after(ordinary["aggregate_s"], skip) + float(last["aggregate_s"])
             + agg_c,
+            "bytes": float(sample["bytes_sent"].sum()) + bytes_c,     # the refresh's relay (if any) included
             "steady_agg": float(comp["aggregate_s"].mean()), "steady_compute": float(comp["compute_s"].mean()),
             "fit_s": float(last["fit_s"]), "wire_ratio": float(comp["compression_ratio"].mean()),
             "counted": f"{L_t} sampling as logged + " + (f"{L_c} compressed as logged" if full
@@ -70,7 +73,8 @@ def cycle_of(run: Run, skip: int = 2) -> dict:
     else:
         agg = _mean_after(m["aggregate_s"], skip)
         ratio = m["compression_ratio"].mean() if "compression_ratio" in m else math.nan
-        out.update(aggregation=n * agg, steady_agg=agg, steady_compute=_mean_after(m["compute_s"], skip),
+        out.update(aggregation=n * agg, steady_agg=agg, bytes=n * float(m["bytes_sent"].mean()),
+                   steady_compute=_mean_after(m["compute_s"], skip),
                    fit_s=math.nan, wire_ratio=float(ratio), counted=f"{n} x mean of {max(len(m) - skip, 1)}")
     out["end_to_end"] = out["compute"] + out["aggregation"]
     return out

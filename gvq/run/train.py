@@ -236,7 +236,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         bar.close()
     if runlog is not None:
         mark(runlog.meta, "trained")
-    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg)
 
 
 #: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
@@ -244,7 +244,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
 DIVERGED_TAIL = 5
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float):
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None):
     identical = replicas_identical(model)
     if not identical:
         raise RuntimeError("replicas diverged: ranks hold different parameters after training")
@@ -259,6 +259,8 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
                **clock_fields(cfg), "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
+    if hasattr(agg, "summary"):                    # e.g. GradiVeQ: refreshes, relays (fit_sync: local)
+        summary["aggregator"] = agg.summary()
     runlog.summary(summary)
     log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, wall_s,
              f" (virtual; real {real_wall_s:.1f}s)" if clock.get().virtual else "", runlog.run_dir)

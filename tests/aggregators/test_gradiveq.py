@@ -242,6 +242,9 @@ def test_training_through_the_cli_keeps_replicas_identical_and_resumes_bitwise(t
     assert comp.compression_error.notna().all()
     assert df[df.phase != "compress"].compression_error.isna().all()
     assert (comp.compression_ratio > 1).all() and (comp.bytes_sent < df.bytes_sent[0]).all()
+    sample = df[df.phase == "sample"]            # fit_sync: local (default): a refresh sends no bases --
+    assert sample.bytes_sent.nunique() == 1      # its iteration sends what every sampling iteration sends
+    assert summary["aggregator"]["refreshes"] >= 2 and summary["aggregator"]["relays"] == 0
     layers = [json.loads(x) for x in (run / "gradiveq_layers.jsonl").read_text().splitlines()]
     assert {x["refresh"] for x in layers} >= {1, 2}
     assert all(x["K"] / x["d"] == pytest.approx(x["ratio"]) and 0 < x["energy"] <= 1 for x in layers)

@@ -30,18 +30,18 @@ def _run(name: str, rows: list[dict], scale: float = 1.0) -> Run:
 def _flat(agg: float, n: int = 6, compute: float = 0.5, first: float = 9.0) -> list[dict]:
     """Rows of a one-phase run; the first two (start-up) are slow and must not count."""
     return [{"compute_s": compute if i >= 2 else first, "aggregate_s": agg if i >= 2 else first,
-             "phase": None, "fit_s": math.nan, "compression_ratio": 1.0} for i in range(n)]
+             "phase": None, "fit_s": math.nan, "compression_ratio": 1.0, "bytes_sent": 800.0} for i in range(n)]
 
 
 def _gradiveq(n_comp: int, first: float = 9.0) -> list[dict]:
     """L_t sampling rows (1.0 s; the L_t-th holds a 2.0 s refresh), then n_comp compressed rows (0.2 s)."""
     rows = [{"compute_s": 0.5, "aggregate_s": 1.0, "phase": "sample", "fit_s": math.nan,
-             "compression_ratio": 8.0} for _ in range(L_T)]
+             "compression_ratio": 8.0, "bytes_sent": 100.0} for _ in range(L_T)]
     rows[0]["compute_s"] = rows[0]["aggregate_s"] = first
     rows[1]["compute_s"] = rows[1]["aggregate_s"] = first
-    rows[-1].update(aggregate_s=3.0, fit_s=2.0)
+    rows[-1].update(aggregate_s=3.0, fit_s=2.0, bytes_sent=5000.0)   # a refresh whose state was relayed
     rows += [{"compute_s": 0.5, "aggregate_s": 0.2, "phase": "compress", "fit_s": math.nan,
-              "compression_ratio": 20.0} for _ in range(n_comp)]
+              "compression_ratio": 20.0, "bytes_sent": 40.0} for _ in range(n_comp)]
     return rows
 
 
@@ -54,6 +54,7 @@ def test_gradiveq_cycle_counts_sampling_refresh_and_extrapolated_compressed_phas
     assert c["end_to_end"] == pytest.approx(c["aggregation"] + c["compute"])
     assert c["steady_agg"] == pytest.approx(0.2) and c["fit_s"] == 2.0 and c["wire_ratio"] == 20.0
     assert "x mean of 4 compressed" in c["counted"]
+    assert c["bytes"] == pytest.approx(4 * 100.0 + 5000.0 + L_C * 40.0)   # the relay counted once, as logged
 
 
 def test_a_whole_logged_compressed_phase_is_summed_not_extrapolated():
