@@ -367,9 +367,11 @@ def test_gram_spectrum_is_the_svds_within_float_tolerance(rows, K):
     X = (torch.randn(rows, 12, generator=g, dtype=torch.float64) * scales) @ torch.randn(12, K, generator=g,
                                                                                          dtype=torch.float64)
     X = (X + 1e-6 * torch.randn(rows, K, generator=g, dtype=torch.float64)).float().double()
-    S, Vh = _spectrum(X, torch.finfo(torch.float32).eps)
+    S, top = _spectrum(X, torch.finfo(torch.float32).eps)
     _, S_ref, Vh_ref = torch.linalg.svd(X, full_matrices=False)
     n = min(rows, K)
+    Vh = top(n)
+    assert torch.equal(top(5), Vh[:5])                                  # the first k: the same rows
     assert S.shape == (n,) and Vh.shape == (n, K)
     assert torch.allclose(S, S_ref, rtol=0, atol=1e-7 * float(S_ref[0]))
     cos = (Vh[:12] * Vh_ref[:12]).sum(1).abs()                          # the 12 real directions

@@ -59,12 +59,12 @@ def principal_subspace(centred: Tensor, dof: int, lam: float, fallback: Tensor, 
     eps = torch.finfo(centred.dtype).eps if eps is None else eps
     X = centred.to(torch.float64)
     K = X.shape[1]
-    S, Vh = _spectrum(X, eps)
+    S, top = _spectrum(X, eps)
     eig = S.square() / max(dof, 1)
     if X.device.type == "meta":       # shapes only (a dry run): full rank, d as asked or the rank
         rank = max(1, min(dof, *X.shape))
         k = min(rank, d if d is not None else max(1, round(K / target_ratio)) if target_ratio else rank)
-        return PCAFit(Vh[:k].T.float().contiguous(), k, float("nan"), rank)
+        return PCAFit(top(k).T.float().contiguous(), k, float("nan"), rank)
     tol = float(S.max()) * max(X.shape) * eps if S.numel() else 0.0
     rank = min(int((S > tol).sum()), dof)
     if rank == 0 or float(eig.sum()) <= 0.0:
@@ -78,11 +78,12 @@ def principal_subspace(centred: Tensor, dof: int, lam: float, fallback: Tensor, 
         return PCAFit(u.float().contiguous(), 1, 1.0, 0)
     k = choose_d(eig, K, lam, rank, d, target_ratio)
     energy = float(eig[:k].sum() / eig.sum())
-    return PCAFit(Vh[:k].T.float().contiguous(), k, energy, rank)
+    return PCAFit(top(k).T.float().contiguous(), k, energy, rank)
 
 
-def _spectrum(X: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Singular values (descending) and right singular vectors (rows) of X, float64.
+def _spectrum(X: Tensor, eps: float):
+    """Singular values (descending) of X, float64, and ``top(k)``: its first k right singular vectors
+    (rows) -- only the kept ones are formed (sample space: k of the L_t rows, a GEMM saved in proportion).
 
     Where the samples were recorded in float32 or coarser (``eps``), through the smaller of the two
     Gram matrices, X X^T (rows x rows, the sample space: the paper's L_t x L_t) or X^T X (K x K), and one
@@ -93,12 +94,10 @@ def _spectrum(X: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     rows, K = X.shape
     if eps < torch.finfo(torch.float32).eps or X.device.type == "meta" or min(rows, K) == 0:
         _, S, Vh = torch.linalg.svd(X, full_matrices=False)
-        return S, Vh
+        return S, lambda k: Vh[:k]
     if rows < K:                                   # sample space: V = X^T P / S
         w, P = torch.linalg.eigh(X @ X.T)
-        w, P = w.flip(0).clamp_(min=0.0), P.flip(1)
-        S = w.sqrt()
-        Vh = (P.T @ X) / torch.where(S > 0, S, 1.0)[:, None]
-        return S, Vh
+        S = w.flip(0).clamp_(min=0.0).sqrt()
+        return S, lambda k: (P[:, -k:].flip(1).T @ X) / torch.where(S[:k] > 0, S[:k], 1.0)[:, None]
     w, V = torch.linalg.eigh(X.T @ X)              # K space
-    return w.flip(0).clamp_(min=0.0).sqrt(), V.flip(1).T
+    return w.flip(0).clamp_(min=0.0).sqrt(), lambda k: V[:, -k:].flip(1).T
