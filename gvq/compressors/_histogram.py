@@ -106,17 +106,15 @@ def edge_values(edges: Tensor, lo: Tensor, hi: Tensor, sc: Tensor, bins: int) ->
 def rounding_table(edges: Tensor, bins: int, base: float = 0.0) -> Tensor:
     """For levels on edges (m, s) (nondecreasing, first 0, last ``bins``): per bin the (C, A) with
     y = A * t + C = k + (t - e_k) / (e_k+1 - e_k) + base, k the interval holding the bin, packed as one
-    int64 a bin (m * bins,) so a value's pair is one ``index_select`` (``round_on_grid``).  Two passes
-    over the table: a search for each bin's interval, a gather of the intervals' packed pairs."""
+    int64 a bin (m * bins,) so a value's pair is one ``index_select`` (``round_on_grid``).  One pass over
+    the table: interval k's pair repeated over its e_k+1 - e_k bins (empty intervals: zero times)."""
     m, s = edges.shape
-    grid = torch.arange(bins, dtype=edges.dtype, device=edges.device).expand(m, bins).contiguous()
-    k = torch.searchsorted(edges[:, 1:-1].contiguous(), grid, right=True)   # interior edges <= bin
     e_lo = edges[:, :-1].float()
-    width = edges[:, 1:].float() - e_lo
-    a = torch.where(width > 0, 1.0 / width, 0.0)
+    width = edges[:, 1:] - edges[:, :-1]
+    a = torch.where(width > 0, 1.0 / width.float(), 0.0)
     c = torch.arange(s - 1, dtype=torch.float32, device=edges.device) + base - e_lo * a
-    pairs = torch.stack([c, a], dim=2).view(torch.int64).view(m, s - 1)
-    return pairs.gather(1, k).view(-1)
+    pairs = torch.stack([c, a], dim=2).view(torch.int64).reshape(-1)
+    return torch.repeat_interleave(pairs, width.reshape(-1), output_size=m * bins)
 
 
 def round_on_grid(t: Tensor, idx: Tensor, table: Tensor, pairs: Tensor) -> Tensor:

@@ -107,7 +107,10 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
         word = torch.empty(nw, dtype=torch.int64, device=c.device).copy_(c[:, k - 1])   # dense, even if nw == 1
         for j in range(k - 2, -1, -1):
             word.mul_(radix).add_(c[:, j])
-    out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
+    if lay.word_bytes in (2, 4):      # low bytes by an integer cast: contiguous (the strided byte copy
+        out.view({2: torch.int16, 4: torch.int32}[lay.word_bytes]).copy_(word)   # below is ~1.5 ms here)
+    else:
+        out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
 
 
 @functools.lru_cache(maxsize=None)
