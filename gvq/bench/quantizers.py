@@ -31,10 +31,11 @@ def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tens
     return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
 
 
-def fresh_vs_bank_ms(fresh: Compressor, bank: Compressor, numel: int = RESNET32_PARAMS,
-                     reps: int = 20) -> tuple[float, float]:
-    """Median compress ms of the same quantizer with fresh draws and with the dither bank, calls
-    alternated so a noisy spell on the host hits both alike (the ratio is the figure)."""
+def alternated_ms(fresh: Compressor, bank: Compressor, numel: int = RESNET32_PARAMS,
+                  reps: int = 20) -> tuple[float, float]:
+    """Median compress ms of two variants of a quantizer (fresh draws vs the dither bank; the histogram
+    fit vs the sorted one), calls alternated so a noisy spell on the host hits both alike (the ratio is
+    the figure)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -89,13 +90,19 @@ def main(argv: list[str]) -> list[dict]:
         row = {"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)}
         if getattr(comp, "stochastic", False):      # the dither's cost: fresh draws vs the opt-in bank
             bank = make_aggregator(name, [*args.set, "aggregator.compressor.dither=bank"]).compressor
-            fresh_ms, bank_ms = fresh_vs_bank_ms(comp, bank, numel=args.numel, reps=args.reps)
+            fresh_ms, bank_ms = alternated_ms(comp, bank, numel=args.numel, reps=args.reps)
             row.update(quantize_ms_fresh_alt=fresh_ms, quantize_ms_bank=bank_ms, fresh_over_bank=fresh_ms / bank_ms)
+        if getattr(comp, "fit", None) == "histogram":  # the sort-free fit against the sorted reference
+            ref = make_aggregator(name, [*args.set, "aggregator.compressor.fit=sorted"]).compressor
+            hist_ms, sorted_ms = alternated_ms(comp, ref, numel=args.numel, reps=args.reps)
+            row.update(quantize_ms_hist_alt=hist_ms, quantize_ms_sorted=sorted_ms,
+                       sorted_over_histogram=sorted_ms / hist_ms)
         rows.append(row)
     import pandas as pd
     print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}; "
           "stochastic ones also fresh and dither=bank alternated call by call (quantize_ms_fresh_alt, "
-          "quantize_ms_bank, fresh_over_bank: the cost of fresh draws)")
+          "quantize_ms_bank, fresh_over_bank: the cost of fresh draws); fitted ones also against fit=sorted, "
+          "alternated (quantize_ms_hist_alt, quantize_ms_sorted, sorted_over_histogram: the sort-free fit's gain)")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
