@@ -140,9 +140,11 @@ class GradiVeQ(GradiVeQState, Compressor):
         self._energy = torch.tensor(energy, dtype=torch.float32, device="cpu").tolist()   # host numbers
         # mu_m^T U_d per slice, so that compress is X U - (mu U) / N  (Eq. 3) with no centred copy of X
         self._muU = [m @ u for m, u in zip(mu, U)]
-        # The bases (~45x the gradient at K/d = 8 with K = F*D) are streamed from memory on every call,
-        # so their layout is the one the GEMM reads fastest (measured, one core, DRAM-resident): compress
-        # as U^T X^T from a contiguous U^T, decompress as U P^T from U: 1.2-1.9x faster than X U / P U^T.
+        # The bases (32-45x the gradient) are streamed from memory on every call, so each GEMM reads the
+        # copy it streams fastest (measured, one core, DRAM-resident, ResNet-32): compress X U from a
+        # contiguous U (K x d), decompress P U^T from a contiguous U^T (d x K), each row of the basis read
+        # once in order: the paper setting's streamed groups 12.9 -> 7.4 ms (compress) and 13.1 -> 8.6 ms
+        # (decompress) against U^T X^T / U P^T, the pooled setting's 1.0-1.08x.
         # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
         self._mu_flat = torch.zeros(self.layout.numel, device=device)
         for g, m in zip(self.groups, mu):
@@ -150,9 +152,8 @@ class GradiVeQ(GradiVeQState, Compressor):
         self._Uc = [u.T.contiguous().to(self._dt) for u in U]
         self._Ud = [u.contiguous().to(self._dt) for u in U]
         # Bases that stay in cache (fp32, <= FOLD_BYTES) take one addmm: mu folded in, the result written
-        # in place, no transpose copy; the paper setting's compress 8.5 -> 2.8 ms, decompress 5.9 -> 4.1
-        # (ResNet-32, one core).  Larger ones, streamed from DRAM each call, keep the layouts above:
-        # there addmm was 14-24% slower.  A rule on shapes, so every rank decodes the same way.
+        # in place, no transpose copy (their layout: the transposed views).  A rule on shapes, so every
+        # rank decodes the same way.
         self._fold = [self._dt == torch.float32 and u.numel() * 4 <= FOLD_BYTES for u in U]
         self._fitted, self._plans = True, {}
 
@@ -203,10 +204,11 @@ class GradiVeQ(GradiVeQState, Compressor):
             Uc, n = self._Uc[p.gid], p.i1 - p.i0
             X = x[a:b].view(n, Uc.shape[1])              # all slices of the run: one matmul
             o = out[off: off + n * Uc.shape[0]].view(n, Uc.shape[0])
-            if self._fold[p.gid]:           # one GEMM, mu folded in, straight into the payload
-                torch.addmm(self._muU[p.gid][p.i0:p.i1], X, Uc.T, beta=beta, out=o)
-            else:
-                o.copy_(torch.mm(Uc, X.T.to(self._dt)).T).add_(self._muU[p.gid][p.i0:p.i1], alpha=beta)
+            muU = self._muU[p.gid][p.i0:p.i1]
+            if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the payload
+                torch.addmm(muU, X, Uc.T if self._fold[p.gid] else self._Ud[p.gid], beta=beta, out=o)
+            else:                           # bf16 GEMM, mu in fp32
+                o.copy_(torch.mm(X.to(self._dt), self._Ud[p.gid])).add_(muU, alpha=beta)
         if self._track is not None:                     # whole payload, raw values included (see track)
             self._track[1] += float(out.dot(out))
         return out
@@ -224,11 +226,11 @@ class GradiVeQ(GradiVeQState, Compressor):
                 continue
             Ud, n = self._Ud[p.gid], p.i1 - p.i0
             P = payload[off: off + n * Ud.shape[1]].view(n, Ud.shape[1])
-            if self._fold[p.gid]:           # one GEMM, mu folded in, straight into the flat gradient
-                torch.addmm(self._mu[p.gid][p.i0:p.i1], P, Ud.T, out=out[a:b].view(n, Ud.shape[0]))
+            mu, o = self._mu[p.gid][p.i0:p.i1], out[a:b].view(n, Ud.shape[0])
+            if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the flat gradient
+                torch.addmm(mu, P, Ud.T if self._fold[p.gid] else self._Uc[p.gid], out=o)
             else:
-                torch.add(self._mu[p.gid][p.i0:p.i1], torch.mm(Ud, P.T.to(self._dt)).T,
-                          out=out[a:b].view(n, Ud.shape[0]))
+                torch.add(mu, torch.mm(P.to(self._dt), self._Uc[p.gid]), out=o)
         return out
 
     # -- monitors ------------------------------------------------------------------------------------
