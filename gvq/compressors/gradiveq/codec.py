@@ -207,8 +207,8 @@ class GradiVeQ(GradiVeQState, Compressor):
             muU = self._muU[p.gid][p.i0:p.i1]
             if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the payload
                 torch.addmm(muU, X, Uc.T if self._fold[p.gid] else self._Ud[p.gid], beta=beta, out=o)
-            else:                           # bf16 GEMM, mu in fp32
-                o.copy_(torch.mm(X.to(self._dt), self._Ud[p.gid])).add_(muU, alpha=beta)
+            else:                           # bf16 GEMM (linear's layout: 5-15% faster here), mu in fp32
+                o.copy_(torch.nn.functional.linear(X.to(self._dt), Uc)).add_(muU, alpha=beta)
         if self._track is not None:                     # whole payload, raw values included (see track)
             self._track[1] += float(out.dot(out))
         return out
@@ -230,7 +230,7 @@ class GradiVeQ(GradiVeQState, Compressor):
             if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the flat gradient
                 torch.addmm(mu, P, Ud.T if self._fold[p.gid] else self._Uc[p.gid], out=o)
             else:
-                torch.add(mu, torch.mm(P.to(self._dt), self._Uc[p.gid]), out=o)
+                torch.add(mu, torch.nn.functional.linear(P.to(self._dt), Ud), out=o)
         return out
 
     # -- monitors ------------------------------------------------------------------------------------
