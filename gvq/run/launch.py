@@ -30,6 +30,7 @@ from gvq.run.logs import (
     setup_logging,
     write_json_atomic,
 )
+from gvq.run.placement import check_cuda_placement
 from gvq.run.signals import (
     die_with_parent,
     on_sigterm,
@@ -71,11 +72,14 @@ def preflight(cfg: DictConfig):
     instantiated aggregator and dataset (they name a checkpoint's identity)."""
     try:
         validate(cfg)
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device=cuda: no CUDA device is visible here; use device=cpu")
     except ConfigError as e:
         config_error(str(e))
     agg = _try_instantiate("aggregator", cfg.aggregator, _convert_="object")
+    if cfg.device == "cuda":           # one GPU per rank, NCCL: else one line (gvq/run/placement.py)
+        try:
+            check_cuda_placement(torchrun_world() or cfg.world_size, agg.name, hasattr(agg, "wrap"))
+        except ConfigError as e:
+            config_error(str(e))
     if cfg.net.clock == "virtual" and not getattr(agg, "virtual_time", False):
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
