@@ -2,7 +2,8 @@
 
 An aggregator owns the transport; :meth:`Aggregator.aggregate` overwrites every ``param.grad`` with the
 mean over ranks and returns the iteration's measurements (``aggregate_s``, ``compress_s``,
-``decompress_s``, ``wire_s``, ``bytes_sent`` and the columns it names in ``extra_fields``).  Aggregators
+``decompress_s``, ``wire_s``, ``stage_s`` (host copies of device payloads on a non-NCCL group; 0 on CPU),
+``bytes_sent`` and the columns it names in ``extra_fields``).  Aggregators
 are built by ``hydra.utils.instantiate(cfg.aggregator)`` from ``conf/aggregator/<name>.yaml`` and bound
 to the run with :meth:`Aggregator.setup`; the training loop knows nothing about any particular one.
 
@@ -141,7 +142,8 @@ class FlatAggregator:
         self.unflatten(flat)
         return {"aggregate_s": t_flat + clock.now() - t0,
                 "compress_s": self.clock.get("compress"), "decompress_s": self.clock.get("decompress"),
-                "wire_s": self.p2p.wire_s, "bytes_sent": self.p2p.bytes_sent, **extra}
+                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent,
+                **extra}
 
     def close(self) -> None:
         if hasattr(self, "p2p"):

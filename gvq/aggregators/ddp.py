@@ -137,7 +137,7 @@ class DDPAggregator:
         comm = max(tm.done) - min(tm.launched) if tm.done else 0.0
         wait = max(0.0, max(tm.done) - max(tm.launched)) if tm.done else 0.0
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
-        return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "ddp_comm_s": comm,
+        return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "ddp_comm_s": comm,
                 "ddp_wait_s": wait, "bytes_sent": self.estimated_bytes(compressed),
                 "phase": self.name if compressed else "allreduce", "aggregate_s": time.perf_counter() - t0}
 

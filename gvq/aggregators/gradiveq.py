@@ -245,7 +245,10 @@ class GradiVeQAggregator(FlatAggregator):
         """Restore after :meth:`setup` (same model, same world size)."""
         if sd["phase"] not in ("warmup", "sample", "compress"):
             raise ValueError(f"GradiVeQAggregator.load_state_dict: unknown phase {sd['phase']!r}")
-        self.compressor.load_state_dict(sd["compressor"])
+        comp = dict(sd["compressor"])
+        if comp.get("values") is not None:                 # the bases onto the gradient's device (a resume
+            comp["values"] = comp["values"].to(self.bucket.device)   # loads on the host)
+        self.compressor.load_state_dict(comp)
         if sd["phase"] == "compress" and not self.compressor.fitted:
             raise ValueError("GradiVeQAggregator.load_state_dict: compress phase without a fitted state")
         self.phase, self.count = sd["phase"], int(sd["count"])

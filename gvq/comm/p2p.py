@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.comm import clock
+from gvq.comm.staging import HostStage, Staged
 
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo: ~0.5 ms a message); small next to a ring segment
 
@@ -179,11 +180,15 @@ class _VirtualMessage:
 
 
 class P2P:
-    """isend / irecv / wait with accounting.  ``wire_s`` counts only time blocked in ``wait``."""
+    """isend / irecv / wait with accounting.  ``wire_s`` counts only time blocked in ``wait``;
+    ``stage_s`` the host copies of device tensors on a process group that is not NCCL (see
+    :mod:`gvq.comm.staging`; ``stage=True``: every tensor, to exercise the path without a GPU)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float = 60.0,
-                 bandwidth_bps: float | None = None, latency_s: float = 0.0):
+                 bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None):
         self.rank, self.world_size = rank, world_size
+        self.stage, self._stage_all = HostStage(), stage is True
+        self._stage_device = stage is None and not (dist.is_initialized() and dist.get_backend() == "nccl")
         self.timeout = timedelta(seconds=timeout_s)
         self.clock = clock.get()
         if self.clock.virtual and not bandwidth_bps:
@@ -203,10 +208,24 @@ class P2P:
 
     def reset(self):
         self.bytes_sent, self.wire_s = 0, 0.0
+        self.stage.reset()
+
+    @property
+    def stage_s(self) -> float:
+        return self.stage.seconds
+
+    def _staged(self, tensor: torch.Tensor) -> bool:
+        return self._stage_all or (self._stage_device and tensor.device.type != "cpu")
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
+        if self._staged(tensor):                   # gloo must never see a device tensor
+            buf = self.stage.outgoing(tensor)
+            return Staged(self._isend(buf, dst, tag), self.stage, buf)
+        return self._isend(tensor, dst, tag)
+
+    def _isend(self, tensor: torch.Tensor, dst: int, tag: int):
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += nbytes
         if self.clock.virtual:
@@ -221,6 +240,12 @@ class P2P:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
+        if self._staged(tensor):
+            buf = self.stage.acquire(tensor)
+            return Staged(self._irecv(buf, src, tag), self.stage, buf, dst=tensor)
+        return self._irecv(tensor, src, tag)
+
+    def _irecv(self, tensor: torch.Tensor, src: int, tag: int):
         if self.clock.virtual:
             header = torch.empty(1, dtype=torch.float64)
             return _VirtualMessage(header, [dist.irecv(header, src, tag=tag), dist.irecv(tensor, src, tag=tag)])
@@ -232,23 +257,27 @@ class P2P:
         """Has ``handle`` finished?  Wall: never blocks (errors surface in :meth:`wait`).  Virtual: done
         only if the message has arrived by this rank's clock, which may need its real header first (a
         blocking read; safe in the ring, where a probe is followed by local work only, never a send)."""
-        if not isinstance(handle, _VirtualMessage):
-            return handle.is_completed()
-        if handle._arrival is None:
-            self._real_wait(handle, None, upto=1)            # the header: when does it arrive?
-        if handle.arrival > self.clock.now():
+        inner = handle.handle if isinstance(handle, Staged) else handle
+        if not isinstance(inner, _VirtualMessage):
+            return inner.is_completed()                      # (a staged copy back: in the wait after)
+        if inner._arrival is None:
+            self._real_wait(inner, None, upto=1)             # the header: when does it arrive?
+        if inner.arrival > self.clock.now():
             return False
         self.wait(handle)
         return True
 
     def wait(self, handle, peer: int | None = None) -> None:
+        inner = handle.handle if isinstance(handle, Staged) else handle
         t0 = self.clock.now()
         try:
-            self._real_wait(handle, peer)
-            if isinstance(handle, _VirtualMessage):
-                self.clock.advance_to(handle.arrival)
+            self._real_wait(inner, peer)
+            if isinstance(inner, _VirtualMessage):
+                self.clock.advance_to(inner.arrival)
         finally:
             self.wire_s += self.clock.now() - t0
+        if isinstance(handle, Staged):                       # outside wire_s: stage_s has it
+            handle.finish()
 
     def _real_wait(self, handle, peer: int | None, **kw) -> None:
         try:

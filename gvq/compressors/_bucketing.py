@@ -267,6 +267,8 @@ class BucketQuantizer(Compressor):
     def _add_bank_window(self, y: Tensor) -> None:
         n = y.numel()
         bank = self._ws.get("bank")
+        if bank is not None and bank.device != y.device:    # a resumed bank (loaded on the host)
+            bank = self._ws["bank"] = bank.to(y.device)
         if bank is None or bank.numel() < 2 * n:
             bank = self._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
             self._redraw(bank, 0, bank.numel())

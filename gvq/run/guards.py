@@ -21,6 +21,24 @@ def comm_device() -> torch.device:
     return torch.device("cpu")
 
 
+def compute_device(device: str) -> torch.device:
+    """Where the model, its gradients and the codecs live: this rank's GPU (``device=cuda``: set by the
+    launcher, one per rank or shared round-robin) or the host."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def broadcast_(t: torch.Tensor, src: int = 0) -> None:
+    """``dist.broadcast`` of a tensor wherever it lives: through a host copy when the process group
+    cannot carry its device (gloo and a GPU tensor: ranks sharing a GPU)."""
+    dev = comm_device()
+    if t.device == dev:
+        dist.broadcast(t, src)
+        return
+    host = t.to(dev)
+    dist.broadcast(host, src)
+    t.copy_(host)
+
+
 def nonfinite(model, agg) -> str | None:
     """Name of the first parameter whose gradient holds NaN/Inf on this rank, or None."""
     # Fast path, every iteration: a finite sum proves every value finite (NaN propagates, +-Inf gives

@@ -30,7 +30,7 @@ from gvq.run.logs import (
     setup_logging,
     write_json_atomic,
 )
-from gvq.run.placement import check_cuda_placement
+from gvq.run.placement import cuda_plan
 from gvq.run.signals import (
     die_with_parent,
     on_sigterm,
@@ -69,15 +69,16 @@ def discard_run_dir() -> None:
 
 def preflight(cfg: DictConfig):
     """Fail fast, with one line and no traceback, on values only the code can judge; returns the
-    instantiated aggregator and dataset (they name a checkpoint's identity)."""
+    instantiated aggregator and dataset (they name a checkpoint's identity) and the GPU plan (or None)."""
     try:
         validate(cfg)
     except ConfigError as e:
         config_error(str(e))
     agg = _try_instantiate("aggregator", cfg.aggregator, _convert_="object")
-    if cfg.device == "cuda":           # one GPU per rank, NCCL: else one line (gvq/run/placement.py)
+    plan = None
+    if cfg.device == "cuda":           # nccl (a GPU per rank) | shared (gloo, host-staged) | one line
         try:
-            check_cuda_placement(torchrun_world() or cfg.world_size, agg.name, hasattr(agg, "wrap"))
+            plan = cuda_plan(torchrun_world() or cfg.world_size, agg.name, hasattr(agg, "wrap"))
         except ConfigError as e:
             config_error(str(e))
     if cfg.net.clock == "virtual" and not getattr(agg, "virtual_time", False):
@@ -95,7 +96,7 @@ def preflight(cfg: DictConfig):
             agg.preflight(list(model.parameters()))
         except ValueError as e:
             config_error(str(e).strip().splitlines()[0])
-    return agg, data
+    return agg, data, plan
 
 
 def torchrun_world() -> int | None:
@@ -166,8 +167,8 @@ def launch(cfg: DictConfig) -> dict | None:
         method = start_method()
     except ValueError as e:
         config_error(str(e))
-    agg, data = preflight(cfg)
-    meta = {**run_meta(cfg), "startup": startup}
+    agg, data, plan = preflight(cfg)
+    meta = {**run_meta(cfg), "startup": startup, "cuda_plan": plan}
     _check_torchrun_world(cfg, meta["overrides"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_identity(plain, meta, agg, data)
@@ -273,9 +274,9 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
         signal.signal(s, on_sigterm)
     die_with_parent(None if torchrun else meta.get("launcher_pid"))
     torch.set_num_threads(1 if cfg["device"] == "cpu" else torch.get_num_threads())
-    backend = "nccl" if cfg["device"] == "cuda" else "gloo"
+    backend = "nccl" if meta.get("cuda_plan") == "nccl" else "gloo"     # shared GPUs: gloo, host-staged
     if cfg["device"] == "cuda":
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())   # shared: round-robin
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg["timeout_s"]))
     mark(meta, "rendezvous")

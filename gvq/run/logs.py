@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 BASE_FIELDS = ("iteration", "epoch", "phase", "compute_s", "aggregate_s", "compress_s", "decompress_s",
-               "wire_s", "bytes_sent", "train_loss", "train_acc", "lr", "wall_s", "test_loss", "test_acc",
-               "clock", "real_wall_s")   # times are on `clock` (wall | virtual); real_wall_s is always real
+               "wire_s", "stage_s", "bytes_sent", "train_loss", "train_acc", "lr", "wall_s", "test_loss",
+               "test_acc", "clock", "real_wall_s")   # times are on `clock` (wall | virtual); real_wall_s is always real
 _NAMESPACE = {"train_loss": "train/loss", "train_acc": "train/acc", "lr": "train/lr",
               "test_loss": "test/loss", "test_acc": "test/acc", "bytes_sent": "comm/bytes_sent",
               "epoch": "train/epoch"}

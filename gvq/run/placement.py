@@ -1,18 +1,17 @@
 """Where ranks run with ``device=cuda``, decided by the launcher before any rank starts.
 
-One GPU per rank is the supported placement: the ranks of a machine (``world_size``, or torchrun's
-``LOCAL_WORLD_SIZE``) each take the GPU of their local rank, and every collective and the ring's
-point-to-point messages go over NCCL.  Everything else is refused with one line, naming the fix:
+* ``nccl``: every rank of a machine (``world_size``, or torchrun's ``LOCAL_WORLD_SIZE``) has a GPU of its
+  own (its local rank's), and collectives and the ring's messages go over NCCL.
+* ``shared``: more ranks than GPUs (the paper's N on a workstation), or a torch build without NCCL.  Ranks
+  take the GPUs round-robin (local rank mod GPUs): model, gradients and codecs stay on the GPU; the process
+  group is gloo, and every payload and collective is copied through host memory (NCCL refuses two ranks
+  on one GPU, and gloo's send of a CUDA tensor kills the process): :mod:`gvq.comm.staging`, ``stage_s``.
+  Ranks sharing a GPU share its time too, so their compute times are contended as ranks sharing cores are.
 
-* no GPU visible (none installed, no CUDA build, or ``CUDA_VISIBLE_DEVICES`` hiding them all);
-* a torch build without NCCL;
-* more ranks on a machine than it has GPUs: NCCL refuses two ranks on one GPU ("invalid usage"), and
-  gloo cannot carry CUDA tensors (its send of one kills the process), so ranks sharing a GPU need a
-  transport that stages every payload and collective through host memory -- gvq does not have it yet
-  -- and torch DDP (``ddp*`` aggregators) cannot share a GPU at all.
-
-The checks read the machine through arguments (``gpus``, ``nccl``, ``env``) so that the tests can
-stand in for a GPU machine on this CPU-only one.
+Refused with one line, naming the fix: no GPU visible (none, no CUDA build, or ``CUDA_VISIBLE_DEVICES``
+hiding them all), and the torch DDP aggregators (``ddp*``) without one GPU per rank and NCCL.  The
+checks read the machine through arguments (``gpus``, ``nccl``, ``env``), so the tests can stand in for a
+GPU machine on a CPU-only one.
 """
 from __future__ import annotations
 
@@ -30,9 +29,9 @@ def local_world(world_size: int, env=None) -> int:
     return int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env and "RANK" in env else world_size
 
 
-def check_cuda_placement(world_size: int, aggregator: str, ddp: bool, gpus: int | None = None,
-                         nccl: bool | None = None, env=None) -> None:
-    """Raise a one-line ConfigError unless every rank of this machine gets a GPU of its own and NCCL."""
+def cuda_plan(world_size: int, aggregator: str, ddp: bool, gpus: int | None = None,
+              nccl: bool | None = None, env=None) -> str:
+    """``nccl`` or ``shared`` (see the module); a one-line ConfigError where neither can run."""
     env = os.environ if env is None else env
     gpus = (torch.cuda.device_count() if torch.cuda.is_available() else 0) if gpus is None else gpus
     nccl = dist.is_nccl_available() if nccl is None else nccl
@@ -41,15 +40,14 @@ def check_cuda_placement(world_size: int, aggregator: str, ddp: bool, gpus: int 
         why = (f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if hidden is not None
                else "no CUDA device is visible here")
         raise ConfigError(f"device=cuda: {why}; use device=cpu")
-    if not nccl:
-        raise ConfigError("device=cuda: this torch build has no NCCL (torch.distributed.is_nccl_available() "
-                          "is False); install a CUDA build of torch with NCCL, or use device=cpu")
     ranks = local_world(world_size, env)
-    if ranks <= gpus:
-        return
-    where = f"{ranks} ranks on this machine, {gpus} visible GPU{'s' * (gpus != 1)}"
+    if ranks <= gpus and nccl:
+        return "nccl"
+    if ddp and not nccl:
+        raise ConfigError(f"aggregator={aggregator} with device=cuda: this torch build has no NCCL, which torch "
+                          "DDP on GPUs needs; use a non-DDP aggregator (gloo, staged through host memory)")
     if ddp:
-        raise ConfigError(f"aggregator={aggregator} with device=cuda: {where}; torch DDP needs one GPU per "
-                          f"rank (NCCL cannot hold two ranks on one GPU): use world_size<={gpus}")
-    raise ConfigError(f"device=cuda: {where}; ranks sharing a GPU need a host-staged transport gvq does not "
-                      f"have yet (NCCL refuses two ranks on one GPU): use world_size<={gpus}, or device=cpu")
+        raise ConfigError(f"aggregator={aggregator} with device=cuda: {ranks} ranks on this machine, {gpus} "
+                          f"visible GPU{'s' * (gpus != 1)}; torch DDP needs one GPU per rank (NCCL cannot "
+                          f"hold two ranks on one GPU): use world_size<={gpus}, or a non-DDP aggregator")
+    return "shared"

@@ -22,7 +22,14 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.run import checkpoint
-from gvq.run.guards import aggregated_overflow, check_gradients, comm_device, peer_lost
+from gvq.run.guards import (
+    aggregated_overflow,
+    broadcast_,
+    check_gradients,
+    comm_device,
+    compute_device,
+    peer_lost,
+)
 from gvq.run.logs import RunLog, mark
 
 log = logging.getLogger("gvq")
@@ -47,9 +54,9 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     torch.manual_seed(cfg["seed"])
     data = instantiate(cfg["dataset"])
     model = instantiate(cfg["model"], num_classes=data.num_classes, in_channels=data.in_channels)
-    model.to(comm_device())
+    model.to(compute_device(cfg["device"]))
     for t in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(t.data, 0)
+        broadcast_(t.data, 0)
     o = cfg["optim"]
     opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"],
                           weight_decay=o["weight_decay"], nesterov=o["nesterov"])
@@ -67,16 +74,16 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
 def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple[float, float]:
     """Exact test loss/accuracy over the whole test set, each rank scoring a disjoint shard."""
     for b in model.buffers():          # BN running stats differ per rank: use rank 0's everywhere
-        dist.broadcast(b, 0)
+        broadcast_(b, 0)
     model.eval()
     idx = torch.arange(rank, len(data.y_test), world)
-    dev = comm_device()
-    tot = torch.zeros(3, dtype=torch.float64, device=dev)
+    dev = next(model.parameters()).device
+    tot = torch.zeros(3, dtype=torch.float64, device=comm_device())
     for chunk in idx.split(batch_size):
         out = model(data.x_test[chunk].to(dev))
         y = data.y_test[chunk].to(dev)
         tot += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
-                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=dev)
+                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=tot.device)
     dist.all_reduce(tot)
     model.train()
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
@@ -108,7 +115,7 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
-        zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent"), 0)
+        zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"), 0)
         return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
@@ -120,7 +127,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     return {**row, **stats}
 
 
-TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "bytes_sent", "skipped")
+TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent",
+             "skipped")
 MEAN_KEYS = ("train_loss", "train_acc")
 
 
@@ -134,7 +142,7 @@ def replicas_identical(model) -> bool:
     """True when every rank holds bitwise the same parameters (compared against rank 0's)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     ref = flat.clone()
-    dist.broadcast(ref, 0)
+    broadcast_(ref, 0)
     same = torch.tensor([int(torch.equal(flat.view(torch.uint8), ref.view(torch.uint8)))],   # NaN == NaN
                         device=comm_device())
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
@@ -202,7 +210,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
-    dev = comm_device()
+    dev = compute_device(cfg["device"])
     t0, real0 = clock.sync() - prog.wall_offset, time.perf_counter() - prog.real_wall_offset
     for it in range(prog.start, iters):
         epoch, x, y = next(batches)
@@ -218,7 +226,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
             prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
         for k in TIME_KEYS:
-            prog.totals[k] += row[k]
+            prog.totals[k] = prog.totals.get(k, 0.0) + row[k]      # (a key newer than a resumed checkpoint)
         prog.skip_streak = prog.skip_streak + 1 if row["skipped"] else 0
         if runlog is not None:
             runlog.row(row)

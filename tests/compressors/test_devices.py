@@ -95,3 +95,17 @@ def test_powersgd_passes_stay_on_the_inputs_device(device, warm_start):
     out = state.q_stage.decompress(q + q, seg)
     assert p.device.type == q.device.type == out.device.type == device
     assert all(m.device.type == device for m in state.q.values())   # Q kept with the gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_resumed_on_the_host_follows_the_data_to_its_device(device):
+    """A checkpoint loads on the host; the next call on a device tensor must move the state (the dither
+    bank and lanes) there, not mix devices."""
+    x = torch.randn(5000)
+    host = QSGD(bits=4, dither="bank")
+    host.compress(x, slice(0, 5000))                       # bank drawn on the host
+    resumed = QSGD(bits=4, dither="bank")
+    resumed.load_state_dict(host.state_dict())
+    out = resumed.compress(x.to(device), slice(0, 5000))
+    assert out.device.type == torch.device(device).type
+    assert resumed._ws["bank"].device.type == torch.device(device).type

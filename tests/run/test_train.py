@@ -21,9 +21,10 @@ def test_default_digits_run_learns_and_keeps_replicas_identical(tmp_path):
     assert summary["final_test_acc"] >= 0.90
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.iteration) == list(range(300))
-    for col in ("epoch", "phase", "compute_s", "aggregate_s", "wire_s", "bytes_sent", "train_loss",
+    for col in ("epoch", "phase", "compute_s", "aggregate_s", "wire_s", "stage_s", "bytes_sent", "train_loss",
                 "train_acc", "lr", "wall_s", "test_loss", "test_acc"):
         assert col in df.columns
+    assert (df.stage_s == 0).all() and summary["cuda_plan"] is None     # host tensors: nothing staged
     evals = df.dropna(subset=["test_acc"])
     assert list(evals.iteration) == [49, 99, 149, 199, 249, 299]
     assert evals.test_acc.iloc[-1] == pytest.approx(summary["final_test_acc"], abs=1e-4)
