@@ -8,27 +8,18 @@ papers' "layer-wise").  ``cuts()`` keeps segment boundaries on multiples of d, s
 never changes its buckets.  Paper: d = 2048 on CIFAR, 512 on ImageNet.
 
 Wire: ONE flat uint8 tensor per segment, ``[n_buckets x n_side float32][codes packed in words]``, its
-length a function of the segment length only (``Layout``).  Codes in [0, s) go ``per_word`` to a
-little-endian word of <= 6 bytes (sum c_j * radix**j).  ``bits`` packing: radix 2**ceil(log2 s), i.e.
-fixed-width bit fields (QSGD given ``bits``: 4 bits = two per byte).  ``dense`` (base-s) packing, for every
-method given a level count: radix s, the word size with the fewest bits per value: s=2 -> 8 per byte,
-s=3 -> 5 per byte (1.6 bits), s=5 -> 17 per 5 bytes (2.35), s=9 -> 5 per 2 bytes (3.2).
+length a function of the segment length only (``Layout``; formats in :mod:`gvq.compressors._packing`:
+``bits`` fields, or ``dense`` base-s words, s=3 -> 1.6 bits a value, 5 -> 2.35, 9 -> 3.2).
 
 Checks: NaN/Inf inputs, and statistics overflowing float32, raise ValueError.  Clipping (``clip=c``):
-each value clipped to +-c*RMS of its bucket first (TernGrad's sign(v) * min(|v|, c*sigma); the RMS is the
-std about zero, which keeps a constant bucket intact); biased on the clipped values; null = off.
+each value clipped to +-c*RMS of its bucket first (TernGrad's sign(v) * min(|v|, c*sigma)); null = off.
 
-Dither (stochastic rounding): code = floor(y + u), u uniform on the 65536 midpoints of (0, 1): 16-bit
-resolution, bias <= 2**-17 of a level step (or float32's resolution at y if coarser).  ``dither``:
-
-* ``fresh`` (default): every call draws new u for every value (:mod:`gvq.compressors._dither`: lanes
-  of 64-bit LCGs seeded from the compressor's generator), so draws are independent within a call and
-  across calls, as QSGD's and TernGrad's analyses assume: the total error of consecutive calls is
-  uncorrelated (``tests/compressors/test_dither.py`` measures it over 2,000 calls).
-* ``bank`` (opt-in, faster): u read from a stored bank of max(2**16, 2n) values at a random offset, an
-  eighth of what was read redrawn.  Each u is still exactly uniform (unbiased) and a call's draws are
-  independent, but consecutive calls reuse bank values on other elements: the lag-1 autocorrelation of a
-  call's total error is +0.15..0.30 and 100-call sums have 2-10x the variance of independent draws.
+Dither (stochastic rounding): code = floor(y + u), u uniform on the 65536 midpoints of (0, 1): bias <=
+2**-17 of a level step.  ``dither``: ``fresh`` (default) draws new u for every value on every call
+(:mod:`gvq.compressors._dither`), independent within and across calls, as QSGD's and TernGrad's analyses
+assume; ``bank`` (opt-in, faster) reads a stored bank of max(2**16, 2n) values at a random offset and
+redraws an eighth of what it read: each u exactly uniform, but consecutive calls' errors correlate (lag-1
+autocorrelation of a call's total error +0.15..0.30).
 """
 from __future__ import annotations
 
