@@ -60,7 +60,7 @@ from gvq.analysis.peer_measures import (
     powersgd_run,
 )
 from gvq.analysis.peers import PeerSetup, error_stats, gradiveq_probes, gradiveq_row
-from gvq.bench.common import median_seconds
+from gvq.bench.common import median_seconds, one_thread
 from gvq.compressors.powersgd import PowerSGD
 
 COLUMNS = ["method", "K", "pool", "rank", "ratio", "actual_ratio", "bytes", "matched", "in_budget", "d_range",
@@ -81,12 +81,8 @@ def slice_multiples(shapes) -> list[str]:
 
 def single_thread_ms(fns, reps: int) -> list[float]:
     """Median milliseconds per call of each function, with one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return [1e3 * median_seconds(fn, reps) for fn in fns]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def powersgd_codec_ms(shapes, rank: int, x: torch.Tensor, reps: int, min_compression_rate: float,

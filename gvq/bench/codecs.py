@@ -28,6 +28,7 @@ from gvq.bench.common import (
     make_aggregator,
     median_seconds,
     model_shapes,
+    one_thread,
     print_markdown,
 )
 from gvq.bench.quantizers import QUANTIZERS, laplace_vector
@@ -109,14 +110,10 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("--out", help="write the records (and the ceilings) as JSON here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         ceil = ceilings(device)
         shapes = model_shapes(args.model, args.num_classes)
         rows = [measure_codec(name, shapes, device, ceil, args.reps) for name in args.codecs]
-    finally:
-        torch.set_num_threads(threads)
     setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
     print_markdown(rows, ["codec", "dtype", "payload_mb", "compress_ms", "decompress_ms", "add_ms", "floor_ms",
                           "x_floor"],

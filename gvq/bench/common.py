@@ -5,6 +5,7 @@ Every ``gvq.bench`` subcommand imports from here (and never from each other), so
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
@@ -74,6 +75,17 @@ def run_bench(sub: str, flags: list[str], pin: bool = False) -> list[dict]:
             cmd = ["taskset", "-c", "0", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
         return json.loads(Path(out).read_text())
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread inside (as each rank runs), the previous count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def median_seconds(fn, reps: int, device: torch.device | None = None) -> float:

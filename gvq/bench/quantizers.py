@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gvq.bench.common import make_aggregator, median_seconds
+from gvq.bench.common import make_aggregator, median_seconds, one_thread
 from gvq.compressors.base import Compressor
 
 RESNET32_PARAMS = 470_004
@@ -31,38 +31,30 @@ def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tens
     return (-scale * torch.sign(u) * torch.log1p(-2 * u.abs())).float()
 
 
-def alternated_ms(fresh: Compressor, bank: Compressor, numel: int = RESNET32_PARAMS,
+def alternated_ms(a: Compressor, b: Compressor, numel: int = RESNET32_PARAMS,
                   reps: int = 20) -> tuple[float, float]:
     """Median compress ms of two variants of a quantizer (fresh draws vs the dither bank; the histogram
     fit vs the sorted one), calls alternated so a noisy spell on the host hits both alike (the ratio is
     the figure)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         x, seg = laplace_vector(numel), slice(0, numel)
         times: dict[int, list[float]] = {0: [], 1: []}
         for rep in range(2 * reps + 4):
-            comp = (fresh, bank)[rep % 2]
+            comp = (a, b)[rep % 2]
             t0 = time.perf_counter()
             comp.compress(x, seg)
             if rep >= 4:                                  # the first two each: buffers, lanes, bank
                 times[rep % 2].append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
     return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
 
 
 def quantizer_throughput(compressor: Compressor, numel: int = RESNET32_PARAMS, reps: int = 20) -> dict:
     """dict(quantize_gbps, dequantize_gbps, quantize_ms, dequantize_ms, bytes, ratio, ideal_ratio)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         x, seg = laplace_vector(numel), slice(0, numel)
         payload = compressor.compress(x, seg)
         t_q = median_seconds(lambda: compressor.compress(x, seg), reps)
         t_d = median_seconds(lambda: compressor.decompress(payload, seg), reps)
-    finally:
-        torch.set_num_threads(threads)
     nbytes = 4 * numel
     return {"name": compressor.name,
             "quantize_gbps": nbytes / t_q / 1e9, "dequantize_gbps": nbytes / t_d / 1e9,

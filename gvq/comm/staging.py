@@ -59,18 +59,12 @@ class HostStage:
 
 
 class Staged:
-    """A send or receive through a host buffer: ``finish`` (called by P2P after the message completed)
-    copies a received buffer into its device tensor and returns the buffer to the pool."""
+    """A send or receive through a host buffer: P2P waits on ``handle`` (the real message), then calls
+    ``finish``, which copies a received buffer into its device tensor and returns the buffer to the pool."""
 
     def __init__(self, handle, stage: HostStage, buf: torch.Tensor, dst: torch.Tensor | None = None):
         self.handle, self.stage, self.buf, self.dst = handle, stage, buf, dst
         self.finished = False
-
-    def wait(self, timeout=None, **kw):
-        return self.handle.wait(timeout=timeout, **kw)
-
-    def is_completed(self) -> bool:
-        return self.handle.is_completed()
 
     def finish(self) -> None:
         if self.finished:

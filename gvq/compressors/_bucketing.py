@@ -65,11 +65,16 @@ def check_clip(clip) -> float | None:
     return None if clip is None else float(clip)
 
 
+def check_choice(key: str, value, choices: tuple[str, ...], why: str) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError naming the key, the choices and ``why``."""
+    if value not in choices:
+        raise ValueError(f"{key}={value!r}: must be one of {', '.join(choices)} ({why})")
+    return value
+
+
 def check_dither(dither) -> str:
-    if dither not in DITHERS:
-        raise ValueError(f"dither={dither!r}: must be fresh (independent draws every call) or bank "
-                         "(faster; reuses stored uniforms across calls)")
-    return dither
+    return check_choice("dither", dither, DITHERS, "fresh: independent draws every call; bank: faster, "
+                        "reuses stored uniforms across calls")
 
 
 def has_data(x: Tensor) -> bool:

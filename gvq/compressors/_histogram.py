@@ -24,16 +24,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gvq.compressors._bucketing import check_finite, has_data
+from gvq.compressors._bucketing import check_choice, check_finite, has_data
 
 FITS = ("histogram", "sorted")
 
 
 def check_fit(fit) -> str:
-    if fit not in FITS:
-        raise ValueError(f"fit={fit!r}: must be one of {', '.join(FITS)} (histogram: fast, levels within "
-                         "one bin of sorted's; sorted: the paper's solution on the sorted values, ~10x slower)")
-    return fit
+    return check_choice("fit", fit, FITS, "histogram: fast, levels within one bin of sorted's; sorted: the "
+                        "paper's solution on the sorted values, ~10x slower")
 
 
 def bins_for(n: int) -> int:

@@ -125,7 +125,7 @@ def digit_dtype(radix: int) -> torch.dtype:
 
 def _chunk(radix: int) -> int:
     """Digits decoded per table lookup: radix**c <= 2**16 table rows, c digits packed in <= 8 bytes."""
-    dsize = torch.empty((), dtype=digit_dtype(radix)).element_size()
+    dsize = digit_dtype(radix).itemsize
     c = 1
     while radix ** (c + 1) <= 1 << 16 and (c + 1) * dsize <= 8:
         c += 1
@@ -135,15 +135,13 @@ def _chunk(radix: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _digit_table(radix: int, c: int, device: torch.device = torch.device("cpu")) -> Tensor:
     """Every value in [0, radix**c) -> its c digits, side by side in one integer of a 1-D table, so that
-    decoding is one ``index_select`` (~10x faster than gathering 2-D rows).  Built on the host once,
-    kept on ``device`` (the payload's) once per device."""
-    if device.type != "cpu":
-        return _digit_table(radix, c).to(device)
+    decoding is one ``index_select`` (~10x faster than gathering 2-D rows).  Built once per device, on
+    ``device`` (the payload's)."""
     dtype = digit_dtype(radix)
-    dsize = torch.empty((), dtype=dtype).element_size()
+    dsize = dtype.itemsize
     width = next(w for w in (1, 2, 4, 8) if w >= c * dsize)
-    values = torch.arange(radix ** c, dtype=torch.int64)
-    table = torch.zeros(len(values), width // dsize, dtype=dtype)
+    values = torch.arange(radix ** c, dtype=torch.int64, device=device)
+    table = torch.zeros(len(values), width // dsize, dtype=dtype, device=device)
     for j in range(c):
         table[:, j] = ((values // radix ** j) % radix).to(dtype)
     return table.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]).view(-1)

@@ -10,6 +10,7 @@ import torch
 
 from gvq.analysis import frontier as FR
 from gvq.analysis.__main__ import main as analyze_main
+from tests.helpers.grads import HELD_OUT_SHAPES, held_out_grads
 
 # tiny matrices: one intra-op thread avoids spin-waiting on a shared 2-core machine
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -137,14 +138,9 @@ def test_timing_runs_on_one_thread_and_restores_the_count():
 def test_gradiveq_is_scored_on_held_out_gradients():
     """Fitting windows in subspace A, evaluation gradients in the orthogonal B: GradiVeQ is fitted on A
     and must lose ~everything on B, whatever K."""
-    shapes = [torch.Size((8, 4, 3, 3))]
-    g = torch.Generator().manual_seed(1)
-    q, _ = torch.linalg.qr(torch.randn(288, 6, generator=g))
-    A, B = q[:, :3].T, q[:, 3:].T
     warmup, L_t, L_c = 2, 12, 6
-    grads = [torch.randn(3, generator=g) @ (A if warmup <= t < warmup + L_t else B)
-             for t in range(warmup + L_t + L_c)]
-    df = FR.frontier_table(grads, shapes, Ks=["x1", "x9"], ratios=(16,), ranks=(1,), warmup=warmup, L_t=L_t,
+    grads = held_out_grads(warmup, L_t, L_c)
+    df = FR.frontier_table(grads, HELD_OUT_SHAPES, Ks=["x1", "x9"], ratios=(16,), ranks=(1,), warmup=warmup, L_t=L_t,
                            L_c=L_c, reps=1, log=lambda *_: None)
     gvq = df[df["method"] == "GradiVeQ"]
     assert len(gvq) == 2 and (gvq["n_eval"] == L_c).all() and (gvq["error"] > 0.9).all()

@@ -12,6 +12,7 @@ from gvq.analysis import peer_measures as PM
 from gvq.analysis import peers as P
 from gvq.analysis.__main__ import main as analyze_main
 from gvq.compressors.gradiveq.codec import GradiVeQ
+from tests.helpers.grads import HELD_OUT_SHAPES, held_out_grads
 
 # two conv layers, their biases, a small FC (PowerSGD compresses it, GradiVeQ sends it raw)
 SHAPES = [torch.Size(s) for s in [(16, 8, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 16), (10,)]]
@@ -52,14 +53,9 @@ def test_schedule_fit_and_eval_disjoint_and_ordered():
 def test_gradiveq_is_scored_on_the_following_gradients_only():
     """Fitting-window gradients live in subspace A, all others in B (orthogonal): fitted on A, GradiVeQ
     is near-exact in-sample but must lose ~everything on the evaluation gradients."""
-    shapes = [torch.Size((8, 4, 3, 3))]
-    g = torch.Generator().manual_seed(1)
-    q, _ = torch.linalg.qr(torch.randn(288, 6, generator=g))
-    A, B = q[:, :3].T, q[:, 3:].T
     warmup, L_t, L_c = 5, 20, 10
-    grads = [torch.randn(3, generator=g) @ (A if warmup <= t < warmup + L_t else B)
-             for t in range(warmup + L_t + L_c)]
-    df = P.peers_table(grads, shapes, ranks=(1,), Ks=("auto",), pools=(True,), warmup=warmup, L_t=L_t,
+    grads = held_out_grads(warmup, L_t, L_c)
+    df = P.peers_table(grads, HELD_OUT_SHAPES, ranks=(1,), Ks=("auto",), pools=(True,), warmup=warmup, L_t=L_t,
                        L_c=L_c, log=lambda *_: None)
     gvq = _rows(df, "GradiVeQ").iloc[0]
     assert gvq["n_eval"] == L_c

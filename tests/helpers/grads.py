@@ -26,3 +26,18 @@ def flat(grads) -> torch.Tensor:
 def gaussian(n: int, seed: int = 0) -> torch.Tensor:
     """``n`` standard normal values from a seeded generator."""
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+#: one 8x4x3x3 conv layer (288 values): the layer the held-out-scoring tests use
+HELD_OUT_SHAPES = [torch.Size((8, 4, 3, 3))]
+
+
+def held_out_grads(warmup: int, L_t: int, L_c: int) -> list[torch.Tensor]:
+    """Gradients of :data:`HELD_OUT_SHAPES` for one cycle: the L_t fitting ones (after ``warmup``) in a
+    3-dimensional subspace A, all others in the orthogonal subspace B, so a fit on the fitting window
+    loses ~everything on the evaluation gradients (scored in-sample, it would be near-exact)."""
+    g = torch.Generator().manual_seed(1)
+    q, _ = torch.linalg.qr(torch.randn(288, 6, generator=g))
+    A, B = q[:, :3].T, q[:, 3:].T
+    return [torch.randn(3, generator=g) @ (A if warmup <= t < warmup + L_t else B)
+            for t in range(warmup + L_t + L_c)]
