@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gvq.compressors import _fused as fused
+
 A = 6364136223846793005          # Knuth's MMIX multiplier (a = 1 mod 4, c odd: full period)
 C = 1442695040888963407
 
@@ -41,6 +43,9 @@ class DitherLanes:
             return torch.empty(n, dtype=torch.int16, device=device)
         self._grow(words, device, gen)
         s = self.state[:words]
+        if fused.enabled(s):                       # the same step and fold, one compiled pass
+            fused.lcg_step(s.numpy().view("uint64"), self._tmp[:words].numpy().view("uint64"))
+            return self._tmp[:words].view(torch.int16)[:n]
         torch.add(self._c, s, alpha=A, out=s)      # s <- c + a*s: one LCG step per lane read, one pass
         out = torch.bitwise_right_shift(s, 32, out=self._tmp[:words]).bitwise_and_(0xFFFFFFFF)   # logical >>
         return out.bitwise_xor_(s).view(torch.int16)[:n]

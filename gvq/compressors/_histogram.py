@@ -18,13 +18,18 @@ optimum: first order), and the Fig. 2 errors agree with the sorted reference's w
 (``tests/compressors/test_quantizers.py``; on real gradients ``python -m gvq.analysis quantizers``).
 Heavy tails are the weak case: one value far out stretches the grid and coarsens it for the rest (seen in
 layer-wise buckets, ``bucket: null``, not in 2048-value ones).
+
+Two implementations of the same fits: on host tensors one fused numba kernel per call encodes every bucket
+while it sits in cache (:mod:`gvq.compressors._fused`, ``encode_fused``: 2-3x faster, 0.5-0.9 GB/s at
+ResNet-32 size); the torch ops below serve CUDA and meta tensors, ``dither: bank`` and ``GVQ_FUSED=0``.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from gvq.compressors._bucketing import check_choice, check_finite, has_data
+from gvq.compressors import _fused as fused
+from gvq.compressors._bucketing import check_choice, check_finite, digit_dtype, has_data
 
 FITS = ("histogram", "sorted")
 
@@ -139,3 +144,34 @@ def encode_on_grid(q, rows: Tensor, fit_edges) -> tuple[Tensor, Tensor]:
     table = rounding_table(edges, bins, q.dither_shift)
     y = round_on_grid(t, idx, table, q.scratch_like("pairs", rows, torch.int64))
     return q.dither_floor_(y, shifted=True), edge_values(edges, lo, hi, sc, bins)
+
+
+def fused_serves(q, rows) -> bool:
+    """True where a fused kernel (:mod:`gvq.compressors._fused`) encodes quantizer ``q``'s buckets
+    ``rows``: ``fit: histogram`` with fresh dither, float32 contiguous host data."""
+    return (q.fit == "histogram" and q.dither == "fresh" and fused.enabled(rows)
+            and rows.dtype == torch.float32 and rows.is_contiguous())
+
+
+def encode_fused(q, rows: Tensor, kernel, absolute: bool = False) -> tuple[Tensor, Tensor]:
+    """(codes, side) of ``q``'s buckets ``rows`` (m, n) by ``kernel``, as ``q._encode`` returns them.
+    Each bucket's bounds come from torch's vectorised min and max (numba's loops do not vectorise them:
+    3x slower), (min, max) or, ``absolute``, (0, max|v|); a NaN/Inf makes a bound non-finite and raises
+    (``check_finite``) before a kernel could cast it to a bin.  Uniforms from q's lanes (stochastic ones)."""
+    m, n = rows.shape
+    bounds = torch.empty(m, 2, dtype=torch.float32, device=rows.device)
+    if absolute:
+        bounds[:, 0] = 0
+        torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_(), out=bounds[:, 1])
+    else:
+        torch.amin(rows, dim=1, out=bounds[:, 0])
+        torch.amax(rows, dim=1, out=bounds[:, 1])
+    if not bool(torch.isfinite(bounds).all()):
+        check_finite(rows, q.name)
+    codes = q.scratch_like("codes", rows, digit_dtype(q.levels))
+    side = torch.empty(m, q.n_side, dtype=torch.float32, device=rows.device)
+    u = (q.lanes.uniform16(rows.numel(), rows.device, q.gen) if q.stochastic
+         else torch.empty(0, dtype=torch.int16, device=rows.device))
+    kernel(rows.detach().numpy(), bounds.numpy(), bins_for(n), q.dither_shift, u.numpy(), codes.numpy(),
+           side.numpy())
+    return codes, side

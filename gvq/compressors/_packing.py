@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gvq.compressors import _fused as fused
+
 MAX_WORD_BYTES = 6            # words < 2**48: exact in int64 and float64 arithmetic
 MAX_LEVELS = 1 << 16           # codes must fit 16 bits (the ``bits <= 16`` limit)
 BIT_GATHER = 0x0102040810204080  # sum of 2**(56 - 7j), j < 8: gathers eight byte-aligned bits
@@ -97,6 +99,9 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
         for j in range(k - 2, -1, -1):
             word.mul_(radix).add_(c[:, j])
         out.copy_(word)
+        return
+    if fused.enabled(codes) and codes.is_contiguous():   # one compiled pass (the torch ops below
+        fused.pack_words(codes.numpy(), radix, k, lay.word_bytes, out.numpy())   # make 3-5 passes)
         return
     c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)
     if k > 8:     # one float64 matrix-vector product, exact below 2**53: 2.3x faster than 16 strided

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import BucketQuantizer, has_data, prefix_sums
 from gvq.compressors._histogram import (
     bin_counts,
@@ -27,6 +28,8 @@ from gvq.compressors._histogram import (
     check_fit,
     cumulative,
     edge_values,
+    encode_fused,
+    fused_serves,
     grid_coords,
 )
 
@@ -94,6 +97,8 @@ class BinGradB(BucketQuantizer):
         self.threshold = threshold
 
     def _encode(self, rows):
+        if self.threshold == "lloyd" and fused_serves(self, rows):
+            return encode_fused(self, rows, fused.encode_bingrad_b)
         if self.threshold == "mean":
             b0 = rows.mean(dim=1, keepdim=True)
         elif self.fit == "histogram":

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import torch
 
+from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import BucketQuantizer
 from gvq.compressors._histogram import (
     bin_counts,
     bins_for,
     check_fit,
     cumulative,
+    encode_fused,
+    fused_serves,
     grid_coords,
 )
 
@@ -84,13 +87,15 @@ class BinGradPB(BucketQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (faster, correlated)
+                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact b1)
         super().__init__(bucket, clip, dither)
         self.fit = check_fit(fit)
         self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 
     def _encode(self, rows):
+        if fused_serves(self, rows):
+            return encode_fused(self, rows, fused.encode_bingrad_pb, absolute=True)
         b1 = pb_level(rows) if self.fit == "sorted" else pb_level_grid(self, rows)
         inv = torch.where(b1 > 0, 0.5 / b1, 0.0)
         y = torch.mul(rows, inv, out=self.scratch_like("y", rows)).clamp_(-0.5, 0.5)   # Eq. 14 clip

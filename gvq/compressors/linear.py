@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import torch
 
+from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import MAX_LEVELS, BucketQuantizer
-from gvq.compressors._histogram import check_fit, cumulative, encode_on_grid, rank_edge
+from gvq.compressors._histogram import (
+    check_fit,
+    cumulative,
+    encode_fused,
+    encode_on_grid,
+    fused_serves,
+    rank_edge,
+)
 from gvq.compressors.base import check_int
 
 
@@ -48,7 +56,7 @@ class Linear(BucketQuantizer):
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (faster, correlated)
+                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
         super().__init__(bucket, clip, dither)
         self.fit = check_fit(fit)
@@ -56,6 +64,8 @@ class Linear(BucketQuantizer):
         self.n_side = self.levels
 
     def _encode(self, rows):
+        if fused_serves(self, rows):
+            return encode_fused(self, rows, fused.encode_linear)
         if self.fit == "sorted":
             levels = quantile_levels(rows.sort(dim=1).values, self.levels)
             return self.round_to_levels(rows, levels), levels

@@ -18,15 +18,23 @@ a bucket) + base-s codes (s=3 -> 1.6 bits, 5 -> 2.35, 9 -> 3.2).
 
 Cost: no sort.  ``ORQ`` solves Eq. (12) on each bucket's histogram (``_histogram``: counts on a uniform grid
 between min and max, levels on its edges, within one bin of the sorted solution) and rounds by table
-lookup.  ``fit: sorted`` keeps the exact solution on the discrete values (``orq_levels``: one sort per
+lookup (on the host: one fused kernel, ``_fused``).  ``fit: sorted`` keeps the exact solution on the discrete values (``orq_levels``: one sort per
 bucket, then K rounds of batched binary searches on it and its float64 prefix sums), ~10x slower.
 """
 from __future__ import annotations
 
 import torch
 
+from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import BucketQuantizer, prefix_sums
-from gvq.compressors._histogram import check_fit, cumulative, encode_on_grid, rank_edge
+from gvq.compressors._histogram import (
+    check_fit,
+    cumulative,
+    encode_fused,
+    encode_on_grid,
+    fused_serves,
+    rank_edge,
+)
 from gvq.compressors.base import check_int
 
 MAX_K = 15                         # 2**15 + 1 levels: codes still fit 16 bits
@@ -88,7 +96,7 @@ class ORQ(BucketQuantizer):
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (faster, correlated)
+                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
         super().__init__(bucket, clip, dither)
         self.fit = check_fit(fit)
@@ -99,6 +107,8 @@ class ORQ(BucketQuantizer):
         self.levels, self.k, self.n_side = levels, k, levels
 
     def _encode(self, rows):
+        if fused_serves(self, rows):
+            return encode_fused(self, rows, fused.encode_orq)
         if self.fit == "sorted":
             levels = orq_levels(rows.sort(dim=1).values, self.k)
             return self.round_to_levels(rows, levels), levels

@@ -1,5 +1,7 @@
 """Scalar quantizers of the ORQ paper (and 4-bit QSGD, fp16): wire format, the papers' defining equations,
-unbiasedness, config checks and the error claims.  Single process, one thread, a few seconds."""
+unbiasedness, config checks and the error claims.  Single process, one thread, a few seconds.  Every test
+runs twice: with the fused CPU kernels (``_fused``, numba) and with the torch ops alone (``GVQ_FUSED=0``,
+the path CUDA tensors take), so neither path can break unseen."""
 from __future__ import annotations
 
 import math
@@ -10,6 +12,7 @@ import torch
 
 from gvq.bench.quantizers import laplace_vector
 from gvq.compressors import _bucketing as bucketing
+from gvq.compressors import _fused as fused
 from gvq.compressors._packing import Layout, pack, unpack, word_format
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
@@ -42,6 +45,13 @@ UNBIASED = ["qsgd4bit", "qsgd5", "terngrad", "linear5", "orq3", "orq9"]
 DETERMINISTIC = ["signsgd", "bingrad_b", "bingrad_b_mean"]
 # methods whose levels include each bucket's values exactly when a bucket is constant
 EXACT_ON_CONSTANT = ["terngrad", "signsgd", "linear5", "orq3", "orq9", "bingrad_pb", "bingrad_b"]
+
+
+@pytest.fixture(autouse=True, params=["fused", "torch"])
+def kernels(request, monkeypatch):
+    """Both CPU paths: the fused kernels (where they serve) and the torch ops everywhere."""
+    monkeypatch.setenv("GVQ_FUSED", "1" if request.param == "fused" else "0")
+    return request.param
 
 
 def roundtrip(comp, x):
@@ -595,3 +605,58 @@ def test_qsgd_max_scale_is_each_buckets_max_abs_exactly():
     side = QSGD(bits=4, norm="max").compress(x, slice(0, x.numel()))[: lay.side_bytes].view(torch.float32)
     want = torch.stack([c.abs().max() for c in x.split(2048)])
     assert torch.equal(side, want)
+
+
+def test_fused_kernels_are_installed_and_serve_host_tensors(kernels):
+    """numba is a dependency: on the host the fused path must run (else the fused half of this file
+    silently tests the torch path twice); never on other devices."""
+    assert fused.enabled(torch.zeros(1)) == (kernels == "fused")
+    assert not fused.enabled(torch.zeros(1, device="meta"))
+
+
+FUSED = {"orq5": lambda: ORQ(levels=5), "orq9": lambda: ORQ(levels=9), "linear5": lambda: Linear(levels=5),
+         "bingrad_b": BinGradB, "bingrad_pb": BinGradPB}
+
+
+@pytest.mark.parametrize("data", ["gaussian", "laplace", "skewed", "sparse"])
+@pytest.mark.parametrize("method", list(FUSED))
+def test_fused_kernels_give_the_torch_paths_levels_and_error(method, data, monkeypatch):
+    """Same seed, same buckets: the fused kernels' levels equal the torch path's to float round-off (an
+    edge one bin over would be 1/1024 of the range off), the decoded error agrees to 1e-4 and >= 99% of
+    the wire bytes are identical (the rest: side floats' last bits, and values whose dither lands on a
+    rounding boundary)."""
+    n = 12 * 2048 + 300
+    x = {"gaussian": gaussian, "laplace": laplace_vector, "skewed": SKEWED}.get(data, gaussian)(n, 5)
+    if data == "sparse":
+        x = x * (torch.rand(n, generator=torch.Generator().manual_seed(1)) < 0.02)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("GVQ_FUSED", flag)
+        comp = FUSED[method]()
+        comp.reseed(3)
+        payload, y = roundtrip(comp, x)
+        got[flag] = payload, y, side_floats(comp, payload, n)
+    full = x[: 12 * 2048].view(12, 2048)
+    rng = (full.amax(1) - full.amin(1)).view(-1, 1)
+    assert float(((got["1"][2][:12] - got["0"][2][:12]).abs() / rng).max()) < 1e-5
+    err = [float((got[f][1] - x).norm() / x.norm()) for f in ("1", "0")]
+    assert err[0] == pytest.approx(err[1], rel=1e-4)
+    assert float((got["1"][0] == got["0"][0]).float().mean()) >= 0.99
+
+
+@pytest.mark.parametrize("levels,dense", [(3, True), (5, True), (9, True), (17, True), (300, True), (5, False)])
+def test_fused_lanes_and_packing_are_the_torch_ops_bit_for_bit(levels, dense, monkeypatch):
+    from gvq.compressors._dither import DitherLanes
+    lay = Layout(5000, 2048, 1, *word_format(levels, dense))
+    codes = torch.randint(0, levels, (lay.n_words * lay.per_word,), generator=torch.Generator().manual_seed(0))
+    codes = codes.to(bucketing.digit_dtype(levels))
+    out, draws = {}, {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("GVQ_FUSED", flag)
+        out[flag] = torch.zeros(lay.n_words * lay.word_bytes, dtype=torch.uint8)
+        pack(codes, lay, out[flag])
+        gen, lanes = torch.Generator().manual_seed(7), DitherLanes()
+        draws[flag] = [lanes.uniform16(n, torch.device("cpu"), gen).clone() for n in (10, 4097, 333)]
+    assert torch.equal(out["1"], out["0"])
+    assert torch.equal(unpack(out["1"], lay)[: lay.numel].long(), codes[: lay.numel].long())
+    assert all(torch.equal(a, b) for a, b in zip(draws["1"], draws["0"]))
