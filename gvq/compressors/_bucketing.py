@@ -29,7 +29,8 @@ import sys
 import torch
 from torch import Tensor
 
-from gvq.compressors._dither import DitherLanes
+from gvq.compressors import _fused as fused
+from gvq.compressors._dither import BANK_MIN, DitherLanes, add_bank_window  # noqa: F401 (re-exported)
 from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401 (re-exported)
                                       unpack, word_format)
 from gvq.compressors.base import Compressor
@@ -37,8 +38,6 @@ from gvq.compressors.base import Compressor
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
 DITHERS = ("fresh", "bank")
-BANK_MIN = 1 << 16             # dither=bank: values kept per compressor (and >= 2x the largest batch)
-BANK_REFRESH = 8              # each call redraws 1/8 as many bank values as it read
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
@@ -243,45 +242,31 @@ class BucketQuantizer(Compressor):
         it makes anyway (an addcmul, a table) says ``shifted=True`` and saves one pass."""
         return self.dither_base + DITHER_OFFSET
 
-    def dither_floor_(self, y: Tensor, shifted: bool = False) -> Tensor:
+    def dither_floor_(self, y: Tensor, shifted: bool = False, scale: Tensor | None = None) -> Tensor:
         """Unbiased stochastic rounding, in place: integer codes ``floor(y + base + u)`` clamped to
         [0, levels), u fresh (``dither=fresh``) or from the bank (``base`` = ``self.dither_base``);
-        ``shifted``: y already holds + ``dither_shift``."""
+        ``shifted``: y already holds + ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not
+        written), on the host in one fused pass (``_fused.scale_dither_floor``, the torch ops' floats)."""
+        codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
+        if scale is not None and self.dither == "fresh" and not shifted and fused.enabled(y) \
+                and y.is_contiguous() and y.dtype == torch.float32 and y.dim() == 2:
+            u = self.lanes.uniform16(y.numel(), y.device, self.gen)
+            fused.scale_dither_floor(y.numpy(), scale.reshape(-1).contiguous().numpy(), self.dither_shift,
+                                     u.numpy(), codes.numpy(), self.levels - 1)
+            return codes
+        if scale is not None:
+            y = torch.mul(y, scale, out=self.scratch_like("y", y))
         if self.dither == "bank":
             if shifted:                                 # the bank's uniforms carry the shift
                 y.sub_(self.dither_shift)
-            self._add_bank_window(y)
+            add_bank_window(self, y)
         else:
             u = self.scratch("u", y.shape, torch.float32, y.device)
             u.copy_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape))
             y.add_(u, alpha=2.0 ** -16)
             if not shifted:
                 y.add_(self.dither_shift)
-        codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
         return codes.copy_(y).clamp_(max=self.levels - 1)             # float -> int truncates = floor
-
-    def _add_bank_window(self, y: Tensor) -> None:
-        n = y.numel()
-        bank = self._ws.get("bank")
-        if bank is not None and bank.device != y.device:    # a resumed bank (loaded on the host)
-            bank = self._ws["bank"] = bank.to(y.device)
-        if bank is None or bank.numel() < 2 * n:
-            bank = self._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
-            self._redraw(bank, 0, bank.numel())
-        # window offsets: host integers from the seeded host generator (an index, not data)
-        at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=self.gen, device="cpu"))
-        y.add_(bank[at: at + n].view_as(y))
-        fresh = -(-n // BANK_REFRESH)
-        self._redraw(bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=self.gen, device="cpu")),
-                     fresh)
-
-    def _redraw(self, bank: Tensor, at: int, count: int) -> None:
-        """bank[at:at+count] = base + u, u on the 65536 midpoints of (0, 1): 16-bit random integers,
-        four per int64 draw (5x cheaper than ``torch.rand``)."""
-        words = self.scratch("words", (-(-count // 4),), torch.int64, "cpu")     # the seeded host
-        words = words.random_(-2 ** 63, None, generator=self.gen).to(bank.device)  # generator's, moved
-        part = bank[at: at + count]
-        part.copy_(words.view(torch.int16)[:count]).mul_(2.0 ** -16).add_(self.dither_base + DITHER_OFFSET)
 
     def round_to_levels(self, rows: Tensor, levels: Tensor) -> Tensor:
         """Eq. (7): random rounding of each value to one of its two neighbouring levels, unbiased.

@@ -23,6 +23,8 @@ from torch import Tensor
 
 from gvq.compressors import _fused as fused
 
+BANK_MIN = 1 << 16               # dither=bank: values kept per compressor (and >= 2x the largest batch)
+BANK_REFRESH = 8                 # each call redraws 1/8 as many bank values as it read
 A = 6364136223846793005          # Knuth's MMIX multiplier (a = 1 mod 4, c odd: full period)
 C = 1442695040888963407
 
@@ -71,3 +73,30 @@ class DitherLanes:
 
     def load_state_dict(self, sd: dict) -> None:
         self.state, self._tmp, self._c = sd["lanes"].clone(), None, None     # moved on the next draw
+
+
+# ---- dither=bank (opt-in): a stored bank of base + u values, read at a random window ------------------
+def add_bank_window(q, y: Tensor) -> None:
+    """y += a window of quantizer ``q``'s bank (``q._ws["bank"]``, grown to >= 2 y.numel(), on y's
+    device), then an eighth as many bank values redrawn."""
+    n = y.numel()
+    bank = q._ws.get("bank")
+    if bank is not None and bank.device != y.device:    # a resumed bank (loaded on the host)
+        bank = q._ws["bank"] = bank.to(y.device)
+    if bank is None or bank.numel() < 2 * n:
+        bank = q._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
+        _redraw(q, bank, 0, bank.numel())
+    # window offsets: host integers from the seeded host generator (an index, not data)
+    at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=q.gen, device="cpu"))
+    y.add_(bank[at: at + n].view_as(y))
+    fresh = -(-n // BANK_REFRESH)
+    _redraw(q, bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=q.gen, device="cpu")), fresh)
+
+
+def _redraw(q, bank: Tensor, at: int, count: int) -> None:
+    """bank[at:at+count] = base + u (``q.dither_shift`` = base + the offset), u on the 65536 midpoints of
+    (0, 1): 16-bit random integers, four per int64 draw (5x cheaper than ``torch.rand``)."""
+    words = q.scratch("words", (-(-count // 4),), torch.int64, "cpu")       # the seeded host
+    words = words.random_(-2 ** 63, None, generator=q.gen).to(bank.device)  # generator's, moved
+    part = bank[at: at + count]
+    part.copy_(words.view(torch.int16)[:count]).mul_(2.0 ** -16).add_(q.dither_shift)

@@ -283,3 +283,16 @@ def pack_words(codes, radix, per_word, word_bytes, out):
             word += np.uint64(codes[w * per_word + j]) * powers[j]
         for b in range(word_bytes):
             out[w * word_bytes + b] = np.uint8((word >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+
+@_jit
+def scale_dither_floor(x, scale, shift, u, codes, last):
+    """QSGD's and TernGrad's rounding in one pass: codes = min(floor(x scale + u 2^-16 + shift), last)
+    per bucket row of ``x`` (m, n), ``scale`` (m,): the torch ops' float32 steps in their order (the
+    product, then the exact dither, then the shift), so the codes are theirs bit for bit."""
+    n = x.shape[1]
+    for i in range(x.shape[0]):
+        s = scale[i]
+        for k in range(n):
+            y = x[i, k] * s + F32(u[i * n + k]) * F32(2.0 ** -16)
+            codes[i, k] = min(np.uint32(y + F32(shift)), np.uint32(last))

@@ -28,8 +28,7 @@ class TernGrad(BucketQuantizer):
 
     def _encode(self, rows):
         st = max_abs_rows(rows)
-        y = torch.mul(rows, torch.where(st > 0, 1.0 / st, 0.0), out=self.scratch_like("y", rows))
-        return self.dither_floor_(y), st
+        return self.dither_floor_(rows, scale=torch.where(st > 0, 1.0 / st, 0.0)), st
 
     def _decode(self, codes, side, out):
         torch.mul(codes, side, out=out).sub_(side)
