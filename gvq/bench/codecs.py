@@ -53,16 +53,20 @@ def ceilings(device: torch.device, reps: int = 5) -> dict:
 
 
 def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
+    """The fitted compressor, its multiply-adds and streamed bytes per call, its dtype, and the fit's
+    own time (a PCA refresh: seconds, median of 3, after one warm-up fit)."""
     comp = make_aggregator(*GRADIVEQ[label]).compressor
     comp.world_size = 2
     comp.bind([tuple(s) for s in shapes])
     n = comp.layout.numel
     g = torch.Generator().manual_seed(0)
-    comp.fit(torch.randn(L, n, generator=g).to(device))     # isotropic: the paper's d near L_t - 1
+    samples = torch.randn(L, n, generator=g).to(device)    # isotropic: the paper's d near L_t - 1
+    comp.fit(samples)
+    fit_s = median_seconds(lambda: comp.fit(samples), 3, device)
     ds = [comp.basis(g.gid)[0].shape[1] for g in comp.groups]
     macs = sum(g.n * g.K * d for g, d in zip(comp.groups, ds))
     streamed = sum(g.K * d for g, d in zip(comp.groups, ds)) * (torch.finfo(comp._dt).bits // 8)
-    return comp, macs, streamed, comp.basis_dtype
+    return comp, macs, streamed, comp.basis_dtype, fit_s
 
 
 def _powersgd(shapes, device: torch.device):
@@ -80,9 +84,9 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     """One codec's row: per-call times, the floor of its compress, and time / floor."""
     numel = sum(int(torch.Size(s).numel()) for s in shapes)
     x = laplace_vector(numel).to(device)
-    seg, macs, streamed, dtype = slice(0, numel), 0, 0, "float32"
+    seg, macs, streamed, dtype, fit_s = slice(0, numel), 0, 0, "float32", float("nan")
     if name in GRADIVEQ:
-        comp, macs, streamed, dtype = _gradiveq(name, shapes, device)
+        comp, macs, streamed, dtype, fit_s = _gradiveq(name, shapes, device)
     elif name == "powersgd":
         state, macs, streamed = _powersgd(shapes, device)
         state.begin()
@@ -97,6 +101,7 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     moved = 4 * numel + payload.numel() * payload.element_size() + streamed
     row["floor_ms"] = 1e3 * max(2 * macs / (ceil[f"gemm_gflops_{dtype}"] * 1e9), moved / (ceil["mem_gbps"] * 1e9))
     row["x_floor"] = row["compress_ms"] / row["floor_ms"]
+    row["fit_s"] = fit_s
     return row
 
 
@@ -116,7 +121,7 @@ def main(argv: list[str]) -> list[dict]:
         rows = [measure_codec(name, shapes, device, ceil, args.reps) for name in args.codecs]
     setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
     print_markdown(rows, ["codec", "dtype", "payload_mb", "compress_ms", "decompress_ms", "add_ms", "floor_ms",
-                          "x_floor"],
+                          "x_floor", "fit_s"],
                    f"codecs per call, {args.model} gradient ({sum(int(torch.Size(s).numel()) for s in shapes):,} "
                    f"values), {device.type}, 1 thread, median of {args.reps}; floor of compress from {setting}")
     if args.out:

@@ -19,6 +19,7 @@ def test_codecs_rows_carry_times_floor_and_ratio(capsys, tmp_path):
         assert r["compress_ms"] > 0 and r["decompress_ms"] > 0 and r["floor_ms"] > 0
         assert r["x_floor"] == pytest.approx(r["compress_ms"] / r["floor_ms"])
     assert math.isnan(by["qsgd"]["add_ms"]) and by["powersgd"]["add_ms"] > 0   # additive codecs only
+    assert by["gradiveq_pooled_bf16"]["fit_s"] > 0 and math.isnan(by["qsgd"]["fit_s"])   # GradiVeQ's refit
     assert by["gradiveq_pooled_bf16"]["dtype"] == "bfloat16"                    # the override applied
     saved = json.loads(out.read_text())
     assert set(saved["ceilings"]) == {"gemm_gflops_float32", "gemm_gflops_bfloat16", "mem_gbps"}

@@ -95,9 +95,9 @@ def _spectrum(X: Tensor, eps: float):
     if eps < torch.finfo(torch.float32).eps or X.device.type == "meta" or min(rows, K) == 0:
         _, S, Vh = torch.linalg.svd(X, full_matrices=False)
         return S, lambda k: Vh[:k]
-    if rows < K:                                   # sample space: V = X^T P / S
-        w, P = torch.linalg.eigh(X @ X.T)
-        S = w.flip(0).clamp_(min=0.0).sqrt()
-        return S, lambda k: (P[:, -k:].flip(1).T @ X) / torch.where(S[:k] > 0, S[:k], 1.0)[:, None]
+    if rows < K:                                   # sample space: V = X^T (P / S), 1/S folded into the
+        w, P = torch.linalg.eigh(X @ X.T)          # small P, V formed (K, k) so the fit's U needs no
+        S = w.flip(0).clamp_(min=0.0).sqrt()       # transposed copy (top(k) is its transposed view)
+        return S, lambda k: (X.T @ (P[:, -k:].flip(1) / torch.where(S[:k] > 0, S[:k], 1.0))).T
     w, V = torch.linalg.eigh(X.T @ X)              # K space
     return w.flip(0).clamp_(min=0.0).sqrt(), lambda k: V[:, -k:].flip(1).T
