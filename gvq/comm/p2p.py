@@ -24,15 +24,13 @@ send handle completes then too).  The real bytes move at once.
 """
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from gvq.comm import clock
+from gvq.comm.links import EmulatedLink, VirtualLink, _VirtualMessage, wait_all  # noqa: F401 (re-exported)
 from gvq.comm.staging import HostStage, Staged
 
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo: ~0.5 ms a message); small next to a ring segment
@@ -41,15 +39,6 @@ CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo: ~0.5 ms a message); sma
 def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
     per = max(1, CHUNK_BYTES // tensor.element_size())
     return list(tensor.split(per)) if tensor.numel() > per else [tensor]
-
-
-def wait_all(handles, timeout) -> None:
-    """Wait for every handle within one ``timeout`` overall (a message in k chunks must not get k
-    timeouts: a lost peer is reported after timeout_s, not k x timeout_s)."""
-    deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
-    for h in handles:
-        left = None if deadline is None else timedelta(seconds=max(deadline - time.monotonic(), 1e-3))
-        h.wait(timeout=left)
 
 
 class PeerLostError(RuntimeError):
@@ -73,128 +62,46 @@ class _All:
         self.handles = handles
 
     def wait(self, timeout=None):
+        """Once: a second wait on a finished gloo receive would wait for the next message (a batch's
+        handle is waited for by every message of it)."""
         wait_all(self.handles, timeout)
+        self.handles = []
         return True
 
     def is_completed(self):
         return all(h.is_completed() for h in self.handles)
 
 
-class _Emulated:
-    """Handle of an emulated send: done when the sender thread has really sent it."""
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.error: BaseException | None = None
-
-    def wait(self, timeout=None):
-        secs = timeout.total_seconds() if timeout is not None else None
-        if not self.event.wait(secs):
-            raise TimeoutError("emulated send did not complete")
-        if self.error is not None:
-            raise self.error
-        return True
-
-    def is_completed(self):
-        return self.event.is_set()
-
-
-class EmulatedLink:
-    """One rank's outgoing link: FIFO, serialisation at ``bandwidth_bps``, then ``latency_s``."""
-
-    def __init__(self, bandwidth_bps: float, latency_s: float = 0.0):
-        self.bandwidth_bps = float(bandwidth_bps)
-        self.latency_s = float(latency_s)
-        self.free_at = 0.0
-        self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="gvq-link")
-        self._thread.start()
-
-    def submit(self, tensor: torch.Tensor, dst: int, tag: int) -> _Emulated:
-        now = time.perf_counter()
-        start = max(now, self.free_at)
-        self.free_at = start + 8.0 * tensor.numel() * tensor.element_size() / self.bandwidth_bps
-        handle = _Emulated()
-        self._q.put((self.free_at + self.latency_s, tensor, dst, tag, handle))
-        return handle
-
-    def _run(self):
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            arrive, tensor, dst, tag, handle = item
-            delay = arrive - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            try:
-                dist.send(tensor, dst, tag=tag)
-            except BaseException as e:  # surfaced to the main thread on wait()
-                handle.error = e
-            handle.event.set()
-
-    def close(self):
-        """Drain and stop the sender thread before the process group goes away: a send still in
-        flight during ``destroy_process_group`` aborts the process (``terminate called ...``)."""
-        self._q.put(None)
-        self._thread.join(timeout=10)
-
-
-class VirtualLink:
-    """One rank's outgoing link in virtual time: FIFO, serialisation at ``bandwidth_bps``, then
-    ``latency_s``; computed, never slept."""
-
-    def __init__(self, bandwidth_bps: float, latency_s: float = 0.0):
-        self.bandwidth_bps, self.latency_s = float(bandwidth_bps), float(latency_s)
-        self.free_at = float("-inf")
-
-    def arrival(self, nbytes: int, t: float) -> float:
-        """Arrival time of a message of ``nbytes`` handed to the link at ``t`` (occupies the link)."""
-        self.free_at = max(t, self.free_at) + 8.0 * nbytes / self.bandwidth_bps
-        return self.free_at + self.latency_s
-
-    def close(self):
-        pass
-
-
-class _VirtualMessage:
-    """A send or receive in virtual time: the real handles (header, payload) and the arrival time.
-    Each real handle is waited for at most once (a second ``wait`` on a finished gloo receive would
-    wait for the *next* message on its buffer)."""
-
-    def __init__(self, header: torch.Tensor, handles: list, arrival: float | None = None):
-        self.header, self.handles, self._arrival = header, handles, arrival
-        self._waited = [False] * len(handles)
-
-    @property
-    def arrival(self) -> float:
-        return self._arrival if self._arrival is not None else float(self.header[0])
-
-    def wait(self, timeout=None, upto: int | None = None):
-        """Wait for the real messages (only the first ``upto`` of them: the header alone is 1)."""
-        todo = [i for i in range(len(self.handles[:upto])) if not self._waited[i]]
-        wait_all([self.handles[i] for i in todo], timeout)
-        for i in todo:
-            self._waited[i] = True
-        return True
+def nccl_group() -> bool:
+    """Does the default process group carry CUDA tensors over NCCL (``nccl``, or the launcher's
+    ``cuda:nccl,cpu:gloo``)?"""
+    return dist.is_initialized() and "nccl" in str(dist.get_backend())
 
 
 class P2P:
     """isend / irecv / wait with accounting.  ``wire_s`` counts only time blocked in ``wait``;
-    ``stage_s`` the host copies of device tensors on a process group that is not NCCL (see
-    :mod:`gvq.comm.staging`; ``stage=True``: every tensor, to exercise the path without a GPU)."""
+    ``stage_s`` the host copies of device tensors (see :mod:`gvq.comm.staging`) on a group without NCCL,
+    or under an emulated link or the virtual clock (the link model keeps time on the host: the bytes go
+    through host memory over gloo); ``stage=True``: every tensor, to exercise the path without a GPU.
+
+    ``batched`` (NCCL without a link model; ``batch=True`` forces it, e.g. on gloo in tests): a ring
+    step's receive and send are posted as one ``batch_isend_irecv`` (:meth:`exchange`), so no order of
+    sends and receives can deadlock (NCCL runs a pair of ranks' operations in order on one stream: at
+    N = 2 both ranks would sit in their receive)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float = 60.0,
-                 bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None):
+                 bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None,
+                 batch: bool | None = None):
         self.rank, self.world_size = rank, world_size
-        self.stage, self._stage_all = HostStage(), stage is True
-        self._stage_device = stage is None and not (dist.is_initialized() and dist.get_backend() == "nccl")
         self.timeout = timedelta(seconds=timeout_s)
         self.clock = clock.get()
         if self.clock.virtual and not bandwidth_bps:
             raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
         link = VirtualLink if self.clock.virtual else EmulatedLink
         self.link = link(bandwidth_bps, latency_s) if bandwidth_bps else None
+        self.stage, self._stage_all = HostStage(), stage is True
+        self._stage_device = stage is None and (not nccl_group() or self.link is not None)
+        self.batched = (nccl_group() if batch is None else batch) and self.link is None and not self._stage_all
         self.bytes_sent = 0
         self.wire_s = 0.0
 
@@ -236,6 +143,23 @@ class P2P:
         if self.link is not None:
             return _All([self.link.submit(c, dst, tag) for c in chunks(tensor)])
         return dist.isend(tensor, dst, tag=tag)
+
+    def exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, tag: int = 0):
+        """One ring step: ``recv`` from ``src`` and ``send`` to ``dst``; (receive handle, send handle)
+        for :meth:`wait`.  ``batched``: posted together; else irecv then isend."""
+        recvs, sends = self.exchange_all([send], dst, [recv], src, tag)
+        return recvs[0], sends[0]
+
+    def exchange_all(self, sends: list, dst: int, recvs: list, src: int, tag: int = 0):
+        """Several messages each way in one step (pieces): (receive handles, send handles), one per
+        message; batched, every receive handle waits for the whole batch and the send handles are done."""
+        if not self.batched or self._stage_device and any(t.device.type != "cpu" for t in sends + recvs):
+            return [self.irecv(t, src, tag) for t in recvs], [self.isend(t, dst, tag) for t in sends]
+        ops = [dist.P2POp(dist.irecv, t, src, tag=tag) for t in recvs if t.numel()]
+        ops += [dist.P2POp(dist.isend, t, dst, tag=tag) for t in sends if t.numel()]
+        self.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
+        both = _All(dist.batch_isend_irecv(ops) if ops else [])
+        return [both] * len(recvs), [_Done()] * len(sends)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:

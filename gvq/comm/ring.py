@@ -29,6 +29,7 @@ import torch
 
 from gvq.comm import clock as rank_clock
 from gvq.comm.p2p import P2P
+from gvq.comm.ring_batched import additive_steps_
 from gvq.compressors.base import Compressor
 
 
@@ -73,15 +74,13 @@ def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
     bufs = _scratch(flat, segs)
     for i in range(n - 1):
         out, inc = segs[(r - i) % n], segs[(r - i - 1) % n]
-        recv = p2p.irecv(bufs[inc.start], p2p.left)
-        send = p2p.isend(flat[out], p2p.right)
+        recv, send = p2p.exchange(flat[out], p2p.right, bufs[inc.start], p2p.left)
         p2p.wait(recv, p2p.left)
         flat[inc] += bufs[inc.start]
         p2p.wait(send, p2p.right)
     for i in range(n - 1):
         out, inc = segs[(r + 1 - i) % n], segs[(r - i) % n]
-        recv = p2p.irecv(flat[inc], p2p.left)
-        send = p2p.isend(flat[out], p2p.right)
+        recv, send = p2p.exchange(flat[out], p2p.right, flat[inc], p2p.left)
         p2p.wait(recv, p2p.left)
         p2p.wait(send, p2p.right)
 
@@ -119,6 +118,9 @@ def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P
             with clock("compress"):
                 payload = comp.compress(flat[q], q)
             _decompress_into(flat, q, payload, comp, clock)
+        return
+    if p2p.batched:                              # NCCL: a step's messages posted together
+        additive_steps_(flat, segs, comp, p2p, clock)
         return
     sends: list = []
     held = _compressed_reduce_scatter(flat, segs, comp, p2p, clock, sends)
@@ -191,8 +193,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
     for i in range(n - 1):
         seg = segs[(r - i - 1) % n]
         inbox = comp.empty_payload(seg, flat.device)
-        recv = p2p.irecv(inbox, p2p.left)
-        send = p2p.isend(held, p2p.right)
+        recv, send = p2p.exchange(held, p2p.right, inbox, p2p.left)
         p2p.wait(recv, p2p.left)
         with clock("decompress"):
             partial = comp.decompress(inbox, seg)
@@ -207,8 +208,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
     for i in range(n - 1):
         seg = segs[(r - i) % n]
         inbox = comp.empty_payload(seg, flat.device)
-        recv = p2p.irecv(inbox, p2p.left)
-        send = p2p.isend(held, p2p.right)
+        recv, send = p2p.exchange(held, p2p.right, inbox, p2p.left)
         p2p.wait(recv, p2p.left)
         with clock("decompress"):
             flat[seg] = comp.decompress(inbox, seg)
@@ -230,8 +230,7 @@ def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Clo
     payloads = {r: own}
     for i in range(n - 1):                          # forward payloads around the ring, unchanged
         inbox = comp.empty_payload(whole, flat.device)
-        recv = p2p.irecv(inbox, p2p.left)
-        send = p2p.isend(payloads[(r - i) % n], p2p.right)
+        recv, send = p2p.exchange(payloads[(r - i) % n], p2p.right, inbox, p2p.left)
         p2p.wait(recv, p2p.left)
         p2p.wait(send, p2p.right)
         payloads[(r - i - 1) % n] = inbox

@@ -15,7 +15,8 @@ log = logging.getLogger("gvq")
 
 
 def comm_device() -> torch.device:
-    """Where small bookkeeping tensors must live for the process group's backend (NCCL: the GPU)."""
+    """Where small bookkeeping tensors must live for the process group's backend (NCCL alone: the GPU;
+    the launcher's ``cuda:nccl,cpu:gloo`` and gloo: the host)."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
