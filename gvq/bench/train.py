@@ -50,11 +50,12 @@ COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_
 class _Mode:
     """One mode's model, optimizer and aggregator (None for ``torch_ddp`` / ``local``)."""
 
-    def __init__(self, name: str, rank: int, world: int, args, shape):
+    def __init__(self, name: str, rank: int, world: int, args, shape, device: torch.device):
         self.name, self.agg = name, None
-        net = build_model(args.model, args.num_classes, shape[0])
+        net = build_model(args.model, args.num_classes, shape[0]).to(device)
         if name == "torch_ddp":
-            net = torch.nn.parallel.DistributedDataParallel(net)
+            net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.type == "cuda"
+                                                            else None)
         elif name != "local":
             self.agg = make_aggregator(name, args.set)
             bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
@@ -93,17 +94,21 @@ class _Mode:
 
 def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     torch.set_num_threads(1)
+    device, plan = torch.device("cpu"), getattr(args, "plan", None)
+    if getattr(args, "device", "cpu") == "cuda":              # a GPU per rank, or shared round-robin
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     clock.configure(getattr(args, "clock", "wall"), getattr(args, "compute_scale", 1.0),
-                    getattr(args, "codec_scale", 1.0), True)            # virtual: one timed phase at a time
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
+                    getattr(args, "codec_scale", 1.0), True, device.type)   # virtual: one phase at a time
+    dist.init_process_group("cuda:nccl,cpu:gloo" if plan == "nccl" else "gloo", init_method=init, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
     try:
         shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
-        modes = [_Mode(m, rank, world, args, shape) for m in args.aggregators]
+        modes = [_Mode(m, rank, world, args, shape, device) for m in args.aggregators]
         warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
         g = torch.Generator().manual_seed(rank)
-        x = torch.randn(args.batch_size, *shape, generator=g)
-        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+        x = torch.randn(args.batch_size, *shape, generator=g).to(device)
+        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(device)
         rows: dict[str, list[list[float]]] = {m.name: [] for m in modes}
         for it in range(warmup + args.iters):
             for m in modes:                            # interleaved: every mode sees the same load
@@ -129,7 +134,8 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
     out = []
     for mode, its in rows.items():
         col = {k: [r[i] for r in its] for i, k in enumerate(COLS)}
-        rec = {"link": link, "model": args.model, "N": world, "batch_per_rank": args.batch_size,
+        rec = {"link": link, "model": args.model, "device": getattr(args, "device", "cpu"),
+               "plan": getattr(args, "plan", None), "N": world, "batch_per_rank": args.batch_size,
                "aggregator": mode, **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
                "MB_per_rank": col["bytes_sent"][-1] / 1e6 if mode != "torch_ddp" else None,   # unknown
                "iters": len(its), "warmup": raw["warmup"]}
@@ -147,7 +153,8 @@ def print_iterations(records: list[dict], header: str) -> None:
             "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref"]
     r0 = records[0]
     ref = f"over_ref = median per-iteration ratio to {r0['ref']}" if r0["ref"] else "no reference mode"
-    print_markdown(records, cols, f"{header}\n# model={r0['model']}, batch {r0['batch_per_rank']}/rank, 1 thread/rank, "
+    where = f"cuda ({r0['plan']})" if r0.get("device") == "cuda" else "cpu, 1 thread/rank"
+    print_markdown(records, cols, f"{header}\n# model={r0['model']}, {where}, batch {r0['batch_per_rank']}/rank, "
                    f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up, {ref}")
 
 
@@ -173,6 +180,9 @@ def parse_iteration_args(argv):
                    help="emulated per-rank link (bit/s) for the runner's aggregators; DDP's are never shaped")
     p.add_argument("--compressed-only", action="store_true",
                    help="time compressed iterations only (as gvq.bench aggregate: fit GradiVeQ's basis first)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: model, data and codecs on the GPU (a GPU per rank over NCCL, else ranks "
+                        "sharing GPUs over host-staged gloo; wall clock, synchronised at every reading)")
     add_clock_args(p)
     add_timeout_arg(p)
     p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
@@ -197,6 +207,17 @@ def parse_iteration_args(argv):
     return args
 
 
+def _cuda_plan(args, world: int) -> str:
+    """The launcher's placement (:func:`gvq.run.placement.cuda_plan`), or the exit with its one line."""
+    from gvq.run.placement import cuda_plan
+    from gvq.run.validate import ConfigError
+    ddp = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]
+    try:
+        return cuda_plan(world, ddp[0] if ddp else args.aggregators[0], bool(ddp))
+    except ConfigError as e:
+        raise SystemExit(f"gvq.bench train --device cuda --world-size {world}: {e}") from None
+
+
 def run_iterations(args, world: int) -> dict:
     """Spawn ``world`` loopback ranks; rank 0's raw per-iteration rows."""
     return spawn_loopback(iteration_rank, world, world, args)
@@ -212,6 +233,7 @@ def main(argv: list[str]) -> list[dict]:
     link = (f"{args.bandwidth / 1e6:g} Mbit/s per rank (emulated, runner aggregators)" if args.bandwidth
             else "unshaped loopback")
     for world in args.world_size:
+        args.plan = _cuda_plan(args, world) if args.device == "cuda" else None
         recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=args.bandwidth)
         print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args)}")
         records += recs

@@ -48,7 +48,7 @@ class RankClock:
     """Wall clock, or the virtual clock described in the module docstring."""
 
     def __init__(self, mode: str = "wall", compute_scale: float = 1.0, codec_scale: float = 1.0,
-                 exclusive: bool = False):
+                 exclusive: bool = False, device_sync=None):
         if mode not in CLOCKS:
             raise ValueError(f"net.clock={mode!r}: must be one of {', '.join(CLOCKS)}")
         for key, v in (("net.compute_scale", compute_scale), ("net.codec_scale", codec_scale)):
@@ -61,6 +61,8 @@ class RankClock:
         self._scale = 1.0                       # scale of the phase running now
         self._depth, self._held = 0, False      # phase nesting; holding the core lock
         self._lock = _open_lock() if self.virtual and exclusive else None
+        self._sync = device_sync                # wall clock on a GPU: kernels are asynchronous, so every
+        # reading first waits for them (torch.cuda.synchronize): each timed span holds its own GPU work
 
     @property
     def virtual(self) -> bool:
@@ -69,6 +71,8 @@ class RankClock:
     def now(self) -> float:
         """Seconds on this rank's clock (an arbitrary origin: only differences mean anything)."""
         if not self.virtual:
+            if self._sync is not None:
+                self._sync()
             return time.perf_counter()
         cpu = time.thread_time()
         self._t += (cpu - self._cpu) * self._scale
@@ -153,13 +157,19 @@ _CLOCK = RankClock()
 
 
 def configure(mode: str = "wall", compute_scale: float = 1.0, codec_scale: float = 1.0,
-                exclusive: bool = False) -> RankClock:
+                exclusive: bool = False, device: str = "cpu") -> RankClock:
     """Set this process's (= this rank's) clock for a run; returns it.  ``exclusive`` (virtual only):
-    time scaled phases only while holding the host's clock lock, one at a time."""
+    time scaled phases only while holding the host's clock lock, one at a time.  ``device="cuda"``: the
+    wall clock waits for the GPU's queued kernels before every reading (the virtual clock, CPU time,
+    cannot time GPU work: the config refuses that pair)."""
     global _CLOCK
     if _CLOCK._lock is not None:
         os.close(_CLOCK._lock)
-    _CLOCK = RankClock(mode, compute_scale, codec_scale, exclusive)
+    sync = None
+    if device == "cuda":
+        import torch
+        sync = torch.cuda.synchronize
+    _CLOCK = RankClock(mode, compute_scale, codec_scale, exclusive, sync)
     return _CLOCK
 
 

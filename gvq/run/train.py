@@ -165,7 +165,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
     """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
     net = cfg["net"]
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
-    clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True))
+    clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
+                    cfg["device"])
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     mark(meta, "built")
     prog, old_rows = Progress(), []

@@ -197,3 +197,17 @@ def test_a_lock_held_elsewhere_delays_the_phase_but_not_its_clock(monkeypatch, c
         assert "no clock lock within" in caplog.text and clk._lock is None
     finally:
         os.close(other)
+
+
+def test_wall_clock_on_a_gpu_waits_for_queued_kernels_at_every_reading():
+    """device=cuda: every reading of the wall clock first synchronises the device (stood in for here), so a
+    timed span holds its own GPU work, not just its launches; the virtual clock never does."""
+    from gvq.comm.clock import RankClock
+    calls = []
+    wall = RankClock("wall", device_sync=lambda: calls.append(1))
+    a = wall.now()
+    assert wall.now() >= a and len(calls) == 2
+    assert C.configure("wall")._sync is None                           # the host: no synchronisation
+    virtual = RankClock("virtual", device_sync=lambda: calls.append(1))
+    virtual.now()
+    assert len(calls) == 2
