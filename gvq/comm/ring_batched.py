@@ -12,15 +12,15 @@ are the pipelined ring's, in the same order: bitwise equal results (``tests/comm
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import Compressor
 
-if TYPE_CHECKING:                      # ring.py imports this module
-    from gvq.comm.ring import Clock
+Clock = Callable[[str], AbstractContextManager]    # ring.Clock: ``with clock("compress"): ...``
 
 
 def additive_steps_(flat: torch.Tensor, segs: list[list[slice]], comp: Compressor, p2p: P2P,

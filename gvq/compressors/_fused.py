@@ -1,21 +1,24 @@
-"""Fused CPU kernels (numba) for the histogram fits of ORQ-s, Linear-s, BinGrad-b and BinGrad-pb: each
-bucket is bounded, counted, fitted and rounded in one compiled loop while it sits in L1 cache.
+"""Fused host kernels (numba) for the scalar quantizers: each makes in one compiled pass what eager torch
+ops make in several full memory passes.
 
-Why: the same algorithm as eager torch ops (:mod:`gvq.compressors._histogram`) makes 20-30 full memory
-passes per call, over the data and over (buckets x bins) tables as large as the data: 0.17-0.28 GB/s on
-one core of the development machine, against a 0.5 GB/s bar and QSGD's ~1 GB/s.  Here a bucket of 2048
-values is read three times from L1, its table of ``bins`` counts never leaves it.
+* ``encode_orq`` / ``encode_linear`` / ``encode_bingrad_b`` / ``encode_bingrad_pb``: the histogram fits
+  (``_histogram``'s grid: ``bins_for(n)`` bins, levels on integer edges, Eq. (7) rounding through a
+  per-bin (C, A) table): each bucket counted, fitted and rounded while it sits in L1 cache.  Its bounds
+  come from torch's vectorised min/max (``_histogram.encode_fused``).  As 20-30 eager ops these ran at
+  0.17-0.28 GB/s on one core of the development machine; fused, 0.4-0.96 GB/s.
+* ``scale_dither_floor``: QSGD's and TernGrad's scale, dither and floor.
+* ``lcg_step``: the dither lanes' step (``_dither``); ``pack_words``: many-digit words (``_packing``).
 
-Same fits, same grid (``_histogram``'s docstring): bounds, ``bins_for(n)`` bins, levels on integer edges,
-Eq. (7) rounding through a per-bin (C, A) table, the dither's uniforms drawn by the compressor's lanes (so
-seeds, resumes and independence are the torch path's).  Differences, all below a bin: sums in float64 (the
-torch path sums float32 pairwise), so an edge on a rounding tie may land one bin over.  Tests hold the two
-paths to the same levels and the same error (``tests/compressors/test_quantizers.py``).
+Same algorithms and the compressors' own uniforms (seeds, resumes and independence as on the torch
+path).  Bit for bit the torch ops' results: ``lcg_step``, ``pack_words``, ``scale_dither_floor`` (the same
+float32 steps in the same order).  The histogram fits sum in int64/float64 where the torch path sums
+float32, so an edge on a rounding tie may land one bin over: tests hold the two paths to the same levels
+(to float round-off) and the same error (``tests/compressors/test_quantizers.py`` runs every test on
+both).
 
-Used for float32 data on the host with ``dither: fresh`` (BinGrad-b: deterministic); CUDA and meta tensors,
-``dither: bank`` and ``fit: sorted`` take the torch path.  ``GVQ_FUSED=0`` turns these kernels off (to
-compare, or where numba is missing: then the torch path runs, slower).  Compiled on first use and cached
-beside this file (``cache=True``): a few seconds once per checkout, ~0.1 s per process after.
+Used on host tensors; CUDA and meta tensors, ``dither: bank`` and ``fit: sorted`` take the torch path, as
+does everything with ``GVQ_FUSED=0`` (to compare, or where numba is missing).  Compiled on first use and
+cached beside this file (``cache=True``): a few seconds once per checkout, 0.1-0.4 s per process after.
 """
 from __future__ import annotations
 
