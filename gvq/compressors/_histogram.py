@@ -20,7 +20,7 @@ Heavy tails are the weak case: one value far out stretches the grid and coarsens
 layer-wise buckets, ``bucket: null``, not in 2048-value ones).
 
 Two implementations of the same fits: on host tensors one fused numba kernel per call encodes every bucket
-while it sits in cache (:mod:`gvq.compressors._fused`, ``encode_fused``: 2-3x faster, 0.5-0.9 GB/s at
+while it sits in cache (:mod:`gvq.compressors._fused`, ``encode_fused``: 2-3x faster, 0.4-0.96 GB/s at
 ResNet-32 size); the torch ops below serve CUDA and meta tensors, ``dither: bank`` and ``GVQ_FUSED=0``.
 """
 from __future__ import annotations
