@@ -2,7 +2,7 @@
 
 Each function follows one function of :mod:`gvq.comm.ring` statement by statement -- the same steps,
 messages, waits and codec calls in the same order -- with costs instead of work, and the link model of
-:class:`gvq.comm.p2p.VirtualLink`: one outgoing FIFO link per rank; a message handed over at t on a link
+:class:`gvq.comm.links.VirtualLink`: one outgoing FIFO link per rank; a message handed over at t on a link
 free at f occupies it from max(t, f) for 8b/B and arrives alpha later; a receive waits until arrival.
 Rank r's k-th receive is its left neighbour's k-th send (every rank runs the same program), so a step
 reads the arrival times its left neighbour produced one step earlier (``np.roll(..., 1)``).
