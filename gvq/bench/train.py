@@ -42,6 +42,8 @@ from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, chec
                               make_aggregator, print_markdown, spawn_loopback)
 from gvq.comm import clock
 from gvq.run import train
+from gvq.run.placement import cuda_plan, group_backend
+from gvq.run.validate import ConfigError
 
 DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
 COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent")
@@ -100,8 +102,8 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         torch.cuda.set_device(device)
     clock.configure(getattr(args, "clock", "wall"), getattr(args, "compute_scale", 1.0),
                     getattr(args, "codec_scale", 1.0), True, device.type)   # virtual: one phase at a time
-    dist.init_process_group("cuda:nccl,cpu:gloo" if plan == "nccl" else "gloo", init_method=init, rank=rank,
-                            world_size=world, timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
+    dist.init_process_group(group_backend(plan), init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
     try:
         shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
         modes = [_Mode(m, rank, world, args, shape, device) for m in args.aggregators]
@@ -209,8 +211,6 @@ def parse_iteration_args(argv):
 
 def _cuda_plan(args, world: int) -> str:
     """The launcher's placement (:func:`gvq.run.placement.cuda_plan`), or the exit with its one line."""
-    from gvq.run.placement import cuda_plan
-    from gvq.run.validate import ConfigError
     ddp = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]
     try:
         return cuda_plan(world, ddp[0] if ddp else args.aggregators[0], bool(ddp))

@@ -29,7 +29,7 @@ import torch
 
 from gvq.comm import clock as rank_clock
 from gvq.comm.p2p import P2P
-from gvq.comm.ring_batched import additive_steps_
+from gvq.comm.ring_batched import add_own_share, additive_steps_, decompress_into
 from gvq.compressors.base import Compressor
 
 
@@ -117,7 +117,7 @@ def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P
         for q in (q for seg in segs for q in seg):
             with clock("compress"):
                 payload = comp.compress(flat[q], q)
-            _decompress_into(flat, q, payload, comp, clock)
+            decompress_into(flat, q, payload, comp, clock)
         return
     if p2p.batched:                              # NCCL: a step's messages posted together
         additive_steps_(flat, segs, comp, p2p, clock)
@@ -145,11 +145,7 @@ def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, 
         inboxes = [comp.empty_payload(q, flat.device) for q in pieces]
         recvs = [p2p.irecv(b, p2p.left) for b in inboxes]    # posted first: compression overlaps them
         for q, inbox, recv in zip(pieces, inboxes, recvs):
-            with clock("compress"):
-                mine = comp.compress(flat[q], q)
-            p2p.wait(recv, p2p.left)
-            with clock("add"):
-                inbox.add_(mine)
+            add_own_share(flat, q, inbox, recv, comp, p2p, clock)
             if i < n - 2:
                 sends.append(p2p.isend(inbox, p2p.right))
         held = inboxes
@@ -169,18 +165,13 @@ def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compr
         recvs = [p2p.irecv(b, p2p.left) for b in inboxes]
         for q, inbox, recv in zip(pieces, inboxes, recvs):
             while pending and (not p2p.done(recv) or len(pending) > 2 * len(pieces)):
-                _decompress_into(flat, *pending.pop(0), comp, clock)
+                decompress_into(flat, *pending.pop(0), comp, clock)
             p2p.wait(recv, p2p.left)
             if i < n - 2:
                 sends.append(p2p.isend(inbox, p2p.right))
             pending.append((q, inbox))
     for q, payload in pending:
-        _decompress_into(flat, q, payload, comp, clock)
-
-
-def _decompress_into(flat, q: slice, payload, comp: Compressor, clock: Clock) -> None:
-    with clock("decompress"):
-        flat[q] = comp.decompress(payload, q)
+        decompress_into(flat, q, payload, comp, clock)
 
 
 @_timed_alone

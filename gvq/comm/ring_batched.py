@@ -34,11 +34,7 @@ def additive_steps_(flat: torch.Tensor, segs: list[list[slice]], comp: Compresso
         inboxes = [comp.empty_payload(q, flat.device) for q in pieces]
         recvs, sends = p2p.exchange_all(held, p2p.right, inboxes, p2p.left)
         for q, inbox, recv in zip(pieces, inboxes, recvs):
-            with clock("compress"):
-                mine = comp.compress(flat[q], q)
-            p2p.wait(recv, p2p.left)
-            with clock("add"):
-                inbox.add_(mine)
+            add_own_share(flat, q, inbox, recv, comp, p2p, clock)
         _wait(p2p, sends)
         held = inboxes                               # after the last step: segment r + 1, summed
     pending = list(zip(segs[(r + 1) % n], held))
@@ -60,5 +56,21 @@ def _wait(p2p: P2P, handles: list) -> None:
 
 def _decode(flat: torch.Tensor, pending: list, comp: Compressor, clock: Clock) -> None:
     for q, payload in pending:
-        with clock("decompress"):
-            flat[q] = comp.decompress(payload, q)
+        decompress_into(flat, q, payload, comp, clock)
+
+
+# ---- the steps both schedules of Algorithm 1 share (ring.py imports them) ---------------------------
+def add_own_share(flat: torch.Tensor, q: slice, inbox: torch.Tensor, recv, comp: Compressor, p2p: P2P,
+                  clock: Clock) -> None:
+    """This rank's compressed piece ``q`` added to the partial sum arriving for it in ``inbox``
+    (compressed while ``recv`` is still on the wire)."""
+    with clock("compress"):
+        mine = comp.compress(flat[q], q)
+    p2p.wait(recv, p2p.left)
+    with clock("add"):
+        inbox.add_(mine)
+
+
+def decompress_into(flat: torch.Tensor, q: slice, payload: torch.Tensor, comp: Compressor, clock: Clock) -> None:
+    with clock("decompress"):
+        flat[q] = comp.decompress(payload, q)

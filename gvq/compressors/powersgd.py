@@ -106,7 +106,9 @@ class PowerSGD:
         self.p_stage, self.q_stage = PStage(self), QStage(self)
 
     def _random_q(self) -> dict[int, Tensor]:
-        return {i: orthogonalize(torch.randn(b.cols, b.rank, generator=self.gen))
+        """Drawn on the host on purpose: the seeded host generator gives every rank the same Q whatever
+        its device (a CUDA generator's stream differs); ``q_on`` moves each block once, to the gradient."""
+        return {i: orthogonalize(torch.randn(b.cols, b.rank, generator=self.gen, device="cpu"))
                 for i, b in enumerate(self.blocks) if b.rank}
 
     def q_on(self, i: int, device: torch.device) -> Tensor:

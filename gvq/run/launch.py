@@ -30,7 +30,7 @@ from gvq.run.logs import (
     setup_logging,
     write_json_atomic,
 )
-from gvq.run.placement import cuda_plan
+from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.signals import (
     die_with_parent,
     on_sigterm,
@@ -274,9 +274,7 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
         signal.signal(s, on_sigterm)
     die_with_parent(None if torchrun else meta.get("launcher_pid"))
     torch.set_num_threads(1 if cfg["device"] == "cpu" else torch.get_num_threads())
-    # a GPU per rank: CUDA tensors over NCCL, host ones (clock headers, staged payloads under emulated
-    # links, bookkeeping) over gloo, one group; shared GPUs: gloo only, device tensors host-staged
-    backend = "cuda:nccl,cpu:gloo" if meta.get("cuda_plan") == "nccl" else "gloo"
+    backend = group_backend(meta.get("cuda_plan"))
     if cfg["device"] == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())   # shared: round-robin
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,

@@ -51,3 +51,10 @@ def cuda_plan(world_size: int, aggregator: str, ddp: bool, gpus: int | None = No
                           f"visible GPU{'s' * (gpus != 1)}; torch DDP needs one GPU per rank (NCCL cannot "
                           f"hold two ranks on one GPU): use world_size<={gpus}, or a non-DDP aggregator")
     return "shared"
+
+
+def group_backend(plan: str | None) -> str:
+    """The process group's backend for a plan: a GPU per rank carries CUDA tensors over NCCL and host
+    ones (clock headers, payloads staged under emulated links, bookkeeping) over gloo, in one group;
+    shared GPUs and the host: gloo alone (device tensors host-staged)."""
+    return "cuda:nccl,cpu:gloo" if plan == "nccl" else "gloo"

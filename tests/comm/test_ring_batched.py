@@ -7,41 +7,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gvq.aggregators.base import equal_segments
-from gvq.comm import ring
 from gvq.comm.p2p import P2P
-from gvq.compressors.base import split_on_cuts
 from tests.helpers.dist import run_ranks
-from tests.helpers.toy_compressors import Half, Projection
-
-
-def _x(rank: int, numel: int) -> torch.Tensor:
-    return torch.randn(numel, generator=torch.Generator().manual_seed(500 + rank))
+from tests.helpers.rings import every_ring_mode
 
 
 def _modes(rank, world, batch):
-    p2p, out = P2P(rank, world, batch=batch), []
+    p2p = P2P(rank, world, batch=batch)
     assert p2p.batched == batch
-    flat = _x(rank, 1001)
-    ring.allreduce_(flat, equal_segments(1001, world), p2p)
-    out.append(flat)
-    comp = Projection()
-    for pieces in (1, 3):                      # one piece a segment (the paper), then several
-        flat = _x(rank, 64 * 3)
-        cuts = comp.cuts(64 * 3)
-        segs = [[s] if isinstance(s, slice) else list(s) for s in split_on_cuts(cuts, world)]
-        if pieces > 1:                         # each segment cut into its cuts' pieces
-            segs = [[slice(a, b) for a, b in zip(cuts, cuts[1:]) if seg[0].start <= a < seg[-1].stop]
-                    for seg in segs]
-        ring.additive_allreduce_(flat, segs, comp, p2p, ring.Clock())
-        out.append(flat)
-    flat = _x(rank, 64)
-    ring.reencode_allreduce_(flat, split_on_cuts(Half().cuts(64), world), Half(), p2p, ring.Clock())
-    out.append(flat)
-    for topology in ("allgather", "ps"):
-        flat = _x(rank, 64)
-        ring.gather_allreduce_(flat, Half(), p2p, ring.Clock(), topology)
-        out.append(flat)
+    out = every_ring_mode(rank, world, p2p)
     dist.barrier()
     return out, p2p.bytes_sent
 

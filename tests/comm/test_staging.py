@@ -7,13 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gvq.aggregators.base import equal_segments
-from gvq.comm import ring
 from gvq.comm.p2p import P2P
 from gvq.comm.staging import HostStage, Staged
-from gvq.compressors.base import split_on_cuts
 from tests.helpers.dist import run_ranks
-from tests.helpers.toy_compressors import Half, Projection
+from tests.helpers.rings import every_ring_mode
 
 
 def test_a_non_nccl_group_stages_device_tensors_only():
@@ -46,23 +43,10 @@ def test_staged_receive_lands_on_wait_and_buffers_are_reused():
     assert out is not buf and torch.equal(out, torch.ones(6))
 
 
-def _x(rank: int, numel: int) -> torch.Tensor:
-    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 + rank))
-
-
 def _modes(rank, world, stage):
     """Every ring mode on the same inputs; returns the results and the staging time."""
-    p2p, out = P2P(rank, world, stage=stage), []
-    flat = _x(rank, 1001)
-    ring.allreduce_(flat, equal_segments(1001, world), p2p)
-    out.append(flat)
-    for comp, fn in ((Projection(), ring.additive_allreduce_), (Half(), ring.reencode_allreduce_)):
-        flat = _x(rank, 64)
-        fn(flat, split_on_cuts(comp.cuts(64), world), comp, p2p, ring.Clock())
-        out.append(flat)
-    flat = _x(rank, 64)
-    ring.gather_allreduce_(flat, Half(), p2p, ring.Clock(), "ps")
-    out.append(flat)
+    p2p = P2P(rank, world, stage=stage)
+    out = every_ring_mode(rank, world, p2p)
     dist.barrier()
     return out, p2p.stage_s
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from gvq.run.placement import cuda_plan, local_world
+from gvq.run.placement import cuda_plan, group_backend, local_world
 from gvq.run.validate import ConfigError
 from tests.helpers.cli import ROOT, TEST_CONF, cli
 
@@ -57,6 +57,11 @@ def test_torchrun_counts_the_ranks_of_this_machine_only():
     assert local_world(16, env) == 2 and local_world(16, {}) == 16
     assert _plan(world=16, env=env) == "nccl"                     # 8 nodes x 2 GPUs
     assert _plan(world=16, env={"RANK": "0", "LOCAL_WORLD_SIZE": "4"}) == "shared"
+
+
+def test_a_gpu_per_rank_groups_nccl_with_gloo_for_host_tensors():
+    assert group_backend("nccl") == "cuda:nccl,cpu:gloo"       # CUDA over NCCL, host tensors over gloo
+    assert group_backend("shared") == group_backend(None) == "gloo"
 
 
 # ---- on a GPU machine: every aggregator end to end (skipped where no CUDA device is visible) ---------
