@@ -1,7 +1,5 @@
-"""Projection (gvq/predict/project.py) and the default query CLI: seconds, a table, a heatmap, a CSV."""
+"""Projection (gvq/predict/project.py) and the default query CLI: a table, a heatmap, a CSV."""
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pandas as pd
@@ -11,10 +9,8 @@ from gvq.predict import __main__ as cli
 from gvq.predict import project
 
 
-def test_default_query_runs_in_seconds_and_prints_a_table(calibrated, capsys):
-    t0 = time.perf_counter()
+def test_default_query_prints_a_table(calibrated, capsys):
     df = cli.main(["--calibration", str(calibrated)])
-    assert time.perf_counter() - t0 < 60                              # generous: seconds here
     assert len(df) == 4 * 3 * 5 and set(df["bound"]) <= {"compute", "bandwidth", "latency", "codec"}
     assert (df[df["aggregator"] == "rar"]["speedup_vs_rar"] == 1).all()
     assert "predicted, virtual-time terms" in capsys.readouterr().out

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pandas as pd
 import pytest
@@ -51,11 +50,10 @@ def test_sweep_runs_every_job_and_writes_each_csv(tmp_path):
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, how):
     run = tmp_path / "run"
-    t0 = time.monotonic()
     r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=50", "timeout_s=20",
-            "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=7", f"+aggregator.how={how}")
+            "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=7", f"+aggregator.how={how}",
+            timeout=120)                              # a hang fails (TimeoutExpired), not a slow host
     assert r.returncode != 0
-    assert time.monotonic() - t0 < 120
     if how == "raise":
         assert "injected failure on rank 1 at iteration 7" in r.stderr
     df = pd.read_csv(run / "metrics.csv")
