@@ -123,6 +123,7 @@ def test_digits_split():
     assert not torch.equal(D.digits(seed=1).y_test, a.y_test)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.2, 0.013, 0.33, 0.77])
 def test_digits_are_scikit_learns_without_importing_it(fraction):
     """gvq reads the bundled CSV and splits it itself (scikit-learn's import was ~1 s of every run's

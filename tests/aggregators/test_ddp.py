@@ -34,6 +34,7 @@ def _mean_grad_check(rank, world):
     return out
 
 
+@pytest.mark.slow
 def test_ddp_leaves_the_mean_gradient_in_p_grad(tmp_path):
     for r in run_ranks(_mean_grad_check, 2, tmp_path):
         for hook, tol in (("allreduce", 1e-6), ("fp16", 2e-3)):
@@ -56,6 +57,7 @@ def _train_all(rank, world, cfgs, root):
     return out
 
 
+@pytest.mark.slow
 def test_ddp_aggregators_and_powersgd_train_digits_to_the_rar_band(compose_cfg, tmp_path):
     cfgs = {}
     for name in TRAINED:
@@ -103,6 +105,7 @@ def _powersgd_state_roundtrip(rank, world, path):
     return a.iter, b.iter, same_rng
 
 
+@pytest.mark.slow
 def test_ddp_powersgd_state_is_data_and_carries_iteration_and_rng(tmp_path):
     for it_a, it_b, same_rng in run_ranks(_powersgd_state_roundtrip, 2, tmp_path, str(tmp_path)):
         assert it_a == it_b == 4 and same_rng

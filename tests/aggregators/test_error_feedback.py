@@ -12,6 +12,8 @@ from gvq.compressors.signsgd import ScaledSignSGD
 from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Projection
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 
 def _ef_case(rank, world, make, topology, iters, ef):
     params = [torch.nn.Parameter(torch.zeros(64))]

@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 
 from tests.helpers.dist import run_ranks
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 ALL = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "aggregator").glob("*.yaml"))
 AT_FIVE = ("rar", "qsgd", "gradiveq", "powersgd")
 ITERS = 8

@@ -56,6 +56,7 @@ def _reference(world, q0):
     return outs, phats
 
 
+@pytest.mark.slow
 def test_powersgd_through_the_ring_equals_powersgd_on_the_summed_gradients(powersgd_run):
     world, ranks = powersgd_run
     outs, phats = _reference(world, ranks[0]["q0"])
@@ -68,6 +69,7 @@ def test_powersgd_through_the_ring_equals_powersgd_on_the_summed_gradients(power
     assert [s["phase"] for s in ranks[0]["stats"]] == ["allreduce", "powersgd", "powersgd"]
 
 
+@pytest.mark.slow
 def test_powersgd_p_hat_and_result_are_bitwise_identical_on_all_ranks(powersgd_run):
     _, ranks = powersgd_run
     for r in ranks[1:]:
@@ -82,6 +84,7 @@ def _sent(segs, payload_len, rank, n):
     return 2 * sum(sizes) - sizes[(rank + 1) % n] - sizes[(rank + 2) % n]
 
 
+@pytest.mark.slow
 def test_powersgd_bytes_are_both_passes_payloads_as_the_ring_sends_them(powersgd_run):
     world, ranks = powersgd_run
     blocks = plan(SHAPES, 2, 2.0)
@@ -98,6 +101,7 @@ def test_powersgd_bytes_are_both_passes_payloads_as_the_ring_sends_them(powersgd
         assert r["stats"][0]["bytes_sent"] >= 4 * numel * (world - 1) / world   # uncompressed ring
 
 
+@pytest.mark.slow
 def test_powersgd_compression_error_is_the_local_projection_error(powersgd_run):
     world, ranks = powersgd_run
     blocks = plan(SHAPES, 2, 2.0)

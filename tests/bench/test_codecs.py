@@ -8,6 +8,8 @@ import pytest
 
 from gvq.bench.__main__ import main as bench_main
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 
 def test_codecs_rows_carry_times_floor_and_ratio(capsys, tmp_path):
     out = tmp_path / "c.json"

@@ -21,6 +21,7 @@ def _ours() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"{netns.PREFIX}{os.getpid()}")]
 
 
+@pytest.mark.slow
 def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsys):
     """N=2, tiny model, 5 Mbit/s: every aggregator in both tables, and the shaped ring really is slowed
     to its link (so the test cannot pass on an unshaped path)."""
@@ -44,6 +45,7 @@ def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsy
     assert _ours() == []
 
 
+@pytest.mark.slow
 def test_train_harness_removes_namespaces_when_a_rank_fails():
     with pytest.raises(RuntimeError, match="a shaped rank failed"):
         netns.main(["train", "--rates", "5e7", "--world-size", "2", "--model", "cnn", "--iters", "1",
@@ -51,6 +53,7 @@ def test_train_harness_removes_namespaces_when_a_rank_fails():
     assert _ours() == []
 
 
+@pytest.mark.slow
 def test_links_are_removed_when_setup_fails_half_way():
     with pytest.raises(RuntimeError, match="tc qdisc add"):
         with netns.Links(2, 5e7, burst="not-a-size"):

@@ -17,6 +17,7 @@ def test_quantizer_throughput_reports_every_field_and_restores_threads():
     assert torch.get_num_threads() == before          # timed on one thread, then put back
 
 
+@pytest.mark.slow
 def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     rows = bench_main(["quantizers", "--numel", "8192", "--reps", "1", "--aggregators", "qsgd", "orq",
                        "--set", "qsgd:aggregator.compressor.bits=3"])
@@ -26,12 +27,14 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     assert "8,192 fp32 values, 1 thread" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])
     assert e.value.code == 2 and "aggregate,train,quantizers,netns,clock" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fresh_and_bank_dither_are_timed_side_by_side():
     from gvq.bench.quantizers import alternated_ms
     fresh, bank = alternated_ms(QSGD(bits=4), QSGD(bits=4, dither="bank"), numel=20_000, reps=3)

@@ -6,6 +6,8 @@ import pytest
 from gvq.bench.__main__ import main as bench_main
 from gvq.bench.startup import PHASES
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 
 def test_startup_split_adds_up_to_the_total_and_prints_its_setting(capsys, tmp_path):
     out = tmp_path / "r.json"

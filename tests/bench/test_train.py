@@ -6,6 +6,8 @@ import torch
 
 from gvq.bench.__main__ import main as bench_main
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 
 def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     """gvq.bench train: every mode timed through the runner's path, PowerSGD only once compressed."""

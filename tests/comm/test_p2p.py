@@ -25,6 +25,7 @@ def _one_megabyte(rank, world, bw):
     return elapsed, p2p.bytes_sent
 
 
+@pytest.mark.slow
 def test_emulated_link_takes_at_least_the_serialisation_time(tmp_path):
     (t_send, sent), (t_recv, _) = run_ranks(_one_megabyte, 2, tmp_path, 1e8)
     assert sent == 1_000_000
@@ -58,6 +59,7 @@ def _silent_peer(rank, world, timeout):
     return "no error", 0.0
 
 
+@pytest.mark.slow
 def test_lost_peer_is_named_within_the_timeout(tmp_path):
     msg, waited = run_ranks(_silent_peer, 2, tmp_path, 2.0)[0]
     assert "lost rank 1" in msg

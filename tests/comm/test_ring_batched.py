@@ -20,6 +20,7 @@ def _modes(rank, world, batch):
     return out, p2p.bytes_sent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_batched_steps_give_the_pipelined_rings_sums_bit_for_bit(tmp_path, world):
     plain = run_ranks(_modes, world, tmp_path, False)

@@ -51,6 +51,7 @@ def _modes(rank, world, stage):
     return out, p2p.stage_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_ring_mode_gives_the_same_sums_staged_through_host_buffers(tmp_path, world):
     plain = run_ranks(_modes, world, tmp_path, False)

@@ -97,6 +97,7 @@ def test_table_ratios_are_against_the_same_regime_and_claims_follow_the_regime()
     assert ("gpu", "RAR / GradiVeQ aggregation") not in cl.index   # a CPU-only claim
 
 
+@pytest.mark.slow
 def test_preset_runs_then_cycle_report(tmp_path):
     """experiment=paper_time, shrunk (2 ranks, small CNN, L_t = 4), runs in virtual time and --cycle
     counts it: the table, its markdown with the clock named, and the bar figure are written."""

@@ -105,6 +105,7 @@ def _csv_stats(run: Path) -> dict:
             "target": float(hit[0]["wall_s"]) if hit else math.nan}
 
 
+@pytest.mark.slow
 def test_report_writes_every_output(built):
     out, table = built
     for name in OUTPUTS:
@@ -116,6 +117,7 @@ def test_report_writes_every_output(built):
     assert len(table) == 4                                   # rar (2 seeds), qsgd, qsgd incomplete, failed
 
 
+@pytest.mark.slow
 def test_table_values_equal_the_csvs(built, mixed):
     _, table = built
     rar = [_csv_stats(mixed / "0"), _csv_stats(mixed / "2")]
@@ -142,6 +144,7 @@ def test_table_values_equal_the_csvs(built, mixed):
     assert q["compression_error"] > 0 and math.isnan(r["compression_error"])
 
 
+@pytest.mark.slow
 def test_failed_and_incomplete_runs_are_marked_not_dropped(built, mixed):
     out, table = built
     inc, bad = _row(table, "qsgd", "incomplete"), _row(table, "qsgd", "failed")
@@ -157,6 +160,7 @@ def test_failed_and_incomplete_runs_are_marked_not_dropped(built, mixed):
     assert "Not completed" in page and str(mixed / "3") in page and str(mixed / "4") in page
 
 
+@pytest.mark.slow
 def test_html_is_self_contained(built):
     page = (built[0] / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "<table" in page
@@ -177,6 +181,7 @@ def test_no_runs_exit_2_with_one_line(tmp_path, capsys, kind):
     assert err.startswith("gvq.report: error:") and len(err.splitlines()) == 1 and str(target) in err
 
 
+@pytest.mark.slow
 def test_cli_exit_2_without_traceback(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gvq.report", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -218,6 +223,7 @@ def _chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_headless_browser(built, tmp_path):
     browser = _chromium()
     if browser is None:

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers.cli import ROOT, cli
 
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gvq.report.runs import find_runs, group_runs, load_run
 from tests.helpers.cli import cli
 
+
+pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
 
 def test_sweep_crossing_a_gradiveq_knob_with_rar_gives_one_rar_group(tmp_path):
     sweep = tmp_path / "sweep"

@@ -27,6 +27,7 @@ def _metrics(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "metrics.csv").drop(columns=TIME_COLS)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
     full, broken, resumed = tmp_path / "full", tmp_path / "broken", tmp_path / "resumed"
     r = cli(*COMMON, "aggregator=qsgd", f"hydra.run.dir={full}")
@@ -44,6 +45,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
     assert sa["final_test_acc"] == sb["final_test_acc"] and sb["replicas_identical"]
 
 
+@pytest.mark.slow
 def test_same_seed_same_config_gives_identical_metrics(tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
@@ -52,6 +54,7 @@ def test_same_seed_same_config_gives_identical_metrics(tmp_path):
     pd.testing.assert_frame_equal(_metrics(runs[0]), _metrics(runs[1]))
 
 
+@pytest.mark.slow
 def test_resume_without_checkpoint_is_a_config_error(tmp_path):
     r = cli(*COMMON, f"resume={tmp_path}", f"hydra.run.dir={tmp_path}/x")
     assert r.returncode == 2 and "resume=" in r.stderr and "Traceback" not in r.stderr
@@ -95,6 +98,7 @@ def _refused(r, new: Path, *needles: str) -> None:
     assert made <= {".hydra", "cli.log"}, made                     # Hydra's own files only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, needles", [
     ("aggregator=gradiveq", ("aggregator=rar", "aggregator=gradiveq")),
     ("aggregator=qsgd", ("aggregator=rar", "aggregator=qsgd")),
@@ -107,6 +111,7 @@ def test_resuming_another_runs_checkpoint_is_refused_in_one_line(rar_checkpoint,
     _refused(r, new, f"resume={rar_checkpoint}", *needles)
 
 
+@pytest.mark.slow
 def test_a_truncated_rank_file_is_refused_naming_it(rar_checkpoint, tmp_path):
     import shutil
     copy = tmp_path / "copy"
@@ -118,6 +123,7 @@ def test_a_truncated_rank_file_is_refused_naming_it(rar_checkpoint, tmp_path):
     _refused(r, new, str(rank1), "unreadable or not a gvq checkpoint")
 
 
+@pytest.mark.slow
 def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
     import shutil
     copy = tmp_path / "copy"
@@ -128,6 +134,7 @@ def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
     _refused(r, new, "complete.json is not a gvq checkpoint record")
 
 
+@pytest.mark.slow
 def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
     r = cli(*COMMON, "aggregator=rar", "iterations=8", f"resume={rar_checkpoint}", f"hydra.run.dir={tmp_path}/r")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -175,6 +182,7 @@ def test_resume_is_bitwise(tmp_path, name):
 
 
 # -- atomic checkpoint sets ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
     from gvq.run import checkpoint
     run = tmp_path / "run"
@@ -187,6 +195,7 @@ def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["set"] == "iter-000000008"
 
 
+@pytest.mark.slow
 def test_an_unfinished_newer_set_is_never_resumed(rar_checkpoint, tmp_path):
     """What a kill mid-write leaves: a newer set with some rank files, one torn, and no complete.json."""
     import shutil

@@ -114,6 +114,7 @@ def _cli(*args, cwd=ROOT):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_slurm_launcher_config_composes(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     r = _cli("--cfg", "hydra", "hydra/launcher=slurm", "hydra.launcher.partition=cpu")
@@ -143,6 +144,7 @@ def test_run_and_sweep_dirs_are_unique_per_run(compose_cfg):
     assert re.fullmatch(r"runs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-\d{6}-[0-9a-f]{6}", a.run.dir), a.run.dir
 
 
+@pytest.mark.slow
 def test_runs_started_at_once_never_share_a_dir(tmp_path):
     env = dict(os.environ, WANDB_MODE="disabled")
     procs = [subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "iterations=3", "eval_every=3", "logger=csv",

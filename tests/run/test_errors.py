@@ -144,6 +144,7 @@ def test_the_table_is_wide():
     assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_invocation_is_one_line_and_leaves_nothing(outcomes, args, needle):
     out = outcomes[args]

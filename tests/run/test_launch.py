@@ -74,6 +74,7 @@ def test_a_rank_dying_under_torchrun_leaves_a_failed_summary(tmp_path):
     assert list(pd.read_csv(run / "metrics.csv").iteration) == list(range(7))
 
 
+@pytest.mark.slow
 def test_world_size_disagreeing_with_torchrun_is_refused(tmp_path):
     run = tmp_path / "run"
     env = dict(_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",

@@ -78,6 +78,7 @@ def _sweep(tmp_path, world: int, names: list[str]) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
 
 
+@pytest.mark.slow
 @CUDA
 @pytest.mark.parametrize("world", [1, 3])
 def test_every_aggregator_trains_on_cuda_with_identical_replicas(tmp_path, world):
@@ -92,6 +93,7 @@ def test_every_aggregator_trains_on_cuda_with_identical_replicas(tmp_path, world
         assert s["cuda_plan"] == ("nccl" if world <= gpus else "shared")
 
 
+@pytest.mark.slow
 @CUDA
 def test_ddp_on_shared_gpus_is_one_line_and_writes_no_run(tmp_path):
     world = torch.cuda.device_count() + 1
@@ -100,6 +102,7 @@ def test_ddp_on_shared_gpus_is_one_line_and_writes_no_run(tmp_path):
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+@pytest.mark.slow
 @CUDA
 def test_a_cuda_run_resumes_from_its_checkpoint(tmp_path):
     """qsgd_dies (tests/conf) kills rank 1 at iteration 13; the resumed run continues from iteration 10 on

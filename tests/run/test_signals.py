@@ -75,6 +75,7 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False),
                                            (signal.SIGHUP, False)])
 def test_a_signal_to_the_launcher_stops_every_rank_and_records_the_interruption(tmp_path, sig, to_group):
@@ -97,6 +98,7 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_records_the_interruption(
     assert summary["last_iteration"] == df.iteration.iloc[-1] and list(df.iteration) == list(range(len(df)))
 
 
+@pytest.mark.slow
 def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
     run = tmp_path / "run"
     p = _start(run)
@@ -114,6 +116,7 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
     assert summary["last_iteration"] >= 4
 
 
+@pytest.mark.slow
 def test_the_watchdog_ends_a_rank_whose_parent_is_gone(tmp_path):
     """Without PDEATHSIG (another OS, or a rank that re-parented before it was set): the watchdog thread
     sees the parent gone and stops the process, even one that ignores SIGTERM, after its grace."""
@@ -150,6 +153,7 @@ def _ranks(launcher: int) -> list[int]:
     return sorted(forked or [p for p in kids if b"spawn_main" in cmd(p)])
 
 
+@pytest.mark.slow
 def test_a_frozen_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     """SIGSTOP: the rank neither answers nor dies.  Its peers give up after timeout_s; the launcher
     names the frozen rank and takes every process down."""

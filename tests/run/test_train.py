@@ -10,6 +10,7 @@ from tests.helpers.cli import ROOT, cli
 from tests.helpers.dist import run_ranks
 
 
+@pytest.mark.slow
 def test_default_digits_run_learns_and_keeps_replicas_identical(tmp_path):
     run = tmp_path / "run"
     r = cli(f"hydra.run.dir={run}", "logger=csv")
@@ -33,6 +34,7 @@ def test_default_digits_run_learns_and_keeps_replicas_identical(tmp_path):
     assert (df.aggregate_s >= df.wire_s * 0.99).all()
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_job_and_writes_each_csv(tmp_path):
     sweep = tmp_path / "sweep"
     r = cli("-m", "aggregator=rar", "world_size=1,3", "iterations=12", "eval_every=6", "logger=csv",
@@ -47,6 +49,7 @@ def test_sweep_runs_every_job_and_writes_each_csv(tmp_path):
     assert ws == [1, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, how):
     run = tmp_path / "run"
@@ -61,6 +64,7 @@ def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, ho
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.slow
 def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path):
     run = tmp_path / "run"
     r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "model._target_=tests.helpers.faulty.NaNAt",
@@ -70,6 +74,7 @@ def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path):
     assert list(pd.read_csv(run / "metrics.csv").iteration) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
     run = tmp_path / "run"
     r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "eval_every=5", "nan_policy=skip",
@@ -82,6 +87,7 @@ def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
     assert summary["total_skipped"] == 1 and summary["replicas_identical"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregator, says", [
     ("fp16", "gradient too large for the wire at iteration 3"),       # gvq's ring: checked before it starts
     ("ddp_fp16", "non-finite gradient at iteration 3"),                # torch's hook runs in backward: inf
@@ -101,6 +107,7 @@ def test_fp16_wire_overflow_is_caught_by_nan_policy(tmp_path, aggregator, says):
     assert summary["status"] == "completed" and summary["replicas_identical"]
 
 
+@pytest.mark.slow
 def test_a_run_that_skips_every_step_to_the_end_is_diverged_and_fails(tmp_path):
     run = tmp_path / "run"
     r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=12", "eval_every=6", "nan_policy=skip",
@@ -135,6 +142,7 @@ def _train_virtual(rank, world, cfgs, root):
     return out
 
 
+@pytest.mark.slow
 def test_every_p2p_aggregator_trains_in_virtual_time_with_identical_replicas(compose_cfg, tmp_path):
     """Short virtual-time runs of every aggregator whose traffic goes through P2P; train() fails if the
     replicas differ at the end.  The clock is simulated: compute runs 6x faster than this host's."""

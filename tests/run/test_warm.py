@@ -26,6 +26,7 @@ def _report(rank: int, path: str, env: dict):
         json.dump({"loaded": loaded, "ppid": os.getppid(), "var": os.environ.get("GVQ_TEST_VAR")}, f)
 
 
+@pytest.mark.slow
 def test_ranks_fork_from_a_preloaded_server_and_take_the_launchers_environment(tmp_path, monkeypatch):
     monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -41,6 +42,7 @@ def test_ranks_fork_from_a_preloaded_server_and_take_the_launchers_environment(t
     assert warm.server_pid() == server                                 # reused, not restarted
 
 
+@pytest.mark.slow
 def test_start_method_knob(monkeypatch):
     monkeypatch.setenv(warm.START_METHOD_ENV, "spawn")
     assert warm.start_method() == "spawn" and warm.start_fork_server() is False
@@ -52,6 +54,7 @@ def test_start_method_knob(monkeypatch):
     assert warm.start_fork_server() is False
 
 
+@pytest.mark.slow
 def test_a_bad_start_method_is_a_config_error(tmp_path):
     r = cli("iterations=1", "logger=csv", f"hydra.run.dir={tmp_path}/run",
             env=dict(os.environ, **{warm.START_METHOD_ENV: "fork"}))
@@ -71,6 +74,7 @@ def test_adopting_an_environment_replaces_it(monkeypatch):
     assert os.environ.get("GVQ_TEST_STALE") == "1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_runs_startup_stamps_are_in_order(tmp_path, method):
     """Both ways of starting ranks run; summary.json carries the start-up stamps the benchmark splits."""
@@ -92,6 +96,7 @@ def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, code, err", [
     ("print('out')", 0, ""),
     ("print('out'); sys.exit(3)", 3, ""),
@@ -113,6 +118,7 @@ def test_exit_fast_keeps_what_an_ordinary_exit_does(tmp_path, body, code, err):
     assert err in r.stderr and marker.exists()
 
 
+@pytest.mark.slow
 def test_the_fork_servers_first_module_flushes_and_ends_the_process(tmp_path):
     r = _python("import sys, gvq.run.warm_server, torch\nprint('buffered')\nsys.exit(7)", tmp_path)
     assert (r.returncode, r.stdout) == (0, "buffered\n")      # its own status: the server's is moot
@@ -132,6 +138,7 @@ def _servers_marked(mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_launcher_stopped_by_a_config_error_takes_its_fork_server_down(tmp_path):
     """The server dies with its launcher even while still importing torch (~3 s of work): a caller
     reading the launcher's output gets end-of-file when the launcher exits, not seconds later."""
