@@ -91,6 +91,7 @@ def _relay(rank, world, latency, count):
     return got, C.now() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,latency,count", [(2, 0.0, 1), (3, 0.25, 1), (4, 0.0, 3), (3, 0.5, 3)])
 def test_scripted_relay_arrives_exactly_when_the_link_model_says(tmp_path, world, latency, count):
     per_rank = run_ranks(_relay, world, tmp_path, latency, count)
@@ -119,6 +120,7 @@ def _additive(rank, world, numel, pieces):
     return flat, p2p.bytes_sent, p2p.wire_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 5, 8])
 def test_algorithm_1_in_virtual_time_sums_right_without_deadlock(tmp_path, world):
     """Probes answer in virtual time (a receive is done only once it has arrived by this rank's clock);
@@ -147,6 +149,7 @@ def _virtual_compute_s() -> float:
     return clk.now() - t0
 
 
+@pytest.mark.slow
 def test_a_busy_sibling_does_not_change_virtual_compute_time():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

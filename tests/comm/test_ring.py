@@ -31,6 +31,7 @@ def _uncompressed_cases(rank, world, sizes):
     return [_uncompressed(rank, world, n) for n in sizes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_rar_equals_dist_all_reduce(tmp_path, world):
     """Sizes N does not divide, smaller than N, and empty."""
@@ -61,6 +62,7 @@ def _decode_sum(comp, world, numel, seg):
     return sum(comp.decompress(comp.compress(_x(r, numel)[seg], seg), seg) for r in range(world))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_additive_ring_equals_compressing_the_sum(tmp_path, world):
     """Eq. (1): sum of payloads decompressed once == compressor applied to the summed gradient;
@@ -89,6 +91,7 @@ def _reencode_reference(comp, world, numel):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reencode_ring_matches_hop_by_hop_reference(tmp_path, world):
     cases = [(Half(), 11, "reencode"), (Sign(unit=4), 23, "reencode"), (Sign(unit=4), 2, "reencode")]
@@ -101,6 +104,7 @@ def test_reencode_ring_matches_hop_by_hop_reference(tmp_path, world):
     assert torch.allclose(per_rank[0][0], total, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gather_modes_equal_direct_decode_and_sum(tmp_path, world):
     comp, numel, whole = Sign(unit=4), 19, slice(0, 19)
@@ -152,6 +156,7 @@ def _pieced(rank, world, comp, numel, k, bandwidth):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, bandwidth", [(2, None), (3, None), (4, None), (3, 2e8)])
 def test_pieces_sum_the_same_and_send_the_same_bytes(tmp_path, world, bandwidth):
     """Cut-through pieces change only the pipelining: same sum (Eq. 1), same bytes, same bits on all
