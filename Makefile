@@ -1,5 +1,6 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
 # make test  -> set up .venv if missing, then run the test suite
+# make test-fast -> unit and in-process tests only (< 3 min)
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
 # make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; ~80 min on 2 cores)
@@ -9,7 +10,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup run test bench validate-clock paper-time projection clean
+.PHONY: setup run test test-fast bench validate-clock paper-time projection clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra
+
+test-fast: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 1e9 --aggregators rar fp16 qsgd gradiveq gradiveq_bf16 powersgd \
