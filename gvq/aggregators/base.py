@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from gvq.comm import clock, ring
+from gvq.comm import clock
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import check_int  # noqa: F401 (the one integer-argument check; re-exported)
 
@@ -81,7 +81,7 @@ class FlatAggregator:
         self.params = [p for p in params if p.requires_grad]
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
-        self.clock = ring.Clock()
+        self.clock = clock.Stopwatch()
         self.bucket = self._grad_bucket()
 
     def _grad_bucket(self) -> torch.Tensor:
@@ -131,7 +131,7 @@ class FlatAggregator:
     def aggregate(self, iteration: int) -> dict:
         """Replace every grad by the mean over ranks; ``aggregate_s`` excludes :meth:`measure`."""
         self.p2p.reset()
-        self.clock = ring.Clock()
+        self.clock = clock.Stopwatch()
         t0 = clock.now()
         flat = self.flatten()
         t_flat = clock.now() - t0

@@ -185,6 +185,28 @@ def phase(name: str):
     return _CLOCK.phase(name)
 
 
+class Stopwatch:
+    """The ring's per-label stopwatch: seconds on this rank's clock accumulated per label
+    (``with stopwatch("compress"):``).  Every label the ring uses is codec work, so each span runs in the
+    ``codec`` phase (under ``net.clock=virtual`` it advances at ``net.codec_scale``)."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, label: str):
+        t0 = now()
+        try:
+            with phase("codec"):
+                yield
+        finally:
+            self.totals[label] = self.totals.get(label, 0.0) + now() - t0
+
+    def get(self, label: str) -> float:
+        """Seconds accumulated under ``label`` (0 for a label never timed)."""
+        return self.totals.get(label, 0.0)
+
+
 def sync(group=None) -> float:
     """Virtual mode: every rank's clock to the latest of them (a collective outside :class:`P2P`, e.g.
     the per-iteration statistics, is a synchronisation point); returns the clock.  Wall: a no-op."""

@@ -23,34 +23,15 @@ rank ends with bitwise identical values (owners use the decoded payload they sen
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 
 import torch
 
 from gvq.comm import clock as rank_clock
+from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
-from gvq.comm.ring_batched import add_own_share, additive_steps_, decompress_into
+from gvq.comm.ring_batched import additive_steps_
+from gvq.comm.ring_steps import add_own_share, decompress_into
 from gvq.compressors.base import Compressor
-
-
-class Clock:
-    """Labelled accumulators on the rank's clock (``with clock("compress"):``); every label the ring uses
-    is codec work, so under ``net.clock=virtual`` it advances at ``net.codec_scale``."""
-
-    def __init__(self):
-        self.totals: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, label: str):
-        t0 = rank_clock.now()
-        try:
-            with rank_clock.phase("codec"):
-                yield
-        finally:
-            self.totals[label] = self.totals.get(label, 0.0) + rank_clock.now() - t0
-
-    def get(self, label: str) -> float:
-        return self.totals.get(label, 0.0)
 
 
 def _timed_alone(fn):
@@ -100,7 +81,7 @@ def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
 
 @_timed_alone
 def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P2P,
-                        clock: Clock) -> None:
+                        clock: Stopwatch) -> None:
     """(b) Pipelined compressed-domain RAR (GradiVeQ Algorithm 1) for ``comp.additive``.
 
     ``segs``: N segments, each a slice or a list of consecutive slices ("pieces", on ``comp.cuts``).
@@ -129,7 +110,7 @@ def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P
         p2p.wait(h, p2p.right)
 
 
-def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, p2p: P2P, clock: Clock,
+def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, p2p: P2P, clock: Stopwatch,
                                sends: list) -> list:
     """Phase 1 of Algorithm 1: N - 1 steps, each adding this rank's compressed piece to the payload
     received from the left and passing it on; returns the fully summed payloads of segment r + 1.
@@ -153,7 +134,7 @@ def _compressed_reduce_scatter(flat, segs: list[list[slice]], comp: Compressor, 
 
 
 def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compressor, p2p: P2P,
-                          clock: Clock, sends: list) -> None:
+                          clock: Stopwatch, sends: list) -> None:
     """Phase 2: forward each summed piece on arrival; decompress earlier ones while later ones travel
     (at most two segments' worth of payloads wait, so memory stays bounded)."""
     n, r = p2p.world_size, p2p.rank
@@ -176,7 +157,7 @@ def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compr
 
 @_timed_alone
 def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,
-                        clock: Clock) -> None:
+                        clock: Stopwatch) -> None:
     """(c) Decode-add-encode RAR: every hop pays decompress + add + compress on the critical path."""
     n, r = p2p.world_size, p2p.rank
     with clock("compress"):
@@ -208,7 +189,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
 
 
 @_timed_alone
-def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Clock,
+def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Stopwatch,
                       topology: str = "allgather") -> None:
     """(d) Compress the whole vector once; all-gather the payloads or go through rank 0 (``ps``)."""
     n, r = p2p.world_size, p2p.rank

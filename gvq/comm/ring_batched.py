@@ -12,19 +12,16 @@ are the pipelined ring's, in the same order: bitwise equal results (``tests/comm
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-
 import torch
 
+from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
+from gvq.comm.ring_steps import add_own_share, decompress_into
 from gvq.compressors.base import Compressor
-
-Clock = Callable[[str], AbstractContextManager]    # ring.Clock: ``with clock("compress"): ...``
 
 
 def additive_steps_(flat: torch.Tensor, segs: list[list[slice]], comp: Compressor, p2p: P2P,
-                    clock: Clock) -> None:
+                    clock: Stopwatch) -> None:
     """Reduce-scatter then all-gather of compressed pieces, in place in ``flat`` (N >= 2)."""
     n, r = p2p.world_size, p2p.rank
     with clock("compress"):
@@ -54,23 +51,7 @@ def _wait(p2p: P2P, handles: list) -> None:
         p2p.wait(h)
 
 
-def _decode(flat: torch.Tensor, pending: list, comp: Compressor, clock: Clock) -> None:
+def _decode(flat: torch.Tensor, pending: list, comp: Compressor, clock: Stopwatch) -> None:
     for q, payload in pending:
         decompress_into(flat, q, payload, comp, clock)
 
-
-# ---- the steps both schedules of Algorithm 1 share (ring.py imports them) ---------------------------
-def add_own_share(flat: torch.Tensor, q: slice, inbox: torch.Tensor, recv, comp: Compressor, p2p: P2P,
-                  clock: Clock) -> None:
-    """This rank's compressed piece ``q`` added to the partial sum arriving for it in ``inbox``
-    (compressed while ``recv`` is still on the wire)."""
-    with clock("compress"):
-        mine = comp.compress(flat[q], q)
-    p2p.wait(recv, p2p.left)
-    with clock("add"):
-        inbox.add_(mine)
-
-
-def decompress_into(flat: torch.Tensor, q: slice, payload: torch.Tensor, comp: Compressor, clock: Clock) -> None:
-    with clock("decompress"):
-        flat[q] = comp.decompress(payload, q)

@@ -109,7 +109,7 @@ def _additive(rank, world, numel, pieces):
     C.configure("virtual")
     comp = Projection(unit=8, d=3)
     flat = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-    p2p, timer = P2P(rank, world, 60.0, 1e8), ring.Clock()
+    p2p, timer = P2P(rank, world, 60.0, 1e8), C.Stopwatch()
     segs = split_on_cuts(comp.cuts(numel), world)
     if pieces > 1:                                  # each segment as several messages (cut-through)
         segs = [[slice(s.start + (s.stop - s.start) * k // pieces // 8 * 8,

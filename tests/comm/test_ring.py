@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import equal_segments
 from gvq.comm import ring
+from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import split_on_cuts
 from tests.helpers.clock_lock import clock_lock_free
@@ -48,7 +49,7 @@ def _cases(rank, world, cases):
 
 def _compressed(rank, world, comp, numel, mode):
     flat = _x(rank, numel)
-    p2p, clock = P2P(rank, world), ring.Clock()
+    p2p, clock = P2P(rank, world), Stopwatch()
     if mode in ("allgather", "ps"):
         ring.gather_allreduce_(flat, comp, p2p, clock, mode)
     else:
@@ -120,7 +121,7 @@ def test_gather_modes_equal_direct_decode_and_sum(tmp_path, world):
 
 def test_additive_mode_rejects_non_additive_compressor():
     with pytest.raises(ValueError, match="not additive"):
-        ring.additive_allreduce_(torch.zeros(4), [slice(0, 4)], Half(), P2P(0, 1), ring.Clock())
+        ring.additive_allreduce_(torch.zeros(4), [slice(0, 4)], Half(), P2P(0, 1), Stopwatch())
 
 
 def test_split_on_cuts_respects_units_and_balances():
@@ -150,7 +151,7 @@ def _pieced(rank, world, comp, numel, k, bandwidth):
     out = []
     for segs in ([fine[i * k: (i + 1) * k] for i in range(world)], split_on_cuts(cuts, world)):
         flat, p2p = _x(rank, numel), P2P(rank, world, 30.0, bandwidth)
-        ring.additive_allreduce_(flat, segs, comp, p2p, ring.Clock())
+        ring.additive_allreduce_(flat, segs, comp, p2p, Stopwatch())
         p2p.close()
         out.append((flat, p2p.bytes_sent))
     return out

@@ -6,6 +6,7 @@ import torch
 
 from gvq.aggregators.base import equal_segments
 from gvq.comm import ring
+from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import split_on_cuts
 from tests.helpers.toy_compressors import Half, Projection
@@ -28,13 +29,13 @@ def every_ring_mode(rank: int, world: int, p2p: P2P) -> list[torch.Tensor]:
     pieces = [[slice(a, b) for a, b in zip(cuts, cuts[1:]) if s.start <= a < s.stop] for s in whole]
     for segs in ([[s] for s in whole], pieces):
         flat = _x(rank, 64 * 3)
-        ring.additive_allreduce_(flat, segs, comp, p2p, ring.Clock())
+        ring.additive_allreduce_(flat, segs, comp, p2p, Stopwatch())
         out.append(flat)
     flat = _x(rank, 64)
-    ring.reencode_allreduce_(flat, split_on_cuts(Half().cuts(64), world), Half(), p2p, ring.Clock())
+    ring.reencode_allreduce_(flat, split_on_cuts(Half().cuts(64), world), Half(), p2p, Stopwatch())
     out.append(flat)
     for topology in ("allgather", "ps"):
         flat = _x(rank, 64)
-        ring.gather_allreduce_(flat, Half(), p2p, ring.Clock(), topology)
+        ring.gather_allreduce_(flat, Half(), p2p, Stopwatch(), topology)
         out.append(flat)
     return out
