@@ -49,5 +49,12 @@ projection: $(STAMP)
 	    $(PY) -m gvq.predict calibrate --model $$m --num-classes $$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; done
 	$(PY) -m gvq.predict project --models $(MODELS)
 
+# make gpu-check -> on a CUDA machine: every CUDA test, gvq.bench codecs on the GPU, cli.py device=cuda for every
+# aggregator at world_size 1 and 3; one table (runs/gpucheck/gpucheck.md).  No venv needed (python3 with torch
+# and hydra on PYTHONPATH); with the venv: make gpu-check PYTHON=.venv/bin/python.  Parts: GPU_CHECK_ARGS="--part cli"
+.PHONY: gpu-check
+gpu-check:
+	WANDB_MODE=disabled $(PYTHON) -m gvq.bench gpucheck $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,6 +8,7 @@
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
     python -m gvq.bench codecs                                         # every codec per call vs its floor
+    python -m gvq.bench gpucheck [--part tests codecs cli]             # the CUDA path, one table (make gpu-check)
 
 ``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
 """
@@ -24,6 +25,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "paper": "gvq.bench.paper",
     "startup": "gvq.bench.startup",
     "codecs": "gvq.bench.codecs",
+    "gpucheck": "gvq.bench.gpucheck",
 }
 
 

@@ -43,6 +43,7 @@ def test_train_bench_on_cuda_without_a_gpu_is_one_line():
         bench_main(["train", "--world-size", "2", "--device", "cuda", "--aggregators", "rar"])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_train_bench_times_gpu_iterations():
     recs = bench_main(["train", "--world-size", "1", "2", "--device", "cuda", "--model", "resnet32",

@@ -38,8 +38,8 @@ SCALAR = {                                          # module -> instances (every
     "bingrad_b": [BinGradB()],
     "fp16": [FP16()],
 }
-DEVICES = ["meta", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                  reason="no CUDA device visible"))]
+DEVICES = ["meta", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device visible")])]
 
 
 def test_every_compressor_module_is_covered():

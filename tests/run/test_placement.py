@@ -79,6 +79,7 @@ def _sweep(tmp_path, world: int, names: list[str]) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.cuda
 @CUDA
 @pytest.mark.parametrize("world", [1, 3])
 def test_every_aggregator_trains_on_cuda_with_identical_replicas(tmp_path, world):
@@ -94,6 +95,7 @@ def test_every_aggregator_trains_on_cuda_with_identical_replicas(tmp_path, world
 
 
 @pytest.mark.slow
+@pytest.mark.cuda
 @CUDA
 def test_ddp_on_shared_gpus_is_one_line_and_writes_no_run(tmp_path):
     world = torch.cuda.device_count() + 1
@@ -103,6 +105,7 @@ def test_ddp_on_shared_gpus_is_one_line_and_writes_no_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cuda
 @CUDA
 def test_a_cuda_run_resumes_from_its_checkpoint(tmp_path):
     """qsgd_dies (tests/conf) kills rank 1 at iteration 13; the resumed run continues from iteration 10 on

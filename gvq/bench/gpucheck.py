@@ -1,0 +1,319 @@
+"""The CUDA path checked in one command: ``python -m gvq.bench gpucheck [--part tests codecs cli]``.
+
+On a CUDA machine (``make gpu-check`` runs every part):
+
+* ``tests``:  every test marked ``cuda`` (``pytest -m cuda``), a row per test (from pytest's JUnit XML);
+* ``codecs``: ``python -m gvq.bench codecs --device cuda``, a run per codec;
+* ``cli``:    ``cli.py device=cuda`` for every option in ``conf/aggregator/`` at world_size 1 and 3 (more ranks
+  than GPUs: the shared plan), a few iterations each.  Passed: completed with identical replicas on the
+  expected plan; torch DDP on shared GPUs: refused in one line, as the placement rules require.
+
+Each check is a subprocess with a time limit (its process group is killed there); where the whole check
+does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
+``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``<part>.json`` as each check ends,
+then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there, each part headed by its date,
+commit, machine and command (for docs/results.md).  Exit status: 0 all passed, 1 something failed, 2 no
+CUDA device is visible.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+AGGREGATORS = ROOT / "conf" / "aggregator"
+PARTS = ("tests", "codecs", "cli")
+SHORT = ["device=cuda", "iterations=8", "eval_every=8", "logger=csv", "logger.progress=false", "batch_size=16",
+         "warmup=1", "L_t=3", "L_c=3"]      # short, yet through GradiVeQ's sampling and compressed phases
+DDP_REFUSAL = "torch DDP needs one GPU per rank"
+
+
+@dataclass
+class Check:
+    """One command and what counts as its passing (``expect``: cli ``plan`` or ``refusal``)."""
+    part: str
+    name: str
+    setting: str
+    argv: list[str]
+    timeout_s: float
+    expect: dict = field(default_factory=dict)
+    path: str | None = None        # cli: the run dir; tests: the JUnit XML; codecs: the records' JSON
+
+
+@dataclass
+class Outcome:
+    check: str
+    setting: str
+    result: str                    # passed | failed | skipped | timeout
+    seconds: float
+    detail: str = ""               # first line of the error, why skipped, or what passed
+
+
+Proc = namedtuple("Proc", "rc out err seconds timed_out")     # a finished (or killed) subprocess
+
+
+def visible_gpus() -> tuple[int, str]:
+    """(CUDA devices torch sees, why none); torch is imported here so its absence is one line too."""
+    try:
+        import torch
+    except ImportError as e:
+        return 0, f"torch is not importable by {sys.executable} ({e})"
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), ""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None:
+        return 0, f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
+    build = "a build without CUDA" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no device"
+    return 0, f"torch {torch.__version__} ({build})"
+
+
+def machine_meta(part: str, argv: list[str], gpus: int) -> dict:
+    """Provenance of a part's table: date, commit, machine, versions, the command that regenerates it."""
+    import torch
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "a stand-in GPU"
+    git = shutil.which("git") and subprocess.run([shutil.which("git"), "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                                 capture_output=True, text=True).stdout.strip()
+    return {"part": part, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git or "unknown (no git here)", "machine": f"{gpus} x {gpu}, {os.cpu_count()} CPUs",
+            "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}",
+            "command": " ".join(["python -m gvq.bench gpucheck", *argv])}
+
+
+def aggregator_options() -> list[str]:
+    return sorted(p.stem for p in AGGREGATORS.glob("*.yaml"))
+
+
+def is_ddp(name: str) -> bool:
+    """Whether the option builds torch DDP (its ``_target_``), which needs one GPU per rank."""
+    from omegaconf import OmegaConf
+    return str(OmegaConf.load(AGGREGATORS / f"{name}.yaml").get("_target_", "")).endswith("DDPAggregator")
+
+
+def cli_plan(out: Path, gpus: int, world_sizes=(1, 3), names=None, timeout_s: float = 300) -> list[Check]:
+    checks = []
+    for world in world_sizes:
+        for name in names or aggregator_options():
+            refused = is_ddp(name) and world > gpus
+            expect = {"refusal": DDP_REFUSAL} if refused else {"plan": "nccl" if world <= gpus else "shared"}
+            run_dir = out / "runs" / f"{name}_w{world}"
+            argv = [sys.executable, str(ROOT / "cli.py"), f"aggregator={name}", f"world_size={world}", *SHORT,
+                    f"hydra.run.dir={run_dir}"]
+            checks.append(Check("cli", "cli.py device=cuda", f"aggregator={name} world_size={world} "
+                                f"({expect.get('plan', 'refused')})", argv, timeout_s, expect, str(run_dir)))
+    return checks
+
+
+def codecs_plan(out: Path, names=None, reps: int = 3, timeout_s: float = 300) -> list[Check]:
+    from gvq.bench.codecs import DEFAULT        # on use: it imports torch and Hydra
+    checks = []
+    for name in names or DEFAULT:
+        path = out / "codecs" / f"{name}.json"
+        argv = [sys.executable, "-m", "gvq.bench", "codecs", "--device", "cuda", "--codecs", name,
+                "--reps", str(reps), "--out", str(path)]
+        checks.append(Check("codecs", "gvq.bench codecs", f"{name}, cuda", argv, timeout_s, path=str(path)))
+    return checks
+
+
+def tests_plan(out: Path, k: str | None = None, per_test_s: float = 900, timeout_s: float = 3600) -> list[Check]:
+    junit = out / "tests.xml"
+    argv = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", f"--junitxml={junit}",
+            f"--timeout={per_test_s:g}", "tests", *(["-k", k] if k else [])]
+    return [Check("tests", "pytest -m cuda", k or "every CUDA test", argv, timeout_s, path=str(junit))]
+
+
+def run_bounded(argv: list[str], timeout_s: float) -> Proc:
+    """``argv`` from the repository root, wandb off; at the limit its process group (ranks, pytest's own
+    subprocesses) is killed, so nothing it started outlives the check."""
+    env = dict(os.environ, WANDB_MODE="disabled",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+        return Proc(p.returncode, out, err, time.monotonic() - t0, False)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:          # a descendant that left the group still holds the pipes
+            out, err = "", ""
+        return Proc(p.returncode, out, err, time.monotonic() - t0, True)
+
+
+def first_error(text: str) -> str:
+    """The line that names the error: gvq's own one-line report, else the first exception line, else the
+    first unindented line saying error (a traceback's code lines are indented), else the last line."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    tops = [ln for ln in lines if not ln[0].isspace() and not ln.startswith("Traceback")]
+    for hit in ([ln for ln in tops if ln.startswith("gvq: ") and not ln.startswith("gvq: warning")],
+                [ln for ln in tops if re.match(r"[\w.]*(Error|Exception)\b", ln)],
+                [ln for ln in tops if "error" in ln.lower()], lines[-1:]):
+        if hit:
+            return hit[0][:200]
+    return ""
+
+
+def junit_outcomes(path: Path, check: str) -> list[Outcome]:
+    import xml.etree.ElementTree as ET
+    rows = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kids = {c.tag: c for c in case}
+        bad = kids.get("failure", kids.get("error"))
+        result = "failed" if bad is not None else "skipped" if "skipped" in kids else "passed"
+        why = bad if bad is not None else kids.get("skipped")
+        detail = first_error((why.get("message") or why.text or "") if why is not None else "")
+        rows.append(Outcome(check, f"{case.get('classname')}::{case.get('name')}", result,
+                            float(case.get("time") or 0), detail))
+    return rows
+
+
+def judge_tests(check: Check, proc: Proc) -> list[Outcome]:
+    rows = junit_outcomes(Path(check.path), check.name) if Path(check.path).exists() else []
+    if not rows:
+        why = "no test is marked cuda" if proc.rc == 5 else first_error(proc.err or proc.out)
+        rows.append(Outcome(check.name, check.setting, "failed", proc.seconds, why))
+    return rows
+
+
+def judge_codec(check: Check, proc: Proc) -> list[Outcome]:
+    out = Outcome(check.name, check.setting, "passed", proc.seconds)
+    if proc.rc != 0:
+        out.result, out.detail = "failed", first_error(proc.err or proc.out)
+    elif Path(check.path).exists():
+        row = json.loads(Path(check.path).read_text())["rows"][0]
+        out.detail = f"compress {row['compress_ms']:.3g} ms, decompress {row['decompress_ms']:.3g} ms"
+    return [out]
+
+
+def judge_cli(check: Check, proc: Proc) -> list[Outcome]:
+    """Passed: completed with identical replicas on the expected plan, or refused in one line as expected."""
+    out = Outcome(check.name, check.setting, "failed", proc.seconds)
+    summary = Path(check.path) / "summary.json"
+    s = json.loads(summary.read_text()) if summary.exists() else {}
+    if "refusal" in check.expect:
+        one_line = proc.rc == 2 and check.expect["refusal"] in proc.err and "Traceback" not in proc.err
+        out.result = "passed" if one_line else "failed"
+        out.detail = ("refused as expected: " if one_line else "expected a one-line refusal: ") + \
+            (first_error(proc.err) if proc.rc else "it ran")
+    elif proc.rc != 0 or s.get("status") != "completed":
+        out.detail = first_error(proc.err) or f"exit {proc.rc}, status {s.get('status')}"
+    elif not s.get("replicas_identical") or s.get("cuda_plan") != check.expect["plan"]:
+        out.detail = f"replicas_identical={s.get('replicas_identical')}, cuda_plan={s.get('cuda_plan')}"
+    else:
+        out.result = "passed"
+    return [out]
+
+
+JUDGES = {"tests": judge_tests, "codecs": judge_codec, "cli": judge_cli}
+
+
+def run_check(check: Check) -> list[Outcome]:
+    """The real runner: a fresh output path, the bounded subprocess, then its part's judge."""
+    if check.part == "cli":        # no stale output may pass for this run's
+        shutil.rmtree(check.path, ignore_errors=True)
+    elif check.path:
+        Path(check.path).unlink(missing_ok=True)
+        Path(check.path).parent.mkdir(parents=True, exist_ok=True)
+    proc = run_bounded(check.argv, check.timeout_s)
+    if proc.timed_out:
+        return [Outcome(check.name, check.setting, "timeout", proc.seconds, f"killed after {check.timeout_s:g} s")]
+    return JUDGES[check.part](check, proc)
+
+
+def markdown_table(metas: list[dict], rows: list[dict]) -> str:
+    head = ["### CUDA check: `python -m gvq.bench gpucheck`", ""]
+    head += [f"- {m['part']}: {m['date']}, commit {m['commit']}, {m['machine']}, {m['versions']}; "
+             f"`{m['command']}`" for m in metas]
+    cols = ["check", "setting", "result", "seconds", "detail"]
+    body = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [r["check"], r["setting"], r["result"], f"{r['seconds']:.1f}", r["detail"]]
+        body.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    counts = {k: sum(r["result"] == k for r in rows) for k in ("passed", "failed", "timeout", "skipped")}
+    return "\n".join(head + [""] + body + ["", ", ".join(f"{n} {k}" for k, n in counts.items())])
+
+
+def write_results(out: Path) -> str:
+    """Merge every part file under ``out`` into gpucheck.json and gpucheck.md; returns the markdown."""
+    parts = [json.loads((out / f"{p}.json").read_text()) for p in PARTS if (out / f"{p}.json").exists()]
+    metas, rows = [p["meta"] for p in parts], [r for p in parts for r in p["rows"]]
+    (out / "gpucheck.json").write_text(json.dumps({"parts": metas, "rows": rows}, indent=1))
+    table = markdown_table(metas, rows)
+    (out / "gpucheck.md").write_text(table + "\n")
+    return table
+
+
+def run_part(checks: list[Check], runner: Callable, meta: dict, out: Path) -> list[dict]:
+    """Every check in turn, the rows saved as each ends (a session killed at its limit keeps them)."""
+    rows = []
+    for i, check in enumerate(checks, 1):
+        try:
+            outcomes = runner(check)
+        except Exception as e:     # a judge that cannot read a result fails that check, not the rest
+            outcomes = [Outcome(check.name, check.setting, "failed", 0.0, f"gpucheck: {e!r}"[:200])]
+        rows += [asdict(o) for o in outcomes]
+        (out / f"{meta['part']}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        for o in outcomes:
+            print(f"[{i}/{len(checks)}] {o.check} {o.setting}: {o.result} ({o.seconds:.1f} s)"
+                  + (f" {o.detail}" if o.result != "passed" else ""), flush=True)
+    return rows
+
+
+def _gpucheck_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gvq.bench gpucheck", description=__doc__.split("\n")[0])
+    p.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS), help="which checks (default: all)")
+    p.add_argument("--out", default="runs/gpucheck", help="results dir (part JSONs, gpucheck.json/.md, runs)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per cli.py run and per codec run")
+    p.add_argument("-k", dest="k", help="tests: only CUDA tests matching this pytest -k expression")
+    p.add_argument("--test-timeout", type=float, default=900, help="tests: seconds per test (pytest-timeout)")
+    p.add_argument("--tests-timeout", type=float, default=3600, help="tests: seconds for the whole pytest run")
+    p.add_argument("--codecs", nargs="+", help="codecs: labels of gvq.bench codecs (default: all of them)")
+    p.add_argument("--reps", type=int, default=3, help="codecs: timed calls per codec")
+    p.add_argument("--aggregators", nargs="+", help="cli: options of conf/aggregator/ (default: every one)")
+    p.add_argument("--world-sizes", nargs="+", type=int, default=[1, 3], help="cli: ranks per run")
+    return p
+
+
+def plan_checks(part: str, args, gpus: int, out: Path) -> list[Check]:
+    if part == "tests":
+        return tests_plan(out, args.k, args.test_timeout, args.tests_timeout)
+    if part == "codecs":
+        return codecs_plan(out, args.codecs, args.reps, args.timeout)
+    unknown = sorted(set(args.aggregators or []) - set(aggregator_options()))
+    if unknown:
+        raise SystemExit(f"gpucheck: --aggregators {' '.join(unknown)}: not in conf/aggregator/")
+    return cli_plan(out, gpus, args.world_sizes, args.aggregators, args.timeout)
+
+
+def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: int | None = None) -> list[dict]:
+    """Run the chosen parts; ``runner`` and ``gpus`` stand in for the subprocesses and the machine in tests."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _gpucheck_parser().parse_args(argv)
+    if gpus is None:
+        gpus, why = visible_gpus()
+        if not gpus:
+            print(f"gpucheck: no CUDA device is visible: {why}; run it on a CUDA machine", file=sys.stderr)
+            raise SystemExit(2)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for part in args.part:
+        checks = plan_checks(part, args, gpus, out)
+        rows += run_part(checks, runner or run_check, machine_meta(part, argv, gpus), out)
+    print(write_results(out), flush=True)
+    if any(r["result"] in ("failed", "timeout") for r in rows):
+        raise SystemExit(1)
+    return rows
