@@ -61,6 +61,7 @@ def test_links_are_removed_when_setup_fails_half_way():
     assert _ours() == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
 def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
     """Root only: per-rank veth + tbf really shape (a ring cannot beat its links), and the emulator
