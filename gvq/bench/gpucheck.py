@@ -18,6 +18,7 @@ CUDA device is visible.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -145,12 +146,15 @@ def run_bounded(argv: list[str], timeout_s: float) -> Proc:
         out, err = p.communicate(timeout=timeout_s)
         return Proc(p.returncode, out, err, time.monotonic() - t0, False)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        try:
-            out, err = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:          # a descendant that left the group still holds the pipes
-            out, err = "", ""
-        return Proc(p.returncode, out, err, time.monotonic() - t0, True)
+        pass
+    finally:                       # whatever it left, past the limit, or on Ctrl-C (its session misses that)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:              # a descendant that left the group still holds the pipes
+        out, err = "", ""
+    return Proc(p.returncode, out, err, time.monotonic() - t0, True)
 
 
 def first_error(text: str) -> str:
@@ -189,32 +193,27 @@ def judge_tests(check: Check, proc: Proc) -> list[Outcome]:
 
 
 def judge_codec(check: Check, proc: Proc) -> list[Outcome]:
-    out = Outcome(check.name, check.setting, "passed", proc.seconds)
     if proc.rc != 0:
-        out.result, out.detail = "failed", first_error(proc.err or proc.out)
-    elif Path(check.path).exists():
-        row = json.loads(Path(check.path).read_text())["rows"][0]
-        out.detail = f"compress {row['compress_ms']:.3g} ms, decompress {row['decompress_ms']:.3g} ms"
-    return [out]
+        return [Outcome(check.name, check.setting, "failed", proc.seconds, first_error(proc.err or proc.out))]
+    row = json.loads(Path(check.path).read_text())["rows"][0]      # missing after exit 0: run_part fails it
+    return [Outcome(check.name, check.setting, "passed", proc.seconds,
+                    f"compress {row['compress_ms']:.3g} ms, decompress {row['decompress_ms']:.3g} ms")]
 
 
 def judge_cli(check: Check, proc: Proc) -> list[Outcome]:
     """Passed: completed with identical replicas on the expected plan, or refused in one line as expected."""
-    out = Outcome(check.name, check.setting, "failed", proc.seconds)
     summary = Path(check.path) / "summary.json"
     s = json.loads(summary.read_text()) if summary.exists() else {}
     if "refusal" in check.expect:
-        one_line = proc.rc == 2 and check.expect["refusal"] in proc.err and "Traceback" not in proc.err
-        out.result = "passed" if one_line else "failed"
-        out.detail = ("refused as expected: " if one_line else "expected a one-line refusal: ") + \
+        ok = proc.rc == 2 and check.expect["refusal"] in proc.err and "Traceback" not in proc.err
+        why = ("refused as expected: " if ok else "expected a one-line refusal: ") + \
             (first_error(proc.err) if proc.rc else "it ran")
     elif proc.rc != 0 or s.get("status") != "completed":
-        out.detail = first_error(proc.err) or f"exit {proc.rc}, status {s.get('status')}"
-    elif not s.get("replicas_identical") or s.get("cuda_plan") != check.expect["plan"]:
-        out.detail = f"replicas_identical={s.get('replicas_identical')}, cuda_plan={s.get('cuda_plan')}"
+        ok, why = False, first_error(proc.err) or f"exit {proc.rc}, status {s.get('status')}"
     else:
-        out.result = "passed"
-    return [out]
+        ok = bool(s.get("replicas_identical")) and s.get("cuda_plan") == check.expect["plan"]
+        why = "" if ok else f"replicas_identical={s.get('replicas_identical')}, cuda_plan={s.get('cuda_plan')}"
+    return [Outcome(check.name, check.setting, "passed" if ok else "failed", proc.seconds, why)]
 
 
 JUDGES = {"tests": judge_tests, "codecs": judge_codec, "cli": judge_cli}
@@ -309,10 +308,9 @@ def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: in
             raise SystemExit(2)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for part in args.part:
-        checks = plan_checks(part, args, gpus, out)
-        rows += run_part(checks, runner or run_check, machine_meta(part, argv, gpus), out)
+    plans = {part: plan_checks(part, args, gpus, out) for part in args.part}     # a bad flag fails before any run
+    rows = [r for part, checks in plans.items()
+            for r in run_part(checks, runner or run_check, machine_meta(part, argv, gpus), out)]
     print(write_results(out), flush=True)
     if any(r["result"] in ("failed", "timeout") for r in rows):
         raise SystemExit(1)
