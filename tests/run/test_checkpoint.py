@@ -1,5 +1,6 @@
 """Checkpoint / resume: an interrupted-and-resumed run equals an uninterrupted one (times aside);
-and same seed + same config => identical metrics (determinism)."""
+and same seed + same config => identical metrics (determinism).  Runs go through the launcher's entry
+function in-process (``tests.helpers.launch``); refusals, printed as one line, and kills through the CLI."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.cli import ROOT, TEST_CONF, cli
+from tests.helpers.launch import launch_job
 
 TIME_COLS = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s"]
 COMMON = ["logger=csv", "iterations=24", "eval_every=6", "world_size=2", "batch_size=16",
@@ -30,18 +32,16 @@ def _metrics(run: Path) -> pd.DataFrame:
 @pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
     full, broken, resumed = tmp_path / "full", tmp_path / "broken", tmp_path / "resumed"
-    r = cli(*COMMON, "aggregator=qsgd", f"hydra.run.dir={full}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = cli(*COMMON, "aggregator=qsgd_dies", "checkpoint.every=5", f"hydra.run.dir={broken}")
-    assert r.returncode != 0                                   # rank 1 died at iteration 13
+    code, sa = launch_job(full, *COMMON, "aggregator=qsgd")
+    assert code == 0, sa
+    code, _ = launch_job(broken, *COMMON, "aggregator=qsgd_dies", "checkpoint.every=5")
+    assert code != 0                                           # rank 1 died at iteration 13
     assert json.loads((broken / "checkpoint" / "latest.json").read_text())["iteration"] == 10
-    r = cli(*COMMON, "aggregator=qsgd", f"resume={broken}", f"hydra.run.dir={resumed}")
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, sb = launch_job(resumed, *COMMON, "aggregator=qsgd", f"resume={broken}")
+    assert code == 0, sb
     a, b = _metrics(full), _metrics(resumed)
     assert list(b.iteration) == list(range(24))
-    pd.testing.assert_frame_equal(a, b)                        # bitwise, as written
-    sa = json.loads((full / "summary.json").read_text())
-    sb = json.loads((resumed / "summary.json").read_text())
+    pd.testing.assert_frame_equal(a, b)                        # bitwise, as written (same ranks, threads)
     assert sa["final_test_acc"] == sb["final_test_acc"] and sb["replicas_identical"]
 
 
@@ -49,8 +49,8 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
 def test_same_seed_same_config_gives_identical_metrics(tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
-        r = cli(*COMMON, "aggregator=terngrad", f"hydra.run.dir={run}")
-        assert r.returncode == 0, r.stderr[-2000:]
+        code, summary = launch_job(run, *COMMON, "aggregator=terngrad")
+        assert code == 0, summary
     pd.testing.assert_frame_equal(_metrics(runs[0]), _metrics(runs[1]))
 
 
@@ -84,8 +84,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
 @pytest.fixture(scope="module")
 def rar_checkpoint(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("ckpt") / "rar"
-    r = cli(*COMMON, "aggregator=rar", "iterations=8", "checkpoint.every=4", f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, summary = launch_job(run, *COMMON, "aggregator=rar", "iterations=8", "checkpoint.every=4")
+    assert code == 0, summary
     return run
 
 
@@ -136,8 +136,8 @@ def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
 
 @pytest.mark.slow
 def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
-    r = cli(*COMMON, "aggregator=rar", "iterations=8", f"resume={rar_checkpoint}", f"hydra.run.dir={tmp_path}/r")
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, summary = launch_job(tmp_path / "r", *COMMON, "aggregator=rar", "iterations=8", f"resume={rar_checkpoint}")
+    assert code == 0, summary
     meta = json.loads((rar_checkpoint / "checkpoint" / "latest.json").read_text())
     assert meta["identity"]["aggregator"] == "rar" and meta["identity"]["gvq_version"]
 
@@ -169,11 +169,11 @@ def _untimed_metrics(run: Path) -> pd.DataFrame:
 def test_resume_is_bitwise(tmp_path, name):
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     args = [*EVERY_COMMON, f"aggregator={name}", *EXTRA.get(name, [])]
-    r = cli(*args, f"hydra.run.dir={run}", timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, summary = launch_job(run, *args)
+    assert code == 0, summary
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["iteration"] == 11
-    r = cli(*args, f"resume={run}", f"hydra.run.dir={resumed}", timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
+    code, summary = launch_job(resumed, *args, f"resume={run}")
+    assert code == 0, summary
     a, b = _untimed_metrics(run), _untimed_metrics(resumed)
     assert list(b.iteration) == list(range(16))
     pd.testing.assert_frame_equal(a, b)
@@ -186,9 +186,9 @@ def test_resume_is_bitwise(tmp_path, name):
 def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
     from gvq.run import checkpoint
     run = tmp_path / "run"
-    r = cli(*COMMON, "aggregator=rar", "iterations=9", "checkpoint.every=2", "checkpoint.keep=2",
-            f"hydra.run.dir={run}")
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, summary = launch_job(run, *COMMON, "aggregator=rar", "iterations=9", "checkpoint.every=2",
+                               "checkpoint.keep=2")
+    assert code == 0, summary
     sets = checkpoint.complete_sets(run / "checkpoint")
     assert [p.name for p in sets] == ["iter-000000006", "iter-000000008"]      # 2 and 4 pruned
     assert all({f.name for f in p.iterdir()} == {"rank0.pt", "rank1.pt", "complete.json"} for p in sets)
