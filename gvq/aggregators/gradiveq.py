@@ -28,8 +28,8 @@ aggregation (1 for uncompressed, QSGD's ratio while sampling, GradiVeQ's wire ra
 included -- while compressing).  Per-layer K, d, K/d and Eq. 6 energy of every refresh go to
 ``gradiveq_layers.jsonl`` in the run dir (rank 0).
 
-Identical PCA state on all ranks (``fit_sync``: rank 0 fits and relays on the ring, or every rank fits
-and digests are compared): see :mod:`gvq.aggregators.gradiveq_sync`.  ``state_dict`` / ``load_state_dict`` carry
+Identical PCA state on all ranks (every rank fits, digests are compared, rank 0's state is relayed on
+the ring only on a mismatch): see :mod:`gvq.aggregators.gradiveq_sync`.  ``state_dict`` / ``load_state_dict`` carry
 the schedule position, the samples so far, the PCA state and the QSGD dither (bitwise resume);
 ``prepare_benchmark`` pins the compressed phase for ``gvq.bench``.
 
@@ -54,7 +54,6 @@ from gvq.compressors.qsgd import QSGD
 log = logging.getLogger("gvq")
 NAN = float("nan")
 SAMPLING = ("qsgd", "rar")
-FIT_SYNC = ("broadcast", "local")
 
 
 class GradiVeQAggregator(FlatAggregator):
@@ -65,7 +64,7 @@ class GradiVeQAggregator(FlatAggregator):
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, fit_sync: str = "local", pieces: int = 4):
+                 monitor_threshold: float | None = None, pieces: int = 4):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -75,12 +74,10 @@ class GradiVeQAggregator(FlatAggregator):
         self.pieces = check_int("aggregator.pieces", pieces, 1)
         if sampling not in SAMPLING:
             raise ValueError(f"aggregator.sampling={sampling!r}: must be one of {', '.join(SAMPLING)}")
-        if fit_sync not in FIT_SYNC:
-            raise ValueError(f"aggregator.fit_sync={fit_sync!r}: must be one of {', '.join(FIT_SYNC)}")
         if monitor_threshold is not None and (isinstance(monitor_threshold, bool) or not isinstance(
                 monitor_threshold, (int, float)) or not monitor_threshold > 0):
             raise ValueError(f"aggregator.monitor_threshold={monitor_threshold!r}: must be > 0 or null")
-        self.compressor, self.sampling, self.fit_sync = compressor, sampling, fit_sync
+        self.compressor, self.sampling = compressor, sampling
         self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
         try:        # built here so that bad bits / bucket fail at preflight, like every other knob
             self.qsgd = QSGD(bits=qsgd_bits, bucket=qsgd_bucket, norm=qsgd_norm)
@@ -202,7 +199,7 @@ class GradiVeQAggregator(FlatAggregator):
     def _refresh(self) -> float:
         t0 = clock.now()
         with clock.phase("codec"):                         # PCA; the relay's waits are the link's
-            relayed = fit_everywhere(self.compressor, self._samples, self.p2p, self.fit_sync)
+            relayed = fit_everywhere(self.compressor, self._samples, self.p2p)
         fit_s = clock.now() - t0
         self._after_fit()
         self.refreshes += 1
@@ -228,7 +225,7 @@ class GradiVeQAggregator(FlatAggregator):
         numel = self.compressor.layout.numel
         gen = torch.Generator().manual_seed(0)
         samples = torch.randn(self.L_t, numel, generator=gen)
-        fit_everywhere(self.compressor, samples, self.p2p, "broadcast")
+        fit_everywhere(self.compressor, samples, self.p2p)
         self._after_fit()
         self.phase, self.count, self.L_c, self.monitor_threshold = "compress", 0, 1 << 62, None
 

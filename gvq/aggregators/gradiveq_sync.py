@@ -1,25 +1,22 @@
 """Helpers of :mod:`gvq.aggregators.gradiveq`: making every rank hold the same PCA state, payload-balanced
 ring segments, and the per-refresh layer log.
 
-Identical state (SPEC: "Every rank must hold the *identical* U_d and mu"):
+Identical state (every rank must hold the *identical* U_d and mu, sec. 3), the paper's way: every rank
+holds the same aggregated samples (the ring leaves bitwise identical sums everywhere), so every rank fits
+itself; the states' digests (:attr:`gvq.compressors.gradiveq.state.PCAState.digest`) are compared with one
+tiny all-reduce, and only if any rank differs (SVD round-off/sign between processes) is rank 0's state
+relayed (counted: the aggregator's ``relays``, logged as a warning).
 
-* ``broadcast``: rank 0 fits; the state (the d's first, whose count is fixed by the layout,
-  then the float values, whose length depends on the d's) is relayed along the ring 0 -> 1 -> ... -> N-1
-  in pipelined chunks through :class:`gvq.comm.p2p.P2P`.  The relay goes through P2P rather than
-  ``torch.distributed.broadcast`` so that its bytes are counted in ``bytes_sent`` and its time is shaped
-  by the emulated links like every other byte the aggregator moves (a relay sends each byte once per
-  rank, as a pipelined ring broadcast does).  The state is large (mu alone is as big as the conv
-  gradient; U_d is K x d per layer), so this is a real cost of a refresh and shows in that iteration.
-* ``local`` (default): the paper's way -- every rank holds the same aggregated samples (the ring leaves bitwise
-  identical sums everywhere), so every rank fits itself; a sha256 of the state is compared with one
-  tiny all-reduce, and only if any rank differs (SVD round-off/sign between processes) is rank 0's state
-  relayed as above (counted: the aggregator's ``relays``, logged as a warning).  Costs a fit per rank
-  (0.3-6 s on one core) instead of the relay's bytes (32-44x a ResNet-32 gradient).
+The relay sends the d's first (their count is fixed by the layout), then the float values (whose length
+depends on the d's), along the ring 0 -> 1 -> ... -> N-1 in pipelined chunks through
+:class:`gvq.comm.p2p.P2P` rather than ``torch.distributed.broadcast``, so that its bytes are counted in
+``bytes_sent`` and its time is shaped by the emulated links like every other byte the aggregator moves.
+The state is large (mu alone is as big as the conv gradient; U_d is K x d per layer), which is why a
+local fit, not a relay, is the rule.
 """
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -30,6 +27,7 @@ import torch.distributed as dist
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
 from gvq.compressors.gradiveq.codec import GradiVeQ
+from gvq.compressors.gradiveq.state import PCAState, value_count
 
 log = logging.getLogger("gvq")
 CHUNK = 1 << 18     # relay chunk (floats): small enough to pipeline, large enough to amortise latency
@@ -55,34 +53,23 @@ def relay_state(comp: GradiVeQ, p2p: P2P, device) -> None:
     """Rank 0's fitted state onto every rank (rank 0 reloads its own, so all take the same path);
     receive buffers on ``device`` (the samples', i.e. the gradient's)."""
     if p2p.rank == 0:
-        ds, vals = comp.state_tensors()
+        ds, vals = comp.pca.tensors()
     else:
-        ds = comp.state_d_buffer(device)
+        ds = torch.empty(len(comp.groups), dtype=torch.int64, device=device)   # count fixed by the layout
     relay_(ds, p2p)
     if p2p.rank != 0:
-        vals = comp.state_value_buffer(ds)
+        vals = torch.empty(value_count(comp.groups, ds), dtype=torch.float32, device=ds.device)
     relay_(vals, p2p)
-    comp.load_state_tensors([ds, vals])
+    comp.load_pca(PCAState.from_tensors(ds, vals, comp.groups))
 
 
-def state_digest(comp: GradiVeQ) -> int:
-    h = hashlib.sha256()
-    for t in comp.state_tensors():
-        h.update(t.contiguous().cpu().numpy().tobytes())    # one copy per refresh on a GPU
-    return int.from_bytes(h.digest()[:7], "little")        # < 2**56: exact in an int64
-
-
-def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P, mode: str) -> bool:
-    """Fit and make the state identical on all ranks; returns True when the relay was needed."""
-    if mode == "broadcast":
-        if p2p.rank == 0:
-            comp.fit(samples)
-        relay_state(comp, p2p, samples.device)
-        return True
+def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P) -> bool:
+    """Every rank fits; rank 0's state is relayed only if the digests differ.  Returns True when the
+    relay was needed."""
     comp.fit(samples)
     if p2p.world_size == 1:
         return False
-    h = state_digest(comp)
+    h = comp.pca.digest
     both = torch.tensor([h, -h], dtype=torch.int64)
     with clock.get().blocked():                             # inside the fit's codec phase: a wait
         dist.all_reduce(both, op=dist.ReduceOp.MAX)         # max == -min  <=>  all digests equal

@@ -174,7 +174,7 @@ def gradiveq_errors(comp: GradiVeQ, flats: list[Tensor], mask: Tensor) -> list[t
 
 
 def state_bytes(comp: GradiVeQ) -> int:
-    ds, vals = comp.state_tensors()
+    ds, vals = comp.pca.tensors()
     return ds.numel() * ds.element_size() + vals.numel() * vals.element_size()
 
 

@@ -43,8 +43,8 @@ over the evaluation iterations (``err_conv_*``: conv weights only, = GradiVeQ's 
   a reference at its own bytes (ratio ~8), seeded.
 
 ``sched_bytes``: payload bytes per iteration averaged over one GradiVeQ cycle: L_t sampling iterations
-at 4-bit QSGD and L_c at GradiVeQ's payload (every rank fits itself: ``fit_sync: local``, the paper's
-way).  ``relay_bytes`` (CSV): the PCA state (U_d, mu) that ``fit_sync: broadcast`` relays once per
+at 4-bit QSGD and L_c at GradiVeQ's payload (every rank fits itself, the paper's
+way).  ``relay_bytes`` (CSV): the PCA state (U_d, mu) that a relay (on a digest mismatch) sends once per
 refresh on top (a relay sends it (N-1)/N times per rank, an all-reduce 2(N-1)/N times its payload).
 For PowerSGD and QSGD ``sched_bytes`` equals ``bytes``.
 

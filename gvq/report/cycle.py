@@ -6,7 +6,7 @@ Counting.  A GradiVeQ run (its ``phase`` column says ``sample`` / ``compress``):
 logged -- ``L_t - 1`` ordinary sampling iterations (4-bit QSGD-RAR plus storing the sample) at their mean
 after ``skip`` start-up iterations, and the ``L_t``-th, whose ``aggregate_s`` holds the PCA refresh too --
 plus the compressed phase that follows (``bytes``: every byte sent, the refresh's relay included if
-``fit_sync: broadcast`` or a digest mismatch needed one): summed as logged when the run logged all ``L_c`` of them, else
+a digest mismatch needed one): summed as logged when the run logged all ``L_c`` of them, else
 ``L_c`` x their mean (a compressed iteration is stationary: same basis, same bytes, same schedule until the
 next refresh).  Any other run: ``L_t + L_c`` x its mean iteration after ``skip``.  Computation is counted the
 same way (its mean per iteration does not depend on the phase).  The ``counted`` column says which.

@@ -268,7 +268,7 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
                **clock_fields(cfg), "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
-    if hasattr(agg, "summary"):                    # e.g. GradiVeQ: refreshes, relays (fit_sync: local)
+    if hasattr(agg, "summary"):                    # e.g. GradiVeQ: refreshes, relays
         summary["aggregator"] = agg.summary()
     runlog.summary(summary)
     log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, wall_s,

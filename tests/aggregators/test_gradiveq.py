@@ -78,7 +78,7 @@ def _drive(rank, world, iters, kw, drift_at=None):
             out[key].append(st[col])
         out["means"].append(torch.cat([p.grad.reshape(-1) for p in params]).clone())
         if not math.isnan(st["fit_s"]):
-            out["states"][it] = [t.clone() for t in agg.compressor.state_tensors()]
+            out["states"][it] = [t.clone() for t in agg.compressor.pca.tensors()]
         if st["phase"] == "compress":
             out["ref_diff"].append(_reference_diff(agg, params, world, it, drift_at))
     return out
@@ -88,7 +88,7 @@ def _reference_diff(agg, params, world, it, drift_at) -> float:
     """max |aggregated mean - (U U^T (sum - mu) + mu) / N| over the layout, the reference computed in
     this process by a one-rank compressor holding the same state, applied to the true sum."""
     ref = GradiVeQ(lam=0.01, world_size=1).bind(SHAPES)
-    ref.load_state_tensors(agg.compressor.state_tensors())
+    ref.load_pca(agg.compressor.pca)
     grads = [[t.clone() for t in _split(_grad(r, it, drift_at))] for r in range(world)]
     total = sum(ref.flatten(g) for g in grads)
     whole = slice(0, NUMEL)
@@ -147,7 +147,7 @@ def test_compressed_aggregate_is_the_projection_of_the_true_sum(schedule_run):
 
 @pytest.mark.slow
 def test_monitor_stops_compression_on_drift_and_sampling_restarts(tmp_path):
-    kw = dict(warmup=0, L_t=5, L_c=50, sampling="rar", monitor_threshold=0.5, fit_sync="local", lam=0.0)
+    kw = dict(warmup=0, L_t=5, L_c=50, sampling="rar", monitor_threshold=0.5, lam=0.0)
     outs = run_ranks(_drive, 2, tmp_path, 14, kw, 8)
     for out in outs:
         ph = out["phase"]
@@ -156,8 +156,34 @@ def test_monitor_stops_compression_on_drift_and_sampling_restarts(tmp_path):
         assert ph[8:13] == ["sample"] * 5                  # the vote at 8 ended the phase (L_c = 50)
         assert out["err"][8] > 0.5                         # the loss that triggered the stop is logged
         assert not math.isnan(out["fit_s"][12]) and not math.isnan(out["err"][13])   # refit, compressed
-    for a, b in zip(outs[0]["states"][12], outs[1]["states"][12]):   # fit_sync=local: same state
+    for a, b in zip(outs[0]["states"][12], outs[1]["states"][12]):   # fitted locally: same state
         assert torch.equal(a, b)
+
+
+def _fit_and_sync(rank, world):
+    """fit_everywhere twice: on the same samples everywhere, then on samples that differ by rank."""
+    from gvq.aggregators.gradiveq_sync import fit_everywhere
+    from gvq.comm.p2p import P2P
+    comp, p2p = GradiVeQ(lam=0.01, world_size=world).bind(SHAPES), P2P(rank, world)
+    samples = torch.randn(5, NUMEL, generator=torch.Generator().manual_seed(0))
+    out = {"same": fit_everywhere(comp, samples, p2p), "same_bytes": p2p.bytes_sent}
+    own = GradiVeQ(lam=0.01, world_size=world).bind(SHAPES).fit(samples + rank).pca   # before the relay
+    out.update(differ=fit_everywhere(comp, samples + rank, p2p), own=own.tensors(),
+               own_digest=own.digest, digest=comp.pca.digest, state=comp.pca.tensors(),
+               bytes=p2p.bytes_sent - out["same_bytes"])
+    return out
+
+
+@pytest.mark.slow
+def test_a_digest_mismatch_relays_rank_0s_state_and_counts_its_bytes(tmp_path):
+    outs = run_ranks(_fit_and_sync, 3, tmp_path)
+    state_bytes = sum(t.numel() * t.element_size() for t in outs[0]["own"])
+    assert len({o["own_digest"] for o in outs}) == 3           # each rank's own fit differs
+    for rank, o in enumerate(outs):
+        assert o["same"] is False and o["same_bytes"] == 0     # equal digests: nothing relayed
+        assert o["differ"] is True and o["digest"] == outs[0]["own_digest"]
+        assert all(torch.equal(a, b) for a, b in zip(o["state"], outs[0]["own"]))
+        assert o["bytes"] == (state_bytes if rank < 2 else 0)  # 0 -> 1 -> 2: the last rank sends nothing
 
 
 def test_state_dict_round_trip_resumes_bitwise():
@@ -190,7 +216,7 @@ def test_prepare_benchmark_pins_the_compressed_phase_with_d_near_L_t():
 @pytest.mark.parametrize("kw, key", [
     (dict(L_t=1), "L_t"), (dict(L_c=0), "L_c"), (dict(warmup=-1), "warmup"),
     (dict(sampling="topk"), "aggregator.sampling"), (dict(monitor_threshold=0), "aggregator.monitor_threshold"),
-    (dict(fit_sync="gossip"), "aggregator.fit_sync"), (dict(qsgd_bits=1), "aggregator.qsgd_bits"),
+    (dict(qsgd_bits=1), "aggregator.qsgd_bits"),
     (dict(qsgd_bucket=-3), "aggregator.qsgd_bucket"),
 ])
 def test_bad_knobs_raise_one_line_errors_naming_the_key(kw, key):
@@ -242,7 +268,7 @@ def test_training_through_the_cli_keeps_replicas_identical_and_resumes_bitwise(t
     assert comp.compression_error.notna().all()
     assert df[df.phase != "compress"].compression_error.isna().all()
     assert (comp.compression_ratio > 1).all() and (comp.bytes_sent < df.bytes_sent[0]).all()
-    sample = df[df.phase == "sample"]            # fit_sync: local (default): a refresh sends no bases --
+    sample = df[df.phase == "sample"]            # every rank fits: a refresh sends no bases --
     assert sample.bytes_sent.nunique() == 1      # its iteration sends what every sampling iteration sends
     assert summary["aggregator"]["refreshes"] >= 2 and summary["aggregator"]["relays"] == 0
     layers = [json.loads(x) for x in (run / "gradiveq_layers.jsonl").read_text().splitlines()]

@@ -76,7 +76,7 @@ def test_gradiveq_fits_and_codes_on_the_inputs_device(device, basis_dtype, pool)
     codec.bind(SHAPES)
     n = codec.layout.numel
     codec.fit(_data(device, 6 * n).view(6, n))
-    assert all(t.device.type == device for t in codec.state_tensors())
+    assert all(t.device.type == device for t in codec.pca.tensors())
     seg = slice(0, n)
     payload = codec.compress(_data(device, n), seg)
     out = codec.decompress(payload + payload, seg)                 # summed in the compressed domain

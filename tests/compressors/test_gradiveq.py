@@ -13,6 +13,7 @@ from gvq.compressors.base import split_on_cuts
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.gradiveq.layout import GradLayout
 from gvq.compressors.gradiveq.pca import principal_subspace
+from gvq.compressors.gradiveq.state import PCAState, value_count
 
 # two conv layers with biases / a BN-like vector / a linear head in between (raw regions)
 SHAPES = [(8, 3, 3, 3), (8,), (8,), (8, 8, 3, 3), (8,), (10, 8), (10,)]
@@ -282,7 +283,7 @@ def test_bfloat16_bases_keep_eq1_to_bf16_precision_and_the_ratio(N):
     projection of the sum up to bf16 rounding (2**-8 relative), and the loss barely moves."""
     exact = _fitted(world_size=N, K="x1")
     fast = GradiVeQ(world_size=N, K="x1", basis_dtype="bfloat16").bind(SHAPES)
-    fast.load_state_tensors(exact.state_tensors())
+    fast.load_pca(exact.pca)                                      # one state value, two codecs
     grads = [torch.randn(NUMEL, generator=_gen(200 + n)) for n in range(N)]
     _, ref_recon = _reference(exact, sum(grads))
     scale = float(ref_recon.abs().max())
@@ -298,15 +299,16 @@ def test_bfloat16_bases_keep_eq1_to_bf16_precision_and_the_ratio(N):
 
 
 # -- state ----------------------------------------------------------------------------------------------------
-def test_state_tensors_round_trip_gives_bitwise_identical_payloads():
+def test_pca_state_round_trip_gives_bitwise_identical_payloads():
     src = _fitted(world_size=2, s=2, K="x1")
-    ds, vals = src.state_tensors()
+    ds, vals = src.pca.tensors()
     dst = GradiVeQ(world_size=2, s=2, K="x1").bind(SHAPES)       # a receiving rank: buffers first
-    d_buf = dst.state_d_buffer(ds.device)
+    d_buf = torch.empty(len(dst.groups), dtype=torch.int64)
     d_buf.copy_(ds)
-    v_buf = dst.state_value_buffer(d_buf)
+    v_buf = torch.empty(value_count(dst.groups, d_buf))
     v_buf.copy_(vals)
-    dst.load_state_tensors([d_buf, v_buf])
+    dst.load_pca(PCAState.from_tensors(d_buf, v_buf, dst.groups))
+    assert dst.pca.digest == src.pca.digest and dst.pca.ds == src.pca.ds
     buf = io.BytesIO()
     torch.save(src.state_dict(), buf)
     buf.seek(0)
@@ -344,17 +346,16 @@ def test_fitted_state_lives_on_the_device_of_the_fit():
     """Codecs allocate on their input's device: state set from meta tensors (a stand-in for CUDA here)
     is built on meta, nothing on the host."""
     comp = _fitted()
-    U, mu = [u.to("meta") for u in comp._U], [m.to("meta") for m in comp._mu]
-    comp._set_state(U, mu, comp._energy, torch.device("meta"))
+    U, mu = [u.to("meta") for u in comp.pca.U], [m.to("meta") for m in comp.pca.mu]
+    comp.load_pca(PCAState.of(U, mu, comp.pca.energy, "meta"))
     for t in [comp._mu_flat, *comp._Uc, *comp._Ud, *comp._muU]:
         assert t.device.type == "meta"
     whole = slice(0, comp.layout.numel)
     payload = comp.compress(torch.empty(comp.layout.numel, device="meta"), whole)   # payload on meta too
     assert payload.device.type == "meta"
     assert comp.decompress(payload, whole).device.type == "meta"
-    ds, vals = comp.state_tensors()                              # what the relay sends, and receives into
+    ds, vals = comp.pca.tensors()                                # what the relay sends, and receives into
     assert ds.device.type == vals.device.type == "meta"
-    assert comp.state_d_buffer(torch.device("meta")).device.type == "meta"   # receive buffers where asked
 
 
 @pytest.mark.parametrize("rows, K", [(30, 200), (400, 64)])      # sample space, then K space

@@ -24,15 +24,15 @@ from torch import Tensor
 
 from gvq.compressors.base import Compressor, check_int
 from gvq.compressors.gradiveq.layout import GradLayout, Group, build_groups, check_config, cuts, parse_K, pieces
-from gvq.compressors.gradiveq.state import GradiVeQState
 from gvq.compressors.gradiveq.pca import principal_subspace
+from gvq.compressors.gradiveq.state import PCAState
 
 BASIS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-FOLD_BYTES = 1 << 20    # fp32 bases up to this size: compress/decompress as one addmm (see _set_state)
-_UNFITTED = "GradiVeQ: not fitted; call fit(samples) or load_state_tensors(...) first"
+FOLD_BYTES = 1 << 20    # fp32 bases up to this size: compress/decompress as one addmm (see load_pca)
+_UNFITTED = "GradiVeQ: not fitted; call fit(samples) or load_pca(state) first"
 
 
-class GradiVeQ(GradiVeQState, Compressor):
+class GradiVeQ(Compressor):
     additive = True
     name = "gradiveq"
 
@@ -64,7 +64,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         self.world_size = world_size
         self.layout: GradLayout | None = None
         self.groups: list[Group] = []
-        self._fitted = False
+        self.pca: PCAState | None = None        # the fitted state (set by fit / load_pca only)
 
     @property
     def world_size(self) -> int:
@@ -81,7 +81,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         self.groups = build_groups(self.layout, self._K_spec, self.K, self.s)
         self._starts = [g.start for g in self.groups]
         self._cuts: list[int] | None = None
-        self._fitted, self._plans = False, {}
+        self.pca, self._plans = None, {}
         return self
 
     def _need_layout(self) -> GradLayout:
@@ -113,8 +113,7 @@ class GradiVeQ(GradiVeQState, Compressor):
         for g in self.groups:
             u, m, e = self._fit_group(g, samples)
             U.append(u), mu.append(m), energy.append(e)
-        self._set_state(U, mu, energy, samples.device)
-        return self
+        return self.load_pca(PCAState.of(U, mu, energy, samples.device))
 
     def _fit_group(self, g: Group, samples: Tensor) -> tuple[Tensor, Tensor, float]:
         L = samples.shape[0]
@@ -135,41 +134,60 @@ class GradiVeQ(GradiVeQState, Compressor):
                                  eps=torch.finfo(samples.dtype).eps)
         return fit.U, mean.float().contiguous(), fit.energy
 
-    def _set_state(self, U: list[Tensor], mu: list[Tensor], energy: list[float], device) -> None:
-        # energies rounded to float32, as they travel in state_tensors: every rank logs the same stats
-        self._U, self._mu = U, mu
-        self._energy = torch.tensor(energy, dtype=torch.float32, device="cpu").tolist()   # host numbers
+    def load_pca(self, pca: PCAState) -> "GradiVeQ":
+        """Adopt ``pca`` (a fit of this layout's groups, e.g. relayed from rank 0 or from a checkpoint)
+        and derive the forms compress / decompress apply."""
+        self._need_layout()
+        if len(pca.U) != len(self.groups) or any(u.shape[0] != g.K for u, g in zip(pca.U, self.groups)):
+            raise ValueError("GradiVeQ.load_pca: the state does not match the bound layout's groups")
+        U, mu, device = pca.U, pca.mu, pca.device
         # mu_m^T U_d per slice, so that compress is X U - (mu U) / N  (Eq. 3) with no centred copy of X
         self._muU = [m @ u for m, u in zip(mu, U)]
-        # The bases (32-45x the gradient) are streamed from memory on every call, so each GEMM reads the
-        # copy it streams fastest (measured, one core, DRAM-resident, ResNet-32): compress X U from a
-        # contiguous U (K x d), decompress P U^T from a contiguous U^T (d x K), each row of the basis read
-        # once in order: the paper setting's streamed groups 12.9 -> 7.4 ms (compress) and 13.1 -> 8.6 ms
-        # (decompress) against U^T X^T / U P^T, the pooled setting's 1.0-1.08x.
         # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
         self._mu_flat = torch.zeros(self.layout.numel, device=device)
         for g, m in zip(self.groups, mu):
             self._mu_flat[g.start: g.stop] = m.reshape(-1)
+        # The bases (many times the gradient) are streamed from memory on every call, so each GEMM reads
+        # the copy it streams fastest: compress X U from a contiguous U (K x d), decompress P U^T from a
+        # contiguous U^T (d x K), each row of the basis read once in order.
         self._Uc = [u.T.contiguous().to(self._dt) for u in U]
         self._Ud = [u.contiguous().to(self._dt) for u in U]
         # Bases that stay in cache (fp32, <= FOLD_BYTES) take one addmm: mu folded in, the result written
         # in place, no transpose copy (their layout: the transposed views).  A rule on shapes, so every
         # rank decodes the same way.
         self._fold = [self._dt == torch.float32 and u.numel() * 4 <= FOLD_BYTES for u in U]
-        self._fitted, self._plans = True, {}
+        self.pca, self._plans = pca, {}
+        return self
 
     @property
     def fitted(self) -> bool:
-        return self._fitted
+        return self.pca is not None
 
     def basis(self, gid: int) -> tuple[Tensor, Tensor]:
         """(U_d (K x d), mu (n x K)) of group ``gid``, read-only views of the live state."""
-        self._need_fit()
-        return self._U[gid], self._mu[gid]
+        return self._need_fit().U[gid], self.pca.mu[gid]
 
-    def _need_fit(self) -> None:
-        if not self._fitted:
+    def _need_fit(self) -> PCAState:
+        if self.pca is None:
             raise RuntimeError(_UNFITTED)
+        return self.pca
+
+    # -- checkpoint ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Plain tensors / ints / strings: the layout's shapes, K and s, and the fitted state if any."""
+        layout = self._need_layout()
+        pca = self.pca.state_dict() if self.fitted else {"ds": None, "values": None}
+        return {"shapes": [list(s) for s in layout.shapes], "K": self.K, "s": self.s, **pca}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if str(sd["K"]) != str(self.K) or float(sd["s"]) != self.s:
+            raise ValueError(f"GradiVeQ.load_state_dict: checkpoint has K={sd['K']}, s={sd['s']}, "
+                             f"this run K={self.K}, s={self.s}")
+        shapes = [tuple(s) for s in sd["shapes"]]
+        if self.layout is None or self.layout.shapes != shapes:
+            self.bind(shapes)
+        if sd["ds"] is not None:
+            self.load_pca(PCAState.from_state_dict(sd, self.groups))
 
     # -- wire format ---------------------------------------------------------------------------------
     def _plan(self, seg: slice) -> tuple[list[tuple], int]:
@@ -182,7 +200,7 @@ class GradiVeQ(GradiVeQState, Compressor):
             plan, off = [], 0
             for p in pieces(self.groups, self._starts, seg):
                 plan.append((p, off))
-                off += (p.stop - p.start) if p.gid < 0 else (p.i1 - p.i0) * self._U[p.gid].shape[1]
+                off += (p.stop - p.start) if p.gid < 0 else (p.i1 - p.i0) * self.pca.U[p.gid].shape[1]
             if len(self._plans) > 1024:                       # segments repeat; never grow unbounded
                 self._plans.clear()
             self._plans[key] = (plan, off)
@@ -227,7 +245,7 @@ class GradiVeQ(GradiVeQState, Compressor):
                 continue
             Ud, n = self._Ud[p.gid], p.i1 - p.i0
             P = payload[off: off + n * Ud.shape[1]].view(n, Ud.shape[1])
-            mu, o = self._mu[p.gid][p.i0:p.i1], out[a:b].view(n, Ud.shape[0])
+            mu, o = self.pca.mu[p.gid][p.i0:p.i1], out[a:b].view(n, Ud.shape[0])
             if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the flat gradient
                 torch.addmm(mu, P, Ud.T if self._fold[p.gid] else self._Uc[p.gid], out=o)
             else:
@@ -262,11 +280,11 @@ class GradiVeQ(GradiVeQState, Compressor):
         return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
 
     def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
-        self._need_fit()
+        pca = self._need_fit()
         g_flat = g_flat.reshape(-1).to(torch.float32)
         scale = 1.0 if aggregate else 1.0 / self.world_size
         err = den = 0.0
-        for g, U, mu in zip(self.groups, self._U, self._mu):
+        for g, U, mu in zip(self.groups, pca.U, pca.mu):
             c = g_flat[g.start: g.stop].view(g.n, g.K) - mu * scale
             p = c @ U                                    # float32 bases: exact up to float round-off
             err += float(c.reshape(-1).dot(c.reshape(-1))) - float(p.reshape(-1).dot(p.reshape(-1)))
@@ -284,17 +302,17 @@ class GradiVeQ(GradiVeQState, Compressor):
 
     def layer_stats(self) -> list[dict]:
         """Per group: layer (parameter index), shape, group, slices, K, d, ratio K/d, energy, tail."""
-        self._need_fit()
+        pca = self._need_fit()
         return [{"layer": g.layer, "shape": g.shape, "group": g.gid, "slices": g.n, "K": g.K,
                  "d": int(U.shape[1]), "ratio": g.K / U.shape[1], "energy": e, "tail": g.tail}
-                for g, U, e in zip(self.groups, self._U, self._energy)]
+                for g, U, e in zip(self.groups, pca.U, pca.energy)]
 
     @property
     def mean_ratio(self) -> float:
         """Mean of K/d over all compressed slices (nan before fit or without compressed slices)."""
-        if not self._fitted or not self.groups:
+        if not self.fitted or not self.groups:
             return float("nan")
-        return sum(g.n * g.K / U.shape[1] for g, U in zip(self.groups, self._U)) / sum(g.n for g in self.groups)
+        return sum(g.n * g.K / U.shape[1] for g, U in zip(self.groups, self.pca.U)) / sum(g.n for g in self.groups)
 
     def wire_ratio(self, numel: int) -> float:
         """Whole-vector fp32 bytes in / payload bytes out, raw parameters and tails included."""

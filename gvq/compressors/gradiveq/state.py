@@ -1,67 +1,83 @@
-"""GradiVeQ's fitted state as plain tensors: what rank 0 relays to the other ranks (SVD signs and
-round-off differ between processes, so every rank must load the *same* U_d and mu) and what a checkpoint
-keeps.  A mixin of :class:`gvq.compressors.gradiveq.codec.GradiVeQ`, kept apart so that the compressor's
-module holds only the math and the wire format."""
+"""GradiVeQ's fitted PCA state as a value: the bases U_d and means mu of every group, their Eq. 6
+energies, and the state's digest.  The codec (:class:`gvq.compressors.gradiveq.codec.GradiVeQ`) holds one
+(``codec.pca``) and derives the forms it applies from it.
+
+Every rank must hold the *same* U_d and mu (SVD signs and round-off may differ between processes), so
+the state also exists as two plain tensors (:meth:`PCAState.tensors`): what rank 0 relays to the other
+ranks, what the digest hashes and what a checkpoint keeps.
+"""
 from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
 
-class GradiVeQState:
-    """state_tensors / load_state_tensors (the relay) and state_dict / load_state_dict (checkpoints)."""
+@dataclass(frozen=True, eq=False)
+class PCAState:
+    """One fit of every group, in the layout's group order (never modified once made)."""
 
-    def state_tensors(self) -> list[Tensor]:
+    U: tuple[Tensor, ...]         # per group: (K, d) float32, orthonormal columns
+    mu: tuple[Tensor, ...]        # per group: (n, K) float32, each slice's mean (or the group's, repeated)
+    energy: tuple[float, ...]     # per group: Eq. 6 energy kept, rounded to float32 as the relay carries it
+    device: torch.device          # where the fit ran (the gradient's; also for a model with no group)
+
+    @classmethod
+    def of(cls, U: list[Tensor], mu: list[Tensor], energy: list[float], device) -> "PCAState":
+        # energies rounded to float32, as they travel in tensors(): every rank logs the same stats
+        rounded = torch.tensor(list(energy), dtype=torch.float32).tolist()
+        return cls(tuple(U), tuple(mu), tuple(rounded), torch.device(device))
+
+    @property
+    def ds(self) -> list[int]:
+        """d of every group."""
+        return [u.shape[1] for u in self.U]
+
+    def tensors(self) -> list[Tensor]:
         """[d per group (int64, n_groups), floats (all U_d, then all mu, then energies; float32)], on the
         device the fit ran on."""
-        self._need_fit()
-        dev = self._mu_flat.device
-        ds = torch.tensor([U.shape[1] for U in self._U], dtype=torch.int64, device=dev)
-        vals = torch.cat([U.reshape(-1) for U in self._U] + [m.reshape(-1) for m in self._mu]
-                         + [torch.tensor(self._energy, dtype=torch.float32, device=dev)])
+        ds = torch.tensor(self.ds, dtype=torch.int64, device=self.device)
+        vals = torch.cat([u.reshape(-1) for u in self.U] + [m.reshape(-1) for m in self.mu]
+                         + [torch.tensor(self.energy, dtype=torch.float32, device=self.device)])
         return [ds, vals]
 
-    def state_d_buffer(self, device) -> Tensor:
-        """Receive buffer for ``state_tensors()[0]`` on ``device`` (the transport's): its size is fixed
-        by bind (number of groups)."""
-        self._need_layout()
-        return torch.empty(len(self.groups), dtype=torch.int64, device=device)
+    @cached_property
+    def digest(self) -> int:
+        """sha256 of :meth:`tensors`, cut to 7 bytes (< 2**56: exact in an int64 all-reduce)."""
+        h = hashlib.sha256()
+        for t in self.tensors():
+            h.update(t.contiguous().cpu().numpy().tobytes())    # one host copy per refresh on a GPU
+        return int.from_bytes(h.digest()[:7], "little")
 
-    def state_value_buffer(self, ds: Tensor) -> Tensor:
-        """Receive buffer for ``state_tensors()[1]`` once the d's (``ds``) have arrived, on their device."""
-        return torch.empty(self._state_value_count(ds), dtype=torch.float32, device=ds.device)
-
-    def _state_value_count(self, ds: Tensor) -> int:
-        self._need_layout()
-        return sum(g.K * int(k) + g.n * g.K + 1 for g, k in zip(self.groups, ds.tolist()))
-
-    def load_state_tensors(self, tensors: list[Tensor]) -> None:
-        ds, vals = tensors
-        self._need_layout()
-        bad_d = any(not 1 <= k <= g.K for g, k in zip(self.groups, ds.tolist()))
-        if ds.numel() != len(self.groups) or bad_d or vals.numel() != self._state_value_count(ds):
-            raise ValueError("GradiVeQ.load_state_tensors: sizes do not match the bound layout")
+    @classmethod
+    def from_tensors(cls, ds: Tensor, vals: Tensor, groups) -> "PCAState":
+        """The state :meth:`tensors` gave, for the layout's ``groups`` (each with ``K`` and ``n``)."""
+        bad_d = any(not 1 <= k <= g.K for g, k in zip(groups, ds.tolist()))
+        if ds.numel() != len(groups) or bad_d or vals.numel() != value_count(groups, ds):
+            raise ValueError("PCAState.from_tensors: sizes do not match the bound layout")
         U, mu, off = [], [], 0
-        for g, k in zip(self.groups, ds.tolist()):
+        for g, k in zip(groups, ds.tolist()):
             U.append(vals[off: off + g.K * k].reshape(g.K, k).float().clone())
             off += g.K * k
-        for g in self.groups:
+        for g in groups:
             mu.append(vals[off: off + g.n * g.K].reshape(g.n, g.K).float().clone())
             off += g.n * g.K
-        self._set_state(U, mu, vals[off:].tolist(), vals.device)
+        return cls.of(U, mu, vals[off:].tolist(), vals.device)
 
     def state_dict(self) -> dict:
-        """Plain tensors / ints / strings: the layout's shapes, K and s, and the fitted state if any."""
-        layout = self._need_layout()
-        ds, vals = self.state_tensors() if self._fitted else (None, None)
-        return {"shapes": [list(s) for s in layout.shapes], "K": self.K, "s": self.s, "ds": ds, "values": vals}
+        """Tensors only: ``ds`` and ``values`` as :meth:`tensors` gives them."""
+        ds, vals = self.tensors()
+        return {"ds": ds, "values": vals}
 
-    def load_state_dict(self, sd: dict) -> None:
-        if str(sd["K"]) != str(self.K) or float(sd["s"]) != self.s:
-            raise ValueError(f"GradiVeQ.load_state_dict: checkpoint has K={sd['K']}, s={sd['s']}, "
-                             f"this run K={self.K}, s={self.s}")
-        shapes = [tuple(s) for s in sd["shapes"]]
-        if self.layout is None or self.layout.shapes != shapes:
-            self.bind(shapes)
-        if sd["ds"] is not None:
-            self.load_state_tensors([sd["ds"], sd["values"]])
+    @classmethod
+    def from_state_dict(cls, sd: dict, groups) -> "PCAState":
+        return cls.from_tensors(sd["ds"], sd["values"], groups)
+
+
+def value_count(groups, ds: Tensor) -> int:
+    """Length of the float tensor of a state with these d's (``ds``) over ``groups``: the size of the
+    relay's second receive buffer, known once the d's have arrived."""
+    return sum(g.K * int(k) + g.n * g.K + 1 for g, k in zip(groups, ds.tolist()))
