@@ -29,7 +29,6 @@ def _metrics(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "metrics.csv").drop(columns=TIME_COLS)
 
 
-@pytest.mark.slow
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
     full, broken, resumed = tmp_path / "full", tmp_path / "broken", tmp_path / "resumed"
     code, sa = launch_job(full, *COMMON, "aggregator=qsgd")
@@ -134,7 +133,6 @@ def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
     _refused(r, new, "complete.json is not a gvq checkpoint record")
 
 
-@pytest.mark.slow
 def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
     code, summary = launch_job(tmp_path / "r", *COMMON, "aggregator=rar", "iterations=8", f"resume={rar_checkpoint}")
     assert code == 0, summary
@@ -182,7 +180,6 @@ def test_resume_is_bitwise(tmp_path, name):
 
 
 # -- atomic checkpoint sets ----------------------------------------------------------------------------
-@pytest.mark.slow
 def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
     from gvq.run import checkpoint
     run = tmp_path / "run"
@@ -195,7 +192,6 @@ def test_sets_are_published_whole_and_only_the_newest_kept(tmp_path):
     assert json.loads((run / "checkpoint" / "latest.json").read_text())["set"] == "iter-000000008"
 
 
-@pytest.mark.slow
 def test_an_unfinished_newer_set_is_never_resumed(rar_checkpoint, tmp_path):
     """What a kill mid-write leaves: a newer set with some rank files, one torn, and no complete.json."""
     import shutil

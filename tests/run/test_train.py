@@ -1,4 +1,5 @@
-"""End to end through the real CLI: training quality, replica equality, sweeps, failures."""
+"""End to end: training quality, replica equality and sweeps through the real CLI; failures and the NaN
+policy through the launcher's entry function in-process (``tests.helpers.launch``)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import pytest
 
 from tests.helpers.cli import ROOT, cli
 from tests.helpers.dist import run_ranks
+from tests.helpers.launch import launch_job
 
 
 @pytest.mark.slow
@@ -49,61 +51,56 @@ def test_sweep_runs_every_job_and_writes_each_csv(tmp_path):
     assert ws == [1, 3]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["raise", "exit"])
-def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, how):
+def test_failing_rank_ends_the_job_nonzero_and_keeps_completed_rows(tmp_path, capsys, how):
     run = tmp_path / "run"
-    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=50", "timeout_s=20",
-            "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=7", f"+aggregator.how={how}",
-            timeout=120)                              # a hang fails (TimeoutExpired), not a slow host
-    assert r.returncode != 0
+    code, summary = launch_job(run, "logger=csv", "iterations=50", "timeout_s=20",
+                               "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=7",
+                               f"+aggregator.how={how}")
+    assert code != 0
     if how == "raise":
-        assert "injected failure on rank 1 at iteration 7" in r.stderr
+        assert "injected failure on rank 1 at iteration 7" in capsys.readouterr().err
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.iteration) == list(range(7))       # every completed iteration, no torn row
-    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert summary["status"] == "failed"
 
 
-@pytest.mark.slow
-def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path):
+def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path, capsys):
     run = tmp_path / "run"
-    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "model._target_=tests.helpers.faulty.NaNAt",
-            "+model.at=3")
-    assert r.returncode != 0
-    assert "non-finite gradient at iteration 3 (rank 1: net." in r.stderr
+    code, _ = launch_job(run, "logger=csv", "iterations=10", "model._target_=tests.helpers.faulty.NaNAt",
+                         "+model.at=3")
+    assert code != 0
+    assert "non-finite gradient at iteration 3 (rank 1: net." in capsys.readouterr().err
     assert list(pd.read_csv(run / "metrics.csv").iteration) == [0, 1, 2]
 
 
-@pytest.mark.slow
 def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
     run = tmp_path / "run"
-    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=10", "eval_every=5", "nan_policy=skip",
-            "model._target_=tests.helpers.faulty.NaNAt", "+model.at=3")
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, summary = launch_job(run, "logger=csv", "iterations=10", "eval_every=5", "nan_policy=skip",
+                               "model._target_=tests.helpers.faulty.NaNAt", "+model.at=3")
+    assert code == 0, summary
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.skipped) == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
     assert df.phase[3] == "skipped" and df.bytes_sent[3] == 0
-    summary = json.loads((run / "summary.json").read_text())
     assert summary["total_skipped"] == 1 and summary["replicas_identical"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("aggregator, says", [
     ("fp16", "gradient too large for the wire at iteration 3"),       # gvq's ring: checked before it starts
     ("ddp_fp16", "non-finite gradient at iteration 3"),                # torch's hook runs in backward: inf
 ])
-def test_fp16_wire_overflow_is_caught_by_nan_policy(tmp_path, aggregator, says):
+def test_fp16_wire_overflow_is_caught_by_nan_policy(tmp_path, capsys, aggregator, says):
     """Gradients finite in fp32 but beyond fp16's range (65504)."""
     blow = ["model._target_=tests.helpers.faulty.NaNAt", "+model.at=3", "+model.factor=1e9",
             f"aggregator={aggregator}"]
-    r = cli(f"hydra.run.dir={tmp_path}/error", "logger=csv", "iterations=8", *blow)
-    assert r.returncode != 0 and says in r.stderr, r.stderr[-2000:]
+    code, _ = launch_job(tmp_path / "error", "logger=csv", "iterations=8", *blow)
+    err = capsys.readouterr().err
+    assert code != 0 and says in err, err[-2000:]
     run = tmp_path / "skip"
-    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=8", "eval_every=4", "nan_policy=skip", *blow)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    code, summary = launch_job(run, "logger=csv", "iterations=8", "eval_every=4", "nan_policy=skip", *blow)
+    assert code == 0 and "Traceback" not in capsys.readouterr().err, summary
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.skipped) == [0, 0, 0, 1, 0, 0, 0, 0]
-    summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["replicas_identical"]
 
 
