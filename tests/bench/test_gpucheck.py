@@ -12,7 +12,7 @@ import torch
 
 from gvq.bench import gpucheck
 from gvq.bench.__main__ import main as bench_main
-from gvq.bench.gpucheck import Check, Outcome, Proc
+from gvq.bench.gpucheck.judge import Check, Proc, first_error, judge_cli, judge_tests, outcome
 
 ROOT = gpucheck.ROOT
 OPTIONS = {p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml")}
@@ -58,13 +58,13 @@ def test_every_aggregator_option_is_planned_at_world_size_1_and_3(tmp_path):
     assert all(c.expect == {"plan": "nccl"} for c in gpucheck.cli_plan(tmp_path, gpus=3))  # a GPU per rank
 
 
-def _stand_in(check: Check) -> list[Outcome]:
+def _stand_in(check: Check) -> list[dict]:
     """What the runs might report: qsgd fails with a traceback's last line, powersgd times out."""
     if "aggregator=qsgd" in check.argv:
-        return [Outcome(check.name, check.setting, "failed", 2.0, "RuntimeError: a host | tensor")]
+        return [outcome(check, "failed", 2.0, "RuntimeError: a host | tensor")]
     if "aggregator=powersgd" in check.argv:
-        return [Outcome(check.name, check.setting, "timeout", 300.0, "killed after 300 s")]
-    return [Outcome(check.name, check.setting, "passed", 1.5)]
+        return [outcome(check, "timeout", 300.0, "killed after 300 s")]
+    return [outcome(check, "passed", 1.5)]
 
 
 def test_the_table_counts_stand_in_outcomes_and_fails_the_exit(tmp_path, capsys):
@@ -107,20 +107,20 @@ def test_a_cli_run_passes_only_completed_identical_and_on_its_plan(tmp_path):
     ok = Proc(0, "", "", 3.0, False)
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "replicas_identical": True,
                                                        "cuda_plan": "shared"}))
-    assert gpucheck.judge_cli(_cli_check(tmp_path, plan="shared"), ok)[0].result == "passed"
-    wrong = gpucheck.judge_cli(_cli_check(tmp_path, plan="nccl"), ok)[0]
-    assert wrong.result == "failed" and wrong.detail == "replicas_identical=True, cuda_plan=shared"
+    assert judge_cli(_cli_check(tmp_path, plan="shared"), ok)[0]["result"] == "passed"
+    wrong = judge_cli(_cli_check(tmp_path, plan="nccl"), ok)[0]
+    assert wrong["result"] == "failed" and wrong["detail"] == "replicas_identical=True, cuda_plan=shared"
     crash = Proc(1, "", "Traceback (most recent call last):\n  File x\n    raise E\nValueError: boom\n", 1.0, False)
-    assert gpucheck.judge_cli(_cli_check(tmp_path, plan="shared"), crash)[0].detail == "ValueError: boom"
+    assert judge_cli(_cli_check(tmp_path, plan="shared"), crash)[0]["detail"] == "ValueError: boom"
 
 
 def test_ddp_on_shared_gpus_passes_only_as_a_one_line_refusal(tmp_path):
     check = _cli_check(tmp_path, refusal=gpucheck.DDP_REFUSAL)
     line = f"gvq: config error: aggregator=ddp with device=cuda: 3 ranks, 1 GPU; {gpucheck.DDP_REFUSAL}\n"
-    refused = gpucheck.judge_cli(check, Proc(2, "", line, 1.0, False))[0]
-    assert refused.result == "passed" and refused.detail.startswith("refused as expected: gvq: config error")
-    assert gpucheck.judge_cli(check, Proc(2, "", "Traceback\n" + line, 1.0, False))[0].result == "failed"
-    assert gpucheck.judge_cli(check, Proc(0, "", "", 1.0, False))[0].detail == "expected a one-line refusal: it ran"
+    refused = judge_cli(check, Proc(2, "", line, 1.0, False))[0]
+    assert refused["result"] == "passed" and refused["detail"].startswith("refused as expected: gvq: config error")
+    assert judge_cli(check, Proc(2, "", "Traceback\n" + line, 1.0, False))[0]["result"] == "failed"
+    assert judge_cli(check, Proc(0, "", "", 1.0, False))[0]["detail"] == "expected a one-line refusal: it ran"
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -135,22 +135,24 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 def test_the_cuda_tests_are_rows_from_pytests_junit_xml(tmp_path):
     (tmp_path / "t.xml").write_text(JUNIT)
     check = Check("tests", "pytest -m cuda", "every CUDA test", [], 60, path=str(tmp_path / "t.xml"))
-    rows = gpucheck.judge_tests(check, Proc(1, "", "", 20.0, False))
-    assert [(r.setting, r.result, r.detail) for r in rows] == [
+    rows = judge_tests(check, Proc(1, "", "", 20.0, False))
+    assert [(r["setting"], r["result"], r["detail"]) for r in rows] == [
         ("tests.run.test_placement::test_a[1]", "passed", ""),
         ("tests.run.test_placement::test_a[3]", "failed", "AssertionError: status failed"),
         ("tests.bench.test_train::test_b", "skipped", "no CUDA device visible")]
     (tmp_path / "t.xml").unlink()
-    none = gpucheck.judge_tests(check, Proc(5, "", "", 2.0, False))
-    assert [(r.result, r.detail) for r in none] == [("failed", "no test is marked cuda")]
+    deselected = judge_tests(check, Proc(5, "", "", 2.0, False))           # -k left none in this file
+    assert [(r["result"], r["detail"]) for r in deselected] == [("skipped", "no CUDA test selected")]
+    broken = judge_tests(check, Proc(4, "", "ERROR: file or directory not found: x\n", 2.0, False))
+    assert [(r["result"], r["detail"]) for r in broken] == [("failed", "ERROR: file or directory not found: x")]
 
 
 def test_first_error_prefers_gvqs_line_then_the_exception():
-    assert gpucheck.first_error("gvq: warning: x\nW0 something\ngvq: run failed: rank 1: E\n") == \
+    assert first_error("gvq: warning: x\nW0 something\ngvq: run failed: rank 1: E\n") == \
         "gvq: run failed: rank 1: E"
-    assert gpucheck.first_error("noise\n  raise ConfigError(x)\ntorch.AcceleratorError: CUDA error\n") == \
+    assert first_error("noise\n  raise ConfigError(x)\ntorch.AcceleratorError: CUDA error\n") == \
         "torch.AcceleratorError: CUDA error"
-    assert gpucheck.first_error("just\nlast\n") == "last" and gpucheck.first_error("") == ""
+    assert first_error("just\nlast\n") == "last" and first_error("") == ""
 
 
 def test_a_check_past_its_limit_is_killed_and_reported(tmp_path):
@@ -159,15 +161,18 @@ def test_a_check_past_its_limit_is_killed_and_reported(tmp_path):
     sleeper = Check("codecs", "gvq.bench codecs", "s", [sys.executable, "-c", "import time; time.sleep(60)"], 1,
                     path=str(tmp_path / "c" / "x.json"))
     (killed,) = gpucheck.run_check(sleeper)
-    assert killed.result == "timeout" and killed.detail == "killed after 1 s"
+    assert killed["result"] == "timeout" and killed["detail"] == "killed after 1 s"
     failing = Check("codecs", "gvq.bench codecs", "s",
                     [sys.executable, "-c", "raise ValueError('boom')"], 60, path=str(tmp_path / "c" / "y.json"))
-    assert gpucheck.run_check(failing)[0].detail == "ValueError: boom"
+    assert gpucheck.run_check(failing)[0]["detail"] == "ValueError: boom"
 
 
-def test_every_test_that_skips_without_cuda_is_marked_cuda():
-    """So ``pytest -m cuda`` (the tests part) selects every one of them."""
-    unmarked = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                if re.search(r"skipif\(\s*not torch\.cuda\.is_available\(\)", p.read_text())
-                and "pytest.mark.cuda" not in p.read_text()]
-    assert unmarked == []
+def test_every_test_that_skips_without_cuda_is_in_the_tests_part(tmp_path):
+    """Each file whose tests skip where no GPU is visible marks them ``cuda``, and gets a pytest run."""
+    skipping = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                if re.search(r"skipif\(\s*not torch\.cuda\.is_available\(\)", p.read_text())}
+    files = gpucheck.cuda_test_files()
+    assert skipping <= set(files) and "tests/run/test_placement.py" in files
+    checks = gpucheck.tests_plan(tmp_path, k="resume")
+    assert [c.argv[c.argv.index("-k") - 1] for c in checks] == files
+    assert all({"-m", "cuda"} <= set(c.argv) and c.path.startswith(str(tmp_path)) for c in checks)

@@ -2,7 +2,7 @@
 
 On a CUDA machine (``make gpu-check`` runs every part):
 
-* ``tests``:  every test marked ``cuda`` (``pytest -m cuda``), a row per test (from pytest's JUnit XML);
+* ``tests``:  every test marked ``cuda`` (``pytest -m cuda``, a run per file), a row per test (JUnit XML);
 * ``codecs``: ``python -m gvq.bench codecs --device cuda``, a run per codec;
 * ``cli``:    ``cli.py device=cuda`` for every option in ``conf/aggregator/`` at world_size 1 and 3 (more ranks
   than GPUs: the shared plan), a few iterations each.  Passed: completed with identical replicas on the
@@ -12,8 +12,8 @@ Each check is a subprocess with a time limit (its process group is killed there)
 does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
 ``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``<part>.json`` as each check ends,
 then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there, each part headed by its date,
-commit, machine and command (for docs/results.md).  Exit status: 0 all passed, 1 something failed, 2 no
-CUDA device is visible.
+commit, machine and command (for docs/results.md); one table is printed.  Exit status: 0 all passed,
+1 something failed, 2 no CUDA device is visible (one line, before anything runs).
 """
 from __future__ import annotations
 
@@ -22,47 +22,24 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections import namedtuple
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[2]
+from gvq.bench.gpucheck.judge import Check, Proc, judge_cli, judge_codec, judge_tests, outcome
+
+ROOT = Path(__file__).resolve().parents[3]
 AGGREGATORS = ROOT / "conf" / "aggregator"
 PARTS = ("tests", "codecs", "cli")
 SHORT = ["device=cuda", "iterations=8", "eval_every=8", "logger=csv", "logger.progress=false", "batch_size=16",
          "warmup=1", "L_t=3", "L_c=3"]      # short, yet through GradiVeQ's sampling and compressed phases
 DDP_REFUSAL = "torch DDP needs one GPU per rank"
-
-
-@dataclass
-class Check:
-    """One command and what counts as its passing (``expect``: cli ``plan`` or ``refusal``)."""
-    part: str
-    name: str
-    setting: str
-    argv: list[str]
-    timeout_s: float
-    expect: dict = field(default_factory=dict)
-    path: str | None = None        # cli: the run dir; tests: the JUnit XML; codecs: the records' JSON
-
-
-@dataclass
-class Outcome:
-    check: str
-    setting: str
-    result: str                    # passed | failed | skipped | timeout
-    seconds: float
-    detail: str = ""               # first line of the error, why skipped, or what passed
-
-
-Proc = namedtuple("Proc", "rc out err seconds timed_out")     # a finished (or killed) subprocess
 
 
 def visible_gpus() -> tuple[int, str]:
@@ -74,22 +51,21 @@ def visible_gpus() -> tuple[int, str]:
     if torch.cuda.is_available():
         return torch.cuda.device_count(), ""
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if hidden is not None:
-        return 0, f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU"
     build = "a build without CUDA" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no device"
-    return 0, f"torch {torch.__version__} ({build})"
+    return 0, (f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if hidden is not None
+               else f"torch {torch.__version__} ({build})")
 
 
 def machine_meta(part: str, argv: list[str], gpus: int) -> dict:
     """Provenance of a part's table: date, commit, machine, versions, the command that regenerates it."""
     import torch
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "a stand-in GPU"
-    git = shutil.which("git") and subprocess.run([shutil.which("git"), "rev-parse", "--short", "HEAD"], cwd=ROOT,
+    git = shutil.which("git") and subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                                  capture_output=True, text=True).stdout.strip()
     return {"part": part, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git or "unknown (no git here)", "machine": f"{gpus} x {gpu}, {os.cpu_count()} CPUs",
             "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}",
-            "command": " ".join(["python -m gvq.bench gpucheck", *argv])}
+            "command": "python -m gvq.bench gpucheck " + shlex.join(argv)}
 
 
 def aggregator_options() -> list[str]:
@@ -98,8 +74,7 @@ def aggregator_options() -> list[str]:
 
 def is_ddp(name: str) -> bool:
     """Whether the option builds torch DDP (its ``_target_``), which needs one GPU per rank."""
-    from omegaconf import OmegaConf
-    return str(OmegaConf.load(AGGREGATORS / f"{name}.yaml").get("_target_", "")).endswith("DDPAggregator")
+    return bool(re.search(r"^_target_:\s*\S*\.DDPAggregator\b", (AGGREGATORS / f"{name}.yaml").read_text(), re.M))
 
 
 def cli_plan(out: Path, gpus: int, world_sizes=(1, 3), names=None, timeout_s: float = 300) -> list[Check]:
@@ -127,11 +102,22 @@ def codecs_plan(out: Path, names=None, reps: int = 3, timeout_s: float = 300) ->
     return checks
 
 
-def tests_plan(out: Path, k: str | None = None, per_test_s: float = 900, timeout_s: float = 3600) -> list[Check]:
-    junit = out / "tests.xml"
-    argv = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", f"--junitxml={junit}",
-            f"--timeout={per_test_s:g}", "tests", *(["-k", k] if k else [])]
-    return [Check("tests", "pytest -m cuda", k or "every CUDA test", argv, timeout_s, path=str(junit))]
+def cuda_test_files() -> list[str]:
+    """Test files that mark tests ``cuda`` (as a decorator or a parameter's mark)."""
+    mark = re.compile(r"@pytest\.mark\.cuda\b|marks=\[pytest\.mark\.cuda\b")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if mark.search(p.read_text()))
+
+
+def tests_plan(out: Path, k: str | None = None, timeout_s: float = 540) -> list[Check]:
+    """A pytest run per file (a file past its limit loses no other file's rows); a test gets 90% of it."""
+    checks = []
+    for f in cuda_test_files():
+        junit = out / "junit" / Path(f).with_suffix(".xml")      # tests/run/test_train.xml ...
+        argv = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", f"--junitxml={junit}",
+                f"--timeout={0.9 * timeout_s:g}", f, *(["-k", k] if k else [])]
+        checks.append(Check("tests", "pytest -m cuda", f + (f" -k {k!r}" if k else ""), argv, timeout_s,
+                            path=str(junit)))
+    return checks
 
 
 def run_bounded(argv: list[str], timeout_s: float) -> Proc:
@@ -157,69 +143,10 @@ def run_bounded(argv: list[str], timeout_s: float) -> Proc:
     return Proc(p.returncode, out, err, time.monotonic() - t0, True)
 
 
-def first_error(text: str) -> str:
-    """The line that names the error: gvq's own one-line report, else the first exception line, else the
-    first unindented line saying error (a traceback's code lines are indented), else the last line."""
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    tops = [ln for ln in lines if not ln[0].isspace() and not ln.startswith("Traceback")]
-    for hit in ([ln for ln in tops if ln.startswith("gvq: ") and not ln.startswith("gvq: warning")],
-                [ln for ln in tops if re.match(r"[\w.]*(Error|Exception)\b", ln)],
-                [ln for ln in tops if "error" in ln.lower()], lines[-1:]):
-        if hit:
-            return hit[0][:200]
-    return ""
-
-
-def junit_outcomes(path: Path, check: str) -> list[Outcome]:
-    import xml.etree.ElementTree as ET
-    rows = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kids = {c.tag: c for c in case}
-        bad = kids.get("failure", kids.get("error"))
-        result = "failed" if bad is not None else "skipped" if "skipped" in kids else "passed"
-        why = bad if bad is not None else kids.get("skipped")
-        detail = first_error((why.get("message") or why.text or "") if why is not None else "")
-        rows.append(Outcome(check, f"{case.get('classname')}::{case.get('name')}", result,
-                            float(case.get("time") or 0), detail))
-    return rows
-
-
-def judge_tests(check: Check, proc: Proc) -> list[Outcome]:
-    rows = junit_outcomes(Path(check.path), check.name) if Path(check.path).exists() else []
-    if not rows:
-        why = "no test is marked cuda" if proc.rc == 5 else first_error(proc.err or proc.out)
-        rows.append(Outcome(check.name, check.setting, "failed", proc.seconds, why))
-    return rows
-
-
-def judge_codec(check: Check, proc: Proc) -> list[Outcome]:
-    if proc.rc != 0:
-        return [Outcome(check.name, check.setting, "failed", proc.seconds, first_error(proc.err or proc.out))]
-    row = json.loads(Path(check.path).read_text())["rows"][0]      # missing after exit 0: run_part fails it
-    return [Outcome(check.name, check.setting, "passed", proc.seconds,
-                    f"compress {row['compress_ms']:.3g} ms, decompress {row['decompress_ms']:.3g} ms")]
-
-
-def judge_cli(check: Check, proc: Proc) -> list[Outcome]:
-    """Passed: completed with identical replicas on the expected plan, or refused in one line as expected."""
-    summary = Path(check.path) / "summary.json"
-    s = json.loads(summary.read_text()) if summary.exists() else {}
-    if "refusal" in check.expect:
-        ok = proc.rc == 2 and check.expect["refusal"] in proc.err and "Traceback" not in proc.err
-        why = ("refused as expected: " if ok else "expected a one-line refusal: ") + \
-            (first_error(proc.err) if proc.rc else "it ran")
-    elif proc.rc != 0 or s.get("status") != "completed":
-        ok, why = False, first_error(proc.err) or f"exit {proc.rc}, status {s.get('status')}"
-    else:
-        ok = bool(s.get("replicas_identical")) and s.get("cuda_plan") == check.expect["plan"]
-        why = "" if ok else f"replicas_identical={s.get('replicas_identical')}, cuda_plan={s.get('cuda_plan')}"
-    return [Outcome(check.name, check.setting, "passed" if ok else "failed", proc.seconds, why)]
-
-
 JUDGES = {"tests": judge_tests, "codecs": judge_codec, "cli": judge_cli}
 
 
-def run_check(check: Check) -> list[Outcome]:
+def run_check(check: Check) -> list[dict]:
     """The real runner: a fresh output path, the bounded subprocess, then its part's judge."""
     if check.part == "cli":        # no stale output may pass for this run's
         shutil.rmtree(check.path, ignore_errors=True)
@@ -228,7 +155,7 @@ def run_check(check: Check) -> list[Outcome]:
         Path(check.path).parent.mkdir(parents=True, exist_ok=True)
     proc = run_bounded(check.argv, check.timeout_s)
     if proc.timed_out:
-        return [Outcome(check.name, check.setting, "timeout", proc.seconds, f"killed after {check.timeout_s:g} s")]
+        return [outcome(check, "timeout", proc.seconds, f"killed after {check.timeout_s:g} s")]
     return JUDGES[check.part](check, proc)
 
 
@@ -262,12 +189,12 @@ def run_part(checks: list[Check], runner: Callable, meta: dict, out: Path) -> li
         try:
             outcomes = runner(check)
         except Exception as e:     # a judge that cannot read a result fails that check, not the rest
-            outcomes = [Outcome(check.name, check.setting, "failed", 0.0, f"gpucheck: {e!r}"[:200])]
-        rows += [asdict(o) for o in outcomes]
+            outcomes = [outcome(check, "failed", 0.0, f"gpucheck: {e!r}"[:200])]
+        rows += outcomes
         (out / f"{meta['part']}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         for o in outcomes:
-            print(f"[{i}/{len(checks)}] {o.check} {o.setting}: {o.result} ({o.seconds:.1f} s)"
-                  + (f" {o.detail}" if o.result != "passed" else ""), flush=True)
+            print(f"[{i}/{len(checks)}] {o['check']} {o['setting']}: {o['result']} ({o['seconds']:.1f} s)"
+                  + (f" {o['detail']}" if o["result"] != "passed" else ""), flush=True)
     return rows
 
 
@@ -277,8 +204,7 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/gpucheck", help="results dir (part JSONs, gpucheck.json/.md, runs)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per cli.py run and per codec run")
     p.add_argument("-k", dest="k", help="tests: only CUDA tests matching this pytest -k expression")
-    p.add_argument("--test-timeout", type=float, default=900, help="tests: seconds per test (pytest-timeout)")
-    p.add_argument("--tests-timeout", type=float, default=3600, help="tests: seconds for the whole pytest run")
+    p.add_argument("--file-timeout", type=float, default=540, help="tests: seconds per test file's pytest run")
     p.add_argument("--codecs", nargs="+", help="codecs: labels of gvq.bench codecs (default: all of them)")
     p.add_argument("--reps", type=int, default=3, help="codecs: timed calls per codec")
     p.add_argument("--aggregators", nargs="+", help="cli: options of conf/aggregator/ (default: every one)")
@@ -288,7 +214,7 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
 
 def plan_checks(part: str, args, gpus: int, out: Path) -> list[Check]:
     if part == "tests":
-        return tests_plan(out, args.k, args.test_timeout, args.tests_timeout)
+        return tests_plan(out, args.k, args.file_timeout)
     if part == "codecs":
         return codecs_plan(out, args.codecs, args.reps, args.timeout)
     unknown = sorted(set(args.aggregators or []) - set(aggregator_options()))
