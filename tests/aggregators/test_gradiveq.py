@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
-from tests.helpers.cli import cli
+from tests.helpers.launch import launch_job
 from tests.helpers.dist import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,17 +249,17 @@ def test_experiment_presets_set_the_schedule_and_sweep_three_aggregators(compose
     assert (agg.warmup, agg.L_t, agg.L_c, agg.compressor.lam) == (warmup, L_t, L_c, 0.01)
 
 
-def _cli(*args):
-    r = cli("logger=csv", "logger.progress=false", "aggregator=gradiveq", "model.width=4", "iterations=30",
-            "eval_every=15", "warmup=3", "L_t=5", "L_c=6", "world_size=2", *args, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
+def _train(run, *args) -> dict:
+    code, summary = launch_job(run, "logger=csv", "logger.progress=false", "aggregator=gradiveq", "model.width=4",
+                               "iterations=30", "eval_every=15", "warmup=3", "L_t=5", "L_c=6", "world_size=2", *args)
+    assert code == 0, summary
+    return summary
 
 
-@pytest.mark.slow
-def test_training_through_the_cli_keeps_replicas_identical_and_resumes_bitwise(tmp_path):
+def test_training_keeps_replicas_identical_and_resumes_bitwise(tmp_path):
+    """A real run through the launcher (two spawned ranks): the schedule, the logs, and a resume."""
     run, resumed = tmp_path / "run", tmp_path / "resumed"
-    _cli(f"hydra.run.dir={run}", "checkpoint.every=16")      # iteration 16: mid-sampling, 2 samples kept
-    summary = json.loads((run / "summary.json").read_text())
+    summary = _train(run, "checkpoint.every=16")              # iteration 16: mid-sampling, 2 samples kept
     assert summary["replicas_identical"] is True and summary["status"] == "completed"
     df = pd.read_csv(run / "metrics.csv")
     assert list(df.phase[:14]) == ["warmup"] * 3 + ["sample"] * 5 + ["compress"] * 6
@@ -275,7 +275,7 @@ def test_training_through_the_cli_keeps_replicas_identical_and_resumes_bitwise(t
     assert {x["refresh"] for x in layers} >= {1, 2}
     assert all(x["K"] / x["d"] == pytest.approx(x["ratio"]) and 0 < x["energy"] <= 1 for x in layers)
     # resuming from the checkpoint (samples, schedule, PCA state, QSGD dither) gives the same metrics
-    _cli(f"hydra.run.dir={resumed}", f"resume={run}")
+    _train(resumed, f"resume={run}")
     times = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s", "fit_s",
              "monitor_s"]
     pd.testing.assert_frame_equal(df.drop(columns=times),
