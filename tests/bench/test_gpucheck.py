@@ -94,6 +94,21 @@ def test_parts_run_apart_merge_into_one_table(tmp_path):
     assert "aggregator=rar world_size=3 (shared)" in table
 
 
+def test_a_check_run_again_keeps_its_newest_row(tmp_path):
+    """World sizes run apart both stay; a later run of the same check replaces its row, not the others."""
+    for world in ("1", "3"):
+        gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "rar", "--world-sizes", world],
+                      runner=_stand_in, gpus=1)
+    with pytest.raises(SystemExit):
+        gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "qsgd", "rar", "--world-sizes", "1"],
+                      runner=lambda c: [outcome(c, "failed", 1.0, "E: later")], gpus=1)
+    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    assert [(r["setting"], r["result"]) for r in rows] == [
+        ("aggregator=rar world_size=1 (nccl)", "failed"), ("aggregator=rar world_size=3 (shared)", "passed"),
+        ("aggregator=qsgd world_size=1 (nccl)", "failed")]
+    assert (tmp_path / "gpucheck.md").read_text().count("\n- cli: ") == 2      # the first run's rows are all superseded
+
+
 def test_an_unknown_aggregator_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="gpucheck: --aggregators nope: not in conf/aggregator/"):
         gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "nope"], runner=_stand_in, gpus=1)

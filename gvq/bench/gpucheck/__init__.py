@@ -10,15 +10,17 @@ On a CUDA machine (``make gpu-check`` runs every part):
 
 Each check is a subprocess with a time limit (its process group is killed there); where the whole check
 does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
-``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``<part>.json`` as each check ends,
-then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there, each part headed by its date,
-commit, machine and command (for docs/results.md); one table is printed.  Exit status: 0 all passed,
-1 something failed, 2 no CUDA device is visible (one line, before anything runs).
+``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``parts/<part>-<command>.json`` as each
+check ends, then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there (a check's newest
+row wins; delete the folder to start over), each part headed by its date, commit, machine and command (for
+docs/results.md); that one table is printed.  Exit status: 0 all passed, 1 something failed, 2 no CUDA
+device is visible (one line, before anything runs).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -173,16 +175,21 @@ def markdown_table(metas: list[dict], rows: list[dict]) -> str:
 
 
 def write_results(out: Path) -> str:
-    """Merge every part file under ``out`` into gpucheck.json and gpucheck.md; returns the markdown."""
-    parts = [json.loads((out / f"{p}.json").read_text()) for p in PARTS if (out / f"{p}.json").exists()]
-    metas, rows = [p["meta"] for p in parts], [r for p in parts for r in p["rows"]]
+    """Merge every part file under ``out/parts`` into gpucheck.json and gpucheck.md (a check run again, e.g.
+    by a narrower later command, keeps its newest row); returns the markdown."""
+    parts = sorted((json.loads(f.read_text()) for f in (out / "parts").glob("*.json")), key=lambda p: p["written"])
+    newest = {(r["check"], r["setting"]): (PARTS.index(p["meta"]["part"]), i, r)
+              for i, p in enumerate(parts) for r in p["rows"]}
+    rows = [r for _, _, r in sorted(newest.values(), key=lambda t: t[0])]      # stable: plan order in a part
+    used = {i for _, i, _ in newest.values()}
+    metas = sorted((p["meta"] for i, p in enumerate(parts) if i in used), key=lambda m: PARTS.index(m["part"]))
     (out / "gpucheck.json").write_text(json.dumps({"parts": metas, "rows": rows}, indent=1))
     table = markdown_table(metas, rows)
     (out / "gpucheck.md").write_text(table + "\n")
     return table
 
 
-def run_part(checks: list[Check], runner: Callable, meta: dict, out: Path) -> list[dict]:
+def run_part(checks: list[Check], runner: Callable, meta: dict, path: Path) -> list[dict]:
     """Every check in turn, the rows saved as each ends (a session killed at its limit keeps them)."""
     rows = []
     for i, check in enumerate(checks, 1):
@@ -191,7 +198,7 @@ def run_part(checks: list[Check], runner: Callable, meta: dict, out: Path) -> li
         except Exception as e:     # a judge that cannot read a result fails that check, not the rest
             outcomes = [outcome(check, "failed", 0.0, f"gpucheck: {e!r}"[:200])]
         rows += outcomes
-        (out / f"{meta['part']}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        path.write_text(json.dumps({"meta": meta, "written": time.time(), "rows": rows}, indent=1))
         for o in outcomes:
             print(f"[{i}/{len(checks)}] {o['check']} {o['setting']}: {o['result']} ({o['seconds']:.1f} s)"
                   + (f" {o['detail']}" if o["result"] != "passed" else ""), flush=True)
@@ -235,8 +242,10 @@ def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: in
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     plans = {part: plan_checks(part, args, gpus, out) for part in args.part}     # a bad flag fails before any run
-    rows = [r for part, checks in plans.items()
-            for r in run_part(checks, runner or run_check, machine_meta(part, argv, gpus), out)]
+    (out / "parts").mkdir(exist_ok=True)
+    tag = hashlib.sha1(shlex.join(argv).encode()).hexdigest()[:8]     # the same command again replaces its file
+    rows = [r for part, checks in plans.items() for r in run_part(
+        checks, runner or run_check, machine_meta(part, argv, gpus), out / "parts" / f"{part}-{tag}.json")]
     print(write_results(out), flush=True)
     if any(r["result"] in ("failed", "timeout") for r in rows):
         raise SystemExit(1)
