@@ -8,9 +8,8 @@ import pytest
 
 from gvq.bench.__main__ import main as bench_main
 
-pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
 
-
+@pytest.mark.slow
 def test_aggregate_bench_writes_records_with_bounds(tmp_path, capsys):
     out = tmp_path / "r.json"
     bench_main(["aggregate", "--model", "cnn", "--num-classes", "10", "--world-size", "2", "--reps", "3",

@@ -19,7 +19,6 @@ def test_solve_bandwidth_refuses_when_no_link_can_reach_the_ratio():
         paper.solve_bandwidth(compute_s=0.1, aggregate_s=1.0, bytes_sent=1e3, bps=1e9)
 
 
-@pytest.mark.slow
 def test_completed_jobs_are_kept_and_others_run_the_preset(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(paper.subprocess, "run", lambda cmd, **kw: calls.append(cmd))

@@ -17,7 +17,6 @@ def test_quantizer_throughput_reports_every_field_and_restores_threads():
     assert torch.get_num_threads() == before          # timed on one thread, then put back
 
 
-@pytest.mark.slow
 def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     rows = bench_main(["quantizers", "--numel", "8192", "--reps", "1", "--aggregators", "qsgd", "orq",
                        "--set", "qsgd:aggregator.compressor.bits=3"])
@@ -27,7 +26,6 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     assert "8,192 fp32 values, 1 thread" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])

@@ -6,9 +6,8 @@ import torch
 
 from gvq.bench.__main__ import main as bench_main
 
-pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
 
-
+@pytest.mark.slow
 def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     """gvq.bench train: every mode timed through the runner's path, PowerSGD only once compressed."""
     from gvq.bench import train as bench_train
@@ -43,6 +42,7 @@ def test_train_bench_on_cuda_without_a_gpu_is_one_line():
         bench_main(["train", "--world-size", "2", "--device", "cuda", "--aggregators", "rar"])
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_train_bench_times_gpu_iterations():

@@ -42,7 +42,6 @@ def test_ranks_fork_from_a_preloaded_server_and_take_the_launchers_environment(t
     assert warm.server_pid() == server                                 # reused, not restarted
 
 
-@pytest.mark.slow
 def test_start_method_knob(monkeypatch):
     monkeypatch.setenv(warm.START_METHOD_ENV, "spawn")
     assert warm.start_method() == "spawn" and warm.start_fork_server() is False
