@@ -20,6 +20,7 @@ import torch
 
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
+from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import check_int  # noqa: F401 (the one integer-argument check; re-exported)
 
 
@@ -159,9 +160,6 @@ class FlatAggregator:
 
 @functools.lru_cache(maxsize=64)
 def equal_segments(numel: int, n: int) -> list[slice]:
-    """``n`` contiguous segments of sizes differing by at most one (empty when numel < n)."""
-    base, extra = divmod(numel, n)
-    bounds = [0]
-    for i in range(n):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    """``n`` contiguous segments of sizes differing by at most one (empty when numel < n); cached: the
+    ring asks for the same split every iteration."""
+    return balanced_segments(numel, n)

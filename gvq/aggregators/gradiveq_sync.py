@@ -16,7 +16,6 @@ local fit, not a relay, is the rule.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
+from gvq.compressors._segments import balanced_segments
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.gradiveq.state import PCAState, value_count
 
@@ -88,20 +88,6 @@ def _payload_before(comp: GradiVeQ, numel: int) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
 
 
-def _split(cuts: list[int], at: list[float], lo: int, hi: int, n: int) -> list[slice]:
-    """n slices of [lo, hi) on ``cuts`` (with payload ``at`` before each) of about equal payload."""
-    i0, i1 = bisect.bisect_left(cuts, lo), bisect.bisect_right(cuts, hi)
-    cuts, at = cuts[i0:i1], at[i0:i1]
-    bounds = [lo]
-    for i in range(1, n):
-        target = at[0] + (at[-1] - at[0]) * i / n
-        j = bisect.bisect_left(at, target)
-        near = min(range(max(0, j - 1), min(j + 1, len(at) - 1) + 1), key=lambda k: abs(at[k] - target))
-        bounds.append(max(bounds[-1], cuts[near]))
-    bounds.append(hi)
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
 def payload_balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 1) -> list:
     """N segments on ``comp.cuts`` with about equal *payload*: the ring's time is set by its largest
     segment, and raw layers (e.g. a classifier) would otherwise make one segment many times larger on
@@ -111,14 +97,14 @@ def payload_balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 
     cuts = comp.cuts(numel)
     cum = _payload_before(comp, numel)
     at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
-    segs = _split(cuts, at, 0, numel, n)
+    segs = balanced_segments(cuts, n, at)
     if pieces == 1:
         return segs
     edges = sorted({0, numel} | {g.start for g in comp.groups} | {g.stop for g in comp.groups})
     out = []
     for seg in segs:
         inner = [seg.start] + [e for e in edges if seg.start < e < seg.stop] + [seg.stop]
-        split = _split(inner, cum[torch.tensor(inner)].tolist(), seg.start, seg.stop, pieces)
+        split = balanced_segments(inner, pieces, cum[torch.tensor(inner)].tolist())
         out.append([p for p in split if p.stop > p.start] or [seg])
     return out
 

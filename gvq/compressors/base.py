@@ -19,10 +19,10 @@ Horovod's ``Compressor`` (``compress -> (tensor, ctx)``) is the model: what does
 """
 from __future__ import annotations
 
-import bisect
-
 import torch
 from torch import Tensor
+
+from gvq.compressors._segments import balanced_segments
 
 
 class Compressor:
@@ -80,16 +80,7 @@ class Compressor:
 def split_on_cuts(cuts: list[int], n: int) -> list[slice]:
     """Split ``[0, cuts[-1]]`` into ``n`` contiguous segments whose ends lie on ``cuts``, as equal in
     size as the cuts allow.  Segments may be empty (fewer units than ranks)."""
-    numel = cuts[-1]
-    bounds = [0]
-    for i in range(1, n):
-        target = numel * i / n
-        # the cut nearest the ideal boundary, never before the previous boundary
-        j = bisect.bisect_left(cuts, target)
-        near = min((c for c in cuts[max(0, j - 1): j + 1]), key=lambda c: abs(c - target))
-        bounds.append(max(bounds[-1], near))
-    bounds.append(numel)
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return balanced_segments(cuts, n)
 
 
 def check_int(key: str, value, lo: int, hi: int | None = None, hint: str = "") -> int:

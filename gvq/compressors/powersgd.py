@@ -18,11 +18,13 @@ Both stages cut segments on whole parameters; :func:`block_balanced_segments` ba
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
 
 
@@ -68,18 +70,8 @@ def plan(shapes, rank: int, min_compression_rate: float) -> list[Block]:
 def block_balanced_segments(blocks: list[Block], weight, n: int) -> list[slice]:
     """``n`` contiguous runs of whole blocks whose summed ``weight`` (payload elements) is as equal as
     whole blocks allow: a ring step's time is its largest segment's."""
-    ends = [0]
-    for b in blocks:
-        ends.append(ends[-1] + weight(b))
-    total, bounds = ends[-1], [0]
-    for k in range(1, n):
-        target = total * k / n
-        j = bisect.bisect_left(ends, target)
-        near = min(range(max(0, j - 1), min(len(ends), j + 1)), key=lambda i: abs(ends[i] - target))
-        bounds.append(max(bounds[-1], near))
-    bounds.append(len(blocks))
-    pos = [0] + [b.stop for b in blocks]
-    return [slice(pos[a], pos[b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    ends = list(itertools.accumulate((weight(b) for b in blocks), initial=0))
+    return balanced_segments([0] + [b.stop for b in blocks], n, ends)
 
 
 def orthogonalize(a: Tensor) -> Tensor:
