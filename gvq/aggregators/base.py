@@ -1,57 +1,38 @@
-"""The aggregator contract: what the training loop calls to turn per-rank gradients into their mean.
+"""The aggregator contract: what the training loop, the benchmarks and the tools call to turn per-rank
+gradients into their mean.
 
-An aggregator owns the transport; :meth:`Aggregator.aggregate` overwrites every ``param.grad`` with the
-mean over ranks and returns the iteration's measurements (``aggregate_s``, ``compress_s``,
-``decompress_s``, ``wire_s``, ``stage_s`` (host copies of device payloads on a non-NCCL group; 0 on CPU),
-``bytes_sent`` and the columns it names in ``extra_fields``).  Aggregators
-are built by ``hydra.utils.instantiate(cfg.aggregator)`` from ``conf/aggregator/<name>.yaml`` and bound
-to the run with :meth:`Aggregator.setup`; the training loop knows nothing about any particular one.
+:class:`Aggregator` declares every method and attribute that ``gvq/run``, ``gvq/bench`` and
+``gvq/predict`` call on an aggregator, each with its default, so nothing outside this file asks an
+aggregator whether it has a part.  An aggregator owns the transport; :meth:`Aggregator.aggregate`
+overwrites every ``param.grad`` with the mean over ranks and returns the iteration's measurements
+(``aggregate_s``, ``compress_s``, ``decompress_s``, ``wire_s``, ``stage_s`` (host copies of device
+payloads on a non-NCCL group; 0 on CPU), ``bytes_sent`` and the columns it names in ``extra_fields``).
+Aggregators are built by ``hydra.utils.instantiate(cfg.aggregator)`` from ``conf/aggregator/<name>.yaml``
+and bound to the run with :meth:`Aggregator.setup`; the training loop knows nothing about any particular
+one.
 
-To add one: a file in this package with a class satisfying :class:`Aggregator` (usually a
+:class:`FlatAggregator` is the shared implementation for aggregators that sum through gvq's P2P: its
+:meth:`FlatAggregator.allreduce_mean_` averages one flat tensor in place, and :meth:`aggregate` calls it
+once on the bucket every gradient is a view of.  A caller that holds gradient buckets of its own (a DDP
+communication hook) calls it once per bucket where ``any_bucket`` says it may.
+
+To add one: a file in this package with an :class:`Aggregator` subclass (usually a
 :class:`FlatAggregator` subclass implementing ``allreduce_``), and a YAML in ``conf/aggregator/``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
 from gvq.compressors._segments import balanced_segments
+from gvq.compressors.base import Compressor
 from gvq.compressors.base import check_int  # noqa: F401 (the one integer-argument check; re-exported)
-
-
-@runtime_checkable
-class Aggregator(Protocol):
-    """The one contract every aggregator satisfies (``conf/aggregator/*`` all do, torch DDP's included).
-
-    Optional extras the runner and benchmarks look for: ``wrap(model) -> model`` (aggregators that live
-    inside backward, e.g. DDP), ``prepare_benchmark(grads, args)`` (fit state before timing) and
-    ``summary() -> dict`` (run-level figures for ``summary.json``).
-    """
-
-    #: short label for logs and reports
-    name: str
-    #: extra per-iteration CSV columns :meth:`aggregate` reports (values: rank 0's)
-    extra_fields: tuple[str, ...]
-
-    def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
-        """Bind to this rank's parameters and the run (called once, after construction)."""
-
-    def aggregate(self, iteration: int) -> dict:
-        """Replace every ``param.grad`` by the mean over ranks; return the iteration's measurements."""
-
-    def close(self) -> None:
-        """Release the transport (threads, links)."""
-
-    def state_dict(self) -> dict:
-        """What a checkpoint must keep for a bitwise resume."""
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s output (after :meth:`setup`)."""
 
 
 @dataclass
@@ -67,16 +48,111 @@ class RunContext:
     run_dir: str | None = None     # where rank 0 may write aggregator-specific files (None: nowhere)
 
 
-class FlatAggregator:
-    """The shared implementation: flatten grads into one bucket, sum them over ranks with
-    :meth:`allreduce_` (through :class:`gvq.comm.p2p.P2P`), divide by N, write back.  Subclasses
-    implement :meth:`allreduce_` and, if they measure something untimed, :meth:`measure`."""
+class Aggregator:
+    """The one contract every aggregator satisfies (``conf/aggregator/*`` all do, torch DDP's included).
 
-    #: extra per-iteration CSV columns this aggregator reports (values: rank 0's)
+    Subclasses implement :meth:`setup` and :meth:`aggregate`; every other member has a default that is
+    right for an aggregator without that feature.  Call order: ``preflight`` (launcher, before ranks
+    start; optional), ``setup``, ``wrap``, then per iteration ``aggregate``; ``state_dict`` /
+    ``load_state_dict`` around checkpoints (after ``wrap``); ``summary`` and ``close`` at the end.
+    """
+
+    #: short label for logs, reports and a checkpoint's identity
+    name: str = "aggregator"
+    #: extra per-iteration CSV columns :meth:`aggregate` reports (values: rank 0's)
     extra_fields: tuple[str, ...] = ()
-    name = "aggregator"
-    #: all its traffic goes through P2P, so net.clock=virtual can time it (DDP's cannot)
+    #: all its traffic goes through gvq's P2P, so ``net.clock=virtual`` can time it (torch DDP's cannot)
+    virtual_time: bool = False
+    #: it averages during backward (torch DDP): :meth:`wrap` returns the model to train, whose gradients
+    #: are the mean once backward returns, so the loop checks them once (before :meth:`aggregate`)
+    inside_backward: bool = False
+    #: after :meth:`setup`, the one flat buffer every ``param.grad`` is a view of (the guards check it
+    #: with one reduction); None where gradients live elsewhere (torch DDP: one check per parameter)
+    bucket: torch.Tensor | None = None
+    #: the codec, for aggregators built around one (the benchmarks time it alone); None: none
+    compressor: Compressor | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def preflight(self, params: list[torch.nn.Parameter]) -> None:
+        """Checks that need the model's shapes, run by the launcher before any rank starts: raise a
+        one-line ``ValueError`` (GradiVeQ: K against every conv layer).  Default: nothing to check."""
+
+    def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        """Bind to this rank's parameters and the run (called once, after construction)."""
+        raise NotImplementedError
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model the loop trains, called once after :meth:`setup`: the model itself, unless the
+        aggregator lives inside backward (``inside_backward``: torch DDP wraps it)."""
+        return model
+
+    def aggregate(self, iteration: int) -> dict:
+        """Replace every ``param.grad`` by the mean over ranks; return the iteration's measurements."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the transport (threads, links).  Default: nothing held."""
+
+    # -- measurements ----------------------------------------------------------------------------------
+    @property
+    def max_abs(self) -> float:
+        """The largest magnitude the wire carries (its compressor's; fp16: 65504): the guards refuse an
+        iteration where world_size x max|g| exceeds it, before a partial sum can overflow mid-ring."""
+        return math.inf if self.compressor is None else self.compressor.max_abs
+
+    def measure(self, flat: torch.Tensor) -> dict:
+        """Untimed measurements on this rank's own flat gradient, before it is summed (e.g. the
+        compression error); every rank pays them, so none waits for rank 0.  Default: none."""
+        return {}
+
+    def measure_after(self, flat: torch.Tensor) -> dict:
+        """Untimed measurements once ``flat`` holds the mean, from what the sum left behind (PowerSGD's
+        and error feedback's compression error).  Default: none."""
+        return {}
+
+    def summary(self) -> dict:
+        """Run-level figures for ``summary.json``'s ``aggregator`` (GradiVeQ: refreshes, relays).
+        Default: none (the key is left out)."""
+        return {}
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep for a bitwise resume (tensors, numbers, strings).  Default:
+        nothing (a stateless aggregator)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output (after :meth:`setup` and :meth:`wrap`)."""
+
+    # -- tools (gvq.bench, gvq.predict) --------------------------------------------------------------
+    def codec_session(self, flat: torch.Tensor) -> contextlib.AbstractContextManager:
+        """A context around one iteration's codec calls on this rank's gradient ``flat``, for codecs
+        that keep state between calls (PowerSGD: a fresh iteration of its P / Q state; GradiVeQ: its
+        Eq. 7 loss tracking).  The aggregator runs its own rings inside it; tools that replay its
+        codec calls (``gvq.predict calibrate``) do the same.  Default: nothing to set up."""
+        return contextlib.nullcontext()
+
+    def prepare_benchmark(self, grads: list[torch.Tensor], args=None) -> None:
+        """Pin the steady (compressed) state before a benchmark times :meth:`aggregate` (GradiVeQ: fit
+        a basis; PowerSGD: no uncompressed start).  Called after :meth:`setup`.  Default: nothing."""
+
+    def benchmark_warmup(self) -> int:
+        """Iterations a benchmark must run before timing, for state :meth:`prepare_benchmark` cannot
+        pin (torch's PowerSGD hook counts its own iterations).  Default: 0."""
+        return 0
+
+
+class FlatAggregator(Aggregator):
+    """The shared implementation: flatten grads into one bucket, average it with
+    :meth:`allreduce_mean_` (a sum over ranks by :meth:`allreduce_`, through
+    :class:`gvq.comm.p2p.P2P`, then a division by N), write back.  Subclasses implement
+    :meth:`allreduce_` and, if they measure something untimed, :meth:`measure` / :meth:`measure_after`."""
+
+    #: all its traffic goes through P2P, so net.clock=virtual can time it
     virtual_time = True
+    #: :meth:`allreduce_mean_` takes any flat tensor (a DDP gradient bucket), not only :attr:`bucket`;
+    #: False where state is laid out on the whole gradient (error memory, PowerSGD's blocks, PCA bases)
+    any_bucket: bool = True
 
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
         self.params = [p for p in params if p.requires_grad]
@@ -122,40 +198,48 @@ class FlatAggregator:
             p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
             offset += n
 
-    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
+    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict | None:
+        """Overwrite ``flat`` with its **sum** over ranks; return extra columns (or None)."""
         raise NotImplementedError
 
-    def measure(self, flat: torch.Tensor) -> dict:
-        """Untimed per-iteration measurements on this rank's own gradient (before aggregation)."""
-        return {}
-
-    def aggregate(self, iteration: int) -> dict:
-        """Replace every grad by the mean over ranks; ``aggregate_s`` excludes :meth:`measure`."""
-        self.p2p.reset()
-        self.clock = clock.Stopwatch()
-        t0 = clock.now()
-        flat = self.flatten()
-        t_flat = clock.now() - t0
+    def allreduce_mean_(self, flat: torch.Tensor, iteration: int) -> dict:
+        """Average ``flat`` over ranks in place: :meth:`measure` (untimed), the sum, the division by N,
+        :meth:`measure_after` (untimed).  Returns the measurements and ``aggregate_s`` (the sum and the
+        division).  Bytes and codec times accumulate in :meth:`counters` until :meth:`reset_counters`."""
         extra = self.measure(flat)
         t0 = clock.now()
         extra.update(self.allreduce_(flat, iteration) or {})
         flat.div_(self.ctx.world_size)
+        extra["aggregate_s"] = clock.now() - t0
+        extra.update(self.measure_after(flat))
+        return extra
+
+    def reset_counters(self) -> None:
+        """Start an iteration's byte count, wire time and codec stopwatch at zero."""
+        self.p2p.reset()
+        self.clock = clock.Stopwatch()
+
+    def counters(self) -> dict:
+        """Codec times, wire time, staging time and bytes sent since :meth:`reset_counters`."""
+        return {"compress_s": self.clock.get("compress"), "decompress_s": self.clock.get("decompress"),
+                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
+
+    def aggregate(self, iteration: int) -> dict:
+        """Replace every grad by the mean over ranks: one :meth:`allreduce_mean_` on the whole bucket;
+        ``aggregate_s`` adds flatten / unflatten and excludes the untimed measurements."""
+        self.reset_counters()
+        t0 = clock.now()
+        flat = self.flatten()
+        t_flat = clock.now() - t0
+        stats = self.allreduce_mean_(flat, iteration)
+        t0 = clock.now()
         self.unflatten(flat)
-        return {"aggregate_s": t_flat + clock.now() - t0,
-                "compress_s": self.clock.get("compress"), "decompress_s": self.clock.get("decompress"),
-                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent,
-                **extra}
+        return {**stats, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0, **self.counters()}
 
     def close(self) -> None:
-        if hasattr(self, "p2p"):
-            self.p2p.close()
-
-    def state_dict(self) -> dict:
-        """What a checkpoint must keep for a bitwise resume (nothing, for a stateless aggregator)."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+        p2p = self.__dict__.get("p2p")        # None: setup never ran
+        if p2p is not None:
+            p2p.close()
 
 
 @functools.lru_cache(maxsize=64)

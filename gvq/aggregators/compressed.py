@@ -34,12 +34,11 @@ class CompressedAggregator(FlatAggregator):
         self.compressor, self.topology = compressor, topology
         # ring hop: sum payloads (mode b) when the compressor allows it, unless forced to re-encode
         self.sum_hop = compressor.additive and hop != "reencode"
-        self.name = getattr(compressor, "name", type(compressor).__name__)
+        self.name = compressor.name
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        if hasattr(self.compressor, "reseed"):
-            self.compressor.reseed(ctx.seed * 1000 + ctx.rank)
+        self.compressor.reseed(ctx.seed * 1000 + ctx.rank)       # per-rank dither (a no-op if none)
         self._segs: tuple[int, list[slice]] | None = None
 
     def state_dict(self) -> dict:

@@ -34,7 +34,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators import ddp_memory
-from gvq.aggregators.base import check_int
+from gvq.aggregators.base import Aggregator, check_int
 from gvq.compressors.powersgd import low_rank
 
 log = logging.getLogger("gvq")
@@ -76,10 +76,12 @@ def _timed(inner):
     return hook
 
 
-class DDPAggregator:
+class DDPAggregator(Aggregator):
     """Plain DDP (``hook=allreduce``), DDP + fp16 compression hook, or DDP + torch's PowerSGD hook."""
 
     extra_fields = ("ddp_comm_s", "ddp_wait_s")
+    #: averages during backward: the loop trains :meth:`wrap`'s DistributedDataParallel
+    inside_backward = True
 
     def __init__(self, hook: str = "allreduce", rank: int = 2, start_iter: int = 10,
                  min_compression_rate: float = 2.0, bucket_cap_mb: float = 25.0):
@@ -165,8 +167,9 @@ class DDPAggregator:
         r = low_rank((n, m), self.rank, self.min_compression_rate)
         return (n + m) * r if r else n * m
 
-    def close(self) -> None:
-        pass
+    def benchmark_warmup(self) -> int:
+        """The PowerSGD hook all-reduces uncompressed until its own count reaches ``start_iter``."""
+        return self.start_iter + 1 if self.hook == "powersgd" else 0
 
     #: the hook's fields a resume carries over as numbers (its memory goes per parameter, see below)
     _CARRIED = ("iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")

@@ -48,6 +48,7 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     """:class:`CompressedAggregator` whose ranks feed back what their compressor lost."""
 
     extra_fields = ("compression_error",)
+    any_bucket = False               # the error memory is laid out on the whole gradient
 
     def __init__(self, compressor, topology: str = "ring", hop: str = "auto"):
         super().__init__(compressor, topology, hop)
@@ -66,13 +67,11 @@ class ErrorFeedbackAggregator(CompressedAggregator):
         feed_back(self.compressor, flat, self.error, self.transmitted, segs, self.clock)
         return super().allreduce_(flat, iteration)
 
-    def aggregate(self, iteration: int) -> dict:
-        stats = super().aggregate(iteration)
-        stats["compression_error"] = self._relative_error()
-        return stats
+    def measure_after(self, flat):
+        return {"compression_error": self.relative_error()}
 
-    def _relative_error(self) -> float:
-        # ||g' - Q(g')||^2 / ||g'||^2 with g' = t + e, outside the timed part
+    def relative_error(self) -> float:
+        """||g' - Q(g')||^2 / ||g'||^2 of this rank's last iteration, with g' = t + e (untimed)."""
         lost = float(self.error.pow(2).sum())
         whole = float((self.transmitted + self.error).pow(2).sum())
         return lost / whole if whole > 0 else 0.0

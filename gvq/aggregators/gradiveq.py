@@ -38,6 +38,7 @@ recomputed after each fit, since the ring's time is that of its largest segment.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
@@ -61,6 +62,7 @@ class GradiVeQAggregator(FlatAggregator):
 
     name = "gradiveq"
     extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
+    any_bucket = False               # the PCA bases and the conv layout cover the whole gradient
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
@@ -168,8 +170,7 @@ class GradiVeQAggregator(FlatAggregator):
     def _compressed_ring(self, flat: torch.Tensor) -> float:
         """Algorithm 1; returns this rank's Eq. 7 loss, read off its own payloads as they are made."""
         comp = self.compressor
-        comp.track(flat)
-        try:
+        with self.codec_session(flat):
             if self.ctx.world_size == 1:                   # no ring: compress and decompress locally
                 whole = slice(0, flat.numel())
                 with self.clock("compress"):
@@ -179,8 +180,16 @@ class GradiVeQAggregator(FlatAggregator):
             else:
                 ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.clock)
             return comp.tracked_loss()
+
+    @contextlib.contextmanager
+    def codec_session(self, flat: torch.Tensor):
+        """The compressed phase's Eq. 7 loss tracking on this rank's gradient ``flat`` (the codec's
+        ``track``): its compress calls inside must cover ``flat`` exactly once, as the additive ring's do."""
+        self.compressor.track(flat)
+        try:
+            yield
         finally:
-            comp.track(None)
+            self.compressor.track(None)
 
     # -- schedule ------------------------------------------------------------------------------------
     def _start_sampling(self) -> None:
@@ -206,7 +215,7 @@ class GradiVeQAggregator(FlatAggregator):
         self.relays += int(relayed)
         self.phase, self.count = "compress", 0
         if self.ctx.rank == 0:
-            write_layer_stats(getattr(self.ctx, "run_dir", None), self.compressor,
+            write_layer_stats(self.ctx.run_dir, self.compressor,
                               {"refresh": self.refreshes, "iteration": self._it, "fit_s": fit_s,
                                "relayed": relayed})
             log.info("gradiveq: refresh %d at iteration %d: mean K/d %.2f, wire ratio %.2f, fit %.3fs",

@@ -17,9 +17,13 @@ The result of pass Q is the *sum* of the approximations; the base class divides 
 ``compress_s`` holds the matmuls, the error-feedback bookkeeping and nothing else; ``decompress_s`` the
 orthogonalizations (P^ in pass P, the next Q in pass Q) and P^ Q^T.  ``compression_error`` is this
 rank's ||M - P^ P^T M||^2 / ||M||^2 (its own matrix projected on the shared P^; raw blocks count as
-exact), computed outside the timed part from norms the passes leave behind.
+exact), computed outside the timed part from norms the passes leave behind
+(:meth:`PowerSGDAggregator.compression_error`).  The low-rank state (Q, this iteration's P^) is
+``low_rank``, a :class:`gvq.compressors.powersgd.PowerSGD`.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -33,6 +37,7 @@ class PowerSGDAggregator(FlatAggregator):
 
     name = "powersgd"
     extra_fields = ("compression_error",)
+    any_bucket = False               # error memory and blocks are laid out on the whole gradient
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
                  warm_start: bool = True):
@@ -44,68 +49,80 @@ class PowerSGDAggregator(FlatAggregator):
         if not isinstance(warm_start, bool):
             raise ValueError(f"aggregator.warm_start={warm_start!r}: must be true or false")
         self.min_compression_rate, self.warm_start = float(min_compression_rate), warm_start
-        self._compressed, self._m_sq, self._raw_sq = False, 0.0, 0.0
+        #: this iteration is compressed (iteration >= start_iter; set by aggregate)
+        self.compressing = False
+        self._m_sq, self._raw_sq = 0.0, 0.0
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        self.lr = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
-                           self.warm_start, seed=ctx.seed)
+        self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
+                                 self.warm_start, seed=ctx.seed)
         numel, n = self.bucket.numel(), ctx.world_size
         self.error = torch.zeros(numel, device=self.bucket.device)       # error memory: with the gradient
         self._scratch = torch.empty(numel, device=self.bucket.device)
-        self.p_segs = block_balanced_segments(self.lr.blocks, lambda b: b.p_len, n)
-        self.q_segs = block_balanced_segments(self.lr.blocks, lambda b: b.q_len, n)
-        self._raw = [slice(b.start, b.stop) for b in self.lr.blocks if not b.rank]
+        self.p_segs = block_balanced_segments(self.low_rank.blocks, lambda b: b.p_len, n)
+        self.q_segs = block_balanced_segments(self.low_rank.blocks, lambda b: b.q_len, n)
+        self._raw = [slice(b.start, b.stop) for b in self.low_rank.blocks if not b.rank]
 
     @property
     def compression_ratio(self) -> float:
         """fp32 gradient bytes over the payload bytes of both passes."""
-        return 4.0 * self.lr.numel / max(1, self.lr.bytes_per_iteration)
+        return 4.0 * self.low_rank.numel / max(1, self.low_rank.bytes_per_iteration)
 
     def aggregate(self, iteration: int) -> dict:
-        self._compressed = iteration >= self.start_iter
-        stats = super().aggregate(iteration)
-        stats["phase"] = "powersgd" if self._compressed else "allreduce"
-        stats["compression_error"] = self._local_error() if self._compressed else 0.0
-        return stats
+        self.compressing = iteration >= self.start_iter
+        return super().aggregate(iteration)
 
     def measure(self, flat):
         # ||M||^2 for compression_error, untimed; every rank pays it so none waits for rank 0
-        if self._compressed:
+        if self.compressing:
             self._m_sq = float(torch.linalg.vector_norm(flat + self.error)) ** 2
             self._raw_sq = sum(float(flat[s].pow(2).sum()) for s in self._raw)   # e is 0 there
         return {}
 
     def allreduce_(self, flat, iteration):
-        if not self._compressed:
+        if not self.compressing:
             ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
-            return
-        self.lr.begin()
-        with self.clock("compress"):
-            self.error.add_(flat)               # M = g + e, kept in the memory buffer
-            flat.copy_(self.error)              # pass Q reads M from flat and overwrites it
-            self._scratch.copy_(self.error)     # pass P reads M from scratch (its write-back is void)
-        ring.additive_allreduce_(self._scratch, self.p_segs, self.lr.p_stage, self.p2p, self.clock)
-        ring.additive_allreduce_(flat, self.q_segs, self.lr.q_stage, self.p2p, self.clock)
+            return {"phase": "allreduce"}
+        with self.codec_session(flat):
+            with self.clock("compress"):
+                self.error.add_(flat)               # M = g + e, kept in the memory buffer
+                flat.copy_(self.error)              # pass Q reads M from flat and overwrites it
+                self._scratch.copy_(self.error)     # pass P reads M from scratch (its write-back is void)
+            ring.additive_allreduce_(self._scratch, self.p_segs, self.low_rank.p_stage, self.p2p, self.clock)
+            ring.additive_allreduce_(flat, self.q_segs, self.low_rank.q_stage, self.p2p, self.clock)
         with self.clock("compress"):
             self.error.sub_(flat, alpha=1.0 / self.ctx.world_size)
             for s in self._raw:
                 self.error[s] = 0.0
+        return {"phase": "powersgd"}
 
-    def _local_error(self) -> float:
+    def codec_session(self, flat):
+        """A fresh iteration of the P / Q state (a new random Q without warm start) around both passes:
+        pass P's decompress leaves P^ that pass Q's compress reads."""
+        self.low_rank.begin()
+        return contextlib.nullcontext()
+
+    def measure_after(self, flat):
+        return {"compression_error": self.compression_error() if self.compressing else 0.0}
+
+    def compression_error(self) -> float:
+        """This rank's ||M - P^ P^T M||^2 / ||M||^2 for its last compressed iteration (M = g + e; raw
+        blocks count as exact), from the norm :meth:`measure` took before the rings and this rank's
+        pass-Q payloads: no pass over the gradient, never part of ``aggregate_s``.  0 before any."""
         # per low-rank block ||M - P^ P^T M||^2 = ||M||^2 - ||P^T M||^2 (P^ orthonormal), and P^T M is
         # this rank's pass-Q payload; raw blocks lose nothing but count in the denominator
-        q_sq = sum(float(q.pow(2).sum()) for q in self.lr.q_local)
+        q_sq = sum(float(q.pow(2).sum()) for q in self.low_rank.q_local)
         lost = max(0.0, self._m_sq - self._raw_sq - q_sq)
         return lost / self._m_sq if self._m_sq > 0 else 0.0
 
     def prepare_benchmark(self, grads, args=None) -> None:
-        """``gvq.bench``: time the compressed iterations only."""
-        self.start_iter = 0
+        """``gvq.bench``: time the compressed iterations only (and measure as they do)."""
+        self.start_iter, self.compressing = 0, True
 
     def state_dict(self) -> dict:
-        return {"powersgd": self.lr.state_dict(), "error": self.error.clone()}
+        return {"powersgd": self.low_rank.state_dict(), "error": self.error.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.lr.load_state_dict(state["powersgd"])
+        self.low_rank.load_state_dict(state["powersgd"])
         self.error.copy_(state["error"])

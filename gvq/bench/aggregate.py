@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gvq.aggregators.base import RunContext
+from gvq.aggregators.base import Aggregator, RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, make_aggregator,
                               model_shapes, print_markdown, spawn_loopback)
 from gvq.comm import clock
 
 
-class AllReduceRef:
+class AllReduceRef(Aggregator):
     """gloo's ``dist.all_reduce`` on the flat buffer: the reference our ring is held to."""
     name = "allreduce"
 
@@ -40,14 +40,10 @@ class AllReduceRef:
         return {"aggregate_s": clock.now() - t0, "bytes_sent": float("nan"), "wire_s": 0.0,
                 "compress_s": 0.0, "decompress_s": 0.0}
 
-    def close(self):
-        pass
-
 
 def time_aggregator(agg, params, grads, ctx, args) -> dict:
     agg.setup(params, ctx)
-    if hasattr(agg, "prepare_benchmark"):       # e.g. GradiVeQ: fit a basis before timing
-        agg.prepare_benchmark(grads, args)
+    agg.prepare_benchmark(grads, args)          # e.g. GradiVeQ: fit a basis before timing
     rows = []
     for rep in range(args.warmup + args.reps):
         for p, g in zip(params, grads):

@@ -32,6 +32,7 @@ from gvq.bench.common import (
     print_markdown,
 )
 from gvq.bench.quantizers import QUANTIZERS, laplace_vector
+from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 
 #: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and README use
 GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", []),
@@ -65,7 +66,7 @@ def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
     fit_s = median_seconds(lambda: comp.fit(samples), 3, device)
     ds = [comp.basis(g.gid)[0].shape[1] for g in comp.groups]
     macs = sum(g.n * g.K * d for g, d in zip(comp.groups, ds))
-    streamed = sum(g.K * d for g, d in zip(comp.groups, ds)) * (torch.finfo(comp._dt).bits // 8)
+    streamed = sum(g.K * d for g, d in zip(comp.groups, ds)) * BASIS_DTYPES[comp.basis_dtype].itemsize
     return comp, macs, streamed, comp.basis_dtype, fit_s
 
 

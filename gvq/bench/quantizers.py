@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -60,10 +59,12 @@ def quantizer_throughput(compressor: Compressor, numel: int = RESNET32_PARAMS, r
             "quantize_gbps": nbytes / t_q / 1e9, "dequantize_gbps": nbytes / t_d / 1e9,
             "quantize_ms": 1e3 * t_q, "dequantize_ms": 1e3 * t_d,
             "bytes": compressor.payload_nbytes(seg), "ratio": compressor.ratio(numel),
-            "ideal_ratio": getattr(compressor, "ideal_ratio", math.nan)}
+            "ideal_ratio": compressor.ideal_ratio}
 
 
 QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
+#: the quantizers with a ``fit`` knob (``histogram``, sort-free, or ``sorted``, the exact reference)
+FITTED = ("linear", "orq", "bingrad_pb", "bingrad_b")
 
 
 def main(argv: list[str]) -> list[dict]:
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> list[dict]:
             bank = make_aggregator(name, [*args.set, "aggregator.compressor.dither=bank"]).compressor
             fresh_ms, bank_ms = alternated_ms(comp, bank, numel=args.numel, reps=args.reps)
             row.update(quantize_ms_fresh_alt=fresh_ms, quantize_ms_bank=bank_ms, fresh_over_bank=fresh_ms / bank_ms)
-        if getattr(comp, "fit", None) == "histogram":  # the sort-free fit against the sorted reference
+        if name in FITTED and comp.fit == "histogram":  # the sort-free fit against the sorted reference
             ref = make_aggregator(name, [*args.set, "aggregator.compressor.fit=sorted"]).compressor
             hist_ms, sorted_ms = alternated_ms(comp, ref, numel=args.numel, reps=args.reps)
             row.update(quantize_ms_hist_alt=hist_ms, quantize_ms_sorted=sorted_ms,

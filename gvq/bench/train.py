@@ -63,17 +63,16 @@ class _Mode:
             bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
             ctx = RunContext(rank, world, 0, getattr(args, "timeout", 120.0), bw)
             self.agg.setup(list(net.parameters()), ctx)
-            if getattr(args, "compressed_only", False) and hasattr(self.agg, "prepare_benchmark"):
+            if getattr(args, "compressed_only", False):
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
                 self.agg.prepare_benchmark([torch.zeros_like(p) for p in net.parameters()], args)
-            if hasattr(self.agg, "wrap"):              # aggregators inside backward (torch DDP)
-                net = self.agg.wrap(net)
+            net = self.agg.wrap(net)                   # torch DDP's wrapper; the model for the others
         self.net = net
         self.opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
     def warmup_needed(self) -> int:
-        # PowerSGD's hook all-reduces uncompressed before start_iter: time it once compressed
-        return getattr(self.agg, "start_iter", 0) + 1 if getattr(self.agg, "hook", "") == "powersgd" else 0
+        # e.g. torch's PowerSGD hook all-reduces uncompressed before its start_iter: time it once compressed
+        return 0 if self.agg is None else self.agg.benchmark_warmup()
 
     def iterate(self, x, y, it: int) -> list[float]:
         """One iteration; this rank's [iter_s, compute_s, ...] (times of the runner's columns)."""

@@ -175,12 +175,8 @@ def _one_rank_ring(comp, flat, pieces, agg, hop: bool, evict: _Evict) -> dict[st
     """One rank's codec calls, each the ring's own statement: (values, seconds) per call, per op."""
     ops = ("compress", "decompress") + (("hop",) if hop else ("add",))   # payloads add only if additive
     got: dict[str, list] = {op: [] for op in ops}
-    if hasattr(agg, "lr"):
-        agg.lr.begin()                          # PowerSGD: a fresh iteration's P / Q state
-    track = getattr(comp, "track", None)
-    if track is not None:
-        track(flat)                             # GradiVeQ's compressed phase tracks its Eq. 7 loss
-    try:
+    # as the aggregator's own rings: PowerSGD starts a P / Q iteration, GradiVeQ tracks its Eq. 7 loss
+    with agg.codec_session(flat):
         payloads = [_time_call(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
         for q, pl in zip(pieces, payloads):
             inbox = comp.empty_payload(q, flat.device)
@@ -191,9 +187,6 @@ def _one_rank_ring(comp, flat, pieces, agg, hop: bool, evict: _Evict) -> dict[st
                 _time_call(got["add"], q, evict, lambda: inbox.add_(pl), inbox.numel())
         for q, pl in zip(pieces, payloads):
             _time_call(got["decompress"], q, evict, lambda: flat.__setitem__(q, comp.decompress(pl, q)))
-    finally:
-        if track is not None:
-            track(None)
     return got
 
 
@@ -253,19 +246,15 @@ def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
 
 
 def measure_cost(agg, numel: int, reps: int = 5) -> float:
-    """Median CPU seconds of the aggregator's per-iteration measurement (e.g. the compression error:
-    a whole-gradient compress + decompress), which every rank runs before aggregating, untimed as
-    aggregation but inside the iteration."""
+    """Median CPU seconds of the aggregator's per-iteration measurements (e.g. the compression error:
+    a whole-gradient compress + decompress before the ring; PowerSGD's: a norm before, its payloads'
+    after), which every rank runs untimed as aggregation but inside the iteration (``agg`` is in its
+    benchmark state: ``prepare_benchmark`` pinned the compressed phase)."""
     flat = torch.randn(numel) * 1e-2
-    if hasattr(agg, "_local_error"):            # PowerSGD: ||M||^2 before its rings, the error after
-        agg._compressed = True
 
-        def run():
-            agg.measure(flat)
-            agg._local_error()
-    else:
-        def run():
-            agg.measure(flat)
+    def run():
+        agg.measure(flat)
+        agg.measure_after(flat)
     run()
     return statistics.median(_cpu_seconds(run) for _ in range(reps))
 

@@ -34,8 +34,7 @@ def build_on_one_rank(name: str, model: str, num_classes: int):
         p.grad = torch.randn_like(p)
     agg = make_aggregator(name, SETTINGS)
     agg.setup(params, RunContext(rank=0, world_size=1))
-    if hasattr(agg, "prepare_benchmark"):
-        agg.prepare_benchmark([p.grad.clone() for p in params])
+    agg.prepare_benchmark([p.grad.clone() for p in params])
     return agg, sum(p.numel() for p in params)
 
 
@@ -58,9 +57,9 @@ def rounds(name: str, agg, numel: int, n: int) -> list[dict]:
         comp = agg.compressor
         return [_round("additive", name, comp, payload_balanced_segments(comp, numel, n, agg.pieces))]
     if isinstance(agg, PowerSGDAggregator):
-        lr, by = agg.lr, block_balanced_segments
-        return [_round("additive", f"{name}-P", lr.p_stage, by(lr.blocks, lambda b: b.p_len, n)),
-                _round("additive", f"{name}-Q", lr.q_stage, by(lr.blocks, lambda b: b.q_len, n))]
+        low, by = agg.low_rank, block_balanced_segments
+        return [_round("additive", f"{name}-P", low.p_stage, by(low.blocks, lambda b: b.p_len, n)),
+                _round("additive", f"{name}-Q", low.q_stage, by(low.blocks, lambda b: b.q_len, n))]
     if isinstance(agg, CompressedAggregator):
         comp = agg.compressor
         if agg.topology != "ring":

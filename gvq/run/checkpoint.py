@@ -70,7 +70,7 @@ def save(run_dir: str, rank: int, it: int, model, opt, sched, agg, extra: dict, 
     folder.mkdir(parents=True, exist_ok=True)
     state = {"iteration": it, "identity": ident, "model": model.state_dict(), "optimizer": opt.state_dict(),
              "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
-             "aggregator": agg.state_dict() if hasattr(agg, "state_dict") else {}, **extra}
+             "aggregator": agg.state_dict(), **extra}
     _atomic_save(state, folder / f"rank{rank}.pt")
     dist.barrier()                      # every rank's file is in place before the set is published
     if rank == 0:
@@ -147,7 +147,7 @@ def restore(state: dict, model, opt, sched, agg) -> None:
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
-    if state["aggregator"] and hasattr(agg, "load_state_dict"):
+    if state["aggregator"]:
         agg.load_state_dict(state["aggregator"])
 
 

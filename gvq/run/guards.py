@@ -45,9 +45,8 @@ def nonfinite(model, agg) -> str | None:
     # Fast path, every iteration: a finite sum proves every value finite (NaN propagates, +-Inf gives
     # Inf or NaN).  One reduction, no bool temporary: ~40x cheaper than isfinite().all() on the
     # bucket.  A non-finite sum (NaN/Inf, or finite values that overflow) falls to the exact scan.
-    bucket = getattr(agg, "bucket", None)
-    if bucket is not None:
-        if math.isfinite(float(bucket.sum())):
+    if agg.bucket is not None:
+        if math.isfinite(float(agg.bucket.sum())):
             return None
     elif math.isfinite(sum(float(p.grad.sum()) for p in model.parameters() if p.grad is not None)):
         return None                      # no flat buffer (e.g. torch DDP): one sum per parameter
@@ -64,8 +63,7 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
     only).  One collective.  Returns True to skip the iteration (policy ``skip``); raises naming the
     rank and layer, or the magnitude (policy ``error``)."""
     bad = nonfinite(model, agg)
-    limit = getattr(getattr(agg, "compressor", None), "max_abs", math.inf)
-    bucket = getattr(agg, "bucket", None)
+    limit, bucket = agg.max_abs, agg.bucket
     peak = 0.0
     if math.isfinite(limit) and bucket is not None and bad is None:
         lo, hi = torch.aminmax(bucket)                # max|g| without an |g| temporary
@@ -80,7 +78,7 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
             f"rank {r}: {n}" for r, n in enumerate(names) if n) + ")"
     elif world * top > limit:
         what = (f"gradient too large for the wire at iteration {it} (|g| up to {top:.4g} x {world} ranks > "
-                f"{agg.compressor.name}'s {limit:g}: a partial sum would overflow)")
+                f"{agg.name}'s {limit:g}: a partial sum would overflow)")
     else:
         return False
     if policy == "skip":

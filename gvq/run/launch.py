@@ -78,10 +78,10 @@ def preflight(cfg: DictConfig):
     plan = None
     if cfg.device == "cuda":           # nccl (a GPU per rank) | shared (gloo, host-staged) | one line
         try:
-            plan = cuda_plan(torchrun_world() or cfg.world_size, agg.name, hasattr(agg, "wrap"))
+            plan = cuda_plan(torchrun_world() or cfg.world_size, agg.name, agg.inside_backward)
         except ConfigError as e:
             config_error(str(e))
-    if cfg.net.clock == "virtual" and not getattr(agg, "virtual_time", False):
+    if cfg.net.clock == "virtual" and not agg.virtual_time:
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
                      "(sudo python -m gvq.bench netns train)")
@@ -91,11 +91,10 @@ def preflight(cfg: DictConfig):
     if cfg.batch_size * world > len(data):
         config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "
                      f"exceeds the dataset's {len(data)} training examples")
-    if hasattr(agg, "preflight"):          # checks that need the model's shapes (GradiVeQ's K)
-        try:
-            agg.preflight(list(model.parameters()))
-        except ValueError as e:
-            config_error(str(e).strip().splitlines()[0])
+    try:                                   # checks that need the model's shapes (GradiVeQ's K)
+        agg.preflight(list(model.parameters()))
+    except ValueError as e:
+        config_error(str(e).strip().splitlines()[0])
     return agg, data, plan
 
 
@@ -117,7 +116,7 @@ def check_identity(plain: dict, meta: dict, agg, data) -> None:
     """Record what this run's checkpoints belong to (``meta['identity']``); on ``resume=``, refuse a
     checkpoint of another run, or an unreadable one, before anything is written or spawned."""
     world = torchrun_world() or plain["world_size"]
-    name = getattr(agg, "name", None) or meta["job_type"] or plain["aggregator"]["_target_"]   # its state's kind
+    name = agg.name or meta["job_type"] or plain["aggregator"]["_target_"]   # its state's kind
     meta["identity"] = checkpoint.identity(plain, name, data.num_classes, data.in_channels, world)
     if plain["resume"]:
         try:

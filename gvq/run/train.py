@@ -65,8 +65,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
                                                    net["bandwidth_bps"], net["latency_s"], cfg, run_dir))
-    if hasattr(agg, "wrap"):           # aggregators that live inside backward (torch DDP)
-        model = agg.wrap(model)
+    model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
     return data, model, opt, sched, agg
 
 
@@ -119,7 +118,7 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
     stats = agg.aggregate(it)
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
-    if not hasattr(agg, "wrap") and aggregated_overflow(model, agg, it, nan_policy):
+    if not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
         return {**row, **stats, "skipped": 1, "phase": "skipped"}
     with clock.phase("compute"):
@@ -268,8 +267,9 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
                **clock_fields(cfg), "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
-    if hasattr(agg, "summary"):                    # e.g. GradiVeQ: refreshes, relays
-        summary["aggregator"] = agg.summary()
+    agg_summary = agg.summary() if agg is not None else {}
+    if agg_summary:                                # e.g. GradiVeQ: refreshes, relays
+        summary["aggregator"] = agg_summary
     runlog.summary(summary)
     log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, wall_s,
              f" (virtual; real {real_wall_s:.1f}s)" if clock.get().virtual else "", runlog.run_dir)

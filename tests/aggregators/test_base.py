@@ -1,11 +1,17 @@
 """The aggregator contract and its shared helpers (gvq/aggregators/base.py)."""
 from __future__ import annotations
 
+import math
 import re
+from pathlib import Path
 
 import pytest
+import torch
+from hydra.utils import instantiate
 
-from gvq.aggregators.base import Aggregator, check_int, equal_segments
+from gvq.aggregators.base import Aggregator, RunContext, check_int, equal_segments
+from gvq.aggregators.rar import RingAllReduce
+from gvq.compressors.base import Compressor
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
@@ -41,15 +47,65 @@ def test_check_int_returns_the_value_within_range():
     assert check_int("K", 5, 1) == 5 and check_int("bits", 4, 2, 16) == 4
 
 
-def test_the_protocol_rejects_an_object_missing_part_of_the_contract():
-    class NoClose:
-        name, extra_fields = "x", ()
+def test_the_base_class_declares_every_part_with_its_default():
+    """What the runner, benchmarks and tools call on an aggregator exists on the base class with the
+    default a featureless aggregator needs; only setup and aggregate must be written."""
+    agg = Aggregator()
+    model = torch.nn.Linear(2, 2)
+    assert agg.wrap(model) is model and agg.inside_backward is False and agg.virtual_time is False
+    assert agg.bucket is None and agg.compressor is None and agg.max_abs == math.inf
+    assert agg.summary() == {} and agg.state_dict() == {} and agg.benchmark_warmup() == 0
+    assert agg.measure(torch.zeros(3)) == {} and agg.measure_after(torch.zeros(3)) == {}
+    assert agg.preflight([]) is None and agg.prepare_benchmark([], None) is None and agg.close() is None
+    assert agg.load_state_dict({}) is None
+    with agg.codec_session(torch.zeros(3)):
+        pass
+    for call in (lambda: agg.setup([], RunContext(0, 1)), lambda: agg.aggregate(0)):
+        with pytest.raises(NotImplementedError):
+            call()
 
-        def setup(self, params, ctx): ...
-        def aggregate(self, iteration): return {}
-        def state_dict(self): return {}
-        def load_state_dict(self, state): ...
 
-    assert not isinstance(NoClose(), Aggregator)
-    NoClose.close = lambda self: None
-    assert isinstance(NoClose(), Aggregator)
+AGGREGATOR_OPTIONS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "aggregator")
+                            .glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", AGGREGATOR_OPTIONS)
+def test_every_aggregator_option_is_an_aggregator_with_sane_runner_facing_parts(compose_cfg, option):
+    """Every conf/aggregator option, bound to a one-rank run: the parts gvq/run, gvq/bench and
+    gvq/predict call are there with values of the declared kinds."""
+    agg = instantiate(compose_cfg(f"aggregator={option}").aggregator, _convert_="object")
+    assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} does not inherit Aggregator"
+    assert isinstance(agg.name, str) and agg.name and isinstance(agg.extra_fields, tuple)
+    assert isinstance(agg.inside_backward, bool) and isinstance(agg.virtual_time, bool)
+    assert agg.inside_backward == (agg.virtual_time is False) == option.startswith("ddp")
+    assert agg.compressor is None or isinstance(agg.compressor, Compressor)
+    assert agg.max_abs > 0 and isinstance(agg.benchmark_warmup(), int) and agg.benchmark_warmup() >= 0
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 36, 3))
+    agg.preflight(list(model.parameters()))
+    if agg.inside_backward:                   # torch DDP: wrapping needs a process group
+        return
+    agg.setup(list(model.parameters()), RunContext(0, 1))
+    try:
+        assert agg.wrap(model) is model
+        assert agg.bucket is not None and agg.bucket.numel() == sum(p.numel() for p in model.parameters())
+        assert isinstance(agg.summary(), dict) and isinstance(agg.state_dict(), dict)
+        assert isinstance(agg.any_bucket, bool)
+    finally:
+        agg.close()
+
+
+def test_allreduce_mean_averages_any_flat_tensor_in_place_for_a_bucketable_aggregator():
+    """The per-bucket entry point (what a DDP comm hook will call): one rank's mean is the tensor
+    itself; counters hold the iteration's bytes and codec times until reset."""
+    agg = RingAllReduce()
+    params = [torch.nn.Parameter(torch.zeros(5))]
+    agg.setup(params, RunContext(0, 1))
+    try:
+        bucket = torch.arange(7.0)
+        agg.reset_counters()
+        stats = agg.allreduce_mean_(bucket, 0)
+        assert torch.equal(bucket, torch.arange(7.0)) and stats["aggregate_s"] >= 0
+        assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"}
+        assert agg.any_bucket is True
+    finally:
+        agg.close()

@@ -17,13 +17,13 @@ def _powersgd_run(rank, world):
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
     agg = PowerSGDAggregator(rank=2, start_iter=1)
     agg.setup(params, RunContext(rank, world, seed=7))
-    q0 = {i: q.clone() for i, q in agg.lr.q.items()}
+    q0 = {i: q.clone() for i, q in agg.low_rank.q.items()}
     out = {"q0": q0, "stats": [], "result": [], "phat": [], "segs": [[(s.start, s.stop) for s in segs] for segs in (agg.p_segs, agg.q_segs)]}
     for it in range(ITERS):
         set_grads(params, grads_at(rank, it))
         out["stats"].append(agg.aggregate(it))
         out["result"].append(agg.bucket.clone())
-        out["phat"].append({i: t.clone() for i, t in agg.lr.phat.items()})
+        out["phat"].append({i: t.clone() for i, t in agg.low_rank.phat.items()})
     agg.close()
     return out
 
@@ -114,6 +114,41 @@ def test_powersgd_compression_error_is_the_local_projection_error(powersgd_run):
     assert ranks[0]["stats"][0]["compression_error"] == 0.0
 
 
+def test_compression_error_is_a_public_untimed_measurement_of_the_local_projection_error():
+    """compression_error(): this rank's ||M - P^ P^T M||^2 / ||M||^2 of the last compressed iteration,
+    the CSV column's value, read without touching the stopwatch, the wire or the state (one rank)."""
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    agg = PowerSGDAggregator(rank=2, start_iter=0)
+    agg.setup(params, RunContext(0, 1, seed=3))
+    try:
+        set_grads(params, grads_at(0, 0))
+        m = flat(grads_at(0, 0))                    # M = g: the error memory starts at zero
+        stats = agg.aggregate(0)
+        blocks = plan(SHAPES, 2, 2.0)
+        lost = sum(float((mb - ph @ (ph.t() @ mb)).pow(2).sum())
+                   for i, b in enumerate(blocks) if b.rank
+                   for mb, ph in [(m[b.start: b.stop].view(b.rows, b.cols), agg.low_rank.phat[i])])
+        counters, error = agg.counters(), agg.error.clone()
+        got = agg.compression_error()
+        assert got == pytest.approx(lost / float(m.pow(2).sum()), rel=1e-3) and 0 < got < 1
+        assert got == pytest.approx(stats["compression_error"], rel=1e-12)
+        assert agg.counters() == counters and torch.equal(agg.error, error)
+        assert agg.compression_error() == pytest.approx(got, rel=1e-12)        # reading twice: same value
+    finally:
+        agg.close()
+
+
+def test_prepare_benchmark_pins_the_compressed_phase_so_measurements_run():
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    agg = PowerSGDAggregator(rank=2, start_iter=10)
+    agg.setup(params, RunContext(0, 1))
+    agg.prepare_benchmark([torch.zeros(s) for s in SHAPES])
+    assert agg.compressing and agg.start_iter == 0
+    agg.measure(flat(grads_at(0, 0)))
+    assert agg.measure_after(flat(grads_at(0, 0)))["compression_error"] >= 0.0
+    agg.close()
+
+
 # -- error feedback --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make,key", [
@@ -136,4 +171,4 @@ def test_powersgd_state_roundtrips_for_a_bitwise_resume():
     a.error.normal_()
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.error, b.error)
-    assert all(torch.equal(a.lr.q[i], b.lr.q[i]) for i in a.lr.q)
+    assert all(torch.equal(a.low_rank.q[i], b.low_rank.q[i]) for i in a.low_rank.q)

@@ -11,7 +11,7 @@ def test_nonfinite_check_is_one_reduction_and_still_exact(monkeypatch):
     values whose sum overflows."""
     import torch
 
-    from gvq.aggregators.base import RunContext
+    from gvq.aggregators.base import Aggregator, RunContext
     from gvq.aggregators.rar import RingAllReduce
     from gvq.run import guards
 
@@ -25,7 +25,7 @@ def test_nonfinite_check_is_one_reduction_and_still_exact(monkeypatch):
         p.grad = torch.ones_like(p)
     agg = _NoDist()
     agg.setup(list(net.parameters()), RunContext(0, 1))
-    ddp_like = type("NoBucket", (), {})()      # aggregators without a flat buffer (torch DDP)
+    ddp_like = Aggregator()                    # the contract's default: no flat buffer (torch DDP)
 
     calls = []
     real = torch.isfinite
@@ -64,11 +64,12 @@ def test_an_aggregate_that_overflowed_is_skipped_or_named():
     every rank without a collective, since every rank holds the same aggregate."""
     import torch
 
+    from gvq.aggregators.base import Aggregator
     from gvq.run.guards import aggregated_overflow
     net = torch.nn.Linear(3, 2)
     for p in net.parameters():
         p.grad = torch.ones_like(p)
-    no_bucket = type("NoBucket", (), {})()
+    no_bucket = Aggregator()                   # no flat buffer: the per-parameter scan
     assert aggregated_overflow(net, no_bucket, 5, "error") is False
     net.bias.grad[1] = float("inf")
     assert aggregated_overflow(net, no_bucket, 5, "skip") is True
