@@ -147,8 +147,9 @@ def test_module_is_small(name):
 
 
 def test_tests_mirror_the_package():
-    """tests/<room>/test_<variant>.py tests gvq/<room>/<variant>(.py or package); the few test files
-    that check one property across a room's variants are named, with why, in MIRROR_EXCEPTIONS."""
+    """tests/<room>/test_<variant>.py tests gvq/<room>/<variant>(.py or package; _<variant>.py for a
+    room-private module); the few test files that check one property across a room's variants are
+    named, with why, in MIRROR_EXCEPTIONS."""
     rooms = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
     test_rooms = {p.name for p in (ROOT / "tests").iterdir() if (p / "__init__.py").exists()}
     assert rooms <= test_rooms, f"tests/ lacks a package for {sorted(rooms - test_rooms)}"
@@ -157,7 +158,7 @@ def test_tests_mirror_the_package():
         for t in sorted((ROOT / "tests" / room).glob("test_*.py")):
             variant = t.stem[len("test_"):]
             home = PKG / room
-            if not ((home / f"{variant}.py").exists() or (home / variant).is_dir()) \
+            if not any((home / f).exists() for f in (f"{variant}.py", f"_{variant}.py", variant)) \
                     and f"{room}/{t.name}" not in MIRROR_EXCEPTIONS:
                 orphans.append(f"tests/{room}/{t.name}")
     assert orphans == [], f"no gvq/<room>/<variant> to mirror: {orphans}"
