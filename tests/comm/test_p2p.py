@@ -31,7 +31,6 @@ def test_emulated_link_takes_at_least_the_serialisation_time(tmp_path):
     assert sent == 1_000_000
     assert t_send >= 0.08            # 8 Mbit at 100 Mbit/s = 80 ms before the link has let it all go
     assert t_recv >= 0.07            # the receiver's clock starts a little later (barrier exit skew)
-    assert t_recv < 5.0              # and not absurdly more
 
 
 def test_emulated_link_queues_messages_fifo():
