@@ -112,10 +112,16 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
 
 def add_clock_args(p) -> None:
     """``--clock wall|virtual --compute-scale X --codec-scale Y`` (as ``net.clock`` etc. in a run)."""
-    p.add_argument("--clock", choices=["wall", "virtual"], default="wall",
+    from gvq.run.schema import Clock
+    p.add_argument("--clock", choices=list(Clock), default="wall",
                    help="virtual: each rank's CPU time x the scales + the link model, nothing slept")
     p.add_argument("--compute-scale", type=float, default=1.0, help="virtual: forward/backward CPU time x this")
     p.add_argument("--codec-scale", type=float, default=1.0, help="virtual: compress/decompress CPU time x this")
+
+
+#: the clock flags' spelling in gvq.run.validate.check_clock's messages
+BENCH_CLOCK_FLAGS = {"clock": "--clock", "compute_scale": "--compute-scale", "codec_scale": "--codec-scale",
+                     "link": "--bandwidth"}
 
 
 def add_timeout_arg(p) -> None:
@@ -124,13 +130,14 @@ def add_timeout_arg(p) -> None:
 
 
 def check_clock_args(p, args, bandwidths: list) -> None:
-    """The run's clock rules (gvq.run.validate) for benchmark flags; ``p.error`` on a bad combination."""
-    if args.compute_scale <= 0 or args.codec_scale <= 0:
-        p.error("--compute-scale and --codec-scale must be > 0")
-    if args.clock == "wall" and (args.compute_scale != 1 or args.codec_scale != 1):
-        p.error("--compute-scale / --codec-scale apply to --clock virtual only")
-    if args.clock == "virtual" and any(b is None for b in bandwidths):
-        p.error("--clock virtual needs --bandwidth (the link model advances the clock)")
+    """The run's clock rules (:func:`gvq.run.validate.check_clock`) for benchmark flags; ``p.error`` on a
+    bad combination."""
+    from gvq.run.validate import ConfigError, check_clock
+    try:
+        check_clock(args.clock, args.compute_scale, args.codec_scale, all(b is not None for b in bandwidths),
+                    BENCH_CLOCK_FLAGS)
+    except ConfigError as e:
+        p.error(str(e))
 
 
 def clock_label(args) -> str:

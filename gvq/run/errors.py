@@ -8,9 +8,9 @@ Everything else propagates unchanged (a bug keeps its traceback).
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
-import re
 import sys
 import traceback
 
@@ -19,10 +19,10 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode, ValueNode
 
-from gvq.run.schema import TOP_LEVEL_KEYS, build_schema
+from gvq.run.schema import TOP_LEVEL_KEYS
 
 
 def one_line_errors(main) -> None:
@@ -53,44 +53,57 @@ def _raised_in_hydra(e: BaseException) -> bool:
 
 
 def describe(e: BaseException) -> str:
-    """One line for a composition error: which key or option, what is wrong, what is allowed."""
+    """One line for a composition error, from the exception's fields (OmegaConf's carry the full key,
+    the value and the node that refused it): which key or option, what is wrong, what is allowed."""
     if isinstance(e, MissingConfigException) and e.options is not None:
         return _missing_option(e)
     cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
     key = getattr(cause, "full_key", None)
-    text = _first_line(cause)
-    if key and re.search(r"not in|is not in struct", text):
-        return _unknown_key(str(key))
-    if key and ("could not be converted" in text or "is not a valid" in text):
-        value = re.search(r"Value '(.*?)'", text)
-        want = re.search(r"(?:converted to|is not a valid) (\w+)", text)
-        given = f"={value.group(1)}" if value else ""
-        return f"{key}{given}: expected {want.group(1).lower() if want else 'another type'}"
-    if key:
-        return f"{key}: {text}"
-    return _first_line(e)
+    if not key:
+        return _first_line(e)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.child_node is None:
+        return _unknown_key(str(key), cause.object_type)
+    if isinstance(cause, ValidationError) and isinstance(cause.child_node, ValueNode):
+        return f"{key}={_shown(cause.value)}: expected {_expected(cause.child_node)}"
+    return f"{key}: {_first_line(cause)}"
+
+
+def _expected(node: ValueNode) -> str:
+    if isinstance(node, EnumNode):
+        return "one of " + ", ".join(m.name for m in node.enum_type)
+    return _TYPE_WORDS.get(type(node), type(node).__name__.removesuffix("Node").lower())
+
+
+_TYPE_WORDS = {IntegerNode: "integer", FloatNode: "float", BooleanNode: "boolean (true or false)",
+               StringNode: "string"}
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)).join("[]") if isinstance(value, (list, tuple)) else str(value)
 
 
 def _missing_option(e: MissingConfigException) -> str:
-    found = re.search(r"Could not find '(.+)/([^/']+)'", str(e))
-    group, name = (found.group(1), found.group(2)) if found else ("option", "?")
+    group, _, name = (e.missing_cfg_file or "option/?").rpartition("/")
     near = difflib.get_close_matches(name, e.options, n=1)
     hint = f"did you mean {group}={near[0]}? " if near else ""
     return f"{group}={name}: no such option; {hint}options: {', '.join(e.options)}"
 
 
-def _unknown_key(full_key: str) -> str:
+def _unknown_key(full_key: str, object_type) -> str:
     parent, _, key = full_key.rpartition(".")
-    allowed = sorted(TOP_LEVEL_KEYS) if not parent else _keys_under(parent)
+    allowed = sorted(TOP_LEVEL_KEYS) if not parent else _keys_of(object_type)
     near = difflib.get_close_matches(key, allowed, n=1)
     hint = f"did you mean {f'{parent}.' if parent else ''}{near[0]}? " if near else ""
-    listed = f"allowed: {', '.join(allowed)}" if allowed else "see conf/"
+    listed = (f"allowed: {', '.join(allowed)}" if allowed else
+              "this option takes no keys" if dataclasses.is_dataclass(object_type) else "see conf/")
     return f"{full_key}: unknown key; {hint}{listed}"
 
 
-def _keys_under(path: str) -> list[str]:
-    node = OmegaConf.select(build_schema(), path, default=None)
-    return sorted(node.keys()) if OmegaConf.is_dict(node) else []
+def _keys_of(object_type) -> list[str]:
+    """The keys a schema dataclass allows (``_target_`` is not a knob)."""
+    if not dataclasses.is_dataclass(object_type):
+        return []
+    return sorted(f.name for f in dataclasses.fields(object_type) if f.name != "_target_")
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,21 +1,66 @@
-"""Typed schema of the composed config, registered in Hydra's ConfigStore as ``gvq_schema``.
+"""Typed schemas of the composed config, registered in Hydra's ConfigStore.
 
-It sits first in ``conf/config.yaml``'s defaults list, so Hydra rejects unknown keys (struct mode) and
-ill-typed values (``world_size=abc``) at compose time.  The top level cannot be a dataclass: ``lambda``
-is a Python keyword and no dataclass may hold it, so the top level is a DictConfig of typed nodes; the
-fixed-shape groups (``optim``, ``net``, ``logger``) are dataclasses.  ``aggregator``, ``model`` and
-``dataset`` are open: their keys are constructor kwargs checked by ``hydra.utils.instantiate``.
-Ranges (``world_size >= 1``, ``0 <= lambda < 1`` ...) are checked in code by :mod:`gvq.run.validate`.
+Two kinds, both checked by OmegaConf at compose time (an unknown key, an ill-typed value or a choice
+outside its enum is refused before anything runs):
+
+- ``gvq_schema``, the top level, first in ``conf/config.yaml``'s defaults list.  It cannot be a
+  dataclass: ``lambda`` is a Python keyword and no dataclass may hold it, so it is a DictConfig of typed
+  nodes with dataclasses for the fixed-shape groups (``optim``, ``logger``, ``checkpoint``).
+- one dataclass per option of the groups ``aggregator``, ``model``, ``dataset`` and ``net`` (see
+  :mod:`gvq.run.options`), stored as ``schema/<group>/<option>``; each option file names its own first
+  (``defaults: [/schema/aggregator/qsgd@_here_, _self_]``), so its keys are the constructor's keyword
+  arguments, typed.  The ``schema/`` group is never selected on the command line.
+
+String knobs with a fixed set of values are :class:`Choice` enums: a member is a ``str`` equal to its
+value, so constructors that receive one compare, hash and print it as the plain string.  Ranges
+(``world_size >= 1``, ``0 <= lambda < 1`` ...) are checked in code by :mod:`gvq.run.validate`.
 """
 from __future__ import annotations
 
+import enum
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from omegaconf.nodes import AnyNode, FloatNode, IntegerNode, StringNode
+from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNode
+
+
+class Choice(enum.StrEnum):
+    """A string knob's allowed values; members are named as their values (``Topology.ring == "ring"``)."""
+
+    def __reduce_ex__(self, protocol):
+        # pickled (spawned ranks, checkpoints) as the plain string: a loader needs neither this module
+        # nor to allow it (torch.load(weights_only=True))
+        return str, (self.value,)
+
+
+class Device(Choice):
+    cpu = "cpu"                 # gloo
+    cuda = "cuda"               # NCCL, one GPU per rank (or a shared GPU, host-staged)
+
+
+class NanPolicy(Choice):
+    error = "error"             # stop, naming rank and layer
+    skip = "skip"               # skip the step on every rank
+
+
+class Schedule(Choice):
+    cosine = "cosine"
+    step = "step"
+    constant = "constant"
+
+
+class Clock(Choice):
+    wall = "wall"               # real time; links emulated by sleeping
+    virtual = "virtual"         # each rank's CPU time x scales + the link model, computed
+
+
+class WandbMode(Choice):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
 
 
 @dataclass
@@ -24,7 +69,7 @@ class OptimSchema:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     nesterov: bool = False
-    schedule: str = "cosine"
+    schedule: Schedule = Schedule.cosine
     milestones: List[float] = field(default_factory=lambda: [0.5, 0.75])
     gamma: float = 0.1
     warmup_iters: int = 0
@@ -32,9 +77,10 @@ class OptimSchema:
 
 @dataclass
 class NetSchema:
+    """An emulated per-rank link (conf/net/*.yaml); gvq.run.validate holds the clock's rules."""
     bandwidth_bps: Optional[float] = None
     latency_s: float = 0.0
-    clock: str = "wall"
+    clock: Clock = Clock.wall
     compute_scale: float = 1.0
     codec_scale: float = 1.0
     exclusive: bool = True
@@ -43,7 +89,7 @@ class NetSchema:
 @dataclass
 class WandbSchema:
     enabled: bool = True
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     project: str = "gvq"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -63,33 +109,26 @@ class LoggerSchema:
     progress: bool = True
 
 
-def _open_group() -> Any:
-    """A group whose keys are constructor kwargs: must name a ``_target_``, anything else is free."""
-    node = OmegaConf.create({"_target_": StringNode(None)})
-    OmegaConf.set_struct(node, False)
-    return node
+#: option groups whose options each name a schema of their own (``schema/<group>/<option>``)
+TYPED_GROUPS = ("aggregator", "model", "dataset", "net")
 
 
 def build_schema() -> Any:
     schema = OmegaConf.create({
-        "aggregator": _open_group(),
-        "model": _open_group(),
-        "dataset": _open_group(),
         "optim": OmegaConf.structured(OptimSchema),
-        "net": OmegaConf.structured(NetSchema),
         "logger": OmegaConf.structured(LoggerSchema),
         "world_size": IntegerNode(2),
         "seed": IntegerNode(0),
-        "device": StringNode("cpu"),
+        "device": EnumNode(Device, Device.cpu),
         "iterations": IntegerNode(300),
         "eval_every": IntegerNode(50),
         "batch_size": IntegerNode(32),
         "timeout_s": FloatNode(60.0),
-        "nan_policy": StringNode("error"),
+        "nan_policy": EnumNode(NanPolicy, NanPolicy.error),
         "checkpoint": OmegaConf.structured(CheckpointSchema),
         "resume": StringNode(None),
         "lambda": FloatNode(0.01),
-        "K": AnyNode("auto"),
+        "K": AnyNode("auto"),           # auto | x<m> | an int: gvq.run.validate.check_k
         "s": FloatNode(float("inf")),
         "L_t": IntegerNode(100),
         "L_c": IntegerNode(400),
@@ -97,17 +136,22 @@ def build_schema() -> Any:
     })
     # struct on the fixed-shape groups only: a struct root would be inherited by Hydra's own ``hydra``
     # node and break presets that set ``hydra.sweeper.params``.  Unknown top-level keys are still
-    # rejected: Hydra refuses overrides of absent keys, and gvq.run.validate checks the key set.
-    for group in ("optim", "net", "logger"):
+    # rejected: Hydra refuses overrides of absent keys, and gvq.run.validate checks the key set.  The
+    # typed groups are absent here: an open node here would make their options' schemas non-struct.
+    for group in ("optim", "logger", "checkpoint"):
         OmegaConf.set_struct(schema[group], True)
     return schema
 
 
-TOP_LEVEL_KEYS = frozenset(build_schema().keys())
+TOP_LEVEL_KEYS = frozenset(build_schema().keys()) | frozenset(TYPED_GROUPS)
 
 
 def register() -> None:
-    ConfigStore.instance().store(name="gvq_schema", node=build_schema())
+    from gvq.run.options import OPTION_SCHEMAS
+    store = ConfigStore.instance()
+    store.store(name="gvq_schema", node=build_schema())
+    for (group, option), schema in OPTION_SCHEMAS.items():
+        store.store(group=f"schema/{group}", name=option, node=schema)
     # ``${gvq_uid:}`` in the run / sweep dirs (conf/hydra/default.yaml): two runs started in the same
     # microsecond still get two dirs.  Cached like Hydra's ``now``, and Hydra copies the cache into every
     # job of a sweep, so a sweep's jobs share their sweep dir.

@@ -1,0 +1,259 @@
+"""One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/`` or
+``net/`` builds, stored by :func:`gvq.run.schema.register` as ``schema/<group>/<name>``.
+
+Each option file names its schema first in its defaults list (``/schema/aggregator/qsgd@_here_``), so
+OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
+choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema's fields are its
+``_target_``'s keyword arguments, with the same defaults (``tests/run/test_options.py`` holds them to the
+signature); what a constructor's value means is said in the option files.  No torch here: the CLI
+imports this before Hydra composes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gvq.run.schema import Choice, NetSchema
+
+# -- choices -----------------------------------------------------------------------------------------
+
+
+class Topology(Choice):
+    ring = "ring"               # decode-add-encode (or summed payloads) around a ring
+    allgather = "allgather"     # every rank's payload to every rank, decoded once each
+    ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
+
+
+class Hop(Choice):
+    auto = "auto"               # sum payloads on the ring when the compressor is additive
+    sum = "sum"                 # always sum (refused for a non-additive compressor)
+    reencode = "reencode"       # always decode-add-encode
+
+
+class Hook(Choice):
+    allreduce = "allreduce"
+    fp16 = "fp16"
+    powersgd = "powersgd"
+
+
+class Sampling(Choice):
+    qsgd = "qsgd"
+    rar = "rar"
+
+
+class Norm(Choice):
+    l2 = "l2"
+    max = "max"
+
+
+class Fit(Choice):
+    histogram = "histogram"
+    sorted = "sorted"
+
+
+class Threshold(Choice):
+    lloyd = "lloyd"
+    mean = "mean"
+
+
+class Mu(Choice):
+    slice = "slice"
+    group = "group"
+
+
+class BasisDtype(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+# -- compressors ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Bucketed:
+    bucket: Optional[int] = 2048
+    clip: Optional[float] = None
+
+
+@dataclass
+class QSGDSchema(_Bucketed):
+    _target_: str = "gvq.compressors.qsgd.QSGD"
+    bits: Optional[int] = 4
+    levels: Optional[int] = None
+    norm: Norm = Norm.l2
+
+
+@dataclass
+class LinearSchema(_Bucketed):
+    _target_: str = "gvq.compressors.linear.Linear"
+    levels: int = 5
+    fit: Fit = Fit.histogram
+
+
+@dataclass
+class ORQSchema(LinearSchema):
+    _target_: str = "gvq.compressors.orq.ORQ"
+
+
+@dataclass
+class BinGradBSchema(_Bucketed):
+    _target_: str = "gvq.compressors.bingrad_b.BinGradB"
+    threshold: Threshold = Threshold.lloyd
+    fit: Fit = Fit.histogram
+
+
+@dataclass
+class BinGradPBSchema(_Bucketed):
+    _target_: str = "gvq.compressors.bingrad_pb.BinGradPB"
+    fit: Fit = Fit.histogram
+
+
+@dataclass
+class SignSGDSchema(_Bucketed):
+    _target_: str = "gvq.compressors.signsgd.ScaledSignSGD"
+
+
+@dataclass
+class TernGradSchema(_Bucketed):
+    _target_: str = "gvq.compressors.terngrad.TernGrad"
+
+
+@dataclass
+class FP16Schema:
+    _target_: str = "gvq.compressors.fp16.FP16"
+
+
+@dataclass
+class GradiVeQSchema:
+    _target_: str = "gvq.compressors.gradiveq.codec.GradiVeQ"
+    lam: float = 0.01
+    K: Any = "auto"             # auto | x<m> | an int (gvq.compressors.gradiveq.layout.parse_K)
+    s: float = float("inf")
+    pool: bool = False
+    d: Optional[int] = None
+    target_ratio: Optional[float] = None
+    mu: Mu = Mu.slice
+    basis_dtype: BasisDtype = BasisDtype.float32
+
+
+# -- aggregators ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Compressed:
+    _target_: str = "gvq.aggregators.compressed.CompressedAggregator"
+    topology: Topology = Topology.ring
+    hop: Hop = Hop.auto
+
+
+def _compressed(schema: type) -> type:
+    """A CompressedAggregator schema whose ``compressor`` node is ``schema``."""
+    cls = dataclass(type(f"Compressed{schema.__name__}", (_Compressed,), {
+        "__annotations__": {"compressor": schema}, "compressor": field(default_factory=schema),
+        "__module__": __name__}))
+    globals()[cls.__name__] = cls       # importable by name: a pickled config finds its class
+    return cls
+
+
+@dataclass
+class RingAllReduceSchema:
+    _target_: str = "gvq.aggregators.rar.RingAllReduce"
+
+
+@dataclass
+class DDPSchema:
+    _target_: str = "gvq.aggregators.ddp.DDPAggregator"
+    hook: Hook = Hook.allreduce
+    rank: int = 2
+    start_iter: int = 10
+    min_compression_rate: float = 2.0
+    bucket_cap_mb: float = 25.0
+
+
+@dataclass
+class PowerSGDSchema:
+    _target_: str = "gvq.aggregators.powersgd.PowerSGDAggregator"
+    rank: int = 2
+    start_iter: int = 10
+    min_compression_rate: float = 2.0
+    warm_start: bool = True
+
+
+@dataclass
+class GradiVeQAggregatorSchema:
+    _target_: str = "gvq.aggregators.gradiveq.GradiVeQAggregator"
+    compressor: GradiVeQSchema = field(default_factory=GradiVeQSchema)
+    L_t: int = 100
+    L_c: int = 400
+    warmup: int = 0
+    sampling: Sampling = Sampling.qsgd
+    qsgd_bits: int = 4
+    qsgd_bucket: Optional[int] = 2048
+    qsgd_norm: Norm = Norm.max
+    monitor_threshold: Optional[float] = None
+    pieces: int = 4
+
+
+# -- models and data sets ------------------------------------------------------------------------------
+
+
+@dataclass
+class DigitsCNNSchema:
+    _target_: str = "gvq.models.DigitsCNN"
+    width: int = 16
+
+
+@dataclass
+class ResNetSchema:
+    _target_: str = "gvq.models.resnet20"      # resnet20 | resnet32 | resnet56 | resnet110: no knobs
+
+
+@dataclass
+class DigitsSchema:
+    _target_: str = "gvq.data.digits"
+    test_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class CifarSchema:
+    _target_: str = "gvq.data.cifar10"         # cifar10 | cifar100
+    root: str = "data"
+    download: bool = False
+
+
+@dataclass
+class SyntheticSchema:
+    _target_: str = "gvq.data.synthetic"
+    num_classes: int = 100
+    n_train: int = 2048
+    n_test: int = 512
+    image_size: int = 32
+    channels: int = 3
+    seed: int = 0
+
+
+#: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``
+OPTION_SCHEMAS: dict[tuple[str, str], type] = {
+    ("aggregator", "rar"): RingAllReduceSchema,
+    ("aggregator", "fp16"): _compressed(FP16Schema),
+    ("aggregator", "qsgd"): _compressed(QSGDSchema),
+    ("aggregator", "linear"): _compressed(LinearSchema),
+    ("aggregator", "orq"): _compressed(ORQSchema),
+    ("aggregator", "bingrad_b"): _compressed(BinGradBSchema),
+    ("aggregator", "bingrad_pb"): _compressed(BinGradPBSchema),
+    ("aggregator", "signsgd"): _compressed(SignSGDSchema),
+    ("aggregator", "terngrad"): _compressed(TernGradSchema),
+    ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
+    ("aggregator", "powersgd"): PowerSGDSchema,
+    ("aggregator", "ddp"): DDPSchema,
+    ("model", "cnn"): DigitsCNNSchema,
+    ("model", "resnet"): ResNetSchema,
+    ("dataset", "digits"): DigitsSchema,
+    ("dataset", "cifar"): CifarSchema,
+    ("dataset", "synthetic"): SyntheticSchema,
+    ("net", "link"): NetSchema,
+}
+
+#: keyword arguments a constructor takes that no option file sets: supplied when it is built
+RUNTIME_KWARGS = frozenset({"world_size", "num_classes", "in_channels"})
