@@ -42,7 +42,7 @@ class CompressedAggregator(FlatAggregator):
         self._segs: tuple[int, list[slice]] | None = None
 
     def state_dict(self) -> dict:
-        # the compressor's own state (dither generator and bank, learned bases) as tensors: a checkpoint
+        # the compressor's own state (dither generator and lanes, learned bases) as tensors: a checkpoint
         # is data, never objects to unpickle
         return {"compressor": self.compressor.state_dict()}
 

@@ -28,17 +28,17 @@ from gvq.compressors.terngrad import TernGrad
 
 #: every stochastic quantizer configuration (GradiVeQ's sampling QSGD is ``qsgd4_max``)
 CONFIGS = {
-    "qsgd4_max": lambda d: QSGD(bits=4, norm="max", dither=d),
-    "qsgd4_l2": lambda d: QSGD(bits=4, norm="l2", dither=d),
-    "qsgd2_max": lambda d: QSGD(bits=2, norm="max", dither=d),
-    "qsgd5": lambda d: QSGD(levels=5, dither=d),
-    "terngrad": lambda d: TernGrad(dither=d),
-    "terngrad_clip": lambda d: TernGrad(clip=2.5, dither=d),
-    "orq3": lambda d: ORQ(levels=3, dither=d),
-    "orq5": lambda d: ORQ(levels=5, dither=d),
-    "orq9": lambda d: ORQ(levels=9, dither=d),
-    "linear5": lambda d: Linear(levels=5, dither=d),
-    "bingrad_pb": lambda d: BinGradPB(dither=d),
+    "qsgd4_max": lambda: QSGD(bits=4, norm="max"),
+    "qsgd4_l2": lambda: QSGD(bits=4, norm="l2"),
+    "qsgd2_max": lambda: QSGD(bits=2, norm="max"),
+    "qsgd5": lambda: QSGD(levels=5),
+    "terngrad": lambda: TernGrad(),
+    "terngrad_clip": lambda: TernGrad(clip=2.5),
+    "orq3": lambda: ORQ(levels=3),
+    "orq5": lambda: ORQ(levels=5),
+    "orq9": lambda: ORQ(levels=9),
+    "linear5": lambda: Linear(levels=5),
+    "bingrad_pb": lambda: BinGradPB(),
 }
 LAGS = (1, 2, 3, 5, 10)
 
@@ -75,7 +75,7 @@ def independence(comp, v: torch.Tensor, calls: int = 2000, block: int = 100) -> 
     return out
 
 
-def independence_table(names, sizes, dither: str = "fresh", calls: int = 2000, block: int = 100, seed: int = 0):
+def independence_table(names, sizes, calls: int = 2000, block: int = 100, seed: int = 0):
     """One row per (quantizer, vector size): the z-scores, on a Laplace-distributed vector."""
     import pandas as pd
 
@@ -85,9 +85,9 @@ def independence_table(names, sizes, dither: str = "fresh", calls: int = 2000, b
     for numel in sizes:
         v = laplace_vector(numel, seed=seed)
         for name in names:
-            comp = CONFIGS[name](dither)
+            comp = CONFIGS[name]()
             comp.reseed(seed)
-            rows.append({"quantizer": name, "dither": dither, **independence(comp, v, calls, block)})
+            rows.append({"quantizer": name, **independence(comp, v, calls, block)})
     return pd.DataFrame(rows)
 
 
@@ -102,14 +102,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gvq.analysis dither", description=__doc__.split("\n\n")[0])
     p.add_argument("--quantizers", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--sizes", nargs="+", type=int, default=[2048, 100_000])
-    p.add_argument("--dither", choices=("fresh", "bank"), default="fresh")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--block", type=int, default=100)
     p.add_argument("--out", default=None, help="also write the table as CSV here")
     args = p.parse_args(argv)
-    df = independence_table(args.quantizers, args.sizes, args.dither, args.calls, args.block)
+    df = independence_table(args.quantizers, args.sizes, args.calls, args.block)
     df["independent"] = [verdict(r) for _, r in df.iterrows()]
-    print(f"# dither={args.dither}: z-scores of {args.calls} consecutive calls (0 +- 1 if independent; "
+    print(f"# z-scores of {args.calls} consecutive calls (0 +- 1 if independent; "
           f"bar: |lag| <= 5, |block|, |within| <= 4)")
     print(df.to_markdown(index=False, floatfmt=".3g"))
     if args.out:

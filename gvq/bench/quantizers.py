@@ -4,7 +4,7 @@ Single-thread quantize / dequantize throughput of a compressor on a gradient-siz
 
 ``quantizer_throughput(QSGD(bits=4))`` -> GB/s of fp32 input consumed (quantize) and produced
 (dequantize), median over ``reps`` timed calls after one untimed warm-up call (which builds lookup tables,
-scratch buffers and the dither bank, one-off costs a training run pays once).  One intra-op thread, as
+scratch buffers and the dither lanes, one-off costs a training run pays once).  One intra-op thread, as
 each rank runs on this 2-core machine; the previous thread count is restored.  The input is Laplacian
 (scale 1e-3, fixed seed): gradients are heavy-tailed, and BinGrad-b's Lloyd rounds depend on the shape.
 """
@@ -32,9 +32,8 @@ def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tens
 
 def alternated_ms(a: Compressor, b: Compressor, numel: int = RESNET32_PARAMS,
                   reps: int = 20) -> tuple[float, float]:
-    """Median compress ms of two variants of a quantizer (fresh draws vs the dither bank; the histogram
-    fit vs the sorted one), calls alternated so a noisy spell on the host hits both alike (the ratio is
-    the figure)."""
+    """Median compress ms of two variants of a quantizer (the histogram fit vs the sorted one), calls
+    alternated so a noisy spell on the host hits both alike (the ratio is the figure)."""
     with one_thread():
         x, seg = laplace_vector(numel), slice(0, numel)
         times: dict[int, list[float]] = {0: [], 1: []}
@@ -42,7 +41,7 @@ def alternated_ms(a: Compressor, b: Compressor, numel: int = RESNET32_PARAMS,
             comp = (a, b)[rep % 2]
             t0 = time.perf_counter()
             comp.compress(x, seg)
-            if rep >= 4:                                  # the first two each: buffers, lanes, bank
+            if rep >= 4:                                  # the first two each: buffers, lanes
                 times[rep % 2].append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
 
@@ -81,10 +80,6 @@ def main(argv: list[str]) -> list[dict]:
     for name in args.aggregators:
         comp = make_aggregator(name, args.set).compressor
         row = {"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)}
-        if getattr(comp, "stochastic", False):      # the dither's cost: fresh draws vs the opt-in bank
-            bank = make_aggregator(name, [*args.set, "aggregator.compressor.dither=bank"]).compressor
-            fresh_ms, bank_ms = alternated_ms(comp, bank, numel=args.numel, reps=args.reps)
-            row.update(quantize_ms_fresh_alt=fresh_ms, quantize_ms_bank=bank_ms, fresh_over_bank=fresh_ms / bank_ms)
         if name in FITTED and comp.fit == "histogram":  # the sort-free fit against the sorted reference
             ref = make_aggregator(name, [*args.set, "aggregator.compressor.fit=sorted"]).compressor
             hist_ms, sorted_ms = alternated_ms(comp, ref, numel=args.numel, reps=args.reps)
@@ -93,9 +88,8 @@ def main(argv: list[str]) -> list[dict]:
         rows.append(row)
     import pandas as pd
     print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}; "
-          "stochastic ones also fresh and dither=bank alternated call by call (quantize_ms_fresh_alt, "
-          "quantize_ms_bank, fresh_over_bank: the cost of fresh draws); fitted ones also against fit=sorted, "
-          "alternated (quantize_ms_hist_alt, quantize_ms_sorted, sorted_over_histogram: the sort-free fit's gain)")
+          "fitted ones also against fit=sorted, alternated call by call (quantize_ms_hist_alt, "
+          "quantize_ms_sorted, sorted_over_histogram: the sort-free fit's gain)")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

@@ -15,11 +15,8 @@ Checks: NaN/Inf inputs, and statistics overflowing float32, raise ValueError.  C
 each value clipped to +-c*RMS of its bucket first (TernGrad's sign(v) * min(|v|, c*sigma)); null = off.
 
 Dither (stochastic rounding): code = floor(y + u), u uniform on the 65536 midpoints of (0, 1): bias <=
-2**-17 of a level step.  ``dither``: ``fresh`` (default) draws new u for every value on every call
-(:mod:`gvq.compressors._dither`), independent within and across calls, as QSGD's and TernGrad's analyses
-assume; ``bank`` (opt-in, faster) reads a stored bank of max(2**16, 2n) values at a random offset and
-redraws an eighth of what it read: each u exactly uniform, but consecutive calls' errors correlate (lag-1
-autocorrelation of a call's total error +0.15..0.30).
+2**-17 of a level step, new u for every value on every call (:mod:`gvq.compressors._dither`), independent
+within and across calls, as QSGD's and TernGrad's analyses assume.
 """
 from __future__ import annotations
 
@@ -30,14 +27,13 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._dither import BANK_MIN, DitherLanes, add_bank_window  # noqa: F401 (re-exported)
+from gvq.compressors._dither import DitherLanes
 from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401 (re-exported)
                                       unpack, word_format)
 from gvq.compressors.base import Compressor
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
-DITHERS = ("fresh", "bank")
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
@@ -69,11 +65,6 @@ def check_choice(key: str, value, choices: tuple[str, ...], why: str) -> str:
     if value not in choices:
         raise ValueError(f"{key}={value!r}: must be one of {', '.join(choices)} ({why})")
     return value
-
-
-def check_dither(dither) -> str:
-    return check_choice("dither", dither, DITHERS, "fresh: independent draws every call; bank: faster, "
-                        "reuses stored uniforms across calls")
 
 
 def has_data(x: Tensor) -> bool:
@@ -111,21 +102,19 @@ class BucketQuantizer(Compressor):
     levels: int = 2
     n_side: int = 1
     dense: bool = True
-    dither_base: float = 0.0   # constant every dithered y is shifted by (folded into the bank)
+    dither_base: float = 0.0   # constant every dithered y is shifted by
     #: True where a NaN/Inf input always makes the side info NaN/Inf (norms, means, maxima): the input
     #: check then runs only when the side info is bad (saves a pass over the data)
     side_flags_nonfinite: bool = False
 
-    def __init__(self, bucket: int | None = 2048, clip: float | None = None, dither: str = "fresh"):
+    def __init__(self, bucket: int | None = 2048, clip: float | None = None):
         self.bucket = check_bucket(bucket)
         self.clip = check_clip(clip)
-        self.dither = check_dither(dither)       # fresh: independent across calls | bank: faster, correlated
         self.reseed(0)
 
-    def __getstate__(self):       # scratch buffers are not state (the dither bank and lanes are:
-        # checkpoints resume bitwise); the generator travels as bytes,
-        bank = {k: v.clone() for k, v in self._ws.items() if k == "bank"}
-        return {**self.__dict__, "_ws": bank, "gen": self.gen.get_state().numpy().tobytes(),
+    def __getstate__(self):       # scratch buffers are not state (the dither lanes are: checkpoints
+        # resume bitwise); the generator and lanes travel as bytes,
+        return {**self.__dict__, "_ws": {}, "gen": self.gen.get_state().numpy().tobytes(),
                 "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
 
     def __setstate__(self, state):  # not as tensors (spawn would share them through a file descriptor,
@@ -137,14 +126,12 @@ class BucketQuantizer(Compressor):
         self.__dict__.update(state, gen=gen, lanes=lanes)
 
     def state_dict(self) -> dict:
-        """The dither generator, lanes and bank (a bitwise resume draws the same uniforms next)."""
-        bank = self._ws.get("bank")
-        return {"gen": self.gen.get_state(), **self.lanes.state_dict(),
-                **({"bank": bank.clone()} if bank is not None else {})}
+        """The dither generator and lanes (a bitwise resume draws the same uniforms next)."""
+        return {"gen": self.gen.get_state(), **self.lanes.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.gen.set_state(state["gen"])
-        self._ws = {"bank": state["bank"].clone()} if "bank" in state else {}
+        self._ws = {}
         self.lanes = DitherLanes()
         if "lanes" in state:
             self.lanes.load_state_dict(state)
@@ -165,7 +152,7 @@ class BucketQuantizer(Compressor):
     def reseed(self, seed: int) -> None:
         """Seed the dither (the engine calls this per rank); deterministic methods ignore it."""
         self.gen = torch.Generator().manual_seed(int(seed))
-        self._ws = {}                                 # drops the dither bank and lanes: same seed, same draws
+        self._ws = {}                                 # and new lanes: same seed, same draws
         self.lanes = DitherLanes()
 
     @property
@@ -244,11 +231,11 @@ class BucketQuantizer(Compressor):
 
     def dither_floor_(self, y: Tensor, shifted: bool = False, scale: Tensor | None = None) -> Tensor:
         """Unbiased stochastic rounding, in place: integer codes ``floor(y + base + u)`` clamped to
-        [0, levels), u fresh (``dither=fresh``) or from the bank (``base`` = ``self.dither_base``);
-        ``shifted``: y already holds + ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not
-        written), on the host in one fused pass (``_fused.scale_dither_floor``, the torch ops' floats)."""
+        [0, levels), u fresh from the lanes (``base`` = ``self.dither_base``); ``shifted``: y already
+        holds + ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not written), on the host in
+        one fused pass (``_fused.scale_dither_floor``, the torch ops' floats)."""
         codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
-        if scale is not None and self.dither == "fresh" and not shifted and fused.enabled(y) \
+        if scale is not None and not shifted and fused.enabled(y) \
                 and y.is_contiguous() and y.dtype == torch.float32 and y.dim() == 2:
             u = self.lanes.uniform16(y.numel(), y.device, self.gen)
             fused.scale_dither_floor(y.numpy(), scale.reshape(-1).contiguous().numpy(), self.dither_shift,
@@ -256,16 +243,11 @@ class BucketQuantizer(Compressor):
             return codes
         if scale is not None:
             y = torch.mul(y, scale, out=self.scratch_like("y", y))
-        if self.dither == "bank":
-            if shifted:                                 # the bank's uniforms carry the shift
-                y.sub_(self.dither_shift)
-            add_bank_window(self, y)
-        else:
-            u = self.scratch("u", y.shape, torch.float32, y.device)
-            u.copy_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape))
-            y.add_(u, alpha=2.0 ** -16)
-            if not shifted:
-                y.add_(self.dither_shift)
+        u = self.scratch("u", y.shape, torch.float32, y.device)
+        u.copy_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape))
+        y.add_(u, alpha=2.0 ** -16)
+        if not shifted:
+            y.add_(self.dither_shift)
         return codes.copy_(y).clamp_(max=self.levels - 1)             # float -> int truncates = floor
 
     def round_to_levels(self, rows: Tensor, levels: Tensor) -> Tensor:

@@ -1,9 +1,9 @@
 """Fresh uniforms for stochastic rounding on every call, fast: lanes of 64-bit linear congruential
 generators stepped in place, an xor-fold as output function (PCG's idea, without its rotation).
 
-Why not the compressor's ``torch.Generator``: mt19937 gives ~8 ns per 64 random bits here, so a fresh
-16-bit uniform for each of ResNet-32's 470,000 values costs ~1 ms, two thirds of 4-bit QSGD's whole
-compress.  Four torch ops over n/4 int64 lanes cost ~0.25 ms.
+Why not the compressor's ``torch.Generator``: mt19937 spends several nanoseconds per 64 random bits, so
+a fresh 16-bit uniform for every value would cost most of 4-bit QSGD's whole compress; four torch ops
+over n/4 int64 lanes (or one fused pass) cost a fraction of that.
 
 * Each lane holds a 64-bit state s, seeded with 64 random bits from the compressor's seeded generator
   (same seed, same draws: resumes are bitwise, ranks seeded apart draw apart).
@@ -12,9 +12,8 @@ compress.  Four torch ops over n/4 int64 lanes cost ~0.25 ms.
   the high half of s (the LCG's good bits) is folded onto the low half (its weak bits, bit k having
   period 2^(k+1)).
 * Lanes are independent of each other (independent seeds); a lane is stepped on every call that reads it,
-  so no call reuses another's uniforms (the old dither bank did: errors of consecutive calls correlated,
-  lag-1 autocorrelation of a call's total error +0.15..0.30).  ``tests/compressors/test_dither.py``
-  measures the independence statistics across 2,000 calls.
+  so no call reuses another's uniforms (reused draws would correlate the errors of consecutive calls).
+  ``tests/analysis/test_dither.py`` measures the independence statistics across 2,000 calls.
 """
 from __future__ import annotations
 
@@ -23,8 +22,6 @@ from torch import Tensor
 
 from gvq.compressors import _fused as fused
 
-BANK_MIN = 1 << 16               # dither=bank: values kept per compressor (and >= 2x the largest batch)
-BANK_REFRESH = 8                 # each call redraws 1/8 as many bank values as it read
 A = 6364136223846793005          # Knuth's MMIX multiplier (a = 1 mod 4, c odd: full period)
 C = 1442695040888963407
 
@@ -73,30 +70,3 @@ class DitherLanes:
 
     def load_state_dict(self, sd: dict) -> None:
         self.state, self._tmp, self._c = sd["lanes"].clone(), None, None     # moved on the next draw
-
-
-# ---- dither=bank (opt-in): a stored bank of base + u values, read at a random window ------------------
-def add_bank_window(q, y: Tensor) -> None:
-    """y += a window of quantizer ``q``'s bank (``q._ws["bank"]``, grown to >= 2 y.numel(), on y's
-    device), then an eighth as many bank values redrawn."""
-    n = y.numel()
-    bank = q._ws.get("bank")
-    if bank is not None and bank.device != y.device:    # a resumed bank (loaded on the host)
-        bank = q._ws["bank"] = bank.to(y.device)
-    if bank is None or bank.numel() < 2 * n:
-        bank = q._ws["bank"] = torch.empty(max(BANK_MIN, 2 * n), device=y.device)
-        _redraw(q, bank, 0, bank.numel())
-    # window offsets: host integers from the seeded host generator (an index, not data)
-    at = int(torch.randint(0, bank.numel() - n + 1, (1,), generator=q.gen, device="cpu"))
-    y.add_(bank[at: at + n].view_as(y))
-    fresh = -(-n // BANK_REFRESH)
-    _redraw(q, bank, int(torch.randint(0, bank.numel() - fresh + 1, (1,), generator=q.gen, device="cpu")), fresh)
-
-
-def _redraw(q, bank: Tensor, at: int, count: int) -> None:
-    """bank[at:at+count] = base + u (``q.dither_shift`` = base + the offset), u on the 65536 midpoints of
-    (0, 1): 16-bit random integers, four per int64 draw (5x cheaper than ``torch.rand``)."""
-    words = q.scratch("words", (-(-count // 4),), torch.int64, "cpu")       # the seeded host
-    words = words.random_(-2 ** 63, None, generator=q.gen).to(bank.device)  # generator's, moved
-    part = bank[at: at + count]
-    part.copy_(words.view(torch.int16)[:count]).mul_(2.0 ** -16).add_(q.dither_shift)

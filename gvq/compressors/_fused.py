@@ -16,8 +16,8 @@ float32, so an edge on a rounding tie may land one bin over: tests hold the two 
 (to float round-off) and the same error (``tests/compressors/test_quantizers.py`` runs every test on
 both).
 
-Used on host tensors; CUDA and meta tensors, ``dither: bank`` and ``fit: sorted`` take the torch path, as
-does everything with ``GVQ_FUSED=0`` (to compare, or where numba is missing).  Compiled on first use and
+Used on host tensors; CUDA and meta tensors and ``fit: sorted`` take the torch path, as does everything
+with ``GVQ_FUSED=0`` (to compare, or where numba is missing).  Compiled on first use and
 cached beside this file (``cache=True``): a few seconds once per checkout, 0.1-0.4 s per process after.
 """
 from __future__ import annotations

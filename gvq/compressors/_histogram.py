@@ -21,7 +21,7 @@ layer-wise buckets, ``bucket: null``, not in 2048-value ones).
 
 Two implementations of the same fits: on host tensors one fused numba kernel per call encodes every bucket
 while it sits in cache (:mod:`gvq.compressors._fused`, ``encode_fused``: 2-3x faster, 0.4-0.96 GB/s at
-ResNet-32 size); the torch ops below serve CUDA and meta tensors, ``dither: bank`` and ``GVQ_FUSED=0``.
+ResNet-32 size); the torch ops below serve CUDA and meta tensors and ``GVQ_FUSED=0``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import check_choice, check_finite, digit_dtype, has_data
+from gvq.compressors._bucketing import BucketQuantizer, check_choice, check_finite, digit_dtype, has_data
 
 FITS = ("histogram", "sorted")
 
@@ -148,8 +148,8 @@ def encode_on_grid(q, rows: Tensor, fit_edges) -> tuple[Tensor, Tensor]:
 
 def fused_serves(q, rows) -> bool:
     """True where a fused kernel (:mod:`gvq.compressors._fused`) encodes quantizer ``q``'s buckets
-    ``rows``: ``fit: histogram`` with fresh dither, float32 contiguous host data."""
-    return (q.fit == "histogram" and q.dither == "fresh" and fused.enabled(rows)
+    ``rows``: ``fit: histogram``, float32 contiguous host data."""
+    return (q.fit == "histogram" and fused.enabled(rows)
             and rows.dtype == torch.float32 and rows.is_contiguous())
 
 
@@ -175,3 +175,58 @@ def encode_fused(q, rows: Tensor, kernel, absolute: bool = False) -> tuple[Tenso
     kernel(rows.detach().numpy(), bounds.numpy(), bins_for(n), q.dither_shift, u.numpy(), codes.numpy(),
            side.numpy())
     return codes, side
+
+
+class HistogramQuantizer(BucketQuantizer):
+    """Base of the quantizers that fit their levels to each bucket (Linear-s, ORQ-s, BinGrad-b,
+    BinGrad-pb): the one encode dispatch over three ways to the same fit, the fused host kernel
+    (``fit: histogram`` on float32 host data, :func:`encode_fused`), the torch histogram ops (CUDA,
+    meta, ``GVQ_FUSED=0``) and the sorted reference (``fit: sorted``).  A subclass supplies its kernel
+    (``fused_kernel``) and its two torch fits (``_encode_histogram``, ``_encode_sorted``), each
+    returning ``(codes, side)`` as ``_encode`` does."""
+
+    absolute: bool = False     # the fused kernel's grid: (min, max) of a bucket, or (0, max|v|)
+
+    def __init__(self, bucket: int | None, clip: float | None, fit: str):
+        super().__init__(bucket, clip)
+        self.fit = check_fit(fit)
+
+    def fused_kernel(self):
+        """The ``_fused`` entry point that encodes these buckets, or None where it has none."""
+        raise NotImplementedError
+
+    def _encode(self, rows):
+        kernel = self.fused_kernel()
+        if kernel is not None and fused_serves(self, rows):
+            return encode_fused(self, rows, kernel, absolute=self.absolute)
+        return self._encode_sorted(rows) if self.fit == "sorted" else self._encode_histogram(rows)
+
+    def _encode_histogram(self, rows):
+        raise NotImplementedError
+
+    def _encode_sorted(self, rows):
+        raise NotImplementedError
+
+
+class LevelQuantizer(HistogramQuantizer):
+    """s levels per bucket sent as its side floats, each value rounded at random to a neighbouring one
+    (Eq. 7), decoded by lookup (Linear-s, ORQ-s).  A subclass supplies the fit only: ``sorted_levels``
+    (levels (m, s) of sorted buckets) and ``grid_edges`` (integer edges (m, s) of bucket histograms)."""
+
+    side_flags_nonfinite = True    # min and max are levels: NaN/Inf propagate into them
+
+    def sorted_levels(self, srt: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def grid_edges(self, counts: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _encode_histogram(self, rows):
+        return encode_on_grid(self, rows, self.grid_edges)
+
+    def _encode_sorted(self, rows):
+        levels = self.sorted_levels(rows.sort(dim=1).values)
+        return self.round_to_levels(rows, levels), levels
+
+    def _decode(self, codes, side, out):
+        torch.gather(side, 1, codes.long(), out=out)

@@ -21,15 +21,13 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import BucketQuantizer, has_data, prefix_sums
+from gvq.compressors._bucketing import has_data, prefix_sums
 from gvq.compressors._histogram import (
+    HistogramQuantizer,
     bin_counts,
     bins_for,
-    check_fit,
     cumulative,
     edge_values,
-    encode_fused,
-    fused_serves,
     grid_coords,
 )
 
@@ -79,7 +77,7 @@ def side_means(rows: torch.Tensor, above: torch.Tensor, y: torch.Tensor):
     return lo.float(), torch.where(n_hi > 0, hi, lo).float()
 
 
-class BinGradB(BucketQuantizer):
+class BinGradB(HistogramQuantizer):
     name = "bingrad_b"
     stochastic = False
     levels = 2
@@ -90,26 +88,27 @@ class BinGradB(BucketQuantizer):
                  bucket: int | None = 2048,         # larger => fewer side floats, two levels for more values
                  clip: float | None = None,         # c: clip to +-c*RMS first
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact)
-        super().__init__(bucket, clip)
-        self.fit = check_fit(fit)
+        super().__init__(bucket, clip, fit)
         if threshold not in THRESHOLDS:
             raise ValueError(f"threshold={threshold!r}: must be one of {', '.join(THRESHOLDS)}")
         self.threshold = threshold
 
-    def _encode(self, rows):
-        if self.threshold == "lloyd" and fused_serves(self, rows):
-            return encode_fused(self, rows, fused.encode_bingrad_b)
+    def fused_kernel(self):
+        return fused.encode_bingrad_b if self.threshold == "lloyd" else None
+
+    def _encode_histogram(self, rows):
+        """Lloyd on the bucket's histogram (a threshold on a bin edge), then the exact side means."""
         if self.threshold == "mean":
-            b0 = rows.mean(dim=1, keepdim=True)
-        elif self.fit == "histogram":
-            m, n = rows.shape
-            bins = bins_for(n)
-            lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
-            idx = self.scratch_like("idx", rows, torch.int32)
-            sc = grid_coords(rows, lo, hi, bins, self.scratch_like("y", rows), idx, self.name)
-            b0 = edge_values(lloyd_edge(bin_counts(idx, m, bins)), lo, hi, sc, bins)
-        else:
-            return self._encode_sorted(rows)
+            return self._split_at(rows, rows.mean(dim=1, keepdim=True))
+        m, n = rows.shape
+        bins = bins_for(n)
+        lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
+        idx = self.scratch_like("idx", rows, torch.int32)
+        sc = grid_coords(rows, lo, hi, bins, self.scratch_like("y", rows), idx, self.name)
+        return self._split_at(rows, edge_values(lloyd_edge(bin_counts(idx, m, bins)), lo, hi, sc, bins))
+
+    def _split_at(self, rows, b0):
+        """Codes 1 at or above the threshold b0 (m, 1), side (m, 2) the exact means of both sides."""
         above = torch.ge(rows, b0, out=self.scratch_like("above", rows))   # float: bool ops are 4x slower
         lo, hi = side_means(rows, above, self.scratch_like("y", rows))
         codes = self.scratch_like("codes", rows, torch.uint8).copy_(above)
@@ -117,7 +116,10 @@ class BinGradB(BucketQuantizer):
 
     def _encode_sorted(self, rows):
         """Lloyd on the sorted bucket: a partition at b0 is the count of values below it (a binary
-        search), group sums come from prefix sums; equal counts => same partition => fixed point."""
+        search), group sums come from prefix sums; equal counts => same partition => fixed point.
+        (``mean``: no fit to make, the same as the histogram fit.)"""
+        if self.threshold == "mean":
+            return self._encode_histogram(rows)
         srt = rows.sort(dim=1).values
         n = srt.shape[1]
         csum = prefix_sums(srt)

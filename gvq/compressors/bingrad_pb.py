@@ -23,16 +23,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import BucketQuantizer
-from gvq.compressors._histogram import (
-    bin_counts,
-    bins_for,
-    check_fit,
-    cumulative,
-    encode_fused,
-    fused_serves,
-    grid_coords,
-)
+from gvq.compressors._histogram import HistogramQuantizer, bin_counts, bins_for, cumulative, grid_coords
 
 
 def pb_level(rows: torch.Tensor) -> torch.Tensor:
@@ -78,25 +69,31 @@ def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.
     return torch.where(sc > 0, b1 / sc, top)                  # back from bin units (top: an all-zero bucket)
 
 
-class BinGradPB(BucketQuantizer):
+class BinGradPB(HistogramQuantizer):
     name = "bingrad_pb"
     stochastic = True
     levels = 2
     n_side = 1
     dither_base = 0.5              # code 1 <=> +b1, with probability (v + b1) / 2b1
+    absolute = True                # the grid spans [0, max|v|]
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact b1)
-        super().__init__(bucket, clip, dither)
-        self.fit = check_fit(fit)
+        super().__init__(bucket, clip, fit)
         self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 
-    def _encode(self, rows):
-        if fused_serves(self, rows):
-            return encode_fused(self, rows, fused.encode_bingrad_pb, absolute=True)
-        b1 = pb_level(rows) if self.fit == "sorted" else pb_level_grid(self, rows)
+    def fused_kernel(self):
+        return fused.encode_bingrad_pb
+
+    def _encode_histogram(self, rows):
+        return self._round_at(rows, pb_level_grid(self, rows))
+
+    def _encode_sorted(self, rows):
+        return self._round_at(rows, pb_level(rows))
+
+    def _round_at(self, rows, b1):
+        """Eq. 14 with the level b1 (m, 1): clip to +-b1, round at random between them."""
         inv = torch.where(b1 > 0, 0.5 / b1, 0.0)
         y = torch.mul(rows, inv, out=self.scratch_like("y", rows)).clamp_(-0.5, 0.5)   # Eq. 14 clip
         return self.dither_floor_(y), b1

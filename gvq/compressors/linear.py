@@ -14,15 +14,8 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import MAX_LEVELS, BucketQuantizer
-from gvq.compressors._histogram import (
-    check_fit,
-    cumulative,
-    encode_fused,
-    encode_on_grid,
-    fused_serves,
-    rank_edge,
-)
+from gvq.compressors._bucketing import MAX_LEVELS
+from gvq.compressors._histogram import LevelQuantizer, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 
@@ -48,28 +41,23 @@ def quantile_edges(counts: torch.Tensor, s: int) -> torch.Tensor:
     return edges
 
 
-class Linear(BucketQuantizer):
+class Linear(LevelQuantizer):
     name = "linear"
     stochastic = True
-    side_flags_nonfinite = True    # min and max are levels: NaN/Inf propagate into them
 
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
-        super().__init__(bucket, clip, dither)
-        self.fit = check_fit(fit)
+        super().__init__(bucket, clip, fit)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels
 
-    def _encode(self, rows):
-        if fused_serves(self, rows):
-            return encode_fused(self, rows, fused.encode_linear)
-        if self.fit == "sorted":
-            levels = quantile_levels(rows.sort(dim=1).values, self.levels)
-            return self.round_to_levels(rows, levels), levels
-        return encode_on_grid(self, rows, lambda counts: quantile_edges(counts, self.levels))
+    def fused_kernel(self):
+        return fused.encode_linear
 
-    def _decode(self, codes, side, out):
-        torch.gather(side, 1, codes.long(), out=out)
+    def sorted_levels(self, srt):
+        return quantile_levels(srt, self.levels)
+
+    def grid_edges(self, counts):
+        return quantile_edges(counts, self.levels)

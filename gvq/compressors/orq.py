@@ -26,15 +26,8 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import BucketQuantizer, prefix_sums
-from gvq.compressors._histogram import (
-    check_fit,
-    cumulative,
-    encode_fused,
-    encode_on_grid,
-    fused_serves,
-    rank_edge,
-)
+from gvq.compressors._bucketing import prefix_sums
+from gvq.compressors._histogram import LevelQuantizer, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 MAX_K = 15                         # 2**15 + 1 levels: codes still fit 16 bits
@@ -88,31 +81,26 @@ def orq_edges(counts: torch.Tensor, k: int) -> torch.Tensor:
     return edges
 
 
-class ORQ(BucketQuantizer):
+class ORQ(LevelQuantizer):
     name = "orq"
     stochastic = True
-    side_flags_nonfinite = True    # min and max are levels: NaN/Inf propagate into them
 
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 dither: str = "fresh",             # fresh (independent every call) | bank (correlated)
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
-        super().__init__(bucket, clip, dither)
-        self.fit = check_fit(fit)
+        super().__init__(bucket, clip, fit)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
         k = (levels - 1).bit_length() - 1
         if (1 << k) + 1 != levels:
             raise ValueError(f"levels={levels}: ORQ needs levels = 2^K + 1 (3, 5, 9, 17, ...)")
         self.levels, self.k, self.n_side = levels, k, levels
 
-    def _encode(self, rows):
-        if fused_serves(self, rows):
-            return encode_fused(self, rows, fused.encode_orq)
-        if self.fit == "sorted":
-            levels = orq_levels(rows.sort(dim=1).values, self.k)
-            return self.round_to_levels(rows, levels), levels
-        return encode_on_grid(self, rows, lambda counts: orq_edges(counts, self.k))
+    def fused_kernel(self):
+        return fused.encode_orq
 
-    def _decode(self, codes, side, out):
-        torch.gather(side, 1, codes.long(), out=out)
+    def sorted_levels(self, srt):
+        return orq_levels(srt, self.k)
+
+    def grid_edges(self, counts):
+        return orq_edges(counts, self.k)

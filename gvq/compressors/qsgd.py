@@ -34,9 +34,8 @@ class QSGD(BucketQuantizer):
                  levels: int | None = None,         # QSGD-s by level count (odd >= 3); overrides bits
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser scale
                  clip: float | None = None,         # c: clip to +-c*RMS first (biased; less range)
-                 norm: str = "l2",                 # level scale: l2 (papers) | max (less error)
-                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
-        super().__init__(bucket, clip, dither)
+                 norm: str = "l2"):                # level scale: l2 (papers) | max (less error)
+        super().__init__(bucket, clip)
         if norm not in ("l2", "max"):
             raise ValueError(f"norm={norm!r}: QSGD's level scale must be l2 or max")
         self.norm = norm

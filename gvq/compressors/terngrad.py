@@ -22,9 +22,8 @@ class TernGrad(BucketQuantizer):
     side_flags_nonfinite = True    # max|v| is NaN/Inf if any value is
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, larger s_t, more error
-                 clip: float | None = None,       # c: clip to +-c*RMS first; smaller => more bias
-                 dither: str = "fresh"):            # fresh (independent every call) | bank (faster, correlated)
-        super().__init__(bucket, clip, dither)
+                 clip: float | None = None):      # c: clip to +-c*RMS first; smaller => more bias
+        super().__init__(bucket, clip)
 
     def _encode(self, rows):
         st = max_abs_rows(rows)

@@ -29,7 +29,7 @@ N = 5000 + 123                                      # whole buckets and a ragged
 
 SCALAR = {                                          # module -> instances (every knob that changes code paths)
     "base": [Compressor()],
-    "qsgd": [QSGD(bits=4, norm="max"), QSGD(levels=5), QSGD(bits=4, dither="bank")],
+    "qsgd": [QSGD(bits=4, norm="max"), QSGD(levels=5)],
     "terngrad": [TernGrad(), TernGrad(clip=2.5)],
     "signsgd": [ScaledSignSGD()],
     "linear": [Linear()],
@@ -100,12 +100,13 @@ def test_powersgd_passes_stay_on_the_inputs_device(device, warm_start):
 @pytest.mark.parametrize("device", DEVICES)
 def test_state_resumed_on_the_host_follows_the_data_to_its_device(device):
     """A checkpoint loads on the host; the next call on a device tensor must move the state (the dither
-    bank and lanes) there, not mix devices."""
+    lanes) there, not mix devices."""
     x = torch.randn(5000)
-    host = QSGD(bits=4, dither="bank")
-    host.compress(x, slice(0, 5000))                       # bank drawn on the host
-    resumed = QSGD(bits=4, dither="bank")
+    host = QSGD(bits=4)
+    host.compress(x, slice(0, 5000))                       # lanes drawn on the host
+    resumed = QSGD(bits=4)
     resumed.load_state_dict(host.state_dict())
     out = resumed.compress(x.to(device), slice(0, 5000))
     assert out.device.type == torch.device(device).type
-    assert resumed._ws["bank"].device.type == torch.device(device).type
+    if torch.device(device).type != "meta":               # meta tensors draw nothing: no lanes moved
+        assert resumed.lanes.state.device.type == torch.device(device).type

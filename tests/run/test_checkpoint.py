@@ -144,7 +144,7 @@ def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
 # Bitwise resume for every ``conf/aggregator/`` option: a run that checkpoints part-way and the same run
 # resumed from that checkpoint write identical metrics (times aside).  The checkpoint lands where each
 # aggregator holds state (GradiVeQ: mid-sampling with samples kept, after a refresh; PowerSGD: its error
-# memory and warm-started Q; quantizers: the dither generator and bank), so a state piece missing from a
+# memory and warm-started Q; quantizers: the dither generator and lanes), so a state piece missing from a
 # ``state_dict`` changes the resumed rows.
 AGGREGATORS = sorted(p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml"))
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
