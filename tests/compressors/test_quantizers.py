@@ -5,7 +5,6 @@ the path CUDA tensors take), so neither path can break unseen."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,8 +22,6 @@ from gvq.compressors.qsgd import QSGD
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.terngrad import TernGrad
 from tests.helpers.grads import gaussian
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # this 2-core machine is shared: one intra-op thread keeps timings and runtime sane
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -497,9 +494,8 @@ CONFIGS = {"qsgd": QSGD, "terngrad": TernGrad, "signsgd": ScaledSignSGD, "linear
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_aggregator_config_instantiates_its_compressor(name):
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-    agg = instantiate(OmegaConf.load(ROOT / "conf" / "aggregator" / f"{name}.yaml"), _convert_="object")
+    from gvq.bench.common import make_aggregator
+    agg = make_aggregator(name, [])                # composed as ``cli.py aggregator=<name>`` composes it
     assert type(agg.compressor) is CONFIGS[name] and agg.topology == "ring"
     if name == "qsgd":
         assert agg.compressor.levels == 15 and agg.compressor.bucket == 2048
