@@ -1,0 +1,135 @@
+"""Typed option groups (gvq/run/options.py): every option file of aggregator/, model/, dataset/ and net/
+composes to its schema, and a misspelt key, an ill-typed value or a choice outside its enum is refused
+at compose time in one line naming the key and what it takes (gvq/run/errors.py)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import typing
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from hydra.utils import get_object
+from omegaconf import OmegaConf
+
+from gvq.run.errors import describe
+from gvq.run.options import OPTION_SCHEMAS, RUNTIME_KWARGS
+from gvq.run.schema import TYPED_GROUPS
+from tests.helpers.cli import ROOT, cli
+
+OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
+
+
+def _refusal(compose_cfg, *overrides) -> str:
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_cfg(*overrides)
+    line = describe(e.value)
+    assert "\n" not in line
+    return line
+
+
+def _schema_nodes(node, where):
+    """(path, typed node) for the option's node and its typed children (an aggregator's compressor)."""
+    yield where, node
+    for key in node:
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+            yield from _schema_nodes(child, f"{where}.{key}")
+
+
+def _fields(schema, kind):
+    hints = typing.get_type_hints(schema)
+    return [(f.name, hints[f.name]) for f in dataclasses.fields(schema) if _kind(hints[f.name]) == kind]
+
+
+def _kind(hint):
+    inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    hint = inner[0]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "enum"
+    return {int: "int", float: "float", bool: "bool"}.get(hint, "other")
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_to_its_schema_and_refuses_a_misspelt_key(compose_cfg, group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    for where, node in _schema_nodes(cfg[group], group):
+        schema = OmegaConf.get_type(node)
+        assert dataclasses.is_dataclass(schema), f"{where}: no schema (name one in its defaults list)"
+        line = _refusal(compose_cfg, f"{group}={option}", f"{where}.no_such_knob=1")
+        assert line.startswith(f"{where}.no_such_knob: unknown key"), line
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_typed_knob_refuses_an_ill_typed_value_naming_its_type(compose_cfg, group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    words = {"int": "integer", "float": "float", "bool": "boolean"}
+    for where, node in _schema_nodes(cfg[group], group):
+        for kind, word in words.items():
+            for name, _ in _fields(OmegaConf.get_type(node), kind)[:1]:     # one knob of each type
+                line = _refusal(compose_cfg, f"{group}={option}", f"{where}.{name}=abc")
+                assert line.startswith(f"{where}.{name}=abc: expected {word}"), line
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_choice_refuses_a_value_outside_its_enum_naming_the_choices(compose_cfg, group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    for where, node in _schema_nodes(cfg[group], group):
+        for name, choices in _fields(OmegaConf.get_type(node), "enum"):
+            allowed = ", ".join(m.value for m in choices)
+            line = _refusal(compose_cfg, f"{group}={option}", f"{where}.{name}=nope")
+            assert line == f"{where}.{name}=nope: expected one of {allowed}", line
+            assert compose_cfg(f"{group}={option}", f"{where}.{name}={next(iter(choices)).value}")
+
+
+@pytest.mark.parametrize("key", sorted(OPTION_SCHEMAS), ids=["/".join(k) for k in sorted(OPTION_SCHEMAS)])
+def test_schema_fields_are_the_constructors_keyword_arguments(key):
+    """Schema and constructor cannot drift apart: a field the constructor does not take, or a keyword
+    argument no schema offers (other than what the launcher supplies), fails here."""
+    for schema in _schema_classes(OPTION_SCHEMAS[key]):
+        fields = {f.name: f for f in dataclasses.fields(schema) if f.name != "_target_"}
+        if len(fields) == len(dataclasses.fields(schema)):
+            continue                                   # no _target_ (net): read by the launcher, not built
+        params = {n: p for n, p in inspect.signature(get_object(_default(schema, "_target_"))).parameters.items()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        assert set(fields) <= set(params), f"{schema.__name__}: {set(fields) - set(params)} not taken"
+        assert set(params) - RUNTIME_KWARGS <= set(fields), f"{schema.__name__}: {set(params) - set(fields)} missing"
+        for name, f in fields.items():
+            default = _default(schema, name)
+            if params[name].default is not inspect.Parameter.empty and not dataclasses.is_dataclass(default):
+                assert default == params[name].default, f"{schema.__name__}.{name}: {default!r}"
+
+
+def _schema_classes(schema):
+    yield schema
+    for f in dataclasses.fields(schema):
+        t = typing.get_type_hints(schema)[f.name]
+        if dataclasses.is_dataclass(t):
+            yield from _schema_classes(t)
+
+
+def _default(schema, name):
+    f = next(f for f in dataclasses.fields(schema) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def test_every_schema_is_named_by_an_option_file():
+    named = {(p.parent.name, line.split("/schema/")[1].split("/")[1].split("@")[0])
+             for g in TYPED_GROUPS for p in (ROOT / "conf" / g).glob("*.yaml")
+             for line in p.read_text().splitlines() if "/schema/" in line}
+    assert named == set(OPTION_SCHEMAS)
+
+
+def test_the_schema_group_is_not_an_option(compose_cfg):
+    line = _refusal(compose_cfg, "aggregator=schema")
+    assert line.startswith("aggregator=schema: no such option")
+
+
+def test_a_misspelt_aggregator_knob_is_one_line_from_the_cli():
+    r = cli("aggregator=powersgd", "aggregator.rnk=4", "logger=csv", timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert lines == ["gvq: config error: aggregator.rnk: unknown key; did you mean aggregator.rank? "
+                     "allowed: min_compression_rate, rank, start_iter, warm_start"], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
