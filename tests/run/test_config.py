@@ -35,7 +35,7 @@ def test_every_option_file_composes_and_validates(compose_cfg, group, option):
 def test_every_aggregator_instantiates_and_satisfies_the_contract(compose_cfg, option):
     cfg = compose_cfg(f"aggregator={option}")
     agg = instantiate(cfg.aggregator, _convert_="object")
-    assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} lacks part of the Aggregator protocol"
+    assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} does not inherit the Aggregator base class"
     assert isinstance(agg.name, str) and isinstance(agg.extra_fields, tuple)
 
 
