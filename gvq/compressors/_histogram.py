@@ -25,6 +25,9 @@ ResNet-32 size); the torch ops below serve CUDA and meta tensors and ``GVQ_FUSED
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -208,24 +211,32 @@ class HistogramQuantizer(BucketQuantizer):
         raise NotImplementedError
 
 
+class LevelFit(NamedTuple):
+    """A level quantizer's fit, three ways: the ``_fused`` kernel, the levels (m, s) of sorted buckets
+    (m, n) and the integer edges (m, s) of bucket histograms (m, bins), the last two given s."""
+    kernel: Callable
+    sorted_levels: Callable[[Tensor, int], Tensor]
+    grid_edges: Callable[[Tensor, int], Tensor]
+
+
 class LevelQuantizer(HistogramQuantizer):
     """s levels per bucket sent as its side floats, each value rounded at random to a neighbouring one
-    (Eq. 7), decoded by lookup (Linear-s, ORQ-s).  A subclass supplies the fit only: ``sorted_levels``
-    (levels (m, s) of sorted buckets) and ``grid_edges`` (integer edges (m, s) of bucket histograms)."""
+    (Eq. 7), decoded by lookup (Linear-s, ORQ-s).  A subclass supplies its fit only (``level_fit``)."""
 
     side_flags_nonfinite = True    # min and max are levels: NaN/Inf propagate into them
+    level_fit: LevelFit
 
-    def sorted_levels(self, srt: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def grid_edges(self, counts: Tensor) -> Tensor:
-        raise NotImplementedError
+    def fused_kernel(self):
+        return self.level_fit.kernel
 
     def _encode_histogram(self, rows):
-        return encode_on_grid(self, rows, self.grid_edges)
+        return encode_on_grid(self, rows, self._grid_edges)
+
+    def _grid_edges(self, counts: Tensor) -> Tensor:
+        return self.level_fit.grid_edges(counts, self.levels)
 
     def _encode_sorted(self, rows):
-        levels = self.sorted_levels(rows.sort(dim=1).values)
+        levels = self.level_fit.sorted_levels(rows.sort(dim=1).values, self.levels)
         return self.round_to_levels(rows, levels), levels
 
     def _decode(self, codes, side, out):

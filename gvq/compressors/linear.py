@@ -15,7 +15,7 @@ import torch
 
 from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import MAX_LEVELS
-from gvq.compressors._histogram import LevelQuantizer, cumulative, rank_edge
+from gvq.compressors._histogram import LevelFit, LevelQuantizer, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 
@@ -44,6 +44,7 @@ def quantile_edges(counts: torch.Tensor, s: int) -> torch.Tensor:
 class Linear(LevelQuantizer):
     name = "linear"
     stochastic = True
+    level_fit = LevelFit(fused.encode_linear, quantile_levels, quantile_edges)
 
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
@@ -53,11 +54,3 @@ class Linear(LevelQuantizer):
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels
 
-    def fused_kernel(self):
-        return fused.encode_linear
-
-    def sorted_levels(self, srt):
-        return quantile_levels(srt, self.levels)
-
-    def grid_edges(self, counts):
-        return quantile_edges(counts, self.levels)

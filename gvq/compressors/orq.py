@@ -27,7 +27,7 @@ import torch
 
 from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import prefix_sums
-from gvq.compressors._histogram import LevelQuantizer, cumulative, rank_edge
+from gvq.compressors._histogram import LevelFit, LevelQuantizer, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 MAX_K = 15                         # 2**15 + 1 levels: codes still fit 16 bits
@@ -47,11 +47,16 @@ def solve_level(srt: torch.Tensor, csum: torch.Tensor, lo: torch.Tensor, hi: tor
     return torch.where((count > 0) & (width > 0), b, (lo + hi) / 2)
 
 
-def orq_levels(srt: torch.Tensor, k: int) -> torch.Tensor:
-    """Algorithm 1 on sorted buckets (m, n): (m, 2**k + 1) nondecreasing levels."""
+def rounds(s: int) -> int:
+    """K of s = 2**K + 1 levels: Algorithm 1's rounds."""
+    return (s - 1).bit_length() - 1
+
+
+def orq_levels(srt: torch.Tensor, s: int) -> torch.Tensor:
+    """Algorithm 1 on sorted buckets (m, n): (m, s) nondecreasing levels, s = 2**K + 1."""
     csum = prefix_sums(srt)
     levels = torch.stack([srt[:, 0], srt[:, -1]], dim=1)
-    for _ in range(k):                                       # halve every interval once per round
+    for _ in range(rounds(s)):                                       # halve every interval once per round
         levels = interleave(levels, solve_level(srt, csum, levels[:, :-1].contiguous(), levels[:, 1:].contiguous()))
     return levels
 
@@ -63,14 +68,14 @@ def interleave(levels: torch.Tensor, mid: torch.Tensor) -> torch.Tensor:
     return grown
 
 
-def orq_edges(counts: torch.Tensor, k: int) -> torch.Tensor:
-    """Algorithm 1 on bucket histograms (m, bins): (m, 2**k + 1) nondecreasing integer edges.  Eq. (12)
+def orq_edges(counts: torch.Tensor, s: int) -> torch.Tensor:
+    """Algorithm 1 on bucket histograms (m, bins): (m, s) nondecreasing integer edges.  Eq. (12)
     per interval [lo, hi) of edges, t in bin units: R = sum (t - lo) / (hi - lo), the level is the
     (floor(R)+1)-th largest value of the interval, placed on the edge nearest to it."""
     m, bins = counts.shape
     cum, mom = cumulative(counts)
     edges = torch.tensor([0, bins], device=counts.device).expand(m, 2)
-    for _ in range(k):                                       # halve every interval once per round
+    for _ in range(rounds(s)):                               # halve every interval once per round
         lo, hi = edges[:, :-1], edges[:, 1:]
         first, end = cum.gather(1, lo), cum.gather(1, hi)
         width = (hi - lo).double()
@@ -84,6 +89,7 @@ def orq_edges(counts: torch.Tensor, k: int) -> torch.Tensor:
 class ORQ(LevelQuantizer):
     name = "orq"
     stochastic = True
+    level_fit = LevelFit(fused.encode_orq, orq_levels, orq_edges)
 
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
@@ -91,16 +97,8 @@ class ORQ(LevelQuantizer):
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
         super().__init__(bucket, clip, fit)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
-        k = (levels - 1).bit_length() - 1
+        k = rounds(levels)
         if (1 << k) + 1 != levels:
             raise ValueError(f"levels={levels}: ORQ needs levels = 2^K + 1 (3, 5, 9, 17, ...)")
         self.levels, self.k, self.n_side = levels, k, levels
 
-    def fused_kernel(self):
-        return fused.encode_orq
-
-    def sorted_levels(self, srt):
-        return orq_levels(srt, self.k)
-
-    def grid_edges(self, counts):
-        return orq_edges(counts, self.k)
