@@ -54,7 +54,6 @@ from gvq.compressors.qsgd import QSGD
 
 log = logging.getLogger("gvq")
 NAN = float("nan")
-SAMPLING = ("qsgd", "rar")
 
 
 class GradiVeQAggregator(FlatAggregator):
@@ -74,8 +73,6 @@ class GradiVeQAggregator(FlatAggregator):
         self.L_c = check_int("L_c", L_c, 1)
         self.warmup = check_int("warmup", warmup, 0)
         self.pieces = check_int("aggregator.pieces", pieces, 1)
-        if sampling not in SAMPLING:
-            raise ValueError(f"aggregator.sampling={sampling!r}: must be one of {', '.join(SAMPLING)}")
         if monitor_threshold is not None and (isinstance(monitor_threshold, bool) or not isinstance(
                 monitor_threshold, (int, float)) or not monitor_threshold > 0):
             raise ValueError(f"aggregator.monitor_threshold={monitor_threshold!r}: must be > 0 or null")

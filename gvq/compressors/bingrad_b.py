@@ -32,7 +32,6 @@ from gvq.compressors._histogram import (
 )
 
 MAX_LLOYD = 1000                   # rounds are O(log n) on the sorted bucket: the cap is never the cost
-THRESHOLDS = ("lloyd", "mean")
 
 
 def split_means(csum: torch.Tensor, below: torch.Tensor, n: int):
@@ -89,8 +88,6 @@ class BinGradB(HistogramQuantizer):
                  clip: float | None = None,         # c: clip to +-c*RMS first
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact)
         super().__init__(bucket, clip, fit)
-        if threshold not in THRESHOLDS:
-            raise ValueError(f"threshold={threshold!r}: must be one of {', '.join(THRESHOLDS)}")
         self.threshold = threshold
 
     def fused_kernel(self):

@@ -36,8 +36,6 @@ class QSGD(BucketQuantizer):
                  clip: float | None = None,         # c: clip to +-c*RMS first (biased; less range)
                  norm: str = "l2"):                # level scale: l2 (papers) | max (less error)
         super().__init__(bucket, clip)
-        if norm not in ("l2", "max"):
-            raise ValueError(f"norm={norm!r}: QSGD's level scale must be l2 or max")
         self.norm = norm
         if levels is None:
             check_int("bits", bits, 2, 16, " (QSGD: 1 sign bit + >= 1 magnitude bit; 1 bit is signsgd)")

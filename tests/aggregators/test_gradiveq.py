@@ -215,7 +215,7 @@ def test_prepare_benchmark_pins_the_compressed_phase_with_d_near_L_t():
 
 @pytest.mark.parametrize("kw, key", [
     (dict(L_t=1), "L_t"), (dict(L_c=0), "L_c"), (dict(warmup=-1), "warmup"),
-    (dict(sampling="topk"), "aggregator.sampling"), (dict(monitor_threshold=0), "aggregator.monitor_threshold"),
+    (dict(monitor_threshold=0), "aggregator.monitor_threshold"),
     (dict(qsgd_bits=1), "aggregator.qsgd_bits"),
     (dict(qsgd_bucket=-3), "aggregator.qsgd_bucket"),
 ])

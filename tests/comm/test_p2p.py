@@ -68,6 +68,4 @@ def test_lost_peer_is_named_within_the_timeout(tmp_path):
 def test_forcing_a_non_additive_compressor_to_sum_is_a_config_error():
     with pytest.raises(ValueError, match="aggregator.hop=sum"):
         CompressedAggregator(Half(), hop="sum")
-    with pytest.raises(ValueError, match="aggregator.topology"):
-        CompressedAggregator(Projection(), topology="tree")
     assert CompressedAggregator(Projection(), hop="reencode").sum_hop is False
