@@ -46,6 +46,15 @@ from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.validate import ConfigError
 
 DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
+#: what an iteration run reads beyond the workload flags (:func:`add_workload_args`), for callers whose
+#: parser has only those (``gvq.bench netns train``): no link, the wall clock, the host, no GPU plan
+RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "device": "cpu", "plan": None,
+                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0}
+
+
+def with_run_defaults(args) -> argparse.Namespace:
+    """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
+    return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
 COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent")
 
 
@@ -60,10 +69,10 @@ class _Mode:
                                                             else None)
         elif name != "local":
             self.agg = make_aggregator(name, args.set)
-            bw = getattr(args, "bandwidth", None)        # runner aggregators only: DDP's are not shaped
-            ctx = RunContext(rank, world, 0, getattr(args, "timeout", 120.0), bw)
+            # the link applies to the runner's aggregators only: DDP's collectives are not shaped
+            ctx = RunContext(rank, world, 0, args.timeout, args.bandwidth)
             self.agg.setup(list(net.parameters()), ctx)
-            if getattr(args, "compressed_only", False):
+            if args.compressed_only:
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
                 self.agg.prepare_benchmark([torch.zeros_like(p) for p in net.parameters()], args)
             net = self.agg.wrap(net)                   # torch DDP's wrapper; the model for the others
@@ -95,14 +104,15 @@ class _Mode:
 
 def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     torch.set_num_threads(1)
-    device, plan = torch.device("cpu"), getattr(args, "plan", None)
-    if getattr(args, "device", "cpu") == "cuda":              # a GPU per rank, or shared round-robin
+    args = with_run_defaults(args)
+    device = torch.device("cpu")
+    if args.device == "cuda":                                 # a GPU per rank, or shared round-robin
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    clock.configure(getattr(args, "clock", "wall"), getattr(args, "compute_scale", 1.0),
-                    getattr(args, "codec_scale", 1.0), True, device.type)   # virtual: one phase at a time
-    dist.init_process_group(group_backend(plan), init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=getattr(args, "timeout", 120.0)))
+    # virtual clock: one phase at a time (exclusive)
+    clock.configure(args.clock, args.compute_scale, args.codec_scale, True, device.type)
+    dist.init_process_group(group_backend(args.plan), init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=args.timeout))
     try:
         shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
         modes = [_Mode(m, rank, world, args, shape, device) for m in args.aggregators]
@@ -130,13 +140,13 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
 
 def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float | None = None) -> list[dict]:
     """One row per mode: medians over the timed iterations, and the paired ratio to the reference."""
-    rows = raw["rows"]
+    rows, args = raw["rows"], with_run_defaults(args)
     ref = next((m for m in ("torch_ddp", "ddp") if m in rows), None)
     out = []
     for mode, its in rows.items():
         col = {k: [r[i] for r in its] for i, k in enumerate(COLS)}
-        rec = {"link": link, "model": args.model, "device": getattr(args, "device", "cpu"),
-               "plan": getattr(args, "plan", None), "N": world, "batch_per_rank": args.batch_size,
+        rec = {"link": link, "model": args.model, "device": args.device, "plan": args.plan, "N": world,
+               "batch_per_rank": args.batch_size,
                "aggregator": mode, **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
                "MB_per_rank": col["bytes_sent"][-1] / 1e6 if mode != "torch_ddp" else None,   # unknown
                "iters": len(its), "warmup": raw["warmup"]}
