@@ -112,7 +112,7 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
 
 def add_clock_args(p) -> None:
     """``--clock wall|virtual --compute-scale X --codec-scale Y`` (as ``net.clock`` etc. in a run)."""
-    from gvq.run.schema import Clock
+    from gvq.run.options import Clock
     p.add_argument("--clock", choices=list(Clock), default="wall",
                    help="virtual: each rank's CPU time x the scales + the link model, nothing slept")
     p.add_argument("--compute-scale", type=float, default=1.0, help="virtual: forward/backward CPU time x this")

@@ -10,12 +10,25 @@ imports this before Hydra composes.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from gvq.run.schema import Choice, NetSchema
-
 # -- choices -----------------------------------------------------------------------------------------
+
+
+class Choice(enum.StrEnum):
+    """A string knob's allowed values; members are named as their values (``Topology.ring == "ring"``)."""
+
+    def __reduce_ex__(self, protocol):
+        # pickled (spawned ranks, checkpoints) as the plain string: a loader needs neither this module
+        # nor to allow it (torch.load(weights_only=True))
+        return str, (self.value,)
+
+
+class Clock(Choice):
+    wall = "wall"               # real time; links emulated by sleeping
+    virtual = "virtual"         # each rank's CPU time x scales + the link model, computed
 
 
 class Topology(Choice):
@@ -64,6 +77,20 @@ class Mu(Choice):
 class BasisDtype(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"
+
+
+# -- links -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NetSchema:
+    """An emulated per-rank link (conf/net/*.yaml); gvq.run.validate holds the clock's rules."""
+    bandwidth_bps: Optional[float] = None
+    latency_s: float = 0.0
+    clock: Clock = Clock.wall
+    compute_scale: float = 1.0
+    codec_scale: float = 1.0
+    exclusive: bool = True
 
 
 # -- compressors ---------------------------------------------------------------------------------------

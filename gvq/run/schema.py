@@ -6,18 +6,18 @@ outside its enum is refused before anything runs):
 - ``gvq_schema``, the top level, first in ``conf/config.yaml``'s defaults list.  It cannot be a
   dataclass: ``lambda`` is a Python keyword and no dataclass may hold it, so it is a DictConfig of typed
   nodes with dataclasses for the fixed-shape groups (``optim``, ``logger``, ``checkpoint``).
-- one dataclass per option of the groups ``aggregator``, ``model``, ``dataset`` and ``net`` (see
-  :mod:`gvq.run.options`), stored as ``schema/<group>/<option>``; each option file names its own first
+- one dataclass per constructor the options of ``aggregator``, ``model``, ``dataset`` and ``net`` build
+  (:mod:`gvq.run.options`), stored as ``schema/<group>/<name>``; each option file names its own first
   (``defaults: [/schema/aggregator/qsgd@_here_, _self_]``), so its keys are the constructor's keyword
-  arguments, typed.  The ``schema/`` group is never selected on the command line.
+  arguments, typed.  The ``schema/`` groups are never selected on the command line.
 
-String knobs with a fixed set of values are :class:`Choice` enums: a member is a ``str`` equal to its
-value, so constructors that receive one compare, hash and print it as the plain string.  Ranges
+String knobs with a fixed set of values are :class:`~gvq.run.options.Choice` enums: a member is a
+``str`` equal to its value, so constructors that receive one compare, hash and print it as the plain
+string.  Ranges
 (``world_size >= 1``, ``0 <= lambda < 1`` ...) are checked in code by :mod:`gvq.run.validate`.
 """
 from __future__ import annotations
 
-import enum
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -26,14 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-
-class Choice(enum.StrEnum):
-    """A string knob's allowed values; members are named as their values (``Topology.ring == "ring"``)."""
-
-    def __reduce_ex__(self, protocol):
-        # pickled (spawned ranks, checkpoints) as the plain string: a loader needs neither this module
-        # nor to allow it (torch.load(weights_only=True))
-        return str, (self.value,)
+from gvq.run.options import OPTION_SCHEMAS, Choice
 
 
 class Device(Choice):
@@ -52,11 +45,6 @@ class Schedule(Choice):
     constant = "constant"
 
 
-class Clock(Choice):
-    wall = "wall"               # real time; links emulated by sleeping
-    virtual = "virtual"         # each rank's CPU time x scales + the link model, computed
-
-
 class WandbMode(Choice):
     offline = "offline"
     online = "online"
@@ -73,17 +61,6 @@ class OptimSchema:
     milestones: List[float] = field(default_factory=lambda: [0.5, 0.75])
     gamma: float = 0.1
     warmup_iters: int = 0
-
-
-@dataclass
-class NetSchema:
-    """An emulated per-rank link (conf/net/*.yaml); gvq.run.validate holds the clock's rules."""
-    bandwidth_bps: Optional[float] = None
-    latency_s: float = 0.0
-    clock: Clock = Clock.wall
-    compute_scale: float = 1.0
-    codec_scale: float = 1.0
-    exclusive: bool = True
 
 
 @dataclass
@@ -147,7 +124,6 @@ TOP_LEVEL_KEYS = frozenset(build_schema().keys()) | frozenset(TYPED_GROUPS)
 
 
 def register() -> None:
-    from gvq.run.options import OPTION_SCHEMAS
     store = ConfigStore.instance()
     store.store(name="gvq_schema", node=build_schema())
     for (group, option), schema in OPTION_SCHEMAS.items():
