@@ -2,7 +2,7 @@
 
 Loaders are built from Hydra (``conf/dataset/*.yaml``) and return a :class:`TensorData`::
 
-    python cli.py dataset=digits                     # bundled with scikit-learn, no download
+    python cli.py dataset=digits                     # scikit-learn's load_digits, no download
     python cli.py dataset=cifar100 dataset.root=/data  # reads /data/cifar-100-python/{train,test}
     python cli.py dataset=synthetic                  # CIFAR-shaped random data, for benchmarks
 
@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -68,8 +69,7 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
     """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
-    x, y = _digits_arrays()
-    train, test = stratified_split(y, test_fraction, seed)
+    x, y, train, test = _digits_split(test_fraction, seed)
     xtr, xte, ytr, yte = x[train], x[test], y[train], y[test]
     mean, std = float(xtr.mean()), float(xtr.std())
     norm = lambda a: torch.from_numpy((a - mean) / std).float()  # noqa: E731
@@ -77,62 +77,70 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
                       torch.from_numpy(yte).long(), num_classes=10, in_channels=1, augment=False)
 
 
+DIGITS_KEYS = ("x", "y", "train", "test")
+
+
+def digits_cache_path(test_fraction: float, seed: int) -> str | None:
+    """Where :func:`digits` keeps what scikit-learn gave for this split: ``$XDG_CACHE_HOME/gvq`` (else
+    ``~/.cache/gvq``), keyed by the installed scikit-learn's version, so an upgrade asks it afresh.
+    Why a cache: importing scikit-learn costs the launcher and every rank more than a short run trains."""
+    from importlib import metadata
+    try:
+        version = metadata.version("scikit-learn")
+    except metadata.PackageNotFoundError:
+        return None                                  # not cached; importing scikit-learn says what is missing
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "gvq", f"digits-sklearn{version}-test{test_fraction!r}-seed{int(seed)}.npz")
+
+
+def _digits_split(test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """(x, y, train, test): read from the cache, else from scikit-learn (then cached; a cache that cannot
+    be read or written is only slower, never wrong: it is rebuilt from scikit-learn)."""
+    path = digits_cache_path(test_fraction, seed)
+    try:
+        with np.load(path, allow_pickle=False) as f:          # arrays only: nothing in the file runs
+            return tuple(f[k] for k in DIGITS_KEYS)
+    except (OSError, TypeError, KeyError, ValueError, zipfile.BadZipFile):   # absent, truncated, not ours
+        pass
+    x, y = _digits_arrays()
+    arrays = (x, y, *stratified_split(y, test_fraction, seed))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npz"                   # ranks may write at once: rename is atomic
+        np.savez(tmp, **dict(zip(DIGITS_KEYS, arrays)))
+        os.replace(tmp, path)
+    except (OSError, TypeError):                                # read-only home, no version: not cached
+        pass
+    return arrays
+
+
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """Images (1797, 1, 8, 8) in [0, 1] and labels, read from the CSV scikit-learn ships, without
-    importing scikit-learn (its import is ~1 s of every run's start-up; the parse here ~10 ms)."""
-    import gzip
-    import importlib.util
-    spec = importlib.util.find_spec("sklearn")      # locates the package; does not import it
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("dataset=digits reads the data bundled with scikit-learn: "
-                                "pip install scikit-learn")
-    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
-    with gzip.open(path, "rb") as f:
-        text = f.read().replace(b"\n", b",")
-    rows = np.array(text.decode().strip(",").split(","), dtype=np.float64).reshape(-1, 65)
-    x = (rows[:, :64].reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
-    y = rows[:, 64].astype(np.int64)
+    """Images (1797, 1, 8, 8) in [0, 1] and labels, from scikit-learn's ``load_digits``.  Imported here,
+    not at module load: scikit-learn's import is a noticeable share of a run's start-up, and only
+    ``dataset=digits`` needs it."""
+    from sklearn.datasets import load_digits
+    bunch = load_digits()
+    x = (bunch.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = np.asarray(bunch.target, dtype=np.int64)
     x.flags.writeable = y.flags.writeable = False  # shared: callers get split copies
     return x, y
 
 
 def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test indices, every class in proportion: the split scikit-learn's
-    ``train_test_split(..., stratify=y, random_state=seed)`` gives, index for index (a test pins it),
-    so runs made when gvq called scikit-learn keep their data."""
+    """Train and test indices, every class in proportion: scikit-learn's
+    ``train_test_split(..., stratify=y, random_state=seed)``, the split gvq's runs have always used (a test
+    pins a few indices, so a scikit-learn that changed it would be noticed).  A split too small to hold
+    one example of every class is refused here, naming the option."""
+    from sklearn.model_selection import train_test_split
     n_test = math.ceil(test_fraction * len(y))
-    rng = np.random.RandomState(seed)
-    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
-    if min(n_test, len(y) - n_test) < len(counts):
+    classes = len(np.unique(y))
+    if min(n_test, len(y) - n_test) < classes:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: leaves a split of {len(y)} examples "
-                         f"with fewer than one example of each of the {len(counts)} classes")
-    by_class = np.split(np.argsort(codes, kind="stable"), np.cumsum(counts)[:-1])
-    n_i = _apportion(counts, len(y) - n_test, rng)
-    t_i = _apportion(counts - n_i, n_test, rng)
-    train, test = [], []
-    for idx, n, t in zip(by_class, n_i, t_i):
-        perm = idx.take(rng.permutation(len(idx)), mode="clip")
-        train.extend(perm[:n])
-        test.extend(perm[n: n + t])
-    return rng.permutation(train), rng.permutation(test)
-
-
-def _apportion(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
-    """``draws`` shared among classes in proportion to ``counts``: floors, then one more each to the
-    largest remainders, ties broken at random (scikit-learn's ``_approximate_mode``)."""
-    share = counts / counts.sum() * draws
-    out = np.floor(share)
-    need = int(draws - out.sum())
-    remainder = share - out
-    for value in np.sort(np.unique(remainder))[::-1]:
-        if need <= 0:
-            break
-        (tied,) = np.where(remainder == value)
-        take = min(len(tied), need)
-        out[rng.choice(tied, size=take, replace=False)] += 1
-        need -= take
-    return out.astype(int)
+                         f"with fewer than one example of each of the {classes} classes")
+    train, test = train_test_split(np.arange(len(y)), test_size=test_fraction, stratify=y,
+                                   random_state=seed)
+    return train, test
 
 
 def cifar10(root: str = "data", download: bool = False) -> TensorData:

@@ -123,27 +123,58 @@ def test_digits_split():
     assert not torch.equal(D.digits(seed=1).y_test, a.y_test)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.2, 0.013, 0.33, 0.77])
-def test_digits_are_scikit_learns_without_importing_it(fraction):
-    """gvq reads the bundled CSV and splits it itself (scikit-learn's import was ~1 s of every run's
-    start-up); the images and each split are scikit-learn's, index for index, so earlier runs keep
-    their data."""
+def test_digits_are_scikit_learns(fraction, tmp_path, monkeypatch):
+    """The images and each split are scikit-learn's public ``load_digits`` and ``train_test_split``, index
+    for index, whether read fresh or from the cache."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
-    x, y = D._digits_arrays()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     ref = load_digits()
+    x, y = D._digits_arrays()
     assert np.array_equal(x[:, 0], (ref.images / 16).astype(np.float32)) and np.array_equal(y, ref.target)
-    idx = np.arange(len(y))
     for seed in (0, 1, 123):
-        mine = D.stratified_split(y, fraction, seed)
-        theirs = train_test_split(idx, test_size=fraction, stratify=y, random_state=seed)
-        assert all(np.array_equal(m, t) for m, t in zip(mine, theirs)), (fraction, seed)
-    code = "import gvq.data as D, sys; D.digits(); print('sklearn' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        theirs = train_test_split(np.arange(len(y)), test_size=fraction, stratify=y, random_state=seed)
+        for _ in ("fresh", "cached"):
+            d = D.digits(test_fraction=fraction, seed=seed)
+            assert torch.equal(d.y_test, torch.from_numpy(y[theirs[1]])), (fraction, seed)
+            assert torch.equal(d.y_train, torch.from_numpy(y[theirs[0]])), (fraction, seed)
+        assert os.path.isfile(D.digits_cache_path(fraction, seed))
+
+
+def test_digits_split_is_pinned():
+    """The default split, pinned: runs keep their data across scikit-learn versions, or this says why not."""
+    train, test = D.stratified_split(D._digits_arrays()[1], 0.2, 0)
+    assert (len(train), len(test)) == (1437, 360)
+    assert test[:8].tolist() == [1496, 188, 705, 820, 413, 744, 1466, 500]
+    assert train[:8].tolist() == [1346, 295, 257, 385, 1640, 849, 640, 757]
+
+
+@pytest.mark.slow
+def test_digits_cache_spares_the_import_and_survives_damage(tmp_path):
+    """A second run reads the cache and never imports scikit-learn (its import is most of a short run's
+    data time); a damaged cache file is rebuilt, never trusted; importing gvq.data imports nothing of it."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    code = ("import gvq.data as D, sys; d = D.digits(); "
+            "print('sklearn' in sys.modules, float(d.x_test.sum()), D.digits_cache_path(0.2, 0))")
+    run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
+                                 check=True, env=env).stdout.split()
+    fresh, cached = run(), run()
+    assert fresh[0] == "True" and cached[0] == "False"
+    assert abs(float(fresh[1]) - float(cached[1])) < 1e-3 and cached[2].startswith(str(tmp_path))
+    with open(cached[2], "wb") as fh:
+        fh.write(b"PK\x03\x04 not a zip")
+    assert run()[0] == "True" and run()[0] == "False"      # rebuilt from scikit-learn, then cached again
+    out = subprocess.run([sys.executable, "-c", "import gvq.data, sys; print('sklearn' in sys.modules)"],
+                         capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
+
+
+def test_digits_refuses_a_split_without_every_class(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(ValueError, match="fewer than one example of each"):
         D.digits(test_fraction=0.001)   # 2 test examples for 10 classes
+    assert not list(tmp_path.rglob("*.npz"))
 
 
 def test_synthetic_shapes_and_learnable():
