@@ -9,7 +9,7 @@ on resume, and whenever DDP re-buckets, each bucket's tensors are rebuilt from i
 first time the hook sees it.
 
 The P / Q layout mirrors ``powerSGD_hook``: a bucket's gradients viewed as (shape[0], -1) matrices; those
-that pass ``_should_compress`` grouped by matrix shape in order of first appearance; inside a group, in
+that pass :func:`hook_compresses` grouped by matrix shape in order of first appearance; inside a group, in
 bucket order; each matrix takes n*r of P and m*r of Q, r = min(n, m, rank).
 """
 from __future__ import annotations
@@ -17,7 +17,13 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+
+def hook_compresses(n: int, m: int, rank: int, min_compression_rate: float) -> bool:
+    """Does ``powerSGD_hook`` compress an n x m matrix at this rank?  Its rule (torch's private
+    ``_should_compress``), restated so gvq calls no private torch function;
+    tests/run/test_internals.py holds the two equal, so a torch that changes its rule fails there."""
+    return (n + m) * rank * min_compression_rate < n * m
 
 
 def _pq_layout(state, params: list[int]) -> list[tuple[int, int, int]]:
@@ -27,7 +33,7 @@ def _pq_layout(state, params: list[int]) -> list[tuple[int, int, int]]:
         shape = state.shapes[i]
         n, m = shape[0], math.prod(shape[1:])
         r = min(n, m, st.matrix_approximation_rank)
-        if psgd._should_compress(n, m, r, st.min_compression_rate)[0]:
+        if hook_compresses(n, m, r, st.min_compression_rate):
             groups.setdefault((n, m), []).append((i, n * r, m * r))
     return [item for group in groups.values() for item in group]
 

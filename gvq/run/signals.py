@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import threading
 import time
 
 import torch.multiprocessing as mp
+
+from gvq.run.internals import rank_error_trace
 
 GRACE_S = 10.0       # seconds a stopped rank gets to close its CSV and summary before SIGKILL
 FAIL_GRACE_S = 2.0   # after one rank failed: the others' time to exit, then to obey SIGTERM (torch's
@@ -101,26 +102,15 @@ def on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-class _StringsOnly(pickle.Unpickler):
-    """Loads pickled plain data (a string) and refuses any object: nothing in the file runs."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refused {module}.{name}: only plain data is read here")
-
-
 def _root_cause(ctx, e: Exception) -> Exception:
     """When several ranks failed, the one to report is the cause: torch reports the first to exit, and a
     rank that lost its peer (``PeerLostError``) may exit before the peer that raised does (forked ranks
     exit in milliseconds).  Returns the lowest rank whose traceback is not a lost peer's, else ``e``."""
     if "PeerLostError" not in str(e):
         return e
-    for i, path in enumerate(ctx.error_files):
-        try:
-            with open(path, "rb") as fh:
-                trace = _StringsOnly(fh).load()   # torch's error file: a pickled traceback string
-        except (OSError, EOFError, pickle.UnpicklingError):
-            continue                         # this rank raised nothing (exited, or killed)
-        if isinstance(trace, str) and "PeerLostError" not in trace:
+    for i in range(len(ctx.processes)):
+        trace = rank_error_trace(ctx, i)     # None: this rank raised nothing (exited, or killed)
+        if trace is not None and "PeerLostError" not in trace:
             return mp.ProcessRaisedException(f"\n\n-- Process {i:d} terminated with the following error:\n"
                                              f"{trace}", i, ctx.processes[i].pid)
     return e

@@ -1,8 +1,7 @@
 """Ranks start warm: forked from a fork server that has already imported torch and the training code.
 
-A freshly spawned rank is a new interpreter that imports torch (~1.5 s here), ``torch._dynamo`` (which
-``torch.optim`` pulls in on its first step, ~1.2 s) and gvq before it can rendezvous; a one-iteration
-run paid that in every rank, on top of the launcher's own imports.  Instead, ``cli.py`` starts
+A freshly spawned rank is a new interpreter that imports torch, ``torch._dynamo`` (which ``torch.optim``
+pulls in on its first step) and gvq before it can rendezvous; a one-iteration run paid that in every rank, on top of the launcher's own imports.  Instead, ``cli.py`` starts
 multiprocessing's fork server the moment it starts (:func:`start_fork_server`); the server imports
 :data:`PRELOAD` on the second core while the launcher imports Hydra and torch and composes the config,
 and every rank is then a ``fork()`` of it: milliseconds, all imports done.  A Hydra sweep's jobs (and
@@ -17,16 +16,17 @@ it had when it started); :func:`adopt_environment` hands it over, so ``WANDB_MOD
 """
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
 import sys
 import threading
 
+from gvq.run.internals import TORCH_FIRST_STEP_MODULE, fork_server_pid, run_exit_handlers
+
 # what the server imports before forking ranks: first gvq.run.warm_server (the server dies with its
 # launcher, and exits without tearing torch down), then everything a rank imports before its first step
-PRELOAD = ["gvq.run.warm_server", "torch", "torch.distributed", "torch._dynamo", "gvq.run.launch",
-           "gvq.run.train", "gvq.compressors._fused"]   # numba: 0.2 s of imports a rank would pay
+PRELOAD = ["gvq.run.warm_server", "torch", "torch.distributed", TORCH_FIRST_STEP_MODULE, "gvq.run.launch",
+           "gvq.run.train", "gvq.compressors._fused"]   # numba: imports a rank would pay
 START_METHOD_ENV = "GVQ_START_METHOD"   # "spawn": fresh interpreters, as before (slower start, nothing shared)
 
 
@@ -64,14 +64,12 @@ def adopt_environment(env: dict[str, str] | None) -> None:
 
 def server_pid() -> int | None:
     """The running fork server's pid, else None (tests find the ranks as its children)."""
-    from multiprocessing import forkserver
-    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return fork_server_pid()
 
 
 def exit_fast(main) -> None:
     """Run ``main`` (the CLI), then end the process with its exit status but without the interpreter's
-    teardown of torch's modules: ~0.5 s here (0.85 s with ``torch._dynamo``), longer than a short run
-    trains.  Everything an ordinary exit does for others still happens first: atexit handlers (Hydra's
+    teardown of torch's modules, which can take longer than a short run trains.  Everything an ordinary exit does for others still happens first: atexit handlers (Hydra's
     log file, multiprocessing's clean-up of its temp dir and children), stdout/stderr flushed.  A
     process still running a non-daemon thread (a launcher plugin's) exits the ordinary way; an
     exception other than ``SystemExit`` propagates (traceback, ordinary exit)."""
@@ -86,7 +84,7 @@ def exit_fast(main) -> None:
         code = 0 if code is None else 1
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
-    atexit._run_exitfuncs()
+    run_exit_handlers()
     for f in (sys.stdout, sys.stderr):
         f.flush()
     os._exit(code)

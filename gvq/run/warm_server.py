@@ -1,11 +1,11 @@
 """Imported by the fork server alone, first of :data:`gvq.run.warm.PRELOAD`, before torch:
 
 * the server dies with its launcher (``PR_SET_PDEATHSIG``), even mid-import: a launcher that stops at a
-  config error, a second after it started the server, must not leave it importing torch for three more
-  seconds while holding the launcher's stdout and stderr (``subprocess.run(capture_output=True)`` and
+  config error, a second after it started the server, must not leave it importing torch for seconds more
+  while holding the launcher's stdout and stderr (``subprocess.run(capture_output=True)`` and
   ``| tee`` wait for those to close);
 * when it ends the ordinary way (its launcher closed the pipe it watches), it skips the interpreter's
-  teardown of torch and ``torch._dynamo`` (~0.85 s here) once the atexit handlers registered after this
+  teardown of torch and ``torch._dynamo`` once the atexit handlers registered after this
   one have run (last in, first out).
 
 The ranks it forks are unaffected: a fork clears the death signal, and they end in ``os._exit``.
