@@ -17,7 +17,9 @@ float32, so an edge on a rounding tie may land one bin over: tests hold the two 
 both).
 
 Used on host tensors; CUDA and meta tensors and ``fit: sorted`` take the torch path, as does everything
-with ``GVQ_FUSED=0`` (to compare, or where numba is missing).  Compiled on first use and
+with ``GVQ_FUSED=0`` (chosen deliberately, to compare).  numba is a dependency: where a host tensor needs
+these kernels and numba does not import, :func:`enabled` raises (never a silent slower path); CUDA-only
+work runs without it.  Compiled on first use and
 cached beside this file (``cache=True``): a few seconds once per checkout, 0.1-0.4 s per process after.
 """
 from __future__ import annotations
@@ -27,18 +29,24 @@ import os
 
 import numpy as np
 
-try:                                   # optional at import: the torch path is always there
+try:                      # imported here, required on first host use (enabled): CUDA-only runs need none
     from numba import njit
-except ImportError:                    # pragma: no cover - numba is a declared dependency
-    njit = None
+    _NUMBA_ERROR: ImportError | None = None
+except ImportError as e:
+    njit, _NUMBA_ERROR = None, e
 
 F32 = np.float32
 
 
 def enabled(x) -> bool:
-    """True where these kernels serve tensor ``x``: on the host, numba importable, not switched off
-    (``GVQ_FUSED=0``)."""
-    return njit is not None and os.environ.get("GVQ_FUSED", "1") != "0" and x.device.type == "cpu"
+    """True where these kernels serve tensor ``x``: on the host, not switched off (``GVQ_FUSED=0``).  A
+    host tensor without numba is an ImportError saying so, not the torch path taken quietly."""
+    if x.device.type != "cpu" or os.environ.get("GVQ_FUSED", "1") == "0":
+        return False
+    if njit is None:
+        raise ImportError(f"gvq needs numba for its host quantizer kernels: pip install 'numba>=0.60' "
+                          f"(or set GVQ_FUSED=0 to choose the slower torch ops): {_NUMBA_ERROR}")
+    return True
 
 
 def _jit(fn):
