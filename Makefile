@@ -12,11 +12,14 @@ STAMP  := $(VENV)/.gvq-installed
 
 .PHONY: setup run test test-fast bench validate-clock paper-time projection clean
 
-$(STAMP): pyproject.toml
+# the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
+CONSTRAINTS ?= constraints-cpu.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
