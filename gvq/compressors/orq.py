@@ -47,7 +47,7 @@ def solve_level(srt: torch.Tensor, csum: torch.Tensor, lo: torch.Tensor, hi: tor
     return torch.where((count > 0) & (width > 0), b, (lo + hi) / 2)
 
 
-def rounds(s: int) -> int:
+def halving_rounds(s: int) -> int:
     """K of s = 2**K + 1 levels: Algorithm 1's rounds."""
     return (s - 1).bit_length() - 1
 
@@ -56,7 +56,7 @@ def orq_levels(srt: torch.Tensor, s: int) -> torch.Tensor:
     """Algorithm 1 on sorted buckets (m, n): (m, s) nondecreasing levels, s = 2**K + 1."""
     csum = prefix_sums(srt)
     levels = torch.stack([srt[:, 0], srt[:, -1]], dim=1)
-    for _ in range(rounds(s)):                                       # halve every interval once per round
+    for _ in range(halving_rounds(s)):                                       # halve every interval once per round
         levels = interleave(levels, solve_level(srt, csum, levels[:, :-1].contiguous(), levels[:, 1:].contiguous()))
     return levels
 
@@ -75,7 +75,7 @@ def orq_edges(counts: torch.Tensor, s: int) -> torch.Tensor:
     m, bins = counts.shape
     cum, mom = cumulative(counts)
     edges = torch.tensor([0, bins], device=counts.device).expand(m, 2)
-    for _ in range(rounds(s)):                               # halve every interval once per round
+    for _ in range(halving_rounds(s)):                               # halve every interval once per round
         lo, hi = edges[:, :-1], edges[:, 1:]
         first, end = cum.gather(1, lo), cum.gather(1, hi)
         width = (hi - lo).double()
@@ -97,7 +97,7 @@ class ORQ(LevelQuantizer):
                  fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
         super().__init__(bucket, clip, fit)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
-        k = rounds(levels)
+        k = halving_rounds(levels)
         if (1 << k) + 1 != levels:
             raise ValueError(f"levels={levels}: ORQ needs levels = 2^K + 1 (3, 5, 9, 17, ...)")
         self.levels, self.k, self.n_side = levels, k, levels
