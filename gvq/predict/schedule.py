@@ -98,25 +98,25 @@ def reencode_ring(seg_bytes, compress, decompress, hop, link: Link, start=None) 
     n = len(seg_bytes)
     R, r = _Ranks(n, link, start), np.arange(n)
     R.t = R.t + compress[r]
-    held = r.copy()
-    for i in range(n - 1):
-        seg = (r - i - 1) % n
-        R.post(seg_bytes[seg])
-        sent = R.send(seg_bytes[held])
-        R.wait(sent)
-        R.t = R.t + hop[seg]
-        R.wait_sent(sent)
-        held = seg
+    held = _pass(R, seg_bytes, r.copy(), lambda i: (r - i - 1) % n, hop)           # reduce-scatter
     R.t = R.t + decompress[(r + 1) % n]
-    for i in range(n - 1):
-        seg = (r - i) % n
+    _pass(R, seg_bytes, held, lambda i: (r - i) % n, decompress)                      # all-gather
+    return R.t
+
+
+def _pass(R: _Ranks, seg_bytes, held, segment, cost) -> np.ndarray:
+    """One ring pass of n - 1 steps: each rank posts the receive of ``segment(i)``, sends what it holds,
+    pays ``cost`` of the segment it got once both its receive and its send are done; returns what each
+    rank holds at the end."""
+    for i in range(len(seg_bytes) - 1):
+        seg = segment(i)
         R.post(seg_bytes[seg])
         sent = R.send(seg_bytes[held])
         R.wait(sent)
-        R.t = R.t + decompress[seg]
+        R.t = R.t + cost[seg]
         R.wait_sent(sent)
         held = seg
-    return R.t
+    return held
 
 
 def additive_ring(p: Pieces, link: Link, start=None) -> np.ndarray:
