@@ -22,12 +22,7 @@ KNOBS = ("lambda", "target_ratio")
 # -- helpers -------------------------------------------------------------------------------------------
 def split_params(flat: Tensor, shapes) -> list[Tensor]:
     """Views of a model-order flat vector as the parameters' shapes."""
-    out, off = [], 0
-    for s in shapes:
-        n = math.prod(s)
-        out.append(flat[off: off + n].view(s))
-        off += n
-    return out
+    return [t.view(s) for t, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
 
 
 def conv_mask(shapes) -> Tensor:

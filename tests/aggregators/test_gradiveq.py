@@ -98,12 +98,7 @@ def _reference_diff(agg, params, world, it, drift_at) -> float:
 
 
 def _split(flat: torch.Tensor) -> list[torch.Tensor]:
-    out, off = [], 0
-    for s in SHAPES:
-        n = math.prod(s)
-        out.append(flat[off: off + n].view(s))
-        off += n
-    return out
+    return [t.view(s) for t, s in zip(flat.split([math.prod(s) for s in SHAPES]), SHAPES)]
 
 
 @pytest.fixture(scope="module")
