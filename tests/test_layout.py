@@ -19,8 +19,9 @@ ALLOWED = {
     "models": set(),
     "comm": {"compressors"},
     "aggregators": {"comm", "compressors"},
-    "run": {"aggregators", "comm", "compressors", "data", "models"},
-    "bench": {"run", "aggregators", "comm", "compressors", "data", "models"},
+    "hooks": {"aggregators", "comm", "compressors"},
+    "run": {"hooks", "aggregators", "comm", "compressors", "data", "models"},
+    "bench": {"run", "hooks", "aggregators", "comm", "compressors", "data", "models"},
     "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
     "predict": {"bench", "aggregators", "comm", "compressors", "data", "models"},
     "report": set(),                                  # reads run outputs, never the training code

@@ -1,0 +1,20 @@
+"""gvq's compressors inside any DDP training script, as a communication hook (the shape of torch's
+``PowerSGDState`` + ``powerSGD_hook``)::
+
+    from gvq.hooks import GvqHookState, gvq_hook
+    ddp = DistributedDataParallel(model)
+    state = GvqHookState.from_config("qsgd", model.parameters())      # any conf/aggregator ring option
+    ddp.register_comm_hook(state, gvq_hook)
+    ...                                                                # train as usual
+    state.close()
+
+Each bucket DDP hands the hook goes to this rank's communication thread, which averages it through
+gvq's ring while backward continues.  ``state.iteration_stats()`` has the last iteration's
+measurements; ``state.state_dict()`` / ``load_state_dict()`` go into checkpoints.  In the runner,
+``aggregator.overlap=true`` does the same (:class:`Overlapped`).  ``examples/ddp_hook.py`` is a
+complete script.
+"""
+from gvq.hooks.overlapped import Overlapped
+from gvq.hooks.state import GvqHookState, gvq_hook
+
+__all__ = ["GvqHookState", "gvq_hook", "Overlapped"]

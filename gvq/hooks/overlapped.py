@@ -1,0 +1,105 @@
+"""A ring aggregator run inside backward: ``python cli.py aggregator=qsgd aggregator.overlap=true``
+(``aggregator.bucket_cap_mb=0.5`` for smaller buckets; unset: DDP's defaults, its 1 MiB first bucket
+included).
+
+:class:`Overlapped` wraps the model in torch's ``DistributedDataParallel`` with :func:`gvq.hooks.gvq_hook`
+registered, so each bucket is averaged by the wrapped aggregator's ring on this rank's communication
+thread while backward goes on.  Consequences for the per-iteration columns:
+
+* ``compute_s`` (wall clock) includes what backward waited for at its end, as with torch DDP;
+  under ``net.clock=virtual`` the compute lane is moved to the communication lane's finish in
+  :meth:`Overlapped.aggregate`, so that wait is ``aggregate_s`` instead;
+* ``comm_s``: first bucket launched -> last bucket averaged; ``exposed_s``: last bucket averaged minus
+  the moment backward produced it (the communication not hidden); ``buckets``: how many;
+* ``compress_s`` / ``decompress_s`` / ``wire_s`` / ``bytes_sent``: the wrapped aggregator's counters
+  over every bucket (work done on the communication thread, overlapped with backward).
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from gvq.aggregators.base import Aggregator, FlatAggregator
+from gvq.comm import clock
+from gvq.hooks.state import GvqHookState, gvq_hook
+
+_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+class Overlapped(Aggregator):
+    """``inner`` (a gvq ring aggregator) averaging DDP's buckets during backward."""
+
+    inside_backward = True
+    bucket = None                      # DDP owns the gradient buffers
+
+    def __init__(self, inner: FlatAggregator):
+        if not isinstance(inner, FlatAggregator):
+            raise ValueError(f"aggregator.overlap=true: {getattr(inner, 'name', type(inner).__name__)!r} "
+                             "does not aggregate through gvq's ring (torch DDP overlaps by itself)")
+        self.inner = inner
+        inner.overlap = True
+        self.overlap = True
+        self.bucket_cap_mb = getattr(inner, "bucket_cap_mb", None)
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise ValueError(f"aggregator.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (or unset)")
+        self.name = inner.name
+        self.extra_fields = ("buckets", "comm_s", "exposed_s") + tuple(inner.extra_fields)
+        self.virtual_time = inner.virtual_time
+        self.compressor = inner.compressor
+        self.state: GvqHookState | None = None
+
+    def preflight(self, params) -> None:
+        self.inner.preflight(params)
+
+    def setup(self, params, ctx) -> None:
+        self.inner.setup(params, ctx)
+        self.ctx = ctx
+
+    def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
+        dev = next(model.parameters()).device
+        kw = {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
+        if self.bucket_cap_mb is not None:        # unset: DDP's defaults, its small first bucket included
+            kw["bucket_cap_mb"] = self.bucket_cap_mb
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+        self.state = GvqHookState(self.inner)
+        ddp.register_comm_hook(self.state, gvq_hook)
+        return ddp
+
+    def aggregate(self, iteration: int) -> dict:
+        """The iteration's measurements (backward already averaged every bucket)."""
+        if self.state is None:
+            raise RuntimeError(f"{self.name}: the model was not wrapped (agg.wrap(model) after agg.setup)")
+        t0 = clock.now()
+        stats = self.state.iteration_stats()
+        clock.get().advance_to(stats.pop("t_done"))     # virtual: backward waited for the last bucket
+        return {**stats, "aggregate_s": clock.now() - t0}
+
+    def close(self) -> None:
+        if self.state is not None:
+            self.state.close()
+        self.inner.close()
+
+    # -- delegated ------------------------------------------------------------------------------------
+    @property
+    def max_abs(self) -> float:
+        return self.inner.max_abs
+
+    def summary(self) -> dict:
+        return self.inner.summary()
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict() if self.state is not None else {"aggregator": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.state is not None:
+            self.state.load_state_dict(state)
+        else:
+            self.inner.load_state_dict(state["aggregator"])
+
+    def prepare_benchmark(self, grads, args=None) -> None:
+        self.inner.prepare_benchmark(grads, args)
+
+    def benchmark_warmup(self) -> int:
+        return self.inner.benchmark_warmup()

@@ -1,0 +1,176 @@
+"""The hook's state object and the hook function, in the shape of torch's ``PowerSGDState`` +
+``powerSGD_hook``: ``ddp.register_comm_hook(GvqHookState(aggregator), gvq_hook)``.
+
+The state owns one set-up gvq ring aggregator (``conf/aggregator/`` options that sum through gvq's P2P)
+and a per-rank :class:`gvq.hooks.thread.CommThread`.  Per iteration, on that thread, in DDP's bucket
+order: ``start_iteration(it)`` before the first bucket, ``allreduce_bucket_(flat, params, it)`` per
+bucket (per-parameter state, so DDP's bucket rebuild after the first iteration loses nothing),
+``finish_iteration(it)`` after the last.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+import torch.distributed as dist
+
+from gvq.aggregators.base import FlatAggregator, RunContext
+from gvq.comm import clock
+from gvq.comm.p2p import P2P
+from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
+
+log = logging.getLogger("gvq")
+
+
+class GvqHookState:
+    """State of :func:`gvq_hook`: the aggregator, the communication thread and the last iteration's
+    measurements (:meth:`iteration_stats`)."""
+
+    def __init__(self, aggregator: FlatAggregator, process_group=None, timeout_s: float | None = None):
+        if not isinstance(aggregator, FlatAggregator) or not hasattr(aggregator, "params"):
+            raise ValueError(f"gvq hook: {type(aggregator).__name__} must be a gvq ring aggregator "
+                             "(FlatAggregator) after setup(params, ctx)")
+        # the aggregator's ring runs on the default group through P2P; kept for torch's hook interface
+        self.process_group = process_group
+        self.aggregator = aggregator
+        self.timeout_s = float(timeout_s if timeout_s is not None else aggregator.ctx.timeout_s)
+        self.iteration = 0                      # the iteration whose buckets come next
+        self._positions = {id(p): i for i, p in enumerate(aggregator.params)}
+        self._by_ptr = {p.data_ptr(): i for i, p in enumerate(aggregator.params) if p.numel()}
+        self._transient()
+
+    def _transient(self) -> None:
+        """What never pickles: the thread, the open iteration, the finished iteration's signal."""
+        self._thread: CommThread | None = None
+        self._open: IterationRecord | None = None
+        self._last: dict | None = None
+        self._finished = threading.Event()
+
+    @classmethod
+    def from_config(cls, config, params, overrides: dict | None = None, **context) -> GvqHookState:
+        """A state around ``config`` (an option name such as ``"qsgd"``, or a dict with ``_target_``;
+        ``overrides`` merged into it), built and set up on ``params`` for this rank (``context``:
+        :class:`RunContext` fields; rank and world size default to the process group's)."""
+        from gvq.hooks.config import build_aggregator
+        agg = build_aggregator(config, **(overrides or {}))
+        agg.overlap = True                       # DDP owns the gradient buffers
+        ctx = RunContext(context.pop("rank", dist.get_rank()), context.pop("world_size", dist.get_world_size()),
+                         **context)
+        agg.setup(list(params), ctx)
+        return cls(agg)
+
+    # -- the hook's side (autograd thread) ------------------------------------------------------------
+    def positions(self, params) -> list[int]:
+        """A bucket's parameters as positions in the aggregator's ``params`` (by identity, else by
+        storage: a bucket rebuild only reorders the same parameters)."""
+        try:
+            return [self._positions[id(p)] if id(p) in self._positions else self._by_ptr[p.data_ptr()]
+                    for p in params]
+        except KeyError:
+            raise ValueError("gvq hook: a DDP bucket holds a parameter the aggregator was not set up "
+                             "with (build the state on the same model's parameters)") from None
+
+    def submit(self, job: BucketJob) -> None:
+        if self._thread is None:
+            self._start()
+        self._thread.submit(job)
+
+    def _start(self) -> None:
+        agg = self.aggregator
+        if getattr(agg, "p2p", None) is None:      # unpickled: its transport was left behind
+            c = agg.ctx
+            agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s)
+        self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}")
+
+    # -- the communication thread's side ------------------------------------------------------------
+    def _reduce(self, job: BucketJob) -> None:
+        agg = self.aggregator
+        if self._open is None:
+            self._finished.clear()
+            agg.reset_counters()
+            _call(agg, "start_iteration", self.iteration)
+            self._open = IterationRecord(self.iteration)
+        lane = clock.get()
+        lane.advance_to(job.t_ready)              # a bucket starts no earlier than backward made it
+        t_start = lane.now()
+        stats = _allreduce_bucket(agg, job.flat, job.params, self.iteration)
+        self._open.add(job, t_start, stats)
+        if job.is_last:
+            self._close_iteration()
+        job.future.set_result(job.flat)
+
+    def _close_iteration(self) -> None:
+        agg, rec = self.aggregator, self._open
+        extra = _call(agg, "finish_iteration", rec.iteration) or {}
+        rec.t_done = clock.get().now()
+        self._last = {**rec.result(), **agg.counters(), **extra}
+        self._open, self.iteration = None, self.iteration + 1
+        self._finished.set()
+
+    # -- the training loop's side -------------------------------------------------------------------
+    def iteration_stats(self) -> dict:
+        """The last finished iteration's measurements: ``buckets``, ``comm_s`` (first bucket launched
+        -> last averaged), ``exposed_s`` (last averaged - backward produced the last bucket),
+        ``aggregate_s`` (the buckets' own times), the codec / wire / byte counters, ``t_done`` (the
+        communication lane's clock), and the aggregator's columns."""
+        if not self._finished.wait(self.timeout_s):
+            self.raise_failure()
+            raise RuntimeError(f"rank {self.aggregator.ctx.rank}: gvq hook: no iteration finished "
+                               f"within {self.timeout_s:g}s")
+        return dict(self._last)
+
+    def raise_failure(self) -> None:
+        if self._thread is not None and self._thread.error is not None:
+            raise self._thread.error
+
+    def close(self) -> None:
+        """Stop and join the communication thread (idempotent)."""
+        if self._thread is not None:
+            self._thread.close(self.timeout_s)
+            self._thread = None
+
+    # -- checkpoints and pickling -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"iteration": self.iteration, "aggregator": self.aggregator.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iteration = int(state["iteration"])
+        self.aggregator.load_state_dict(state["aggregator"])
+
+    def __getstate__(self) -> dict:
+        """Without the process group, the thread or the transport (rebuilt on first use)."""
+        out = {k: v for k, v in self.__dict__.items()
+               if k not in ("process_group", "_thread", "_open", "_last", "_finished")}
+        agg = object.__new__(type(self.aggregator))
+        agg.__dict__.update({k: v for k, v in self.aggregator.__dict__.items() if k != "p2p"})
+        out["aggregator"] = agg
+        return out
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.aggregator.p2p = None
+        self.process_group = None
+        self._transient()
+
+
+def _call(agg, name: str, iteration: int):
+    fn = getattr(agg, name, None)
+    return fn(iteration) if fn is not None else None
+
+
+def _allreduce_bucket(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
+    fn = getattr(agg, "allreduce_bucket_", None)
+    if fn is not None:
+        return fn(flat, params, iteration) or {}
+    return agg.allreduce_mean_(flat, iteration)
+
+
+def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook: queue the bucket for this rank's communication thread and return the
+    future it completes with the averaged buffer.  Never blocks the autograd thread."""
+    fut: torch.futures.Future = torch.futures.Future()
+    job = BucketJob(fut, bucket.buffer(), state.positions(bucket.parameters()), bucket.index(),
+                    bucket.is_last(), clock.now())
+    state.submit(job)
+    return fut

@@ -1,0 +1,128 @@
+"""The per-rank communication thread a gvq DDP hook hands its buckets to.
+
+The hook runs on the autograd thread and must not block it: it queues the bucket and returns a future.
+This thread takes the buckets in the order they were queued (DDP's bucket order, the same on every
+rank), averages each through the aggregator's own ring over :class:`gvq.comm.p2p.P2P` (so the link
+emulator, byte counts and the clock apply) and completes its future.  It lives inside the clock's
+communication lane for its whole life, so under ``net.clock=virtual`` its time is the rank's
+communication lane, not its compute lane.
+
+An exception here (a lost peer, a codec error) fails that bucket's future and every one queued or
+queued later, so ``backward`` raises with the message (which names the rank) instead of hanging.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from gvq.comm import clock
+
+
+@dataclass
+class BucketJob:
+    """One DDP bucket on its way to the communication thread."""
+    future: torch.futures.Future
+    flat: torch.Tensor           # the bucket's buffer: concatenated gradients, averaged in place
+    params: list[int]            # its parameters as positions in the aggregator's ``params``
+    index: int
+    is_last: bool
+    t_ready: float               # when backward produced it, on the compute lane's clock
+
+
+@dataclass
+class IterationRecord:
+    """What one iteration's buckets cost, on the communication lane's clock."""
+    iteration: int
+    buckets: int = 0
+    t_first: float | None = None  # first bucket launched
+    t_ready_last: float = 0.0     # backward produced the last bucket
+    t_done: float = 0.0           # last bucket averaged
+    sums: dict = field(default_factory=dict)
+    weighted: dict = field(default_factory=dict)
+    numel: int = 0
+
+    def add(self, job: BucketJob, t_start: float, stats: dict) -> None:
+        """Times add up over buckets; any other column is the mean weighted by bucket size."""
+        self.buckets += 1
+        self.t_first = t_start if self.t_first is None else self.t_first
+        self.t_ready_last = job.t_ready
+        n = job.flat.numel()
+        self.numel += n
+        for k, v in stats.items():
+            if k.endswith("_s"):
+                self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            elif isinstance(v, (int, float)):
+                self.weighted[k] = self.weighted.get(k, 0.0) + float(v) * n
+
+    def result(self) -> dict:
+        out = {k: v / max(self.numel, 1) for k, v in self.weighted.items()}
+        out.update(self.sums)
+        comm = self.t_done - self.t_first if self.t_first is not None else 0.0
+        return {**out, "buckets": self.buckets, "comm_s": comm,
+                "exposed_s": max(0.0, self.t_done - self.t_ready_last), "t_done": self.t_done}
+
+
+def comm_lane():
+    """The clock's communication lane for this thread (a no-op where the clock has a single lane)."""
+    lane = getattr(clock, "comm_lane", None)
+    return lane() if lane is not None else contextlib.nullcontext()
+
+
+class CommThread:
+    """A daemon thread that averages queued buckets with ``reduce(job) -> None`` (which completes the
+    job's future); :meth:`close` stops and joins it."""
+
+    def __init__(self, reduce, name: str):
+        self.reduce = reduce
+        self.jobs: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, job: BucketJob) -> None:
+        with self._lock:
+            if self.error is None:
+                self.jobs.put(job)
+                return
+        job.future.set_exception(self.error)
+
+    def _run(self) -> None:
+        with comm_lane():
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                try:
+                    self.reduce(job)
+                except BaseException as e:              # noqa: BLE001 (it must reach backward)
+                    self._fail(job, e)
+
+    def _fail(self, job: BucketJob, error: BaseException) -> None:
+        """Fail this bucket and every queued one; later buckets fail at :meth:`submit`."""
+        with self._lock:
+            self.error = error
+            failed = [job]
+            while True:
+                try:
+                    queued = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if queued is not None:
+                    failed.append(queued)
+                else:
+                    self.jobs.put(None)                  # a close() in the queue: keep it
+                    break
+        for j in failed:
+            if not j.future.done():
+                j.future.set_exception(error)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop after the queued buckets; join the thread (no orphan)."""
+        if self.thread.is_alive():
+            self.jobs.put(None)
+            self.thread.join(timeout)
