@@ -1,23 +1,7 @@
 """The aggregator contract: what the training loop, the benchmarks and the tools call to turn per-rank
 gradients into their mean.
 
-:class:`Aggregator` declares every method and attribute that ``gvq/run``, ``gvq/bench`` and
-``gvq/predict`` call on an aggregator, each with its default, so nothing outside this file asks an
-aggregator whether it has a part.  An aggregator owns the transport; :meth:`Aggregator.aggregate`
-overwrites every ``param.grad`` with the mean over ranks and returns the iteration's measurements
-(``aggregate_s``, ``compress_s``, ``decompress_s``, ``wire_s``, ``stage_s`` (host copies of device
-payloads on a non-NCCL group; 0 on CPU), ``bytes_sent`` and the columns it names in ``extra_fields``).
-Aggregators are built by ``hydra.utils.instantiate(cfg.aggregator)`` from ``conf/aggregator/<name>.yaml``
-and bound to the run with :meth:`Aggregator.setup`; the training loop knows nothing about any particular
-one.
-
-:class:`FlatAggregator` is the shared implementation for aggregators that sum through gvq's P2P: its
-:meth:`FlatAggregator.allreduce_mean_` averages one flat tensor in place, and :meth:`aggregate` calls it
-once on the bucket every gradient is a view of.  A caller that holds gradient buckets of its own (a DDP
-communication hook) calls it once per bucket where ``any_bucket`` says it may.
-
-To add one: a file in this package with an :class:`Aggregator` subclass (usually a
-:class:`FlatAggregator` subclass implementing ``allreduce_``), and a YAML in ``conf/aggregator/``.
+See docs/design.md#gvqaggregatorsbasepy for how it works and why.
 """
 from __future__ import annotations
 

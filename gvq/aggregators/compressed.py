@@ -20,7 +20,9 @@ class CompressedAggregator(FlatAggregator):
 
     extra_fields = ("compression_error",)
 
-    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto"):
+    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto", overlap: bool = False,
+                 bucket_cap_mb: float | None = None):
+        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
         if hop == "sum" and not compressor.additive:
             raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
                              "payloads cannot be summed in the compressed domain; use hop=auto or reencode")

@@ -1,26 +1,7 @@
 """torch DistributedDataParallel as an aggregator, the reference users would pick instead:
 ``python cli.py aggregator=ddp`` | ``aggregator=ddp_fp16`` | ``aggregator=ddp_powersgd aggregator.rank=4``.
 
-DDP averages gradients *during* backward (bucketed all-reduces launched as buckets fill, overlapping the
-rest of backward), so the training loop wraps the model (``model = agg.wrap(model)`` in
-:func:`gvq.run.train.build`) and :meth:`DDPAggregator.aggregate` communicates nothing.  Consequences for
-the per-iteration columns, all measured on this rank:
-
-* ``compute_s`` includes DDP's communication and its hook's compression (backward returns only once
-  every bucket is averaged); ``aggregate_s`` is the time of :meth:`aggregate` itself (~0), and
-  ``compress_s`` / ``wire_s`` / ``decompress_s`` are 0: they are the parts of ``aggregate_s``, and
-  reports take ``compute_s + aggregate_s`` as the iteration and stack the parts on ``compute_s``, so
-  anything else would count DDP's communication twice.  DDP's own times are extra columns:
-* ``ddp_comm_s``: first bucket launched -> last bucket averaged (communication in flight, overlapped
-  with backward; with a hook it includes the hook's compression work);
-* ``ddp_wait_s``: last bucket launched -> last bucket averaged, an estimate of the part backward waited
-  for (once the last bucket is ready no compute is left to hide it): the comparable of ``wire_s``;
-* ``bytes_sent``: an **estimate**, not a count -- gloo's collectives do not report bytes.  Per rank as a
-  ring all-reduce would send: 2(N-1)/N x the all-reduced bytes (fp32 gradient; half of it with the fp16
-  hook; with PowerSGD, the raw tensors plus every P and Q, by the hook's own compress rule).
-
-The in-process link emulator (``net=...``) cannot slow DDP's collectives: under emulation DDP runs at
-loopback speed.  Compare under shaping with kernel tbf (``sudo python -m gvq.bench netns train``).
+See docs/design.md#gvqaggregatorsddppy for how it works and why.
 """
 from __future__ import annotations
 

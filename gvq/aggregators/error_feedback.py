@@ -1,29 +1,7 @@
 """Error feedback (Seide et al. 2014; Karimireddy et al. 2019) for any compressor on any topology:
 ``python cli.py aggregator=signsgd aggregator._target_=gvq.aggregators.error_feedback.ErrorFeedbackAggregator``.
 
-Per rank and iteration, with ``e`` this rank's residual memory (zero at the start)::
-
-    g' = g + e                 what this rank wants to contribute
-    t  = Q(g')                 its *transmitted* contribution (decompress(compress(g')))
-    e  = g' - t                what the wire lost, added back next iteration
-
-so g' == t + e up to the one rounding of the subtraction (the test checks that bound; bitwise equality
-is impossible in float: with |t| >> |g'| the difference rounds).  A biased compressor (scaled sign)
-then loses nothing for good: the sum of what was transmitted tracks the sum of the gradients.
-
-What "transmitted" means per topology (t is always this rank's local Q(g'), over the segments the ring
-uses; the ring itself still runs on g'):
-
-* ``allgather`` / ``ps`` and the additive ring (mode b): each rank encodes its own g' once per segment,
-  so for a deterministic compressor t is bitwise what the ring encodes for this rank;
-* the re-encode ring (mode c): a hop adds this rank's raw segment to the decoded partial sum and encodes
-  the total, so its own contribution is never encoded alone.  EF then corrects the error of encoding g'
-  alone; the hops' compounding errors are not fed back.
-* stochastic compressors: the ring draws fresh dither, so t is an independent draw of the same
-  distribution as the payload that travels.
-
-The extra encode/decode EF needs is real work: it is timed in ``compress_s`` / ``decompress_s``.
-:func:`feed_back` is the whole mechanism, usable from any aggregator that owns a flat buffer.
+See docs/design.md#gvqaggregatorserror_feedbackpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -2,39 +2,7 @@
 
     python cli.py aggregator=gradiveq lambda=0.01 warmup=20 L_t=20 L_c=60
 
-Phases (the ``phase`` CSV column):
-
-* ``warmup`` -- iterations [0, warmup): uncompressed ring all-reduce.
-* ``sample`` -- L_t iterations aggregated with 4-bit QSGD through the decode-add-encode ring
-  (``sampling: qsgd``, the paper) or uncompressed (``sampling: rar``); each iteration's aggregated SUM
-  (Eq. 2, before the division by N) is kept as one PCA sample.  After the L_t-th sample the compressor
-  is fitted and made identical on all ranks (:func:`gvq.aggregators.gradiveq_sync.fit_everywhere`), inside that
-  iteration's ``aggregate_s``; its time is also logged alone as ``fit_s``.
-* ``compress`` -- at most L_c iterations through the pipelined additive ring (Algorithm 1).  Then a new
-  sampling phase begins.
-
-Runtime monitor: on every compressed iteration each rank knows the Eq. 7 loss of its own gradient,
-relative to ||g_n||^2; rank 0's is the ``compression_error`` column.  Monitor off (default): the loss is
-read off the payloads the ring makes anyway (``compressor.track``: ||c||^2 - ||U_d^T c||^2, two dot
-products), so logging it costs no extra pass over the bases.  With ``monitor_threshold`` set, ranks
-compute it *before* the ring (``compressor.local_loss``: one extra projection) and vote (one all-reduce
-of a 0/1 flag); a strict majority above the threshold ends the compressed phase before this iteration's
-ring: the iteration is aggregated as the first sample of a new sampling phase, so the badly compressed
-gradient is never applied.  The loss and the vote run in :meth:`measure`, outside ``aggregate_s``
-(they are not part of the wire protocol); their time is logged as ``monitor_s``, so nothing is hidden.
-
-``compression_ratio``: fp32 bytes of the whole gradient over the payload bytes of the iteration's
-aggregation (1 for uncompressed, QSGD's ratio while sampling, GradiVeQ's wire ratio -- raw layers
-included -- while compressing).  Per-layer K, d, K/d and Eq. 6 energy of every refresh go to
-``gradiveq_layers.jsonl`` in the run dir (rank 0).
-
-Identical PCA state on all ranks (every rank fits, digests are compared, rank 0's state is relayed on
-the ring only on a mismatch): see :mod:`gvq.aggregators.gradiveq_sync`.  ``state_dict`` / ``load_state_dict`` carry
-the schedule position, the samples so far, the PCA state and the QSGD dither (bitwise resume);
-``prepare_benchmark`` pins the compressed phase for ``gvq.bench``.
-
-Compressed-ring segments are balanced by payload size (:func:`gvq.aggregators.gradiveq_sync.payload_balanced_segments`),
-recomputed after each fit, since the ring's time is that of its largest segment.
+See docs/design.md#gvqaggregatorsgradiveqpy for how it works and why.
 """
 from __future__ import annotations
 
@@ -65,7 +33,9 @@ class GradiVeQAggregator(FlatAggregator):
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, pieces: int = 4):
+                 monitor_threshold: float | None = None, pieces: int = 4, overlap: bool = False,
+                 bucket_cap_mb: float | None = None):
+        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")

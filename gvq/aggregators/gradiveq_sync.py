@@ -1,18 +1,7 @@
 """Helpers of :mod:`gvq.aggregators.gradiveq`: making every rank hold the same PCA state, payload-balanced
 ring segments, and the per-refresh layer log.
 
-Identical state (every rank must hold the *identical* U_d and mu, sec. 3), the paper's way: every rank
-holds the same aggregated samples (the ring leaves bitwise identical sums everywhere), so every rank fits
-itself; the states' digests (:attr:`gvq.compressors.gradiveq.state.PCAState.digest`) are compared with one
-tiny all-reduce, and only if any rank differs (SVD round-off/sign between processes) is rank 0's state
-relayed (counted: the aggregator's ``relays``, logged as a warning).
-
-The relay sends the d's first (their count is fixed by the layout), then the float values (whose length
-depends on the d's), along the ring 0 -> 1 -> ... -> N-1 in pipelined chunks through
-:class:`gvq.comm.p2p.P2P` rather than ``torch.distributed.broadcast``, so that its bytes are counted in
-``bytes_sent`` and its time is shaped by the emulated links like every other byte the aggregator moves.
-The state is large (mu alone is as big as the conv gradient; U_d is K x d per layer), which is why a
-local fit, not a relay, is the rule.
+See docs/design.md#gvqaggregatorsgradiveq_syncpy for how it works and why.
 """
 from __future__ import annotations
 

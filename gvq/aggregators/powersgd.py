@@ -1,25 +1,6 @@
 """PowerSGD through our ring: ``python cli.py aggregator=powersgd aggregator.rank=4``.
 
-Per iteration (after ``start_iter`` uncompressed ones, as the torch hook's ``start_powerSGD_iter``):
-
-1. M = g + e (error feedback: ``e`` is this rank's residual memory, zero before compression starts);
-2. pass P and pass Q of :mod:`gvq.compressors.powersgd`, each through
-   :func:`gvq.comm.ring.additive_allreduce_` (GradiVeQ's Algorithm 1: the matmuls of one segment overlap the
-   wire of the previous one).  The two sums are sequential -- P^ must exist before anyone can compute
-   Q -- so PowerSGD pays 4(N-1) ring steps, twice the latency of one ring; both passes go through
-   :class:`gvq.comm.p2p.P2P`, so ``bytes_sent`` and ``wire_s`` include them;
-3. e = M - P^ (sum Q)^T / N, the rank's matrix minus the *averaged* approximation (torch's hook and
-   epfml/powersgd do the same).  Summed over ranks it equals sum_w (M_w - P^ Q_w^T), the paper's
-   per-rank "M minus its own approximation", so both conventions give the same next iteration in exact
-   arithmetic.  Raw blocks are exact: their memory stays zero.
-
-The result of pass Q is the *sum* of the approximations; the base class divides by N exactly once.
-``compress_s`` holds the matmuls, the error-feedback bookkeeping and nothing else; ``decompress_s`` the
-orthogonalizations (P^ in pass P, the next Q in pass Q) and P^ Q^T.  ``compression_error`` is this
-rank's ||M - P^ P^T M||^2 / ||M||^2 (its own matrix projected on the shared P^; raw blocks count as
-exact), computed outside the timed part from norms the passes leave behind
-(:meth:`PowerSGDAggregator.compression_error`).  The low-rank state (Q, this iteration's P^) is
-``low_rank``, a :class:`gvq.compressors.powersgd.PowerSGD`.
+See docs/design.md#gvqaggregatorspowersgdpy for how it works and why.
 """
 from __future__ import annotations
 
@@ -40,7 +21,8 @@ class PowerSGDAggregator(FlatAggregator):
     any_bucket = False               # error memory and blocks are laid out on the whole gradient
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 warm_start: bool = True):
+                 warm_start: bool = True, overlap: bool = False, bucket_cap_mb: float | None = None):
+        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
         self.rank = check_int("aggregator.rank", rank, 1)
         self.start_iter = check_int("aggregator.start_iter", start_iter, 0)
         if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)) \

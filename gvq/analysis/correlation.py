@@ -2,21 +2,7 @@
 
     python -m gvq.analysis correlation --out runs/correlation --iterations 150 [--model resnet20]
 
-One process trains the model on digits (``--batch`` 128 stands for the aggregate of 4 ranks x 32) and
-records the gradient of every iteration (:func:`gvq.analysis.record.record_gradients`); conv weights are
-put in the paper's layout (Fig. 3a: index ((h*W + w)*D + d)*F + f).
-
-* Fig. 4: the first three entries of conv layer ``--layer`` (the F collocated gradients of filters 0-2)
-  over the iterations; PCA of the centred 3-D points: fraction of variance in 2 principal components
-  (``fig4.json``), and a 3-D scatter with the points projected on that plane (``fig4_scatter.png``).
-* Fig. 5: for slice sizes K (all K up to 4*F*D when that is at most 400 values, else a grid plus every
-  multiple of F*D and its +-3 neighbours), U_d is fitted (Eq. 6, ``--lam``) on the layer's FIRST slice
-  over the iterations and reused on every other whole slice; ``loss`` = ||(I - U U^T)(g_m - mu_m)||^2 /
-  ||g_m||^2 summed over the other slices and iterations, each slice centred on its own mean (the
-  compressor's default ``mu: slice``), ``loss_first_mu`` centred on the first slice's mean instead.
-  ``multiple_of_FD`` marks K = m*F*D; ``local_min`` marks a loss below both neighbouring K's.  The
-  paper's claim is that the loss drops at the multiples (``fig5_slice_loss.csv`` / ``.png``,
-  summary in ``fig5.json``).  In-sample over iterations: the question is reuse across slices.
+See docs/design.md#gvqanalysiscorrelationpy for how it works and why.
 """
 from __future__ import annotations
 

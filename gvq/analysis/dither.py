@@ -1,18 +1,7 @@
 """Are a stochastic quantizer's draws independent within a call and across calls?  ``python -m
 gvq.analysis dither`` (the check behind ``tests/analysis/test_dither.py``).
 
-One fixed vector v is quantized ``calls`` times in a row by one compressor (as consecutive iterations
-do); per call, the total error T_t = sum_i (Q(v)_i - v_i), the sum a next layer forms.  With independent
-draws:
-
-* **within a call**: var(T) = sum_i var(e_i) (errors of different elements uncorrelated); the per-element
-  variances are estimated over the same calls;
-* **across calls**: the lag-k autocorrelations of T_t are 0 (standard error 1/sqrt(calls)), and sums of T
-  over blocks of ``block`` consecutive calls have ``block`` x var(T) as variance (standard error of a
-  sample variance of m blocks: sqrt(2 / (m - 1)) of it).
-
-Each statistic is reported as a z-score (how many standard errors from the iid value); the papers'
-analyses assume all of them are noise.
+See docs/design.md#gvqanalysisditherpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -3,46 +3,7 @@ REAL gradients.
 
     python -m gvq.analysis frontier [--model cnn --dataset digits --ratios 4 8 16 --rank 1 2 4 8 ...]
 
-Gradients: one process trains with plain SGD and keeps every iteration's flat gradient
-(:func:`gvq.analysis.record.record_gradients`, batch 128 standing for N = 4 ranks x 32); the schedule
-is :mod:`gvq.analysis.peers`' (``warmup`` skipped, then cycles of ``L_t`` fitting / ``L_c`` evaluation
-gradients), and so are its helpers: GradiVeQ is fitted on a cycle's L_t gradients and scored on the
-FOLLOWING L_c only; PowerSGD (warm-started Q, no error feedback) runs from the first post-warmup
-iteration and is scored on the same evaluation iterations.
-
-Configurations:
-
-* GradiVeQ at every slice size K = m * F * D (``K=x<m>``, m = 1 .. the largest kernel's H * W; a layer
-  keeps floor(H W / m) slices, its tail and every non-conv parameter travel raw; x<H W> = one slice a
-  layer; ``auto`` = x<W>), ``pool`` on by default (one basis per layer fitted on all its slices, as
-  ``conf/aggregator/gradiveq_pooled.yaml``: without it d <= L_t - 1 and small K cannot reach low ratios),
-  at each whole-vector compression ratio in ``--ratios``: bytes target = 4 numel / ratio, reached by
-  bisecting ``target_ratio`` (the same K/d in every layer; d is then per layer ``round(K / target_ratio)``,
-  capped at the samples' rank).  Raw parts count, so a target below the raw bytes, or above what
-  d <= rank allows, cannot be met: the closest reachable point is kept with ``matched=False`` (bytes
-  more than ``--tolerance`` off in some cycle); ``actual_ratio`` is what it sends.  ``in_budget``: its
-  bytes are at most (1 + tolerance) x the target -- matched, or capped BELOW the target (large K: one
-  slice a layer, d <= rank), so it sends fewer bytes than the ratio allows.
-* PowerSGD at every rank in ``--rank``: its own bytes (P and Q of each matrix, 1-D parameters raw).
-
-Metrics, per configuration:
-
-* ``error``: mean over the evaluation gradients of ||decompress(compress(g)) - g||^2 / ||g||^2, whole
-  vector (raw parts are exact and count in the denominator); ``error_median``, ``error_conv`` (conv
-  weights only) beside it;
-* ``bytes``: payload bytes per gradient (GradiVeQ: mean over the cycles' fits; PowerSGD: both passes);
-  ``ratio``: the whole-vector ratio asked (PowerSGD: its own), ``actual_ratio`` = 4 numel / bytes;
-* ``compress_ms`` / ``decompress_ms``: per call on a real evaluation gradient, median of ``--reps`` calls
-  (:func:`gvq.bench.common.median_seconds`, one untimed call first), ONE intra-op thread; GradiVeQ fitted
-  on the first cycle; PowerSGD's two passes summed (compress: M Q and M^T P^; decompress: orth(P) and
-  P^ Q^T).  ``codec_ms`` = compress_ms + decompress_ms (sum of the medians).
-
-Recommendation (:func:`recommend_K`): at ratio 8, among the GradiVeQ rows ``in_budget`` (a row that
-sends fewer bytes than asked still meets the byte budget; one that sends more does not), the lowest
-``error_x_ms`` = error x codec_ms: error and time weigh equally on a log scale (halving the error is worth
-doubling the codec time), unit-free, and its minimiser always lies on the Pareto frontier of
-(codec_ms, error) among the eligible rows; ties go to the lower error.  On the small cnn the codec takes
-well under a millisecond, mostly Python overhead, so there the error decides most of the score.
+See docs/design.md#gvqanalysisfrontierpy for how it works and why.
 """
 from __future__ import annotations
 

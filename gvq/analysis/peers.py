@@ -1,55 +1,10 @@
-"""GradiVeQ vs PowerSGD at equal bytes: compression error on REAL gradients (the issue's error half;
-the timing half is ``python -m gvq.bench aggregate``, whose random gradients make errors meaningless).
+"""GradiVeQ vs PowerSGD at equal bytes: compression error on REAL gradients (the error half of the
+comparison; the timing half is ``python -m gvq.bench aggregate``, whose random gradients make errors
+meaningless).
 
     python -m gvq.analysis peers [--model cnn --dataset digits --rank 2 4 --K auto x1 ...]
 
-What is recorded: one process trains the model with plain SGD (no compression anywhere, so every method
-sees the same trajectory) at ``--batch`` 128, standing for the aggregate of N = 4 ranks x 32; every
-iteration's gradient is kept (:func:`gvq.analysis.record.record_gradients`).  In one process "the sum
-over ranks" (GradiVeQ's Eq. 2 samples, PowerSGD's sum of M_w) is that one gradient; relative errors are
-scale-free, so sum vs mean does not matter.  What one process cannot show: per-rank error-feedback
-memories (their sum equals the single residual here, in exact arithmetic) and QSGD's compounding over
-the decode-add-encode ring's hops.
-
-Schedule (:func:`schedule`): ``warmup`` iterations are skipped, then cycles of {``L_t`` fitting
-gradients, ``L_c`` evaluation gradients}, as GradiVeQ's {sample, refresh, compress}.  GradiVeQ is
-fitted on a cycle's L_t gradients (``samples='qsgd'``: each passed through one 4-bit max-norm QSGD
-encode first, as the paper's sampling phase sends them) and evaluated on the FOLLOWING L_c only.
-PowerSGD runs from the first post-warmup iteration on every gradient (its warm-started Q and its
-error-feedback memory evolve as in training) and is scored on the same evaluation iterations.
-
-Equal bytes: PowerSGD's payload per iteration is ``PowerSGD(shapes, r).bytes_per_iteration`` (P and Q
-of every low-rank matrix, 1-D and no-gain parameters raw in pass P, exactly what the aggregator sends).
-GradiVeQ's is ``payload_nbytes`` of the whole vector (d floats per compressed slice, raw values as they
-are).  For each knob in ``match`` GradiVeQ is matched by bisection on that knob: ``lambda`` (Eq. 6, the
-paper's per-layer energy rule) or ``target_ratio`` (d = K / ratio in every layer).  The bisection runs on
-d's predicted from each group's PCA spectrum (one SVD per group, the same centring and rank rule as
-:meth:`GradiVeQ.fit`); the chosen knob is then fitted for real and its actual bytes are reported.  Both
-are payload bytes of one whole vector: a ring all-reduce sends 2(N-1)/N of that per rank for either.
-GradiVeQ's reachable range is bounded: below by its raw part (every non-conv parameter, e.g. the FC
-layer, travels raw, where PowerSGD compresses it), above by d <= rank of the samples (<= L_t - 1, or
-n (L_t - 1) with ``pool``).  Outside it the closest match is reported with ``matched=False``.
-
-Errors, all relative, whole vector (raw parts count as exact, in the denominator too), mean and median
-over the evaluation iterations (``err_conv_*``: conv weights only, = GradiVeQ's Eq. 7 with no tails):
-
-* ``PowerSGD``: ||A(g) - g||^2 / ||g||^2, A = one warm-started rank-r power step, no error feedback;
-* ``PowerSGD+EF``: ||A(M) - M||^2 / ||M||^2 with M = g + e the input including the residual e (what
-  the aggregator logs as ``compression_error``), then e <- M - A(M);
-* ``PowerSGD+EF (t vs g)``: same run, ||A(M) - g||^2 / ||g||^2: the transmitted vs this iteration's
-  fresh gradient (can exceed 1: it carries older residuals on purpose);
-* ``GradiVeQ``: ||U U^T (g - mu) + mu - g||^2 / ||g||^2 (decompress(compress(g)), N = 1);
-* ``QSGD 4-bit``: one encode (bucket 2048), ``max`` norm (the repo's RAR default) and ``l2`` (papers),
-  a reference at its own bytes (ratio ~8), seeded.
-
-``sched_bytes``: payload bytes per iteration averaged over one GradiVeQ cycle: L_t sampling iterations
-at 4-bit QSGD and L_c at GradiVeQ's payload (every rank fits itself, the paper's
-way).  ``relay_bytes`` (CSV): the PCA state (U_d, mu) that a relay (on a digest mismatch) sends once per
-refresh on top (a relay sends it (N-1)/N times per rank, an all-reduce 2(N-1)/N times its payload).
-For PowerSGD and QSGD ``sched_bytes`` equals ``bytes``.
-
-The per-method bytes, errors and GradiVeQ's byte matching live in :mod:`gvq.analysis.peer_measures`;
-this module runs the schedule and assembles the table.
+See docs/design.md#gvqanalysispeerspy for how it works and why.
 """
 from __future__ import annotations
 

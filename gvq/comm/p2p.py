@@ -1,26 +1,6 @@
 """Point-to-point transport for the ring engine: timing, byte accounting and emulated links.
 
-Every byte an aggregator sends goes through :class:`P2P`, so ``bytes_sent`` and ``wire_s`` (time the
-rank spent blocked on communication) are measured in one place for every aggregator.
-
-Emulated links (``net`` config group) model one outgoing link per rank, full duplex, with bandwidth
-``B`` bit/s and a per-message latency ``alpha`` s: a message of ``b`` bytes handed to the link at time
-``t`` starts when the link is free, occupies it for ``8b/B`` s and arrives ``alpha`` s after it has left.
-The real send happens at the emulated arrival time from a sender thread that *sleeps* until then, so
-waiting burns no CPU and the main thread keeps computing (the overlap Algorithm 1 needs).  Messages
-travel as chunks of ``CHUNK_BYTES`` (both sides cut them the same way), each released when the link
-would have finished serialising it: a real link streams, so the receiver's last byte arrives one
-chunk's real transfer after the emulated finish, not one whole message's.  Receivers
-need no emulation: a message simply cannot be received before it is sent.  Only traffic that goes
-through this class is shaped; collectives the runner does not own (e.g. DDP's) need kernel shaping
-(``sudo python -m gvq.bench netns train``).
-
-Under ``net.clock=virtual`` (:mod:`gvq.comm.clock`) the same link model is computed instead of slept
-(:class:`VirtualLink`): a send at virtual time ``t`` on a link free at ``f`` occupies it from
-``max(t, f)`` for ``8b/B`` and arrives ``alpha`` later; the arrival time travels in-band (an 8-byte header
-message before the payload, same tag, not counted in ``bytes_sent``); waiting on a receive moves the
-clock to ``max(clock, arrival)``, waiting on a send to ``max(clock, its arrival)`` (the wall emulator's
-send handle completes then too).  The real bytes move at once.
+See docs/design.md#gvqcommp2ppy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """Ring engine: the four ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
 
-Rank ``r`` sends only to ``r+1`` and receives only from ``r-1`` (mod N).  The vector is cut into N
-segments made of whole compression units.  Reduce-scatter step ``i`` sends segment ``r-i`` and receives
-segment ``r-i-1``; after N-1 steps rank ``r`` holds the full sum of segment ``r+1``.  All-gather step
-``i`` sends segment ``r+1-i`` and receives segment ``r-i``.  (The PyTorch tutorial's "Our Own
-Ring-Allreduce", one segment per rank.)
-
-* :func:`allreduce_` -- (a) uncompressed RAR.
-* :func:`additive_allreduce_` -- (b) GradiVeQ's Algorithm 1 for compressors whose payloads add up: the
-  receive of a segment's partial compressed sum is posted *before* this rank compresses its own copy of
-  that segment, so compression hides behind the wire; payloads are summed; each segment is decompressed
-  once, while the next one is being received.
-* :func:`reencode_allreduce_` -- (c) the papers' QSGD-RAR: every hop decompresses, adds its raw segment
-  and recompresses; a compressed all-gather ends it.  Nothing overlaps: that is the point of comparison.
-* :func:`gather_allreduce_` -- (d) ORQ's Algorithm 2: each rank compresses its whole gradient once;
-  payloads are all-gathered around the ring (``allgather``) or sent to rank 0, which decodes, sums,
-  re-encodes and sends the result to every rank (``ps``).
-
-All functions overwrite ``flat`` with the **sum** over ranks; callers divide by N.  In every mode each
-rank ends with bitwise identical values (owners use the decoded payload they sent, never their raw sum).
+See docs/design.md#gvqcommringpy for how it works and why.
 """
 from __future__ import annotations
 

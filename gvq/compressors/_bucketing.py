@@ -2,21 +2,7 @@
 BinGrad-pb/-b): a quantizer only maps a batch of buckets to integer codes + a few floats per bucket
 (``_encode``) and back (``_decode``); splitting, checks, clipping, dither and the wire format live here.
 
-Buckets: ``bucket=d`` (int >= 1) cuts a segment into buckets of d contiguous values, the last one ragged
-(its statistics from its own values only); ``bucket=None`` (YAML null) is one bucket per segment (the
-papers' "layer-wise").  ``cuts()`` keeps segment boundaries on multiples of d, so segmenting the gradient
-never changes its buckets.  Paper: d = 2048 on CIFAR, 512 on ImageNet.
-
-Wire: ONE flat uint8 tensor per segment, ``[n_buckets x n_side float32][codes packed in words]``, its
-length a function of the segment length only (``Layout``; formats in :mod:`gvq.compressors._packing`:
-``bits`` fields, or ``dense`` base-s words, s=3 -> 1.6 bits a value, 5 -> 2.35, 9 -> 3.2).
-
-Checks: NaN/Inf inputs, and statistics overflowing float32, raise ValueError.  Clipping (``clip=c``):
-each value clipped to +-c*RMS of its bucket first (TernGrad's sign(v) * min(|v|, c*sigma)); null = off.
-
-Dither (stochastic rounding): code = floor(y + u), u uniform on the 65536 midpoints of (0, 1): bias <=
-2**-17 of a level step, new u for every value on every call (:mod:`gvq.compressors._dither`), independent
-within and across calls, as QSGD's and TernGrad's analyses assume.
+See docs/design.md#gvqcompressors_bucketingpy for how it works and why.
 """
 from __future__ import annotations
 

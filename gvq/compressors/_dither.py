@@ -1,19 +1,7 @@
 """Fresh uniforms for stochastic rounding on every call, fast: lanes of 64-bit linear congruential
 generators stepped in place, an xor-fold as output function (PCG's idea, without its rotation).
 
-Why not the compressor's ``torch.Generator``: mt19937 spends several nanoseconds per 64 random bits, so
-a fresh 16-bit uniform for every value would cost most of 4-bit QSGD's whole compress; four torch ops
-over n/4 int64 lanes (or one fused pass) cost a fraction of that.
-
-* Each lane holds a 64-bit state s, seeded with 64 random bits from the compressor's seeded generator
-  (same seed, same draws: resumes are bitwise, ranks seeded apart draw apart).
-* A call steps the lanes it reads, s <- a*s + c mod 2^64 (Knuth's MMIX constants: full period 2^64), and
-  reads w = s ^ (s >> 32): a bijection of s, so a uniform s gives four independent uniform 16-bit chunks;
-  the high half of s (the LCG's good bits) is folded onto the low half (its weak bits, bit k having
-  period 2^(k+1)).
-* Lanes are independent of each other (independent seeds); a lane is stepped on every call that reads it,
-  so no call reuses another's uniforms (reused draws would correlate the errors of consecutive calls).
-  ``tests/analysis/test_dither.py`` measures the independence statistics across 2,000 calls.
+See docs/design.md#gvqcompressors_ditherpy for how it works and why.
 """
 from __future__ import annotations
 

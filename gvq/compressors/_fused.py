@@ -1,26 +1,7 @@
 """Fused host kernels (numba) for the scalar quantizers: each makes in one compiled pass what eager torch
 ops make in several full memory passes.
 
-* ``encode_orq`` / ``encode_linear`` / ``encode_bingrad_b`` / ``encode_bingrad_pb``: the histogram fits
-  (``_histogram``'s grid: ``bins_for(n)`` bins, levels on integer edges, Eq. (7) rounding through a
-  per-bin (C, A) table): each bucket counted, fitted and rounded while it sits in L1 cache.  Its bounds
-  come from torch's vectorised min/max (``_histogram.encode_fused``).  As 20-30 eager ops these ran at
-  0.17-0.28 GB/s on one core of the development machine; fused, 0.4-0.96 GB/s.
-* ``scale_dither_floor``: QSGD's and TernGrad's scale, dither and floor.
-* ``lcg_step``: the dither lanes' step (``_dither``); ``pack_words``: many-digit words (``_packing``).
-
-Same algorithms and the compressors' own uniforms (seeds, resumes and independence as on the torch
-path).  Bit for bit the torch ops' results: ``lcg_step``, ``pack_words``, ``scale_dither_floor`` (the same
-float32 steps in the same order).  The histogram fits sum in int64/float64 where the torch path sums
-float32, so an edge on a rounding tie may land one bin over: tests hold the two paths to the same levels
-(to float round-off) and the same error (``tests/compressors/test_quantizers.py`` runs every test on
-both).
-
-Used on host tensors; CUDA and meta tensors and ``fit: sorted`` take the torch path, as does everything
-with ``GVQ_FUSED=0`` (chosen deliberately, to compare).  numba is a dependency: where a host tensor needs
-these kernels and numba does not import, :func:`enabled` raises (never a silent slower path); CUDA-only
-work runs without it.  Compiled on first use and
-cached beside this file (``cache=True``): a few seconds once per checkout, 0.1-0.4 s per process after.
+See docs/design.md#gvqcompressors_fusedpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,27 +1,7 @@
 """Sort-free level fitting: every bucket's values counted on a uniform grid of ``bins`` bins between two
 per-bucket bounds (its min and max, or 0 and max|v|), levels solved on the counts and placed on bin edges.
 
-Why: ORQ-s, Linear-s and BinGrad fitted their levels on each bucket *sorted*, 28 ms for a ResNet-32
-gradient on one core, ~60% of their compress.  A histogram costs one pass to bin and one ``bincount``.
-
-Coordinates.  Bucket i's value v sits at t = (v - lo_i) * bins / (hi_i - lo_i) in [0, bins]: bin
-floor(t) (the max, t = bins, goes into the last bin).  A level is an *edge* e in {0, ..., bins} (the value
-lo + e * (hi - lo) / bins; edge 0 is exactly lo and edge ``bins`` exactly hi), so every bin lies inside
-one level interval and random rounding becomes one table lookup per value (:func:`rounding_table`),
-whatever the level count.
-
-Accuracy.  The counts treat a bin's values as spread evenly over it (a bin's sum of t is taken as its
-count times its centre); a level is found to within one bin (1/bins of the bucket's range) of the level
-the sorted reference finds.  ``bins_for`` keeps 1-2 values a bin, so at bucket 2048 a level moves by about
-1/1024 of the range: ORQ's error is flat to second order around its optimum (Linear's quantiles are no
-optimum: first order), and the Fig. 2 errors agree with the sorted reference's within 1%
-(``tests/compressors/test_quantizers.py``; on real gradients ``python -m gvq.analysis quantizers``).
-Heavy tails are the weak case: one value far out stretches the grid and coarsens it for the rest (seen in
-layer-wise buckets, ``bucket: null``, not in 2048-value ones).
-
-Two implementations of the same fits: on host tensors one fused numba kernel per call encodes every bucket
-while it sits in cache (:mod:`gvq.compressors._fused`, ``encode_fused``: 2-3x faster, 0.4-0.96 GB/s at
-ResNet-32 size); the torch ops below serve CUDA and meta tensors and ``GVQ_FUSED=0``.
+See docs/design.md#gvqcompressors_histogrampy for how it works and why.
 """
 from __future__ import annotations
 

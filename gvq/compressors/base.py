@@ -1,52 +1,6 @@
 """The compressor seam: what a gradient compressor must offer the ring engine.
 
-A compressor turns a contiguous piece (a *segment*) of the flat gradient into a payload, the tensor that
-really travels on the wire, and back.  The engine never looks inside a payload; it only needs
-
-* ``additive``: whether payloads of the same segment can be summed in the compressed domain
-  (``decompress(compress(a, seg) + compress(b, seg), seg) == a + b`` up to the compressor's own loss, as
-  for linear maps such as GradiVeQ or a random projection).  The ring engine picks its hop from it:
-  additive => sum payloads and decompress once (Algorithm 1 of GradiVeQ); otherwise
-  decompress-add-recompress at every hop (the papers' QSGD-RAR).
-* ``cuts(numel)``: the offsets where a segment may start or end (whole buckets, whole slices), so that
-  every segment is made of whole compression units;
-* ``payload_spec(seg)``: dtype and length of the payload of a segment, so that a receiver can post its
-  receive before the sender has compressed anything (fixed-size formats only: no size headers travel).
-
-Positions are passed as a ``slice`` of the flat gradient because some compressors (GradiVeQ) hold
-position-dependent state (one PCA basis per conv layer); position-free ones (QSGD) ignore it.
-Horovod's ``Compressor`` (``compress -> (tensor, ctx)``) is the model: what does not travel stays local.
-
-**State kept between calls.**  Most codecs are pure functions of (input, segment) once built, apart from
-their random stream: the stochastic ones (QSGD, TernGrad, Linear-s, ORQ-s, BinGrad-pb) draw dither from
-a generator that every ``compress`` advances, seeded per rank by :meth:`Compressor.reseed` (a payload
-depends on how many calls came before it); their ``decompress`` keeps nothing.  Two keep state that
-joins calls together, and so depend on the order below:
-
-* GradiVeQ, while tracking its Eq. 7 loss (``track(g)`` ... ``tracked_loss()`` ... ``track(None)``):
-  each ``compress`` adds its payload's norm to the loss, so between the two ``track`` calls this rank's
-  gradient must be compressed piece by piece exactly once -- what the additive ring does (not the
-  re-encode ring, which compresses partial sums).
-* PowerSGD's two stages (:mod:`gvq.compressors.powersgd`) share one state: pass P's ``decompress``
-  stores the orthogonalized P^ (and raw blocks' sums) that pass Q's ``compress`` and ``decompress``
-  read; pass Q's ``compress`` keeps this rank's payloads (its compression error); pass Q's
-  ``decompress`` replaces Q for the next iteration (warm start).  So the P ring must have decoded every
-  piece before the Q ring starts: two sequential ring calls, each after ``PowerSGD.begin()``.
-
-**What the ring guarantees** (:mod:`gvq.comm.ring`, :mod:`gvq.comm.ring_batched`; on every rank, within
-one ring call, segments of the same slice on every rank, so a ``payload_spec`` agrees across ranks):
-
-* additive ring (Algorithm 1, both schedules): every rank compresses each piece of its *own* gradient
-  exactly once, and decompresses each piece exactly once, from the summed payload -- bitwise the same
-  payload on every rank; a piece is always compressed before it is decompressed, and at N >= 2 every
-  compress of the call precedes every decompress (the reduce-scatter ends before the all-gather
-  decodes; at N = 1 each piece is compressed and decoded in turn).  Payloads are summed in
-  ``add_`` into received buffers only: a payload ``compress`` returned is never written.
-* re-encode ring: ``compress`` of the own segment, then per hop ``decompress`` of a partial sum and
-  ``compress`` of (partial + own raw segment); the owner decodes the full sum it forwards, and the
-  all-gather decodes every other segment once.
-* allgather / ps: each rank compresses its whole vector once (``slice(0, numel)``) and decodes all N
-  payloads in rank order; ``ps``: rank 0 decodes N, compresses the sum once, every rank decodes it.
+See docs/design.md#gvqcompressorsbasepy for how it works and why.
 """
 from __future__ import annotations
 

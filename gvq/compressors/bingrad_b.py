@@ -1,20 +1,7 @@
 """BinGrad-b, the ORQ paper's biased binary quantizer (Eq. 16-17), per bucket: deterministic,
 Q(v) = b_-1 if v < b_0 else b_1, with b_-1 and b_1 the means of the values below / at-or-above b_0.
 
-``threshold`` picks b_0:
-* ``lloyd`` (default): Lloyd iterations (1-D 2-means) from b_0 = mean, b_0 <- (b_-1 + b_1) / 2, until the
-  partition stops changing in every bucket: the fixed point of Eq. (17), where all three conditions hold
-  (the paper's optimality condition; b_0 is then exactly (b_-1 + b_1) / 2 in float32).  Gaussian buckets
-  take ~13 rounds, Laplacian ~45, each a binary search on the sorted bucket; capped at ``MAX_LLOYD``.
-* ``mean``: b_0 = the bucket mean, the paper's "for ease of implementation" variant (one round).
-
-``fit``: ``histogram`` (default) runs the Lloyd rounds on each bucket's histogram (``_histogram``: the
-threshold on a bin edge, within about a bin of the sorted fixed point), then takes b_-1 and b_1 as the
-exact means of the two sides (two passes); ``sorted`` runs them on the sorted bucket (exact fixed point,
-~10x slower).  ``mean`` needs neither: one pass for the mean.
-
-Biased, the lowest error of the binary quantizers.  Wire: b_-1, b_1 (two float32) + 1 bit a value
-(ratio 31.0 at bucket 2048).  A bucket whose values all fall on one side sends that group's mean twice.
+See docs/design.md#gvqcompressorsbingrad_bpy for how it works and why.
 """
 from __future__ import annotations
 

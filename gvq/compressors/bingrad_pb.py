@@ -1,22 +1,6 @@
 """BinGrad-pb, the ORQ paper's partially biased binary quantizer (Eq. 14-15), per bucket.
 
-Levels {-b1, +b1}.  Values beyond them are clipped (v < -b1 -> -b1, v >= b1 -> b1: the bias); values inside
-are rounded at random between the two (Eq. 14), so E[Q(v)] = clamp(v, -b1, b1): unbiased inside.
-
-b1 follows Eq. (15), derived in the paper for a zero-mean *symmetric* density:
-b1 * P(v >= 0) = E[v ; v >= b1].  Real buckets are not exactly symmetric, so we estimate the one-sided
-quantities from both sides, on |v|: b1 * P(|v| >= 0) = E[|v| ; |v| >= b1], i.e. b1 = mean(|v| * [|v| >= b1]).
-(Under symmetry the two are the same equation; for any bucket this one is the exact stationary point of
-the error of the levels +-b1, and it uses every value rather than half of them.)  On the discrete values
-f(b) = b - sum_{|v| >= b} |v| / n is increasing with upward jumps at the data, so, as the paper says, we
-minimise |f(b)|: with |v| sorted descending a_1 >= a_2 >= ... and S_k = a_1 + ... + a_k, f = b - S_k / n on
-(a_{k+1}, a_k]; the best b on that piece is S_k / n clamped to it, and b1 is the best over k (one sort
-and one cumulative sum per bucket).
-
-``fit``: ``histogram`` (default) solves f(b) = 0 on a histogram of |v| over [0, max|v|] (``_histogram``),
-interpolating inside the bin where f changes sign: no sort; ``sorted`` is the exact minimiser above.
-
-Wire: b1 (one float32) + 1 bit a value (ratio 31.5 at bucket 2048).  An all-zero bucket has b1 = 0.
+See docs/design.md#gvqcompressorsbingrad_pbpy for how it works and why.
 """
 from __future__ import annotations
 

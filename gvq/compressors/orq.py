@@ -1,25 +1,6 @@
 """ORQ-s, the ORQ paper's optimized random quantization (sec. 3.1, Algorithm 1), per bucket.
 
-s = 2**K + 1 levels.  The outer levels are the bucket's min and max (Corollary 1.1: an unbiased random
-rounding needs them, and the optimum has them).  Algorithm 1 then fills the middle greedily: given two
-levels lo < hi, the level between them solves Eq. (11) on the bucket's discrete values, Eq. (12):
-
-    |{b <= v <= hi}| = sum_{lo <= v <= hi} (v - lo) / (hi - lo)  =: R
-
-and the interval is halved recursively (K rounds, 2**(K-1) solves per round, all buckets at once).
-With discrete data the left side is an integer step function of b, so Eq. (12) holds in the crossing
-sense: b is the value v_(j) of the interval with #{v > b} <= R <= #{v >= b}, i.e. the (floor(R)+1)-th
-largest.  This is exactly the minimiser of the interval's rounding error
-D(b) = sum (v - lo)(b - v) + sum (v - b)(hi - v), convex and piecewise linear in b with kinks at the data
-(Eq. 10 is its slope).  An interval holding no value gets its midpoint (any b is optimal there).
-
-Values are rounded at random between neighbouring levels (Eq. 7): unbiased.  Wire: the s levels (s float32
-a bucket) + base-s codes (s=3 -> 1.6 bits, 5 -> 2.35, 9 -> 3.2).
-
-Cost: no sort.  ``ORQ`` solves Eq. (12) on each bucket's histogram (``_histogram``: counts on a uniform grid
-between min and max, levels on its edges, within one bin of the sorted solution) and rounds by table
-lookup (on the host: one fused kernel, ``_fused``).  ``fit: sorted`` keeps the exact solution on the discrete values (``orq_levels``: one sort per
-bucket, then K rounds of batched binary searches on it and its float64 prefix sums), ~10x slower.
+See docs/design.md#gvqcompressorsorqpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """PowerSGD (Vogels et al., NeurIPS 2019) as two additive compressors for the pipelined ring.
 
-Every parameter with ndim > 1 is viewed as a matrix M (``shape[0]`` x the rest).  One power-iteration
-step with a warm-started Q (m x r, identical on all ranks) gives a rank-r approximation of the *sum* of
-the ranks' matrices in two sequential ring sums over the flat gradient:
-
-* pass P (:class:`PStage`): payload ``P = M Q``.  Linear in M for a shared Q, so payloads add
-  (``sum_w M_w Q = (sum_w M_w) Q``).  Decoding orthogonalizes the summed P into P^; every rank decodes
-  the bitwise identical sum (:func:`gvq.comm.ring.additive_allreduce_`), so every rank holds the same P^.
-* pass Q (:class:`QStage`): payload ``Q = M^T P^``, linear in M again.  Decoding writes ``P^ (sum Q)^T``
-  (the approximation of the sum; the aggregator divides by N once) and keeps ``orth(sum Q)`` as next
-  iteration's Q (warm start).
-
-Parameters too small to gain travel raw inside pass P and are written back by pass Q: 1-D ones (biases,
-BatchNorm) and matrices with ``(n + m) r * min_compression_rate >= n m`` (the torch hook's rule).
-Both stages cut segments on whole parameters; :func:`block_balanced_segments` balances each pass's payload.
+See docs/design.md#gvqcompressorspowersgdpy for how it works and why.
 """
 from __future__ import annotations
 

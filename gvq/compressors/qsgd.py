@@ -1,20 +1,6 @@
 """QSGD-s (Alistarh et al. 2017), bucketed, as the ORQ paper and GradiVeQ use it.
 
-Per bucket v: L = (s-1)/2 magnitude levels, levels ``||v||_2 * j / L`` for j in -L..L (evenly spaced in
-[-||v||, ||v||], s of them, 0 included), each value rounded at random to one of its two neighbouring
-levels with the probabilities of Eq. (7): unbiased.  Wire: the bucket's L2 norm (one float32) + one code
-in [0, s) per value (code = j + L).
-
-``bits`` <-> ``levels``: ``bits=b`` means b code bits per value, sign included, all patterns but one used:
-s = 2**b - 1 (b=4 -> 15 levels, -7..7), packed in b-bit fields, so "4-bit QSGD" (GradiVeQ's baseline)
-sends 4 bits a value + 32 bits a bucket: ratio 7.97 at bucket 2048.  ``levels=s`` (odd >= 3; QSGD-5 and
-QSGD-9 of the ORQ paper) overrides ``bits`` and packs base-s (5 levels: 2.35 bits a value).
-
-``norm``: the scale of the levels.  ``l2`` (default: the papers' ||v||, QSGD's analysis) or ``max``
-(max |v| of the bucket, the "QSGD-inf" variant practical implementations use).  With l2 a 2048-value
-bucket puts nearly every value below the first level, so variance is large (relative error ~2 at 4
-bits on digits gradients) and in the decode-add-encode ring it compounds at every hop: measured here,
-4-bit l2 QSGD-RAR did not train the digits CNN on 4 ranks (test acc 0.10); ``max`` does.
+See docs/design.md#gvqcompressorsqsgdpy for how it works and why.
 """
 from __future__ import annotations
 

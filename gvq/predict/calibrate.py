@@ -1,22 +1,6 @@
 """``python -m gvq.predict calibrate``: measure, on this machine, what the cost model needs; one JSON.
 
-* **Compute**: forward + backward + SGD step of the model at the batch size (one thread, CPU time,
-  ``reps`` samples kept sorted, their median beside): the virtual clock's compute phase before its
-  scale.  The spread matters: an iteration waits for the slowest of N ranks (see ``model.slowest``).
-* **Codecs**: every statement of each aggregator's ring that calls its codec -- compress, the payload
-  add, decompress into the gradient, and the re-encode ring's decode-add-encode hop -- timed call by
-  call (CPU time of one thread, one process) on the real compressor and the real pieces of its segments
-  at N = ``CAL_NS``, caches flushed before each call (``--cache cold``: what the ring's waits leave), as
-  a cost curve over the piece size (medians, linear in between).  GradiVeQ is fitted first (L_t random
-  samples, as ``gvq.bench``), tracking its Eq. 7 loss as the compressed phase does.  Plus each
-  aggregator's per-iteration measurement (the compression error), which iterations pay.
-* **Vector ops** at scale 1 (the uncompressed ring's add, the division by N) and **messages**: the CPU a
-  rank spends posting one send or receive, fixed + per byte, from 2-rank virtual-time rings of two sizes
-  (what the virtual clock counts: everything but the blocked waits).
-* **Structure** (``structure.json`` beside it): for each aggregator and N, its ring's rounds, kind and
-  per-piece values and payload bytes, from the ring code's own segment functions.
-
-No figure here is fitted to a comparison outcome: each is one operation's cost on this host.
+See docs/design.md#gvqpredictcalibratepy for how it works and why.
 """
 from __future__ import annotations
 

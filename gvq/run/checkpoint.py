@@ -1,20 +1,6 @@
 """Checkpoints every ``checkpoint.every`` iterations and ``resume=<run dir>``.
 
-A checkpoint is a *set*: one directory per checkpointed iteration, ``checkpoint/iter-<it>/``, where each
-rank writes its own file (``rank<r>.pt``: model, optimizer, lr schedule, torch RNG, aggregator state such as
-GradiVeQ's basis or a quantizer's dither generator, running totals; temporary file + rename).  After a
-barrier rank 0 publishes the set -- ``complete.json`` inside it, then ``checkpoint/latest.json`` naming it
--- and only then removes sets older than the newest ``checkpoint.keep``.  A set without ``complete.json`` is
-never read: a kill at any instant of a write leaves the previous complete set in place, and resume takes
-the newest complete set.  Resuming loads every rank's file, keeps the old run's CSV rows before the
-checkpoint in the new run dir and continues: the data stream, being a pure function of (seed, epoch, rank,
-batch), restarts at the saved iteration, so the resumed run's metrics equal an uninterrupted run's, times
-aside.
-
-A checkpoint says what it belongs to (:func:`identity`: gvq version, world size, model, data shape,
-aggregator), in ``complete.json`` and in every rank's file; :func:`check_resume` compares it with the new
-run and reads every rank's file as data before any rank starts, so a mismatch, a truncated file or a
-foreign one stops the launcher in one line (nothing reaches the new run dir).
+See docs/design.md#gvqruncheckpointpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
 """Typed schemas of the composed config, registered in Hydra's ConfigStore.
 
-Two kinds, both checked by OmegaConf at compose time (an unknown key, an ill-typed value or a choice
-outside its enum is refused before anything runs):
-
-- ``gvq_schema``, the top level, first in ``conf/config.yaml``'s defaults list.  It cannot be a
-  dataclass: ``lambda`` is a Python keyword and no dataclass may hold it, so it is a DictConfig of typed
-  nodes with dataclasses for the fixed-shape groups (``optim``, ``logger``, ``checkpoint``).
-- one dataclass per constructor the options of ``aggregator``, ``model``, ``dataset`` and ``net`` build
-  (:mod:`gvq.run.options`), stored as ``schema/<group>/<name>``; each option file names its own first
-  (``defaults: [/schema/aggregator/qsgd@_here_, _self_]``), so its keys are the constructor's keyword
-  arguments, typed.  The ``schema/`` groups are never selected on the command line.
-
-String knobs with a fixed set of values are :class:`~gvq.run.options.Choice` enums: a member is a
-``str`` equal to its value, so constructors that receive one compare, hash and print it as the plain
-string.  Ranges
-(``world_size >= 1``, ``0 <= lambda < 1`` ...) are checked in code by :mod:`gvq.run.validate`.
+See docs/design.md#gvqrunschemapy for how it works and why.
 """
 from __future__ import annotations
 

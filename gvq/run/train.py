@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
+from gvq.hooks import Overlapped
 from gvq.run import checkpoint
 from gvq.run.guards import (
     aggregated_overflow,
@@ -62,6 +63,8 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
                           weight_decay=o["weight_decay"], nesterov=o["nesterov"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, cfg["iterations"]))
     agg = instantiate(cfg["aggregator"], _convert_="object")
+    if getattr(agg, "overlap", False):     # aggregator.overlap=true: the ring inside backward, via DDP
+        agg = Overlapped(agg)
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
                                                    net["bandwidth_bps"], net["latency_s"], cfg, run_dir))

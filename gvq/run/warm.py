@@ -1,18 +1,6 @@
 """Ranks start warm: forked from a fork server that has already imported torch and the training code.
 
-A freshly spawned rank is a new interpreter that imports torch, ``torch._dynamo`` (which ``torch.optim``
-pulls in on its first step) and gvq before it can rendezvous; a one-iteration run paid that in every rank, on top of the launcher's own imports.  Instead, ``cli.py`` starts
-multiprocessing's fork server the moment it starts (:func:`start_fork_server`); the server imports
-:data:`PRELOAD` on the second core while the launcher imports Hydra and torch and composes the config,
-and every rank is then a ``fork()`` of it: milliseconds, all imports done.  A Hydra sweep's jobs (and
-the test suite) reuse the one server.  ``python -m gvq.bench startup`` measures the split.
-
-Why a fork server and not plain ``fork`` of the launcher: the server is a clean process -- it never
-touched CUDA (a CUDA-initialised parent cannot fork usable children), runs no threads, holds no Hydra
-log handlers -- and it exits when its launcher does, even one killed by SIGKILL.  What a fork server
-does not give that ``spawn`` did: the launcher's environment at launch time (the server's is the one
-it had when it started); :func:`adopt_environment` hands it over, so ``WANDB_MODE=...`` or
-``GLOO_SOCKET_IFNAME=...`` set in-process before ``launch()`` reach the ranks as they did.
+See docs/design.md#gvqrunwarmpy for how it works and why.
 """
 from __future__ import annotations
 

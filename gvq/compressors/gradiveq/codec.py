@@ -1,21 +1,6 @@
 """GradiVeQ (Yu et al., NeurIPS 2018): a PCA-based linear compressor whose payloads add up (Eq. 1).
 
-The flat vector is laid out by :class:`~gvq.compressors.gradiveq.layout.GradLayout` (the paper's conv
-flattening, Fig. 3a); conv layers are cut into slices of K (K rule and tail rule: see that module);
-every other parameter and every tail travel raw in the same vector.  s consecutive slices of a layer form
-a group with one basis U_d (K x d), fitted (:meth:`GradiVeQ.fit`) from L_t samples of the *aggregated*
-gradient (the sum over ranks, Eq. 2, i.e. before any division by N) of the group's FIRST slice
-(``pool=True``: all its slices stacked).  Choice of d (Eq. 6, or the ``d`` / ``target_ratio``
-overrides, capped at the sample rank; zero variance -> d = 1): see :mod:`gvq.compressors.gradiveq.pca`.
-
-Whitening vector: by default (``mu="slice"``) every slice m keeps its own mean mu_m over the L_t samples,
-as Eq. 3-5 index it; only U_d is shared by the group (sec. 3: "a single PCA compressor U_d").  The
-means cost nothing to compute (every slice is sampled anyway) and no wire bytes.  ``mu="group"`` uses
-the first slice's mean (or the pooled mean) for every slice of the group, the brief's literal reading.
-
-Payload of a segment (ends on :meth:`cuts`), in flat order: d floats U_d^T (g_m - mu_m / N) per
-compressed slice (Eq. 3), raw values as they are.  Summed over the N ranks this is U_d^T (g_m - mu_m)
-(Eq. 4); :meth:`decompress` gives U_d p + mu_m (Eq. 5) and the identity on raw values.
+See docs/design.md#gvqcompressorsgradiveqcodecpy for how it works and why.
 """
 from __future__ import annotations
 

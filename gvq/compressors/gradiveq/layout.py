@@ -1,19 +1,6 @@
 """GradiVeQ's view of the flat gradient: conv flattening (Fig. 3a), slices of K, compressor groups.
 
-* :class:`GradLayout` -- all parameters concatenated in model order; a conv weight (F, D, H, W) =
-  (out, in, kH, kW) (any 4-D parameter) is laid out as ``g.permute(2, 3, 1, 0).reshape(-1)``, i.e. entry
-  (f, d, h, w) at ``((h*W + w)*D + d)*F + f``: the F collocated gradients of all filters side by side,
-  traversing depth, then width, then height.  Every other parameter is ``reshape(-1)`` as usual.
-* K rule (:func:`parse_K` / :func:`resolve_K`): ``"auto"`` = F*D*W (the paper's (3,3,16,16) -> 768),
-  ``"x<m>"`` = m*F*D, an int = that K for every conv layer (a ValueError if not a multiple of F*D).
-* Tail rule: a layer of M entries holds ``M // K`` slices from its start; the rest (``M mod K``, itself a
-  multiple of F*D since M = F*D*H*W) travels raw.  A layer smaller than K travels wholly raw.  We keep K
-  fixed rather than shrinking it so that K means the same thing for every layer of a run (Fig. 5: the
-  loss depends on K), and the raw tail is visible in ``layer_stats()['tail']``.  With K=auto or x1 no
-  tail ever occurs (M = K*H, resp. K*H*W).
-* Groups (:func:`build_groups`): s consecutive slices of one layer share one basis; the last group of a
-  layer may be shorter; s = inf puts a whole layer in one group.
-* :func:`check_config` -- the GradiVeQ knobs' validation, next to K's (both are config, not math).
+See docs/design.md#gvqcompressorsgradiveqlayoutpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
 """PCA for GradiVeQ (sec. 2-3): principal directions of centred gradient samples and the choice of d.
 
-The thin SVD of the (rows x K) centred sample matrix X = P S V^T gives the eigenvectors V of the sample
-covariance C = X^T X / dof and its eigenvalues S^2 / dof, far cheaper than a K x K eigendecomposition
-when rows << K (L_t = 100 samples against K up to 12288).  Computed in float64 (the basis is stored in
-float32): the Eq. 6 energies are then exact enough to test the lambda guarantee at the boundary.
-
-Choice of d, first match wins:
-
-* ``d`` fixed: that d for every group;
-* ``target_ratio``: d = round(K / target_ratio), at least 1;
-* otherwise Eq. 6: the smallest d with sum(eig[:d]) / sum(eig) >= 1 - lambda.
-
-Then d is capped at the numerical rank of X (<= dof = L_t - 1 without pooling; singular values below
-max(S) * max(rows, K) * eps of the *recorded* samples' dtype count as zero, so float32 round-off of the
-samples does not fake rank): directions beyond it carry no sample variance and the SVD returns arbitrary
-vectors for them, so a ``d`` or ``target_ratio`` asking for more gets less (a *higher* ratio than
-asked, no error); ``layer_stats()`` shows the real d.
-On ``meta`` tensors (no values) the fit is a dry run of its shapes: full rank assumed, d as asked, or
-the rank under Eq. 6 (which needs values).
-Zero variance (all samples equal, or L_t = 1): d = 1 with the direction of the mean (e_0 if the mean is
-zero too): the one float sent then carries the scale of the gradient along its typical direction, and
-every group keeps d >= 1 so payload shapes never vanish.
+See docs/design.md#gvqcompressorsgradiveqpcapy for how it works and why.
 """
 from __future__ import annotations
 
