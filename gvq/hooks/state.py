@@ -6,9 +6,10 @@ and a per-rank :class:`gvq.hooks.thread.CommThread`.  Per iteration, on that thr
 order: ``start_iteration(it)`` before the first bucket, ``allreduce_bucket_(flat, params, it)`` per
 bucket (per-parameter state, so DDP's bucket rebuild after the first iteration loses nothing),
 ``finish_iteration(it)`` after the last.
-"""
-from __future__ import annotations
 
+No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects
+(``dist.GradBucket``, ``torch.futures.Future[torch.Tensor]``).
+"""
 import logging
 import threading
 
@@ -48,7 +49,7 @@ class GvqHookState:
         self._finished = threading.Event()
 
     @classmethod
-    def from_config(cls, config, params, overrides: dict | None = None, **context) -> GvqHookState:
+    def from_config(cls, config, params, overrides: dict | None = None, **context) -> "GvqHookState":
         """A state around ``config`` (an option name such as ``"qsgd"``, or a dict with ``_target_``;
         ``overrides`` merged into it), built and set up on ``params`` for this rank (``context``:
         :class:`RunContext` fields; rank and world size default to the process group's)."""
@@ -91,11 +92,9 @@ class GvqHookState:
             agg.reset_counters()
             _call(agg, "start_iteration", self.iteration)
             self._open = IterationRecord(self.iteration)
-        lane = clock.get()
-        lane.advance_to(job.t_ready)              # a bucket starts no earlier than backward made it
-        t_start = lane.now()
+        clock.get().advance_to(job.t_ready)       # a bucket starts no earlier than backward made it
         stats = _allreduce_bucket(agg, job.flat, job.params, self.iteration)
-        self._open.add(job, t_start, stats)
+        self._open.add(job, stats)
         if job.is_last:
             self._close_iteration()
         job.future.set_result(job.flat)
@@ -166,7 +165,7 @@ def _allreduce_bucket(agg: FlatAggregator, flat: torch.Tensor, params: list[int]
     return agg.allreduce_mean_(flat, iteration)
 
 
-def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Future:
+def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: queue the bucket for this rank's communication thread and return the
     future it completes with the averaged buffer.  Never blocks the autograd thread."""
     fut: torch.futures.Future = torch.futures.Future()

@@ -38,17 +38,17 @@ class IterationRecord:
     """What one iteration's buckets cost, on the communication lane's clock."""
     iteration: int
     buckets: int = 0
-    t_first: float | None = None  # first bucket launched
+    t_first: float | None = None  # backward launched the first bucket (handed it to the hook)
     t_ready_last: float = 0.0     # backward produced the last bucket
     t_done: float = 0.0           # last bucket averaged
     sums: dict = field(default_factory=dict)
     weighted: dict = field(default_factory=dict)
     numel: int = 0
 
-    def add(self, job: BucketJob, t_start: float, stats: dict) -> None:
+    def add(self, job: BucketJob, stats: dict) -> None:
         """Times add up over buckets; any other column is the mean weighted by bucket size."""
         self.buckets += 1
-        self.t_first = t_start if self.t_first is None else self.t_first
+        self.t_first = job.t_ready if self.t_first is None else self.t_first
         self.t_ready_last = job.t_ready
         n = job.flat.numel()
         self.numel += n

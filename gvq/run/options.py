@@ -167,7 +167,14 @@ class GradiVeQSchema:
 
 
 @dataclass
-class _Compressed:
+class _Overlap:
+    """Every ring aggregator's two overlap knobs (gvq.hooks.Overlapped)."""
+    overlap: bool = False
+    bucket_cap_mb: Optional[float] = None
+
+
+@dataclass
+class _Compressed(_Overlap):
     _target_: str = "gvq.aggregators.compressed.CompressedAggregator"
     topology: Topology = Topology.ring
     hop: Hop = Hop.auto
@@ -183,7 +190,7 @@ def _compressed(schema: type) -> type:
 
 
 @dataclass
-class RingAllReduceSchema:
+class RingAllReduceSchema(_Overlap):
     _target_: str = "gvq.aggregators.rar.RingAllReduce"
 
 
@@ -198,7 +205,7 @@ class DDPSchema:
 
 
 @dataclass
-class PowerSGDSchema:
+class PowerSGDSchema(_Overlap):
     _target_: str = "gvq.aggregators.powersgd.PowerSGDAggregator"
     rank: int = 2
     start_iter: int = 10
@@ -207,7 +214,7 @@ class PowerSGDSchema:
 
 
 @dataclass
-class GradiVeQAggregatorSchema:
+class GradiVeQAggregatorSchema(_Overlap):
     _target_: str = "gvq.aggregators.gradiveq.GradiVeQAggregator"
     compressor: GradiVeQSchema = field(default_factory=GradiVeQSchema)
     L_t: int = 100
