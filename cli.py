@@ -24,4 +24,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     exit_fast(lambda: one_line_errors(main))   # composition errors as one line naming the key (exit 2);
-                                               # then no teardown of torch's modules (0.5 s)
+                                               # then no teardown of torch's modules (slow, and nothing left to free)

@@ -81,7 +81,7 @@ def independence_table(names, sizes, calls: int = 2000, block: int = 100, seed: 
 
 
 def verdict(row, z_lag: float = 5.0, z_block: float = 4.0, z_within: float = 4.0) -> bool:
-    """The issue's bar: lag autocorrelations within 5 SE, block sums and the within-call variance 4 SE."""
+    """The bar for independence: lag autocorrelations within 5 SE, block sums and the within-call variance 4 SE."""
     lags = max(abs(row[f"z_lag{k}"]) for k in LAGS)
     return lags <= z_lag and abs(row["z_block"]) <= z_block and abs(row["z_within"]) <= z_within
 

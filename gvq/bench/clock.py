@@ -6,7 +6,7 @@ the host is not?  ``python -m gvq.bench clock`` (``make validate-clock``) prints
   whole compressed iterations (``gvq.bench train --compressed-only``).  Target: within 10%.
 * **V2** the same two ranks pinned to ONE core (``taskset -c 0``): wall-clock inflates (the ranks take
   turns), virtual time should stay within 10% of V1's.
-* **V3** N = 4 on this 2-core host: the per-iteration compress / decompress virtual times of each codec
+* **V3** N = 4 on fewer cores than ranks: the per-iteration compress / decompress virtual times of each codec
   against a quiet measurement of the same calls: V1's N = 2 run, one core per rank, rescaled by the share
   of the vector a rank codes per iteration (see :func:`_v3`).  Target: within 15%.
 

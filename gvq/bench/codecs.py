@@ -42,7 +42,7 @@ DEFAULT = [*QUANTIZERS, *GRADIVEQ, "powersgd"]
 
 
 def ceilings(device: torch.device, reps: int = 5) -> dict:
-    """Measured here, now: GEMM GFLOP/s per dtype and copy bandwidth (GB/s, read + write)."""
+    """Measured on the running machine, now: GEMM GFLOP/s per dtype and copy bandwidth (GB/s, read + write)."""
     out = {}
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         a = torch.randn(1024, 1024, device=device).to(dt)

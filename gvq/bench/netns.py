@@ -3,7 +3,7 @@ the link emulator; ``sudo python -m gvq.bench netns train --rates 5e7 2e8 --worl
 training iterations of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``).
 
 Puts each of N ranks in its own network namespace with a veth into a bridge (in a hub namespace) and
-shapes every rank's egress with ``tc tbf`` (this kernel has no netem), so each rank has its own link, as
+shapes every rank's egress with ``tc tbf`` (not netem, which some kernels lack), so each rank has its own link, as
 in a real ring of machines (shaping the shared loopback would instead model one bus shared by all
 ranks).  Every rank runs with ``GLOO_SOCKET_IFNAME`` set to its veth.
 

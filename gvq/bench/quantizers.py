@@ -5,7 +5,7 @@ Single-thread quantize / dequantize throughput of a compressor on a gradient-siz
 ``quantizer_throughput(QSGD(bits=4))`` -> GB/s of fp32 input consumed (quantize) and produced
 (dequantize), median over ``reps`` timed calls after one untimed warm-up call (which builds lookup tables,
 scratch buffers and the dither lanes, one-off costs a training run pays once).  One intra-op thread, as
-each rank runs on this 2-core machine; the previous thread count is restored.  The input is Laplacian
+each rank of a run gets one; the previous thread count is restored.  The input is Laplacian
 (scale 1e-3, fixed seed): gradients are heavy-tailed, and BinGrad-b's Lloyd rounds depend on the shape.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from gvq.comm import clock
 from gvq.comm.links import EmulatedLink, VirtualLink, _VirtualMessage, wait_all  # noqa: F401 (re-exported)
 from gvq.comm.staging import HostStage, Staged
 
-CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo: ~0.5 ms a message); small next to a ring segment
+CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo's per-message cost times the rate); small next to a ring segment
 
 
 def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:

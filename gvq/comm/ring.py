@@ -19,8 +19,8 @@ from gvq.compressors.base import Compressor
 def _timed_alone(fn):
     """Virtual clock, ``net.exclusive``: a ring's own CPU (posting messages, adds, bookkeeping) is timed
     one rank at a time like its codec calls (waits release the host lock).  Time-sliced with 15 other
-    ranks on 2 cores it was billed for their cache and TLB refills, and a late step delays the whole
-    chain: QSGD-RAR at N = 16, 1 Gbit/s measured 0.058-0.116 s over three runs before."""
+    ranks on a few cores it is billed for their cache and TLB refills, and a late step delays the whole
+    chain, so the ring's time would swing from run to run."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         with rank_clock.phase("ring"):
@@ -52,7 +52,7 @@ _SCRATCH: dict = {}
 
 
 def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
-    """Receive buffers per segment start, reused across calls (allocation is not free at 1.9 MB)."""
+    """Receive buffers per segment start, reused across calls (segment-sized allocations cost page faults)."""
     key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
     if key not in _SCRATCH:
         _SCRATCH.clear()

@@ -123,8 +123,8 @@ class BucketQuantizer(Compressor):
             self.lanes.load_state_dict(state)
 
     def scratch(self, tag: str, shape, dtype: torch.dtype, device) -> Tensor:
-        """A reused work buffer on ``device`` (the data's): fresh multi-MB tensors cost page faults, ~2x
-        QSGD's kernel time."""
+        """A reused work buffer on ``device`` (the data's): fresh multi-MB tensors cost page faults, more
+        than QSGD's kernel itself."""
         device = torch.device(device)
         key = (tag, tuple(shape), dtype, device)
         if key not in self._ws:

@@ -19,14 +19,13 @@ FITS = ("histogram", "sorted")
 
 def check_fit(fit) -> str:
     return check_choice("fit", fit, FITS, "histogram: fast, levels within one bin of sorted's; sorted: the "
-                        "paper's solution on the sorted values, ~10x slower")
+                        "paper's solution on the sorted values, slower (a sort per bucket)")
 
 
 def bins_for(n: int) -> int:
     """Bins per bucket of ``n`` values: 1-2 values a bin (a power of two, at least 512 or n, at most
-    8192).  More bins => levels closer to the sorted reference's, larger tables per call (measured on
-    ResNet-32-sized data: n/4 bins 1.4% off sorted's error on real digits gradients, n/2 0.9%, n 0.5%, at
-    1x, 1.5x and 2.5x the compress time)."""
+    8192).  More bins => levels closer to the sorted reference's, larger tables per call (n/2 bins: the
+    error close to sorted's at little extra compress time)."""
     return max(min(512, n), min(8192, 1 << max(0, (n - 1).bit_length() - 1)))
 
 
@@ -138,8 +137,8 @@ def fused_serves(q, rows) -> bool:
 
 def encode_fused(q, rows: Tensor, kernel, absolute: bool = False) -> tuple[Tensor, Tensor]:
     """(codes, side) of ``q``'s buckets ``rows`` (m, n) by ``kernel``, as ``q._encode`` returns them.
-    Each bucket's bounds come from torch's vectorised min and max (numba's loops do not vectorise them:
-    3x slower), (min, max) or, ``absolute``, (0, max|v|); a NaN/Inf makes a bound non-finite and raises
+    Each bucket's bounds come from torch's vectorised min and max (numba's loops do not vectorise them),
+    (min, max) or, ``absolute``, (0, max|v|); a NaN/Inf makes a bound non-finite and raises
     (``check_finite``) before a kernel could cast it to a bin.  Uniforms from q's lanes (stochastic ones)."""
     m, n = rows.shape
     bounds = torch.empty(m, 2, dtype=torch.float32, device=rows.device)

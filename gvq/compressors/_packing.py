@@ -79,8 +79,8 @@ def split_rows(x: Tensor, bucket: int) -> list[Tensor]:
 # ---- packing -------------------------------------------------------------------------------
 def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) -> None:
     """Codes (n_words * per_word,) in [0, radix), zero-padded -> ``out``, uint8 (n_words * word_bytes,).
-    ``work``: a reusable float64 buffer of the codes' size for the many-digit path (a fresh 4 MB one
-    costs its page faults, ~1 ms at ResNet-32 size)."""
+    ``work``: a reusable float64 buffer of the codes' size for the many-digit path (a fresh one
+    costs its page faults on every call)."""
     k, radix, nw = lay.per_word, lay.radix, lay.n_words
     assert codes.numel() == nw * k, "pad codes to whole words (BucketQuantizer._code_stream)"
     if lay.word_bytes == 1 and k == 8 and radix == 2 and codes.element_size() == 1:
@@ -104,7 +104,7 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
         fused.pack_words(codes.numpy(), radix, k, lay.word_bytes, out.numpy())   # make 3-5 passes)
         return
     c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)
-    if k > 8:     # one float64 matrix-vector product, exact below 2**53: 2.3x faster than 16 strided
+    if k > 8:     # one float64 matrix-vector product, exact below 2**53: faster than 16 strided
         # Horner steps at 17 base-5 digits a word (few digits: Horner is as fast)
         cf = c.to(torch.float64) if work is None else work.view(nw, k).copy_(c)
         word = torch.mv(cf, _powers(radix, k, c.device)).to(torch.int64)
@@ -113,7 +113,7 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
         for j in range(k - 2, -1, -1):
             word.mul_(radix).add_(c[:, j])
     if lay.word_bytes in (2, 4):      # low bytes by an integer cast: contiguous (the strided byte copy
-        out.view({2: torch.int16, 4: torch.int32}[lay.word_bytes]).copy_(word)   # below is ~1.5 ms here)
+        out.view({2: torch.int16, 4: torch.int32}[lay.word_bytes]).copy_(word)   # below is far slower)
     else:
         out.view(nw, lay.word_bytes).copy_(word.view(torch.uint8).view(nw, 8)[:, : lay.word_bytes])
 
@@ -140,7 +140,7 @@ def _chunk(radix: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _digit_table(radix: int, c: int, device: torch.device = torch.device("cpu")) -> Tensor:
     """Every value in [0, radix**c) -> its c digits, side by side in one integer of a 1-D table, so that
-    decoding is one ``index_select`` (~10x faster than gathering 2-D rows).  Built once per device, on
+    decoding is one ``index_select`` (much faster than gathering 2-D rows).  Built once per device, on
     ``device`` (the payload's)."""
     dtype = digit_dtype(radix)
     dsize = dtype.itemsize

@@ -73,7 +73,7 @@ class BinGradB(HistogramQuantizer):
     def __init__(self, threshold: str = "lloyd",    # lloyd (Eq. 17 fixed point) | mean (one pass)
                  bucket: int | None = 2048,         # larger => fewer side floats, two levels for more values
                  clip: float | None = None,         # c: clip to +-c*RMS first
-                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact)
+                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact)
         super().__init__(bucket, clip, fit)
         self.threshold = threshold
 
@@ -93,7 +93,7 @@ class BinGradB(HistogramQuantizer):
 
     def _split_at(self, rows, b0):
         """Codes 1 at or above the threshold b0 (m, 1), side (m, 2) the exact means of both sides."""
-        above = torch.ge(rows, b0, out=self.scratch_like("above", rows))   # float: bool ops are 4x slower
+        above = torch.ge(rows, b0, out=self.scratch_like("above", rows))   # float: bool ops are slower
         lo, hi = side_means(rows, above, self.scratch_like("y", rows))
         codes = self.scratch_like("codes", rows, torch.uint8).copy_(above)
         return codes, torch.cat([lo, hi], dim=1)

@@ -44,7 +44,7 @@ def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.
     """One exact step from the estimate b (t units): r = sum_{t >= b} t / n is the root of f if no value
     lies in [b, r) (it holds on that piece), else the minimiser is at a jump of f, at the first value
     above b: b1 = min(r, that value).  Exact for constant and sparse buckets.  Float 0/1 masks: bool ops
-    are ~4x slower here."""
+    are slower."""
     n = t.shape[1]
     below = torch.lt(t, b, out=q.scratch_like("below", t))
     first_above = torch.add(t, below, alpha=2.0 ** 30, out=q.scratch_like("z", t)).amin(dim=1, keepdim=True)
@@ -63,7 +63,7 @@ class BinGradPB(HistogramQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact b1)
+                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact b1)
         super().__init__(bucket, clip, fit)
         self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 

@@ -49,7 +49,7 @@ class Linear(LevelQuantizer):
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
+                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact levels)
         super().__init__(bucket, clip, fit)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels

@@ -75,7 +75,7 @@ class ORQ(LevelQuantizer):
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 fit: str = "histogram"):           # histogram (no sort, ~10x faster) | sorted (exact levels)
+                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact levels)
         super().__init__(bucket, clip, fit)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
         k = halving_rounds(levels)

@@ -29,4 +29,4 @@ class ScaledSignSGD(BucketQuantizer):
         return codes.view(torch.uint8), scale
 
     def _decode(self, codes, side, out):
-        torch.mul(codes, 2 * side, out=out).sub_(side)   # 2s - s == s exactly: no rounding
+        torch.mul(codes, 2 * side, out=out).sub_(side)   # 2*side - side == side exactly: no rounding

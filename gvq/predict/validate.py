@@ -46,8 +46,8 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
 
 
 def _compute_now(cal: dict) -> list[float]:
-    """The calibration's compute samples (one quiet rank) taken again now: this VM's speed drifts by
-    up to ~15% over minutes (0.34-0.40 s for the same ResNet-32 step), more than the model's error."""
+    """The calibration's compute samples (one quiet rank) taken again now: a shared machine's speed
+    drifts over minutes, by more than the model's error."""
     import torch
 
     from gvq.predict.calibrate import compute

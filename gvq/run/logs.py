@@ -40,7 +40,7 @@ def mark(meta: dict, event: str) -> None:
 
 
 def process_start() -> float | None:
-    """When this process started (epoch seconds, 10 ms resolution), from Linux /proc; else None."""
+    """When this process started (epoch seconds, to a kernel clock tick), from Linux /proc; else None."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])        # field 22: starttime
@@ -78,7 +78,7 @@ class RunLog:
         wcfg = self.cfg["logger"]["wandb"]
         if not wcfg["enabled"] or wcfg["mode"] == "disabled":
             return None
-        import wandb  # lazily: costs ~1 s and is only needed on rank 0
+        import wandb  # lazily: a slow import, only needed on rank 0
         os.environ.setdefault("WANDB_SILENT", "true")
         return wandb.init(project=wcfg["project"], entity=wcfg["entity"], mode=wcfg["mode"],
                           dir=str(self.run_dir), config=self.cfg, group=self.meta.get("group"),

@@ -15,7 +15,7 @@ from gvq.run.internals import rank_error_trace
 
 GRACE_S = 10.0       # seconds a stopped rank gets to close its CSV and summary before SIGKILL
 FAIL_GRACE_S = 2.0   # after one rank failed: the others' time to exit, then to obey SIGTERM (torch's
-                     # default, 30 s, kept a frozen rank's job alive half a minute past timeout_s)
+                     # default grace period kept a frozen rank's job alive half a minute past timeout_s)
 
 
 def _state(pid: int) -> str | None:

@@ -38,8 +38,9 @@ class GradiVeQ(Compressor):
         # mu: 'slice' (each slice's own mean, Eq. 3-5's mu_m) or 'group' (one mean per group); no effect
         #    on the wire ratio, 'slice' usually loses less on the non-first slices
         # basis_dtype: precision the bases are *applied* in (fitting, mu and the wire stay float32);
-        #    bfloat16 halves the bytes streamed per compress/decompress (~4x faster with AVX-512 bf16
-        #    GEMMs) and rounds payloads and reconstructions to bf16 (2**-9 relative); no effect on the ratio
+        #    bfloat16 halves the bytes streamed per compress/decompress (much faster with AVX-512
+        #    bf16 GEMMs, slower without) and rounds payloads and reconstructions to bf16 (2**-9 relative);
+        #    no effect on the ratio
         if basis_dtype not in BASIS_DTYPES:
             raise ValueError(f"basis_dtype={basis_dtype!r}: must be one of {', '.join(BASIS_DTYPES)}")
         self.basis_dtype, self._dt = basis_dtype, BASIS_DTYPES[basis_dtype]
@@ -103,8 +104,8 @@ class GradiVeQ(Compressor):
     def _fit_group(self, g: Group, samples: Tensor) -> tuple[Tensor, Tensor, float]:
         L = samples.shape[0]
         blk = samples[:, g.start: g.stop].reshape(L, g.n, g.K)      # a view: only the rows the PCA reads
-        # become float64; mu summed in their dtype (4x cheaper): its round-off delta shifts all centred rows
-        # alike, so the Gram matrix moves by L delta delta^T only (second order, ~1e-12 of it)
+        # become float64; mu summed in their dtype (cheaper than in float64): its round-off delta shifts
+        # all centred rows alike, so the Gram matrix moves by L delta delta^T only (second order, ~1e-12 of it)
         mean = blk.sum(0).div_(L).to(torch.float64)                 # (n, K): every slice's own mu_m
         if self.pool and self.mu == "slice":
             rows, dof = (blk.to(torch.float64) - mean).reshape(L * g.n, g.K), g.n * (L - 1)
@@ -211,7 +212,7 @@ class GradiVeQ(Compressor):
             muU = self._muU[p.gid][p.i0:p.i1]
             if self._dt == torch.float32:   # one GEMM, mu folded in, straight into the payload
                 torch.addmm(muU, X, Uc.T if self._fold[p.gid] else self._Ud[p.gid], beta=beta, out=o)
-            else:                           # bf16 GEMM (linear's layout: 5-15% faster here), mu in fp32
+            else:                           # bf16 GEMM (linear's layout suits bf16 kernels better), mu in fp32
                 o.copy_(torch.nn.functional.linear(X.to(self._dt), Uc)).add_(muU, alpha=beta)
         if self._track is not None:                     # whole payload, raw values included (see track)
             self._track[1] += float(out.dot(out))
