@@ -1,9 +1,9 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
 # make test  -> set up .venv if missing, then run the test suite
-# make test-fast -> unit and in-process tests only (< 3 min)
+# make test-fast -> the tests not marked slow (the quick loop)
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
-# make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; ~80 min on 2 cores)
+# make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; a long run, resumable)
 # make projection -> calibrate the cost model per model, then which aggregator wins at N x B (heatmaps)
 PYTHON ?= python3
 VENV   := .venv

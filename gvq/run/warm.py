@@ -15,7 +15,7 @@ from gvq.run.internals import TORCH_FIRST_STEP_MODULE, fork_server_pid, run_exit
 # launcher, and exits without tearing torch down), then everything a rank imports before its first step
 PRELOAD = ["gvq.run.warm_server", "torch", "torch.distributed", TORCH_FIRST_STEP_MODULE, "gvq.run.launch",
            "gvq.run.train", "gvq.compressors._fused"]   # numba: imports a rank would pay
-START_METHOD_ENV = "GVQ_START_METHOD"   # "spawn": fresh interpreters, as before (slower start, nothing shared)
+START_METHOD_ENV = "GVQ_START_METHOD"   # "spawn": fresh interpreters (slower start, nothing shared)
 
 
 def start_method() -> str:
