@@ -1,0 +1,170 @@
+"""gvq.hooks: the DDP communication hook on 2-3 in-process gloo ranks — each bucket's result equals the
+aggregator's post-backward result on that bucket's gradient, the mean lands in p.grad, replicas stay
+identical, DDP's bucket rebuild after the first iteration is followed, a lost peer fails backward naming
+the rank within the timeout, and close() leaves no thread behind."""
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gvq.aggregators.base import RunContext
+from gvq.hooks import GvqHookState, gvq_hook
+from gvq.hooks.config import build_aggregator
+from tests.helpers.dist import run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+class Net(torch.nn.Module):
+    """Parameters registered in another order than backward produces their gradients, so DDP's
+    rebuilt buckets (in ready order) are not its reverse registration order."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(24, 10)         # registered first, used last
+        self.conv = torch.nn.Conv2d(1, 6, 3)
+        self.mid = torch.nn.Linear(6 * 6 * 6, 24)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mid(torch.relu(self.conv(x)).flatten(1))))
+
+
+def _batch(rank: int, it: int):
+    g = torch.Generator().manual_seed(100 * it + rank)
+    return torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
+def _setup(option: str, params, rank, world, timeout_s=30.0):
+    agg = build_aggregator(option)
+    agg.overlap = True
+    agg.setup(list(params), RunContext(rank, world, seed=3, timeout_s=timeout_s))
+    return agg
+
+
+def _recording(records):
+    """gvq_hook, keeping each bucket's local gradient, its parameters and its future."""
+    def hook(state, bucket):                        # (DDP refuses string annotations)
+        records.append((bucket.buffer().clone(), state.positions(bucket.parameters())))
+        return gvq_hook(state, bucket)
+    return hook
+
+
+def _hook_vs_post_backward(rank, world, option, iterations):
+    torch.manual_seed(0)
+    net = Net()
+    twin_net = Net()                                # the post-backward reference: same seed, own state
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    state = GvqHookState(_setup(option, net.parameters(), rank, world))
+    twin = _setup(option, twin_net.parameters(), rank, world)
+    records, out = [], []
+    ddp.register_comm_hook(state, _recording(records))
+    for it in range(iterations):
+        records.clear()
+        x, y = _batch(rank, it)
+        local = torch.autograd.grad(torch.nn.functional.cross_entropy(net(x), y), list(net.parameters()))
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        stats = state.iteration_stats()
+        expected = []
+        for flat, pos in records:                   # the same buckets, in the same order, post-backward
+            ref = flat.clone()
+            twin.allreduce_mean_(ref, it)
+            expected.append(ref)
+        means = [g.clone() for g in local]
+        for m in means:
+            dist.all_reduce(m)
+        out.append({"buckets": [(pos, ref) for (_, pos), ref in zip(records, expected)],
+                    "grads": [p.grad.clone() for p in net.parameters()], "means": [m / world for m in means],
+                    "stats": stats})
+        for p in net.parameters():
+            p.grad = None
+    state.close()
+    twin.close()
+    return out
+
+
+def _grads_by_bucket(grads, positions):
+    return torch.cat([grads[i].reshape(-1) for i in positions])
+
+
+@pytest.mark.parametrize("option,world", [("rar", 2), ("rar", 3), ("qsgd", 2), ("qsgd", 3)])
+def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
+    for r in run_ranks(_hook_vs_post_backward, world, tmp_path, option, 3):
+        for i, it in enumerate(r):                   # DDP: one bucket, then its rebuilt small ones
+            assert it["stats"]["buckets"] == len(it["buckets"]) >= (1 if i == 0 else 2)
+            for pos, ref in it["buckets"]:           # same arithmetic on the same vector: tight
+                torch.testing.assert_close(_grads_by_bucket(it["grads"], pos), ref, rtol=1e-6, atol=1e-7)
+            if option == "rar":                      # and that is the mean of the local gradients
+                for g, m in zip(it["grads"], it["means"]):
+                    torch.testing.assert_close(g, m, rtol=1e-5, atol=1e-6)
+            s = it["stats"]
+            assert s["comm_s"] >= s["exposed_s"] >= 0 and s["bytes_sent"] > 0
+
+
+def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(tmp_path):
+    r = run_ranks(_hook_vs_post_backward, 2, tmp_path, "rar", 3)[0]
+    layouts = [[pos for pos, _ in it["buckets"]] for it in r]
+    for layout in layouts:
+        assert sorted(i for pos in layout for i in pos) == list(range(6))
+    assert len(layouts[0]) == 1 and layouts[1] == layouts[2] and len(layouts[1]) >= 2   # rebuilt, then stable
+    assert [i for pos in layouts[1] for i in pos] != list(range(6))[::-1]    # in ready order, not reversed
+
+
+def _train(rank, world, option):
+    torch.manual_seed(0)
+    net = Net()
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    state = GvqHookState.from_config(option, net.parameters(), seed=1, timeout_s=30.0)
+    ddp.register_comm_hook(state, gvq_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for it in range(4):
+        x, y = _batch(rank, it)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    saved = state.state_dict()
+    copy = pickle.loads(pickle.dumps(state))
+    state.close()
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("gvq-comm")]
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), saved, copy.state_dict(), alive
+
+
+@pytest.mark.parametrize("option", ["qsgd", "terngrad"])
+def test_replicas_stay_identical_and_state_pickles(tmp_path, option):
+    rs = run_ranks(_train, 2, tmp_path, option)
+    assert torch.equal(rs[0][0].view(torch.int32), rs[1][0].view(torch.int32))
+    for _, saved, unpickled, alive in rs:
+        assert saved["iteration"] == unpickled["iteration"] == 4
+        assert alive == []
+
+
+def _lose_peer(rank, world):
+    torch.manual_seed(0)
+    net = Net()
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    state = GvqHookState(_setup("rar", net.parameters(), rank, world, timeout_s=3.0))
+    ddp.register_comm_hook(state, gvq_hook)
+    if rank == 1:                                   # leaves before backward: its ring never answers
+        return None
+    t0 = time.monotonic()
+    try:
+        torch.nn.functional.cross_entropy(ddp(_batch(0, 0)[0]), _batch(0, 0)[1]).backward()
+        message = None
+    except Exception as e:                          # noqa: BLE001 (what backward raised)
+        message = str(e)
+    elapsed = time.monotonic() - t0
+    state.close()
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("gvq-comm")]
+    return message, elapsed, alive
+
+
+def test_a_lost_peer_fails_backward_naming_the_rank_with_no_thread_left(tmp_path):
+    message, elapsed, alive = run_ranks(_lose_peer, 2, tmp_path)[0]
+    assert message is not None and "rank 0" in message and "lost" in message
+    assert elapsed < 3.0 + 20.0
+    assert alive == []
