@@ -2,22 +2,7 @@
 the link emulator; ``sudo python -m gvq.bench netns train --rates 5e7 2e8 --world-size 2`` compares whole
 training iterations of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``).
 
-Puts each of N ranks in its own network namespace with a veth into a bridge (in a hub namespace) and
-shapes every rank's egress with ``tc tbf`` (not netem, which some kernels lack), so each rank has its own link, as
-in a real ring of machines (shaping the shared loopback would instead model one bus shared by all
-ranks).  Every rank runs with ``GLOO_SOCKET_IFNAME`` set to its veth.
-
-* default (emulator validation): uncompressed RAR there with no emulation, then the same benchmark on
-  loopback under the in-process emulator at the same rate; prints both medians and their ratio.
-* ``train``: ``gvq.bench train`` iterations (:mod:`gvq.bench.train`: every mode interleaved, the
-  runner's own per-iteration path) with the ranks in the namespaces -- nothing emulated, the kernel
-  shapes the runner's ring and DDP's collectives alike -- and, for reference, the same on unshaped
-  loopback.  Every table's header states the shaping.  ``--burst`` defaults to 1 ms of the rate
-  (at least 3000 bytes) so that the token bucket, refilled while a rank computes, cannot carry a
-  sizeable part of a gradient at veth speed.
-
-Namespaces and interfaces are named per run (``gvqns<pid>...``), made inside namespaces only, and
-removed on exit, failure or interrupt included; nothing outside this machine is touched.
+See docs/design.md#gvqbenchnetnspy for how it works and why.
 """
 from __future__ import annotations
 

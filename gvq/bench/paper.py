@@ -1,21 +1,7 @@
 """The GradiVeQ paper's time table (sec. 4, Fig. 7b) in virtual time: ``python -m gvq.bench paper``
 (``make paper-time``).
 
-Runs ``python cli.py experiment=paper_time`` (ResNet-32, CIFAR-100-shaped synthetic data, ``net.clock=virtual``)
-for RAR, 4-bit QSGD-RAR and both GradiVeQ settings (``gradiveq``: K auto, lambda = 0.01, the paper's;
-``gradiveq_pooled``: K/d = 8) at every ``--world-size`` x ``--bandwidth`` x ``--compute-scale``, one job at a
-time, into ``--out/N<n>-<link>-compute<scale>/<aggregator>``, then prints ``python -m gvq.report --cycle``
-of them: seconds per L_t + L_c = 500 iterations, counted as the paper does, with its claims beside.
-
-``--bandwidth auto`` is the paper's CPU regime: the link at which RAR's aggregation is 850/650 of the
-computation (850 s vs 650 s per 500 iterations) at the paper's N = 6, solved from one short RAR run at
-the preset's link: aggregation = other + bits / B, with ``bits`` the bits a rank sends per iteration (exact)
-and ``other`` (additions, per-message costs) what the run measured beyond bits / B.  The GPU regime is the
-same link with ``--compute-scale 0.16667`` (a GPU 6x faster, as the paper says its K80s were).
-
-RAR and QSGD-RAR runs log ``--steady-iters`` iterations (all steady state); GradiVeQ runs log the L_t = 100
-sampling iterations, the refresh and ``--compressed-iters`` compressed ones.  Jobs whose ``summary.json``
-exists are kept (re-running resumes an interrupted table); ``--force`` reruns them.
+See docs/design.md#gvqbenchpaperpy for how it works and why.
 """
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
 """Iteration-time benchmark: the runner's aggregators against torch ``DistributedDataParallel`` (gloo) on
 the same model, batch and ranks: ``python -m gvq.bench train --world-size 2 4``.
 
-Modes (``--aggregators``): any option of ``conf/aggregator/`` (``rar``, ``ddp``, ``ddp_fp16``,
-``ddp_powersgd``, ...), composed and instantiated as the CLI would (``--set`` overrides as for
-``gvq.bench aggregate``) and run through the runner's own per-iteration path (:func:`gvq.run.train.step`
-then :func:`gvq.run.train.reduce_stats`: forward, backward, non-finite check, aggregation, SGD step,
-per-iteration stats); plus ``torch_ddp``, a bare torch DDP loop with default arguments (what a user
-would write, the reference of the ``over_ref`` column), and ``local`` (forward, backward, step, no
-communication: the compute-only floor under the same load).
-
-All modes are built once per rank and run **interleaved** -- iteration ``i`` of every mode, then
-iteration ``i + 1`` -- so machine load that drifts during the run hits every mode alike (timing the modes
-one after another let a shared machine's drift into the ratio).  An iteration's time is the max over
-ranks; the table gives medians over ``--iters`` iterations after the warm-up (at least up to PowerSGD's
-``start_iter``, so its rows are compressed) and ``over_ref``, the median of the per-iteration ratios to
-the reference iterated alongside (``torch_ddp`` if run, else ``ddp``).  Columns: ``compute_s``
-(forward + backward; for DDP modes it includes the all-reduces DDP overlaps with backward),
-``aggregate_s`` (the runner's aggregation after backward), ``wire_s`` (of it, blocked on the wire),
-``ddp_comm_s`` / ``ddp_wait_s`` (DDP: first bucket launched -> last averaged / last launched -> last
-averaged), ``MB_per_rank`` (sent per rank; an estimate for DDP).
-
-Loopback unless ranks are started elsewhere: ``--rank R --init URL`` runs one rank (``gvq.bench netns train``
-starts them in network namespaces behind kernel-shaped links).  ``--bandwidth`` emulates every rank's link
-for the runner's aggregators only (the in-process emulator cannot slow DDP's collectives); ``--clock
-virtual`` times them in virtual time (:mod:`gvq.comm.clock`), where DDP modes are refused.
+See docs/design.md#gvqbenchtrainpy for how it works and why.
 """
 from __future__ import annotations
 
