@@ -48,7 +48,7 @@ def total_errors(comp, v: torch.Tensor, calls: int) -> tuple[torch.Tensor, float
 
 
 def independence(comp, v: torch.Tensor, calls: int = 2000, block: int = 100) -> dict:
-    """z-scores of the statistics in the module docstring (0 +- 1 under independence)."""
+    """z-scores of the statistics in docs/design.md#gvqanalysisditherpy (0 +- 1 under independence)."""
     totals, var_sum = total_errors(comp, v, calls)
     x = totals - totals.mean()
     var_t = float((x * x).sum() / (calls - 1))

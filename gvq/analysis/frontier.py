@@ -107,7 +107,7 @@ def frontier_table(grads, shapes, Ks=None, ratios=(4, 8, 16), ranks=(1, 2, 4, 8)
                    warmup: int = 50, L_t: int = 50, L_c: int = 80, samples: str = "exact", reps: int = 7,
                    tolerance: float = 0.03, min_compression_rate: float = 2.0, seed: int = 0,
                    log=print) -> pd.DataFrame:
-    """One row per configuration (module docstring); ``Ks`` None = :func:`slice_multiples`."""
+    """One row per configuration (docs/design.md#gvqanalysisfrontierpy); ``Ks`` None = :func:`slice_multiples`."""
     setup = PeerSetup(grads, [torch.Size(s) for s in shapes], warmup, L_t, L_c, samples)
     Ks = slice_multiples(setup.shapes) if Ks is None else Ks
     rows = [powersgd_frontier_row(setup, r, reps, min_compression_rate, seed) for r in ranks]

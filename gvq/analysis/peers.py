@@ -226,8 +226,8 @@ def peers_table(grads: list[Tensor], shapes, ranks=(2, 4), Ks=("auto", "x1"), kn
                 pools=(False, True), warmup: int = 50, L_t: int = 50, L_c: int = 80,
                 samples: str = "exact", min_compression_rate: float = 2.0, tolerance: float = 0.03,
                 seed: int = 0, log=print) -> pd.DataFrame:
-    """One row per (rank, method): bytes per iteration, the gap to PowerSGD's, errors (see the module
-    docstring).  ``grads`` are model-order flat gradients; ``shapes`` the parameters' shapes."""
+    """One row per (rank, method): bytes per iteration, the gap to PowerSGD's, errors (see
+    docs/design.md#gvqanalysispeerspy).  ``grads`` are model-order flat gradients; ``shapes`` the parameters' shapes."""
     check_peer_options(samples, knobs)
     setup = PeerSetup(grads, [torch.Size(s) for s in shapes], warmup, L_t, L_c, samples)
     log_cycle_norms(setup, log)

@@ -1,4 +1,4 @@
-"""The link models behind :class:`gvq.comm.p2p.P2P` (its docstring has the model): ``EmulatedLink`` sleeps
+"""The link models behind :class:`gvq.comm.p2p.P2P` (docs/design.md#gvqcommp2ppy has the model): ``EmulatedLink`` sleeps
 it on the wall clock (a sender thread hands each message to the real transport when the link would have
 delivered it), ``VirtualLink`` computes it in virtual time (:mod:`gvq.comm.clock`), and their handles."""
 from __future__ import annotations

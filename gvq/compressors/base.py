@@ -13,7 +13,7 @@ from gvq.compressors._segments import balanced_segments
 class Compressor:
     """Base class; subclasses override ``compress`` / ``decompress`` / ``payload_spec``.  Every
     attribute an aggregator, benchmark or tool reads on a codec is declared here with its default; see
-    the module docstring for the codecs that keep state between calls and the call order the ring
+    docs/design.md#gvqcompressorsbasepy for the codecs that keep state between calls and the call order the ring
     guarantees them."""
 
     #: payloads can be summed elementwise in the compressed domain (linear compressors)

@@ -20,7 +20,7 @@ class PCAFit:
 
 def choose_d(eig: Tensor, K: int, lam: float, rank: int, d: int | None = None,
              target_ratio: float | None = None) -> int:
-    """d for one group from its descending eigenvalues (see the module docstring for the order)."""
+    """d for one group from its descending eigenvalues (the order: docs/design.md#gvqcompressorsgradiveqpcapy)."""
     if d is not None:
         want = d
     elif target_ratio is not None:
