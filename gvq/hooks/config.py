@@ -11,15 +11,20 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "aggregator"
 
 
 def option_config(name: str) -> dict:
-    """``conf/aggregator/<name>.yaml`` as a plain dict (its schema defaults list left out)."""
+    """``conf/aggregator/<name>.yaml`` as a plain dict (its schema defaults list left out), its
+    interpolations (GradiVeQ's ``${lambda}``, ``${L_t}``, ...) resolved against ``conf/config.yaml``'s
+    top-level values, as the CLI resolves them."""
     from omegaconf import OmegaConf
     path = CONF / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONF.glob("*.yaml")))
         raise ValueError(f"gvq hook: no aggregator option {name!r} (one of: {known})")
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    cfg.pop("defaults", None)
-    return cfg
+    root = OmegaConf.load(CONF.parent / "config.yaml")
+    option = OmegaConf.load(path)
+    option.pop("defaults", None)
+    root.pop("defaults", None)
+    root.aggregator = option
+    return OmegaConf.to_container(root.aggregator, resolve=True)
 
 
 def build_aggregator(config, **overrides) -> FlatAggregator:

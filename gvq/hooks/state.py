@@ -159,6 +159,21 @@ def _call(agg, name: str, iteration: int):
 
 
 def _allreduce_bucket(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
+    """Average one bucket with its parameters in the aggregator's order (DDP fills buckets in the
+    order backward produces gradients): a bucket holding the whole model is then the very vector
+    post-backward aggregation sums, and codecs with random draws make the same draws on it."""
+    order = sorted(range(len(params)), key=params.__getitem__)
+    if order == list(range(len(params))):
+        return _average(agg, flat, params, iteration)
+    pieces = flat.split([agg.params[i].numel() for i in params])
+    ordered = torch.cat([pieces[k] for k in order])
+    stats = _average(agg, ordered, sorted(params), iteration)
+    for k, piece in zip(order, ordered.split([pieces[k].numel() for k in order])):
+        pieces[k].copy_(piece)
+    return stats
+
+
+def _average(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
     fn = getattr(agg, "allreduce_bucket_", None)
     if fn is not None:
         return fn(flat, params, iteration) or {}

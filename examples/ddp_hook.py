@@ -1,0 +1,64 @@
+"""Train a small CNN on 2 gloo ranks with torch DDP and a gvq communication hook (plain torch, no Hydra):
+
+    python examples/ddp_hook.py qsgd                     # any conf/aggregator ring option: rar, qsgd, gradiveq, ...
+    python examples/ddp_hook.py qsgd --post-backward     # the same aggregator after backward, to compare
+
+Each bucket DDP hands the hook is averaged by gvq's ring on a communication thread while backward goes on.
+Prints the mean loss over ranks each iteration.
+"""
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from gvq.aggregators.base import RunContext
+from gvq.hooks import GvqHookState, gvq_hook
+from gvq.hooks.config import build_aggregator
+
+WORLD, ITERATIONS = 2, 30
+
+
+def batch(rank: int, it: int):
+    """8x8 random images (this rank's own), labelled by a fixed rule so there is something to learn."""
+    x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(1000 * it + rank))
+    return x, (x[:, 0, :4].mean((1, 2)) > 0).long() + 2 * (x[:, 0, 4:].mean((1, 2)) > 0).long()
+
+
+def run(rank: int, option: str, post_backward: bool, init: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    torch.manual_seed(0)                           # the same initial model on every rank
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if post_backward:                              # gvq's usual way: one aggregate() after backward
+        agg = build_aggregator(option)
+        agg.setup(list(net.parameters()), RunContext(rank, WORLD))
+        model = net
+    else:                                          # the hook: averaged inside backward
+        model = DistributedDataParallel(net)       # bucket_cap_mb=... for smaller buckets
+        agg = GvqHookState.from_config(option, net.parameters())
+        model.register_comm_hook(agg, gvq_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for it in range(ITERATIONS):
+        x, y = batch(rank, it)
+        opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        if post_backward:
+            agg.aggregate(it)
+        opt.step()
+        dist.all_reduce(mean := loss.detach().clone())
+        if rank == 0:
+            print(f"iteration {it} loss {mean.item() / WORLD:.7f}", flush=True)
+    agg.close()                                    # stops the hook's communication thread
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    option = sys.argv[1] if len(sys.argv) > 1 else "qsgd"
+    with tempfile.TemporaryDirectory() as tmp:     # file rendezvous: no port to collide with
+        mp.spawn(run, args=(option, "--post-backward" in sys.argv, f"file://{tmp}/rendezvous"), nprocs=WORLD)
