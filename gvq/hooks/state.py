@@ -19,6 +19,7 @@ import torch.distributed as dist
 from gvq.aggregators.base import FlatAggregator, RunContext
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
+from gvq.hooks.layout import reduce_bucket
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
 log = logging.getLogger("gvq")
@@ -37,6 +38,8 @@ class GvqHookState:
         self.aggregator = aggregator
         self.timeout_s = float(timeout_s if timeout_s is not None else aggregator.ctx.timeout_s)
         self.iteration = 0                      # the iteration whose buckets come next
+        self.layout: list[list[int]] = []       # the last iteration's buckets (parameter positions)
+        self._resumed: list[list[int]] | None = None   # a checkpoint's layout, for the next iteration
         self._positions = {id(p): i for i, p in enumerate(aggregator.params)}
         self._by_ptr = {p.data_ptr(): i for i, p in enumerate(aggregator.params) if p.numel()}
         self._transient()
@@ -45,6 +48,7 @@ class GvqHookState:
         """What never pickles: the thread, the open iteration, the finished iteration's signal."""
         self._thread: CommThread | None = None
         self._open: IterationRecord | None = None
+        self._layout: list[list[int]] = []
         self._last: dict | None = None
         self._finished = threading.Event()
 
@@ -93,8 +97,9 @@ class GvqHookState:
             _call(agg, "start_iteration", self.iteration)
             self._open = IterationRecord(self.iteration)
         clock.get().advance_to(job.t_ready)       # a bucket starts no earlier than backward made it
-        stats = _allreduce_bucket(agg, job.flat, job.params, self.iteration)
-        self._open.add(job, stats)
+        for group, numel, stats in reduce_bucket(agg, job.flat, job.params, self.iteration, self._resumed):
+            self._open.add(job.t_ready, numel, stats)
+            self._layout.append(group)
         if job.is_last:
             self._close_iteration()
         job.future.set_result(job.flat)
@@ -105,6 +110,7 @@ class GvqHookState:
         rec.t_done = clock.get().now()
         self._last = {**rec.result(), **agg.counters(), **extra}
         self._open, self.iteration = None, self.iteration + 1
+        self.layout, self._layout, self._resumed = self._layout, [], None
         self._finished.set()
 
     # -- the training loop's side -------------------------------------------------------------------
@@ -131,16 +137,21 @@ class GvqHookState:
 
     # -- checkpoints and pickling -------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"iteration": self.iteration, "aggregator": self.aggregator.state_dict()}
+        return {"iteration": self.iteration, "layout": [list(g) for g in self.layout],
+                "aggregator": self.aggregator.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore; a fresh DDP's first (single) bucket is then averaged in the recorded layout (see
+        :mod:`gvq.hooks.layout`)."""
         self.iteration = int(state["iteration"])
+        self._resumed = [list(g) for g in state.get("layout", [])] or None
+        self.layout = self._resumed or []
         self.aggregator.load_state_dict(state["aggregator"])
 
     def __getstate__(self) -> dict:
         """Without the process group, the thread or the transport (rebuilt on first use)."""
         out = {k: v for k, v in self.__dict__.items()
-               if k not in ("process_group", "_thread", "_open", "_last", "_finished")}
+               if k not in ("process_group", "_thread", "_open", "_layout", "_last", "_finished")}
         agg = object.__new__(type(self.aggregator))
         agg.__dict__.update({k: v for k, v in self.aggregator.__dict__.items() if k != "p2p"})
         out["aggregator"] = agg
@@ -156,28 +167,6 @@ class GvqHookState:
 def _call(agg, name: str, iteration: int):
     fn = getattr(agg, name, None)
     return fn(iteration) if fn is not None else None
-
-
-def _allreduce_bucket(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-    """Average one bucket with its parameters in the aggregator's order (DDP fills buckets in the
-    order backward produces gradients): a bucket holding the whole model is then the very vector
-    post-backward aggregation sums, and codecs with random draws make the same draws on it."""
-    order = sorted(range(len(params)), key=params.__getitem__)
-    if order == list(range(len(params))):
-        return _average(agg, flat, params, iteration)
-    pieces = flat.split([agg.params[i].numel() for i in params])
-    ordered = torch.cat([pieces[k] for k in order])
-    stats = _average(agg, ordered, sorted(params), iteration)
-    for k, piece in zip(order, ordered.split([pieces[k].numel() for k in order])):
-        pieces[k].copy_(piece)
-    return stats
-
-
-def _average(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-    fn = getattr(agg, "allreduce_bucket_", None)
-    if fn is not None:
-        return fn(flat, params, iteration) or {}
-    return agg.allreduce_mean_(flat, iteration)
 
 
 def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

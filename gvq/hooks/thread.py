@@ -45,12 +45,12 @@ class IterationRecord:
     weighted: dict = field(default_factory=dict)
     numel: int = 0
 
-    def add(self, job: BucketJob, stats: dict) -> None:
-        """Times add up over buckets; any other column is the mean weighted by bucket size."""
+    def add(self, t_ready: float, n: int, stats: dict) -> None:
+        """One vector of ``n`` values averaged: times add up over buckets; any other column is the mean
+        weighted by bucket size."""
         self.buckets += 1
-        self.t_first = job.t_ready if self.t_first is None else self.t_first
-        self.t_ready_last = job.t_ready
-        n = job.flat.numel()
+        self.t_first = t_ready if self.t_first is None else self.t_first
+        self.t_ready_last = t_ready
         self.numel += n
         for k, v in stats.items():
             if k.endswith("_s"):
