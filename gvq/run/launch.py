@@ -22,6 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from gvq.comm import clock
 from gvq.run import checkpoint
 from gvq.run.logs import (
     mark,
@@ -85,6 +86,9 @@ def preflight(cfg: DictConfig):
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
                      "(sudo python -m gvq.bench netns train)")
+    if cfg.net.clock == "virtual" and getattr(agg, "overlap", False) and not hasattr(clock, "comm_lane"):
+        config_error("net.clock=virtual with aggregator.overlap=true: the virtual clock has no communication "
+                     "lane to time the hook's thread; use net.clock=wall")
     data = _try_instantiate("dataset", cfg.dataset)
     model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
     world = torchrun_world() or cfg.world_size
