@@ -55,6 +55,11 @@ class Aggregator:
     bucket: torch.Tensor | None = None
     #: the codec, for aggregators built around one (the benchmarks time it alone); None: none
     compressor: Compressor | None = None
+    #: ``aggregator.overlap``: average inside backward, one DDP bucket at a time, through
+    #: :mod:`gvq.hooks` (DDP then owns the gradient buffers)
+    overlap: bool = False
+    #: ``aggregator.bucket_cap_mb``: DDP's bucket size; None: DDP's defaults (its small first bucket too)
+    bucket_cap_mb: float | None = None
 
     # -- life cycle ----------------------------------------------------------------------------------
     def preflight(self, params: list[torch.nn.Parameter]) -> None:
@@ -143,7 +148,8 @@ class FlatAggregator(Aggregator):
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
         self.clock = clock.Stopwatch()
-        self.bucket = self._grad_bucket()
+        # overlap: DDP owns the gradient buffers, so param.grad is left where it is
+        self.bucket = None if self.overlap else self._grad_bucket()
 
     def _grad_bucket(self) -> torch.Tensor:
         """One flat buffer that every ``p.grad`` is a view of (as DDP's buckets): backward writes
@@ -160,6 +166,8 @@ class FlatAggregator(Aggregator):
         return flat
 
     def _grads_in_bucket(self) -> bool:
+        if self.bucket is None:
+            return False
         offset, base = 0, self.bucket.data_ptr()
         for p in self.params:
             if p.grad is None or p.grad.data_ptr() != base + offset * self.bucket.element_size():
@@ -197,6 +205,25 @@ class FlatAggregator(Aggregator):
         extra["aggregate_s"] = clock.now() - t0
         extra.update(self.measure_after(flat))
         return extra
+
+    # -- one DDP bucket at a time (gvq.hooks), on the communication thread, in DDP's bucket order ------
+    def start_iteration(self, iteration: int) -> None:
+        """Before the iteration's first bucket: per-iteration decisions that must be the same for every
+        bucket (GradiVeQ's schedule phase).  Default: none."""
+
+    def allreduce_bucket_(self, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
+        """Average one DDP bucket in place: ``flat`` is the concatenated gradients of ``self.params[i]``
+        for ``i`` in ``params``, in that order.  Per-parameter state (error memory, PCA bases, PowerSGD's
+        P / Q) is read and written for those parameters only, so a bucket rebuild loses nothing.
+        Returns measurements as :meth:`allreduce_mean_`.  Default (``any_bucket``): :meth:`allreduce_mean_`."""
+        if not self.any_bucket:
+            raise NotImplementedError(f"{self.name}: no per-bucket average (its state covers the whole gradient)")
+        return self.allreduce_mean_(flat, iteration)
+
+    def finish_iteration(self, iteration: int) -> dict:
+        """After the iteration's last bucket: run-level columns (GradiVeQ's refresh decision).
+        Default: none."""
+        return {}
 
     def reset_counters(self) -> None:
         """Start an iteration's byte count, wire time and codec stopwatch at zero."""
