@@ -86,7 +86,8 @@ class GvqHookState:
         if getattr(agg, "p2p", None) is None:      # unpickled: its transport was left behind
             c = agg.ctx
             agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s)
-        self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}")
+        self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}",
+                                  label=f"rank {agg.ctx.rank}: gvq hook")
 
     # -- the communication thread's side ------------------------------------------------------------
     def _reduce(self, job: BucketJob) -> None:
@@ -176,4 +177,11 @@ def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     job = BucketJob(fut, bucket.buffer(), state.positions(bucket.parameters()), bucket.index(),
                     bucket.is_last(), clock.now())
     state.submit(job)
-    return fut
+    # a future completed with an exception object hands DDP that object as its value; re-raised in a
+    # callback it becomes the returned future's error, which backward raises as such.  (value() of a
+    # completed future does not wait: no wait inside a callback)
+    return fut.then(_value)
+
+
+def _value(fut: torch.futures.Future) -> torch.Tensor:
+    return fut.value()

@@ -76,8 +76,8 @@ class CommThread:
     """A daemon thread that averages queued buckets with ``reduce(job) -> None`` (which completes the
     job's future); :meth:`close` stops and joins it."""
 
-    def __init__(self, reduce, name: str):
-        self.reduce = reduce
+    def __init__(self, reduce, name: str, label: str):
+        self.reduce, self.label = reduce, label
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -100,7 +100,8 @@ class CommThread:
                 try:
                     self.reduce(job)
                 except BaseException as e:              # noqa: BLE001 (it must reach backward)
-                    self._fail(job, e)
+                    self._fail(job, e if isinstance(e, Exception) and str(e).startswith("rank ")
+                               else RuntimeError(f"{self.label}, bucket {job.index}: {type(e).__name__}: {e}"))
 
     def _fail(self, job: BucketJob, error: BaseException) -> None:
         """Fail this bucket and every queued one; later buckets fail at :meth:`submit`."""

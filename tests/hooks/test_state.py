@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import RunContext
+from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
 from tests.helpers.dist import run_ranks
@@ -166,6 +167,40 @@ def _lose_peer(rank, world):
 
 def test_a_lost_peer_fails_backward_naming_the_rank_with_no_thread_left(tmp_path):
     message, elapsed, alive = run_ranks(_lose_peer, 2, tmp_path)[0]
-    assert message is not None and "rank 0" in message and "lost" in message
+    assert message is not None and "PeerLostError: rank 0: lost rank 1" in message
     assert elapsed < 3.0 + 20.0
     assert alive == []
+
+
+class _Broken(RingAllReduce):
+    """A codec that fails on its second bucket."""
+
+    def allreduce_(self, flat, iteration):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 2:
+            raise ValueError("codec broke")
+        return super().allreduce_(flat, iteration)
+
+
+def _failing_bucket(rank, world):
+    torch.manual_seed(0)
+    net = Net()
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    agg = _Broken()
+    agg.setup(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
+    state = GvqHookState(agg)
+    ddp.register_comm_hook(state, gvq_hook)
+    messages = []
+    for it in range(3):                             # the first iteration is one bucket: fine
+        try:
+            torch.nn.functional.cross_entropy(ddp(_batch(rank, it)[0]), _batch(rank, it)[1]).backward()
+        except Exception as e:                      # noqa: BLE001 (what backward raised)
+            messages.append(str(e))
+    state.close()
+    return messages
+
+
+def test_a_failed_bucket_fails_backward_naming_the_rank_and_every_later_one(tmp_path):
+    for rank, messages in enumerate(run_ranks(_failing_bucket, 2, tmp_path)):
+        assert len(messages) == 2
+        assert all(f"rank {rank}: gvq hook, bucket" in m and "codec broke" in m for m in messages)
