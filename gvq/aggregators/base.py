@@ -148,6 +148,10 @@ class FlatAggregator(Aggregator):
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
         self.clock = clock.Stopwatch()
+        # where each parameter's values start in the whole flat gradient (per-parameter state lives there)
+        self.offsets = [0]
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
         # overlap: DDP owns the gradient buffers, so param.grad is left where it is
         self.bucket = None if self.overlap else self._grad_bucket()
 
@@ -219,6 +223,20 @@ class FlatAggregator(Aggregator):
         if not self.any_bucket:
             raise NotImplementedError(f"{self.name}: no per-bucket average (its state covers the whole gradient)")
         return self.allreduce_mean_(flat, iteration)
+
+    def gather(self, whole: torch.Tensor, params: list[int]) -> torch.Tensor:
+        """The values of ``whole`` (laid out as the whole flat gradient) for ``params``, concatenated in
+        that order: a bucket's share of per-parameter state."""
+        return torch.cat([whole[self.offsets[i]: self.offsets[i + 1]] for i in params]) if params \
+            else whole[:0].clone()
+
+    def scatter_(self, whole: torch.Tensor, params: list[int], part: torch.Tensor) -> None:
+        """Inverse of :meth:`gather`: write ``part`` back into ``whole`` at ``params``' places."""
+        off = 0
+        for i in params:
+            n = self.offsets[i + 1] - self.offsets[i]
+            whole[self.offsets[i]: self.offsets[i + 1]].copy_(part[off: off + n])
+            off += n
 
     def finish_iteration(self, iteration: int) -> dict:
         """After the iteration's last bucket: run-level columns (GradiVeQ's refresh decision).

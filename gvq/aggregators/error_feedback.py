@@ -26,32 +26,51 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     """:class:`CompressedAggregator` whose ranks feed back what their compressor lost."""
 
     extra_fields = ("compression_error",)
-    any_bucket = False               # the error memory is laid out on the whole gradient
+    any_bucket = False               # the error memory is per parameter (see allreduce_bucket_)
 
-    def __init__(self, compressor, topology: str = "ring", hop: str = "auto"):
-        super().__init__(compressor, topology, hop)
+    def __init__(self, compressor, topology: str = "ring", hop: str = "auto", overlap: bool = False,
+                 bucket_cap_mb: float | None = None):
+        super().__init__(compressor, topology, hop, overlap, bucket_cap_mb)
         self.name = f"{self.name}+ef"
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        self.error = torch.zeros_like(self.bucket)
-        self.transmitted = torch.zeros_like(self.bucket)   # this rank's last t = Q(g')
+        like = self.params[0] if self.params else torch.zeros(0)
+        # one flat memory laid out as the whole gradient (a checkpoint keeps it as it is); a DDP bucket
+        # reads and writes its parameters' share of it, so any bucketing sees the same memory
+        self.error = torch.zeros(self.offsets[-1], dtype=like.dtype, device=like.device)
+        self.transmitted = torch.zeros_like(self.error)      # this rank's last t = Q(g')
+        self._memory = (self.error, self.transmitted)         # what the next allreduce_ feeds back
 
     def measure(self, flat):
         return {}          # the error of g' falls out of feed_back for free (see aggregate)
 
     def allreduce_(self, flat, iteration):
+        error, transmitted = self._memory
         segs = self.segments(flat.numel()) if self.topology == "ring" else [slice(0, flat.numel())]
-        feed_back(self.compressor, flat, self.error, self.transmitted, segs, self.clock)
+        feed_back(self.compressor, flat, error, transmitted, segs, self.clock)
         return super().allreduce_(flat, iteration)
 
-    def measure_after(self, flat):
-        return {"compression_error": self.relative_error()}
+    def allreduce_bucket_(self, flat, params, iteration):
+        """One DDP bucket: its parameters' error memory gathered, fed back, and scattered back."""
+        self._memory = (self.gather(self.error, params), self.gather(self.transmitted, params))
+        try:
+            return self.allreduce_mean_(flat, iteration)
+        finally:
+            self.scatter_(self.error, params, self._memory[0])
+            self.scatter_(self.transmitted, params, self._memory[1])
+            self._memory = (self.error, self.transmitted)
 
-    def relative_error(self) -> float:
-        """||g' - Q(g')||^2 / ||g'||^2 of this rank's last iteration, with g' = t + e (untimed)."""
-        lost = float(self.error.pow(2).sum())
-        whole = float((self.transmitted + self.error).pow(2).sum())
+    def measure_after(self, flat):
+        return {"compression_error": self.relative_error(*self._memory)}
+
+    def relative_error(self, error=None, transmitted=None) -> float:
+        """||g' - Q(g')||^2 / ||g'||^2 of this rank's last iteration (or bucket), with g' = t + e
+        (untimed)."""
+        error = self.error if error is None else error
+        transmitted = self.transmitted if transmitted is None else transmitted
+        lost = float(error.pow(2).sum())
+        whole = float((transmitted + error).pow(2).sum())
         return lost / whole if whole > 0 else 0.0
 
     def state_dict(self) -> dict:

@@ -5,12 +5,21 @@ See docs/design.md#gvqaggregatorspowersgdpy for how it works and why.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
 from gvq.comm import ring
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
+
+
+class _Plan(NamedTuple):
+    """The blocks of a vector (the whole gradient or one DDP bucket) and its ring segments."""
+    low_rank: PowerSGD
+    p_segs: list
+    q_segs: list
+    raw: list[slice]
 
 
 class PowerSGDAggregator(FlatAggregator):
@@ -39,12 +48,19 @@ class PowerSGDAggregator(FlatAggregator):
         super().setup(params, ctx)
         self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
                                  self.warm_start, seed=ctx.seed)
-        numel, n = self.bucket.numel(), ctx.world_size
-        self.error = torch.zeros(numel, device=self.bucket.device)       # error memory: with the gradient
-        self._scratch = torch.empty(numel, device=self.bucket.device)
-        self.p_segs = block_balanced_segments(self.low_rank.blocks, lambda b: b.p_len, n)
-        self.q_segs = block_balanced_segments(self.low_rank.blocks, lambda b: b.q_len, n)
-        self._raw = [slice(b.start, b.stop) for b in self.low_rank.blocks if not b.rank]
+        like = self.params[0] if self.params else torch.zeros(0)
+        # error memory laid out as the whole gradient (blocks are parameters); a DDP bucket reads and
+        # writes its parameters' share, so any bucketing sees the same memory
+        self.error = torch.zeros(self.offsets[-1], device=like.device)
+        self._whole = self._plan(self.low_rank)
+        self.p_segs, self.q_segs, self._raw = self._whole.p_segs, self._whole.q_segs, self._whole.raw
+        self._buckets: dict[tuple[int, ...], _Plan] = {}
+
+    def _plan(self, low_rank: PowerSGD) -> "_Plan":
+        n = self.ctx.world_size
+        return _Plan(low_rank, block_balanced_segments(low_rank.blocks, lambda b: b.p_len, n),
+                     block_balanced_segments(low_rank.blocks, lambda b: b.q_len, n),
+                     [slice(b.start, b.stop) for b in low_rank.blocks if not b.rank])
 
     @property
     def compression_ratio(self) -> float:
@@ -52,32 +68,73 @@ class PowerSGDAggregator(FlatAggregator):
         return 4.0 * self.low_rank.numel / max(1, self.low_rank.bytes_per_iteration)
 
     def aggregate(self, iteration: int) -> dict:
-        self.compressing = iteration >= self.start_iter
+        self.start_iteration(iteration)
         return super().aggregate(iteration)
+
+    def start_iteration(self, iteration: int) -> None:
+        """Compressed or not, and a fresh iteration of the P / Q state, once for all buckets."""
+        self.compressing = iteration >= self.start_iter
+        if self.compressing:
+            self.low_rank.begin()
 
     def measure(self, flat):
         # ||M||^2 for compression_error, untimed; every rank pays it so none waits for rank 0
         if self.compressing:
-            self._m_sq = float(torch.linalg.vector_norm(flat + self.error)) ** 2
-            self._raw_sq = sum(float(flat[s].pow(2).sum()) for s in self._raw)   # e is 0 there
+            plan, error = self._current or (self._whole, self.error)
+            self._m_sq = float(torch.linalg.vector_norm(flat + error)) ** 2
+            self._raw_sq = sum(float(flat[s].pow(2).sum()) for s in plan.raw)   # e is 0 there
         return {}
+
+    #: the plan and error memory of the vector being averaged (the whole gradient's or a bucket's)
+    _current: tuple[_Plan, torch.Tensor] | None = None
 
     def allreduce_(self, flat, iteration):
         if not self.compressing:
             ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
             return {"phase": "allreduce"}
-        with self.codec_session(flat):
-            with self.clock("compress"):
-                self.error.add_(flat)               # M = g + e, kept in the memory buffer
-                flat.copy_(self.error)              # pass Q reads M from flat and overwrites it
-                self._scratch.copy_(self.error)     # pass P reads M from scratch (its write-back is void)
-            ring.additive_allreduce_(self._scratch, self.p_segs, self.low_rank.p_stage, self.p2p, self.clock)
-            ring.additive_allreduce_(flat, self.q_segs, self.low_rank.q_stage, self.p2p, self.clock)
+        plan, error = self._current
         with self.clock("compress"):
-            self.error.sub_(flat, alpha=1.0 / self.ctx.world_size)
-            for s in self._raw:
-                self.error[s] = 0.0
+            error.add_(flat)                        # M = g + e, kept in the memory buffer
+            flat.copy_(error)                       # pass Q reads M from flat and overwrites it
+            scratch = error.clone()                 # pass P reads M from scratch (its write-back is void)
+        stages = plan.low_rank
+        ring.additive_allreduce_(scratch, plan.p_segs, stages.p_stage, self.p2p, self.clock)
+        ring.additive_allreduce_(flat, plan.q_segs, stages.q_stage, self.p2p, self.clock)
+        with self.clock("compress"):
+            error.sub_(flat, alpha=1.0 / self.ctx.world_size)
+            for s in plan.raw:
+                error[s] = 0.0
         return {"phase": "powersgd"}
+
+    def allreduce_mean_(self, flat, iteration):
+        if self._current is None:                            # post-backward: the whole gradient
+            self._current = (self._whole, self.error)
+            try:
+                return super().allreduce_mean_(flat, iteration)
+            finally:
+                self._current = None
+        return super().allreduce_mean_(flat, iteration)
+
+    def allreduce_bucket_(self, flat, params, iteration):
+        """One DDP bucket: its parameters' blocks (Q keyed by parameter) and error memory."""
+        plan = self._buckets.get(tuple(params))
+        if plan is None:                    # same shapes, same rule: the same blocks as the whole plan
+            plan = self._plan(PowerSGD([self.params[i].shape for i in params], self.rank,
+                                       self.min_compression_rate, self.warm_start))
+            self._buckets[tuple(params)] = plan
+        lr, whole = plan.low_rank, self.low_rank
+        lr.q_local = []
+        lr.q = {j: whole.q[i] for j, i in enumerate(params) if j in lr.q}
+        self._current = (plan, self.gather(self.error, params))
+        try:
+            return super().allreduce_mean_(flat, iteration)
+        finally:
+            for j, i in enumerate(params):
+                if j in lr.q:
+                    whole.q[i] = lr.q[j]
+            whole.q_local.extend(lr.q_local)
+            self.scatter_(self.error, params, self._current[1])
+            self._current = None
 
     def codec_session(self, flat):
         """A fresh iteration of the P / Q state (a new random Q without warm start) around both passes:
@@ -94,7 +151,8 @@ class PowerSGDAggregator(FlatAggregator):
         pass-Q payloads: no pass over the gradient, never part of ``aggregate_s``.  0 before any."""
         # per low-rank block ||M - P^ P^T M||^2 = ||M||^2 - ||P^T M||^2 (P^ orthonormal), and P^T M is
         # this rank's pass-Q payload; raw blocks lose nothing but count in the denominator
-        q_sq = sum(float(q.pow(2).sum()) for q in self.low_rank.q_local)
+        plan = self._whole if self._current is None else self._current[0]
+        q_sq = sum(float(q.pow(2).sum()) for q in plan.low_rank.q_local)
         lost = max(0.0, self._m_sq - self._raw_sq - q_sq)
         return lost / self._m_sq if self._m_sq > 0 else 0.0
 
