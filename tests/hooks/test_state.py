@@ -14,9 +14,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import RunContext
+from gvq.aggregators.gradiveq import GradiVeQAggregator
+from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
+from gvq.hooks.layout import average
 from tests.helpers.dist import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -75,7 +78,7 @@ def _hook_vs_post_backward(rank, world, option, iterations):
         for flat, pos in records:                   # the same buckets, in the same order, post-backward
             pieces = flat.split([twin.params[i].numel() for i in pos])
             ref = torch.cat([pieces[k] for k in sorted(range(len(pos)), key=pos.__getitem__)])
-            twin.allreduce_mean_(ref, it)           # (the hook sums a bucket in parameter order)
+            average(twin, ref, sorted(pos), it)     # (the hook sums a bucket in parameter order)
             expected.append(ref)
         means = [g.clone() for g in local]
         for m in means:
@@ -94,7 +97,19 @@ def _grads_by_bucket(grads, positions):
     return torch.cat([grads[i].reshape(-1) for i in positions])
 
 
-@pytest.mark.parametrize("option,world", [("rar", 2), ("rar", 3), ("qsgd", 2), ("qsgd", 3)])
+ANY_BUCKET = ["fp16", "linear", "orq", "bingrad_b", "bingrad_pb", "signsgd", "terngrad"]
+PER_PARAMETER = ["powersgd", "gradiveq"]            # state per parameter: the per-bucket contract
+
+
+def _case(option, world):
+    cls = {"powersgd": PowerSGDAggregator, "gradiveq": GradiVeQAggregator}.get(option)
+    ready = cls is None or "allreduce_bucket_" in cls.__dict__
+    return pytest.param(option, world, marks=pytest.mark.xfail(not ready, strict=False,
+                                                               reason=f"{option}: no allreduce_bucket_ yet"))
+
+
+@pytest.mark.parametrize("option,world", [_case("rar", 2), _case("rar", 3), _case("qsgd", 2), _case("qsgd", 3)]
+                         + [_case(o, 2) for o in ANY_BUCKET + PER_PARAMETER])
 def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
     for r in run_ranks(_hook_vs_post_backward, world, tmp_path, option, 3):
         for i, it in enumerate(r):                   # DDP: one bucket, then its rebuilt small ones
