@@ -13,6 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from gvq.aggregators import gradiveq_bucket as bucket
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
 from gvq.aggregators.gradiveq_sync import fit_everywhere, payload_balanced_segments, write_layer_stats
 from gvq.comm import clock, ring
@@ -29,7 +30,7 @@ class GradiVeQAggregator(FlatAggregator):
 
     name = "gradiveq"
     extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
-    any_bucket = False               # the PCA bases and the conv layout cover the whole gradient
+    any_bucket = False               # per layer: a bucket is averaged with its layers' bases (allreduce_bucket_)
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
@@ -70,12 +71,14 @@ class GradiVeQAggregator(FlatAggregator):
         comp.bind([tuple(p.shape) for p in self.params])
         numel = comp.layout.numel
         self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
-        self._flat = torch.empty(numel, dtype=torch.float32, device=self.bucket.device)
+        self._device = self.params[0].device if self.params else torch.device("cpu")
+        self._flat = torch.empty(numel, dtype=torch.float32, device=self._device)
         self._raw_segs = equal_segments(numel, n)
         self._q_segs = split_on_cuts(self.qsgd.cuts(numel), n)
         self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
         self._c_segs: list[list[slice]] = []
         self._c_ratio = NAN
+        self._bucket_codecs: dict = {}                      # per DDP bucket layout (gradiveq_bucket)
 
     def flatten(self) -> torch.Tensor:
         # the paper's conv layout (Fig. 3a); one persistent buffer (samples are copied out of it)
@@ -83,6 +86,16 @@ class GradiVeQAggregator(FlatAggregator):
 
     def unflatten(self, flat: torch.Tensor) -> None:
         self.compressor.unflatten(flat, [p.grad for p in self.params])
+
+    # -- one DDP bucket at a time (aggregator.overlap; see gradiveq_bucket) ---------------------------
+    def start_iteration(self, iteration: int) -> None:
+        bucket.begin_iteration(self, iteration)
+
+    def allreduce_bucket_(self, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
+        return bucket.average_bucket(self, flat, params)
+
+    def finish_iteration(self, iteration: int) -> dict:
+        return bucket.end_iteration(self, iteration)
 
     # -- one iteration -------------------------------------------------------------------------------
     def aggregate(self, iteration: int) -> dict:
@@ -220,7 +233,7 @@ class GradiVeQAggregator(FlatAggregator):
             raise ValueError(f"GradiVeQAggregator.load_state_dict: unknown phase {sd['phase']!r}")
         comp = dict(sd["compressor"])
         if comp.get("values") is not None:                 # the bases onto the gradient's device (a resume
-            comp["values"] = comp["values"].to(self.bucket.device)   # loads on the host)
+            comp["values"] = comp["values"].to(self._device)   # loads on the host)
         self.compressor.load_state_dict(comp)
         if sd["phase"] == "compress" and not self.compressor.fitted:
             raise ValueError("GradiVeQAggregator.load_state_dict: compress phase without a fitted state")
@@ -230,7 +243,7 @@ class GradiVeQAggregator(FlatAggregator):
         self._samples = None
         if sd["samples"] is not None:
             self._samples = torch.empty(self.L_t, sd["samples"].shape[1], dtype=torch.float32,
-                                        device=self.bucket.device)
+                                        device=self._device)
             self._samples[: self.count].copy_(sd["samples"])
         self.qsgd.load_state_dict(sd["qsgd"])
         if self.compressor.fitted:

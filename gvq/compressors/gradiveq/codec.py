@@ -265,6 +265,11 @@ class GradiVeQ(Compressor):
         c2, p2, g2 = self._track
         return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
 
+    def tracked_sums(self) -> tuple[float, float, float]:
+        """The three sums :meth:`tracked_loss` divides; summed over DDP buckets, the loss of their union."""
+        c2, p2, g2 = self._track
+        return c2, p2, g2
+
     def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
         pca = self._need_fit()
         g_flat = g_flat.reshape(-1).to(torch.float32)
