@@ -28,6 +28,11 @@ from gvq.hooks.state import GvqHookState, gvq_hook
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
+def per_bucket(agg: FlatAggregator) -> bool:
+    """Can ``agg`` average any one DDP bucket (any_bucket, or a per-bucket average of its own)?"""
+    return agg.any_bucket or type(agg).allreduce_bucket_ is not FlatAggregator.allreduce_bucket_
+
+
 class Overlapped(Aggregator):
     """``inner`` (a gvq ring aggregator) averaging DDP's buckets during backward."""
 
@@ -36,12 +41,15 @@ class Overlapped(Aggregator):
 
     def __init__(self, inner: FlatAggregator):
         if not isinstance(inner, FlatAggregator):
-            raise ValueError(f"aggregator.overlap=true: {getattr(inner, 'name', type(inner).__name__)!r} "
+            raise ValueError(f"aggregator.overlap=true: {inner.name!r} "
                              "does not aggregate through gvq's ring (torch DDP overlaps by itself)")
+        if not per_bucket(inner):
+            raise ValueError(f"aggregator.overlap=true: {inner.name!r} cannot average one DDP bucket at a time "
+                             "(its state covers the whole gradient)")
         self.inner = inner
         inner.overlap = True
         self.overlap = True
-        self.bucket_cap_mb = getattr(inner, "bucket_cap_mb", None)
+        self.bucket_cap_mb = inner.bucket_cap_mb
         if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
             raise ValueError(f"aggregator.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (or unset)")
         self.name = inner.name

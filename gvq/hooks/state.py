@@ -95,7 +95,7 @@ class GvqHookState:
         if self._open is None:
             self._finished.clear()
             agg.reset_counters()
-            _call(agg, "start_iteration", self.iteration)
+            agg.start_iteration(self.iteration)
             self._open = IterationRecord(self.iteration)
         clock.get().advance_to(job.t_ready)       # a bucket starts no earlier than backward made it
         for group, numel, stats in reduce_bucket(agg, job.flat, job.params, self.iteration, self._resumed):
@@ -107,7 +107,7 @@ class GvqHookState:
 
     def _close_iteration(self) -> None:
         agg, rec = self.aggregator, self._open
-        extra = _call(agg, "finish_iteration", rec.iteration) or {}
+        extra = agg.finish_iteration(rec.iteration) or {}
         rec.t_done = clock.get().now()
         self._last = {**rec.result(), **agg.counters(), **extra}
         self._open, self.iteration = None, self.iteration + 1
@@ -163,11 +163,6 @@ class GvqHookState:
         self.aggregator.p2p = None
         self.process_group = None
         self._transient()
-
-
-def _call(agg, name: str, iteration: int):
-    fn = getattr(agg, name, None)
-    return fn(iteration) if fn is not None else None
 
 
 def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

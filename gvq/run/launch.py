@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.comm import clock
+from gvq.hooks import Overlapped
 from gvq.run import checkpoint
 from gvq.run.logs import (
     mark,
@@ -68,6 +69,17 @@ def discard_run_dir() -> None:
         d = d.parent
 
 
+def _check_overlap(cfg: DictConfig, agg) -> None:
+    """``aggregator.overlap=true``: one line where the aggregator cannot run inside backward."""
+    if cfg.net.clock == "virtual" and not hasattr(clock, "comm_lane"):
+        config_error("net.clock=virtual with aggregator.overlap=true: the virtual clock has no communication "
+                     "lane to time the hook's thread; use net.clock=wall")
+    try:
+        Overlapped(agg)
+    except ValueError as e:
+        config_error(str(e))
+
+
 def preflight(cfg: DictConfig):
     """Fail fast, with one line and no traceback, on values only the code can judge; returns the
     instantiated aggregator and dataset (they name a checkpoint's identity) and the GPU plan (or None)."""
@@ -86,9 +98,8 @@ def preflight(cfg: DictConfig):
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
                      "(sudo python -m gvq.bench netns train)")
-    if cfg.net.clock == "virtual" and getattr(agg, "overlap", False) and not hasattr(clock, "comm_lane"):
-        config_error("net.clock=virtual with aggregator.overlap=true: the virtual clock has no communication "
-                     "lane to time the hook's thread; use net.clock=wall")
+    if agg.overlap:
+        _check_overlap(cfg, agg)
     data = _try_instantiate("dataset", cfg.dataset)
     model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
     world = torchrun_world() or cfg.world_size

@@ -63,7 +63,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
                           weight_decay=o["weight_decay"], nesterov=o["nesterov"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, cfg["iterations"]))
     agg = instantiate(cfg["aggregator"], _convert_="object")
-    if getattr(agg, "overlap", False):     # aggregator.overlap=true: the ring inside backward, via DDP
+    if agg.overlap:                        # aggregator.overlap=true: the ring inside backward, via DDP
         agg = Overlapped(agg)
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],

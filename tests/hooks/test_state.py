@@ -19,7 +19,7 @@ from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
-from gvq.hooks.layout import average
+from gvq.hooks.layout import bucket_mean_
 from tests.helpers.dist import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -75,11 +75,13 @@ def _hook_vs_post_backward(rank, world, option, iterations):
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         stats = state.iteration_stats()
         expected = []
+        twin.start_iteration(it)                    # the calls the communication thread makes
         for flat, pos in records:                   # the same buckets, in the same order, post-backward
             pieces = flat.split([twin.params[i].numel() for i in pos])
             ref = torch.cat([pieces[k] for k in sorted(range(len(pos)), key=pos.__getitem__)])
-            average(twin, ref, sorted(pos), it)     # (the hook sums a bucket in parameter order)
+            bucket_mean_(twin, ref, sorted(pos), it)    # (the hook sums a bucket in parameter order)
             expected.append(ref)
+        twin.finish_iteration(it)
         means = [g.clone() for g in local]
         for m in means:
             dist.all_reduce(m)
