@@ -2,9 +2,11 @@
 
 Each iteration: forward/backward on this rank's shard batch (``compute_s``), then
 ``aggregator.aggregate`` replaces every gradient by the mean over ranks (``aggregate_s`` and its
-breakdown), then the optimizer steps.  Per-iteration times are the max over ranks, loss/accuracy the
-mean; rank 0 logs them.  At the end every rank's parameters are compared bitwise: replicas that drift
-apart fail the run.
+breakdown), then the optimizer steps.  With ``aggregator.overlap=true`` the aggregator is wrapped in
+:class:`gvq.hooks.Overlapped` (in :func:`build`): DDP + the gvq hook average the gradient bucket by
+bucket during backward, and ``aggregate`` reports what that cost.  Per-iteration times are the max
+over ranks, loss/accuracy the mean; rank 0 logs them.  At the end every rank's parameters are compared
+bitwise: replicas that drift apart fail the run.
 """
 from __future__ import annotations
 
