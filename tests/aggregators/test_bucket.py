@@ -200,3 +200,30 @@ def test_gradiveq_eq1_holds_per_bucket(tmp_path):
         for a, b in zip(pieces, want):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got, results[0][0], rtol=0, atol=0)      # replicas identical
+
+
+def _monitor(rank, world):
+    name, overrides = OPTIONS["gradiveq-rar"]
+    agg = build_aggregator(name, **overrides, monitor_threshold=1e-12)
+    agg.overlap = True
+    agg.setup([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
+    phases = []
+    for it in range(6):
+        agg.start_iteration(it)
+        for params in layout(it):
+            agg.allreduce_bucket_(torch.cat([grads(rank, it)[i].reshape(-1) for i in params]), params, it)
+        phases.append((agg.finish_iteration(it), agg.phase))
+    agg.close()
+    return phases, agg.monitor_stops
+
+
+def test_gradiveq_monitor_votes_after_the_last_bucket(tmp_path):
+    """Bucketed, the Eq. 7 vote reads the iteration's loss off every bucket's payloads after the last
+    one (every rank votes, from the communication thread's side) and stops compression from the next
+    iteration on."""
+    for phases, stops in run_ranks(_monitor, 2, tmp_path):
+        assert [p["phase"] for p, _ in phases] == ["warmup", "sample", "sample", "sample", "compress", "sample"]
+        columns, after = phases[4]
+        assert after == "sample" and stops == 1
+        assert columns["compression_error"] > 1e-12 and columns["monitor_s"] >= 0
+        assert math.isnan(phases[3][0]["compression_error"]) and phases[3][0]["fit_s"] >= 0
