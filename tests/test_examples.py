@@ -10,15 +10,10 @@ import sys
 import pytest
 import torch
 
-from gvq.aggregators.gradiveq import GradiVeQAggregator
 from tests.helpers.cli import ROOT
 from tests.helpers.dist import env_without_hydra
 
 pytestmark = pytest.mark.slow
-
-# GradiVeQ keeps its bases and schedule per parameter only once it implements the per-bucket contract
-_GRADIVEQ_PER_BUCKET = "allreduce_bucket_" in GradiVeQAggregator.__dict__
-
 
 def _losses(*args: str) -> list[float]:
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp_hook.py"), *args], cwd=ROOT,
@@ -27,8 +22,7 @@ def _losses(*args: str) -> list[float]:
     return [float(v) for v in re.findall(r"^iteration \d+ loss (\S+)$", out.stdout, re.M)]
 
 
-@pytest.mark.parametrize("option", ["rar", "qsgd", pytest.param("gradiveq", marks=pytest.mark.xfail(
-    not _GRADIVEQ_PER_BUCKET, reason="GradiVeQAggregator has no allreduce_bucket_ yet", strict=False))])
+@pytest.mark.parametrize("option", ["rar", "qsgd", "gradiveq"])
 def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
     hooked, post = _losses(option), _losses(option, "--post-backward")
     assert len(hooked) == len(post) == 30

@@ -10,8 +10,6 @@ import pandas as pd
 import pytest
 
 from gvq.aggregators.ddp import DDPAggregator
-from gvq.aggregators.gradiveq import GradiVeQAggregator
-from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.comm import clock
 from gvq.hooks import Overlapped
 from tests.helpers.cli import ROOT, cli
@@ -22,17 +20,6 @@ COMMON = ["logger=csv", "logger.progress=false", "model.width=4", "batch_size=16
           "aggregator.overlap=true", "aggregator.bucket_cap_mb=0.004", "warmup=2", "L_t=3", "L_c=4"]
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
          "fit_s", "monitor_s", "comm_s", "exposed_s"]
-
-
-def _per_bucket(name: str) -> bool:
-    """Aggregators with state laid out per parameter need the per-bucket contract to run in a hook."""
-    cls = {"gradiveq": GradiVeQAggregator, "powersgd": PowerSGDAggregator}.get(name.split("_")[0])
-    return cls is None or "allreduce_bucket_" in cls.__dict__
-
-
-def _ring(name: str):
-    return pytest.param(name, marks=pytest.mark.xfail(not _per_bucket(name), strict=False,
-                                                      reason=f"{name}: no allreduce_bucket_ yet"))
 
 
 def _metrics(run: Path) -> pd.DataFrame:
@@ -47,7 +34,7 @@ def test_overlap_refuses_an_aggregator_outside_gvqs_ring():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
-@pytest.mark.parametrize("name", [_ring(n) for n in RING])
+@pytest.mark.parametrize("name", RING)
 def test_every_ring_aggregator_trains_overlapped(tmp_path, name, world):
     code, summary = launch_job(tmp_path, *COMMON, f"aggregator={name}", f"world_size={world}", "iterations=6")
     assert code == 0 and summary["status"] == "completed" and summary["replicas_identical"], summary
@@ -74,7 +61,7 @@ def test_overlapped_trains_as_post_backward(tmp_path, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [_ring(n) for n in RING])
+@pytest.mark.parametrize("name", RING)
 def test_overlapped_resume_is_bitwise(tmp_path, name):
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     args = [*COMMON, f"aggregator={name}", "world_size=2", "iterations=12", "checkpoint.every=7"]

@@ -14,8 +14,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import RunContext
-from gvq.aggregators.gradiveq import GradiVeQAggregator
-from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
@@ -103,15 +101,8 @@ ANY_BUCKET = ["fp16", "linear", "orq", "bingrad_b", "bingrad_pb", "signsgd", "te
 PER_PARAMETER = ["powersgd", "gradiveq"]            # state per parameter: the per-bucket contract
 
 
-def _case(option, world):
-    cls = {"powersgd": PowerSGDAggregator, "gradiveq": GradiVeQAggregator}.get(option)
-    ready = cls is None or "allreduce_bucket_" in cls.__dict__
-    return pytest.param(option, world, marks=pytest.mark.xfail(not ready, strict=False,
-                                                               reason=f"{option}: no allreduce_bucket_ yet"))
-
-
-@pytest.mark.parametrize("option,world", [_case("rar", 2), _case("rar", 3), _case("qsgd", 2), _case("qsgd", 3)]
-                         + [_case(o, 2) for o in ANY_BUCKET + PER_PARAMETER])
+@pytest.mark.parametrize("option,world", [("rar", 2), ("rar", 3), ("qsgd", 2), ("qsgd", 3)]
+                         + [(o, 2) for o in ANY_BUCKET + PER_PARAMETER])
 def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
     for r in run_ranks(_hook_vs_post_backward, world, tmp_path, option, 3):
         for i, it in enumerate(r):                   # DDP: one bucket, then its rebuilt small ones
