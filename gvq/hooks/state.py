@@ -34,6 +34,8 @@ class GvqHookState:
             raise ValueError(f"gvq hook: {type(aggregator).__name__} must be a gvq ring aggregator "
                              "(FlatAggregator) after setup(params, ctx)")
         # the aggregator's ring runs on the default group through P2P; kept for torch's hook interface
+        if process_group is not None and dist.is_initialized() and process_group != dist.group.WORLD:
+            raise ValueError("gvq hook: the ring runs on the default process group (process_group=None)")
         self.process_group = process_group
         self.aggregator = aggregator
         self.timeout_s = float(timeout_s if timeout_s is not None else aggregator.ctx.timeout_s)
