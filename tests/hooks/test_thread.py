@@ -1,0 +1,67 @@
+"""gvq/hooks/thread.py in one process: buckets are handled in the order queued, a failure fails that
+bucket and every queued and later one with a message naming the rank, close() joins the thread, and an
+iteration's record adds times and weighs other columns by bucket size."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
+
+
+def _job(index: int, n: int = 4, t_ready: float = 0.0) -> BucketJob:
+    return BucketJob(torch.futures.Future(), torch.ones(n), [index], index, False, t_ready)
+
+
+def test_buckets_are_handled_in_queue_order_and_close_joins():
+    seen, gate = [], threading.Event()
+
+    def reduce(job):
+        gate.wait(5)                               # every bucket is queued before the first is handled
+        seen.append(job.index)
+        job.future.set_result(job.flat)
+
+    t = CommThread(reduce, name="gvq-comm-test", label="rank 0: gvq hook")
+    jobs = [_job(i) for i in range(5)]
+    for j in jobs:
+        t.submit(j)
+    gate.set()
+    assert all(torch.equal(j.future.wait(), torch.ones(4)) for j in jobs)
+    t.close(5)
+    assert seen == list(range(5)) and not t.thread.is_alive()
+
+
+def test_a_failure_fails_this_queued_and_later_buckets_naming_the_rank():
+    gate = threading.Event()
+
+    def reduce(job):
+        gate.wait(5)
+        raise ValueError("codec broke")
+
+    t = CommThread(reduce, name="gvq-comm-test", label="rank 3: gvq hook")
+    first, queued = _job(0), _job(1)
+    t.submit(first)
+    t.submit(queued)
+    gate.set()
+    for j in (first, queued):
+        with pytest.raises(RuntimeError, match="rank 3: gvq hook, bucket 0: ValueError: codec broke"):
+            j.future.wait()
+    later = _job(2)
+    t.submit(later)
+    with pytest.raises(RuntimeError, match="codec broke"):
+        later.future.wait()
+    t.close(5)
+    assert not t.thread.is_alive()
+
+
+def test_an_iteration_record_adds_times_and_weighs_other_columns():
+    rec = IterationRecord(iteration=7)
+    rec.add(1.0, 30, {"aggregate_s": 0.5, "compression_error": 0.1})
+    rec.add(2.0, 10, {"aggregate_s": 0.25, "compression_error": 0.5})
+    rec.t_done = 2.5
+    out = rec.result()
+    assert out["buckets"] == 2 and out["aggregate_s"] == pytest.approx(0.75)
+    assert out["compression_error"] == pytest.approx((30 * 0.1 + 10 * 0.5) / 40)
+    assert out["comm_s"] == pytest.approx(1.5) and out["exposed_s"] == pytest.approx(0.5)
