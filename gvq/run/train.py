@@ -134,6 +134,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
 TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent",
              "skipped")
 MEAN_KEYS = ("train_loss", "train_acc")
+#: an overlapped aggregator's communication times: the iteration waits for its slowest rank's
+OVERLAP_KEYS = ("comm_s", "exposed_s")
 
 
 def clock_fields(cfg: dict) -> dict:
@@ -221,7 +223,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        row = reduce_stats(step(model, opt, agg, x, y, it, cfg["nan_policy"]), TIME_KEYS, MEAN_KEYS)
+        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"])
+        row = reduce_stats(stats, TIME_KEYS + tuple(k for k in OVERLAP_KEYS if k in stats), MEAN_KEYS)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
                    real_wall_s=time.perf_counter() - real0)

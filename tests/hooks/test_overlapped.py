@@ -102,3 +102,15 @@ def test_overlapped_trains_under_virtual_time(tmp_path, name):
     assert code == 0 and summary["replicas_identical"], summary
     df = pd.read_csv(tmp_path / "metrics.csv")
     assert (df.comm_s >= df.exposed_s).all() and (df.exposed_s >= 0).all() and (df.wire_s > 0).all()
+
+
+@pytest.mark.slow
+def test_nan_policy_skip_skips_an_overlapped_iteration_on_all_ranks(tmp_path):
+    """Inside backward the non-finite gradient is already averaged (as with torch DDP): the check after
+    backward still skips the step on every rank."""
+    code, summary = launch_job(tmp_path, "logger=csv", "iterations=6", "eval_every=3", "nan_policy=skip",
+                               "aggregator=rar", "aggregator.overlap=true",
+                               "model._target_=tests.helpers.faulty.NaNAt", "+model.at=3")
+    assert code == 0 and summary["replicas_identical"], summary
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    assert list(df.skipped) == [0, 0, 0, 1, 0, 0] and summary["total_skipped"] == 1
