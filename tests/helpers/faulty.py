@@ -11,7 +11,8 @@ from gvq.aggregators.rar import RingAllReduce
 class FailAt(RingAllReduce):
     """Rank ``rank`` raises (or dies with ``os._exit``) at iteration ``at``."""
 
-    def __init__(self, at: int = 5, rank: int = 1, how: str = "raise"):
+    def __init__(self, at: int = 5, rank: int = 1, how: str = "raise", **rar):
+        super().__init__(**rar)                  # rar's own keys (overlap, bucket_cap_mb)
         self.at, self.rank, self.how = at, rank, how
 
     def allreduce_(self, flat, iteration):
