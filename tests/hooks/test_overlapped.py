@@ -4,6 +4,7 @@ resumes bitwise from a checkpoint, and torch DDP's options refuse the knob in on
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -114,3 +115,17 @@ def test_nan_policy_skip_skips_an_overlapped_iteration_on_all_ranks(tmp_path):
     assert code == 0 and summary["replicas_identical"], summary
     df = pd.read_csv(tmp_path / "metrics.csv")
     assert list(df.skipped) == [0, 0, 0, 1, 0, 0] and summary["total_skipped"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_rank_failing_inside_backward_ends_the_job_within_the_timeout(tmp_path, capsys, how):
+    t0 = time.monotonic()
+    code, summary = launch_job(tmp_path, "logger=csv", "iterations=30", "timeout_s=10", "aggregator.overlap=true",
+                               "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=5",
+                               f"+aggregator.how={how}")
+    assert code != 0 and summary["status"] == "failed"
+    assert time.monotonic() - t0 < 60
+    err = capsys.readouterr().err
+    assert ("injected failure on rank 1 at iteration 5" if how == "raise" else "process 1 terminated") in err
+    assert list(pd.read_csv(tmp_path / "metrics.csv").iteration) == list(range(5))
