@@ -100,6 +100,9 @@ def preflight(cfg: DictConfig):
                      "(sudo python -m gvq.bench netns train)")
     if agg.overlap:
         _check_overlap(cfg, agg)
+    elif agg.bucket_cap_mb is not None and not agg.inside_backward:
+        print(f"gvq: warning: aggregator.bucket_cap_mb={agg.bucket_cap_mb} does nothing without "
+              "aggregator.overlap=true (gradients are averaged after backward, as one vector)", file=sys.stderr)
     data = _try_instantiate("dataset", cfg.dataset)
     model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
     world = torchrun_world() or cfg.world_size

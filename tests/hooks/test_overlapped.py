@@ -129,3 +129,13 @@ def test_a_rank_failing_inside_backward_ends_the_job_within_the_timeout(tmp_path
     err = capsys.readouterr().err
     assert ("injected failure on rank 1 at iteration 5" if how == "raise" else "process 1 terminated") in err
     assert list(pd.read_csv(tmp_path / "metrics.csv").iteration) == list(range(5))
+
+
+@pytest.mark.slow
+def test_bucket_cap_mb_without_overlap_warns_in_one_line(tmp_path):
+    r = cli("aggregator=rar", "aggregator.bucket_cap_mb=0.5", "logger=csv", "iterations=2",
+            f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0
+    assert [ln for ln in r.stderr.splitlines() if "bucket_cap_mb" in ln] == [
+        "gvq: warning: aggregator.bucket_cap_mb=0.5 does nothing without aggregator.overlap=true "
+        "(gradients are averaged after backward, as one vector)"]
