@@ -136,6 +136,6 @@ def test_bucket_cap_mb_without_overlap_warns_in_one_line(tmp_path):
     r = cli("aggregator=rar", "aggregator.bucket_cap_mb=0.5", "logger=csv", "iterations=2",
             f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0
-    assert [ln for ln in r.stderr.splitlines() if "bucket_cap_mb" in ln] == [
+    assert [ln for ln in r.stderr.splitlines() if "aggregator.bucket_cap_mb" in ln] == [
         "gvq: warning: aggregator.bucket_cap_mb=0.5 does nothing without aggregator.overlap=true "
         "(gradients are averaged after backward, as one vector)"]
