@@ -1,14 +1,20 @@
 """gvq: an experiment runner for bandwidth-efficient gradient aggregation (GradiVeQ, ORQ/BinGrad).
 
-The folder is the role, the file is the variant; imports run down this list, never up:
+The folder is the role, the file is the variant; imports run down this list, never up
+(tests/test_layout.py holds the rule; tests/test_docs.py checks this map and the README's list every room):
 
     report/       python -m gvq.report: curves, breakdowns, tables from run outputs (never the training code)
-    analysis/     python -m gvq.analysis quantizers|correlation|peers: analyses of real gradients
-    bench/        python -m gvq.bench aggregate|train|quantizers|netns; common.py is the shared core
-    run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop, checkpoint, logs, schema, validate
+    analysis/     python -m gvq.analysis quantizers|correlation|peers|frontier|dither: analyses of real gradients
+    predict/      python -m gvq.predict: the calibrated cost model (calibrate, validate, project)
+    bench/        python -m gvq.bench aggregate|train|codecs|quantizers|netns|clock|paper|startup|gpucheck;
+                  common.py is the shared core; gpucheck/ is make gpu-check (the CUDA path, one table)
+    run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop,
+                  checkpoint, logs, schema + options.py (typed config), validate, placement (GPUs),
+                  internals.py (the private Python/torch APIs gvq uses, in one place)
+    hooks/        the public DDP communication hook (GvqHookState, gvq_hook) and its per-rank thread
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
-    comm/         P2P transport and emulated links (p2p.py), the ring all-reduce variants (ring.py)
-    compressors/  codecs only (one file each; GradiVeQ's is a subpackage); _bucketing/_packing are parts
+    comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging
+    compressors/  codecs only (one file each; GradiVeQ's is the gradiveq/ subpackage); _-prefixed files are parts
     data.py, models.py   datasets and models
 """
 __version__ = "0.1.0"

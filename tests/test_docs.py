@@ -48,3 +48,104 @@ def test_every_conf_key_is_explained_in_docs_knobs():
     assert {"world_size", "lambda", "aggregator.compressor.bits", "net.exclusive"} <= keys
     missing = sorted(k for k in keys if f"`{k}`" not in text)
     assert missing == [], f"docs/knobs.md lacks {missing}"
+
+
+# -- the README is a guide; figures live in docs/results.md; the code maps are complete -------------------
+
+README = ROOT / "README.md"
+GVQ = ROOT / "gvq"
+
+
+def rooms() -> list[Path]:
+    """Every package directory under gvq/ (one with an __init__.py or any .py file), relative to gvq/."""
+    return sorted(d.relative_to(GVQ) for d in GVQ.rglob("*")
+                  if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")))
+
+
+def top_modules() -> list[str]:
+    return sorted(p.name for p in GVQ.glob("*.py") if p.name != "__init__.py")
+
+
+def readme_map() -> dict[str, str]:
+    """The README's code map: the first cell of each row (its paths) -> the whole row."""
+    section = README.read_text().split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `gvq/")]
+    return {row.split("|")[1]: row for row in rows}
+
+
+def init_map() -> dict[str, str]:
+    """gvq/__init__.py's docstring map: each entry's name (its first word(s)) -> the entry with its
+    continuation lines."""
+    import gvq
+    entries: dict[str, str] = {}
+    key = None
+    for line in gvq.__doc__.splitlines():
+        if re.match(r"^    \S", line):
+            key = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+            entries[key] = line
+        elif key is not None and line.startswith("      ") and line.strip():
+            entries[key] += " " + line.strip()
+        else:
+            key = None
+    return entries
+
+
+def _in_map(room: Path, entries: dict[str, str], spell) -> bool:
+    """A top room must have its own entry; a nested room must be named in its top room's entry."""
+    top, rest = room.parts[0], room.parts[1:]
+    texts = [text for name, text in entries.items() if spell(top) in name]
+    return bool(texts) and all(any(f"{part}/" in text for text in texts) for part in rest)
+
+
+def test_every_room_and_top_module_is_in_both_code_maps():
+    readme, init = readme_map(), init_map()
+    assert len(readme) >= 9 and len(init) >= 9, (sorted(readme), sorted(init))
+    missing_readme = [str(r) for r in rooms() if not _in_map(r, readme, lambda t: f"`gvq/{t}/`")]
+    missing_init = [str(r) for r in rooms() if not _in_map(r, init, lambda t: f"{t}/")]
+    missing_readme += [m for m in top_modules() if not any(f"`gvq/{m}`" in name for name in readme)]
+    missing_init += [m for m in top_modules() if not any(m in name for name in init)]
+    assert missing_readme == [], f"the README's code map lacks {missing_readme}"
+    assert missing_init == [], f"gvq/__init__.py's map lacks {missing_init}"
+
+
+def test_a_room_missing_from_a_map_is_caught():
+    """The check above really parses the maps: a room no entry names is reported."""
+    readme, init = readme_map(), init_map()
+    assert not _in_map(Path("nowhere"), readme, lambda t: f"`gvq/{t}/`")
+    assert not _in_map(Path("bench/nowhere"), init, lambda t: f"{t}/")
+    assert _in_map(Path("bench/gpucheck"), init, lambda t: f"{t}/")
+
+
+def test_readme_is_a_guide():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines (at most 250: long sections go to docs/)"
+    first_screen = "\n".join(lines[:15])
+    assert "make run" in first_screen and "make test" in first_screen
+    assert "**CUDA status.**" in text and "make gpu-check" in text and "has not yet run on a GPU" in text
+    assert "constraints-cpu.txt" in text and "make test-fast" in text
+
+
+def test_readme_links_every_docs_page():
+    linked = set(re.findall(r"\]\(docs/([^)#]+\.md)", README.read_text()))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert linked <= pages, f"README links missing pages: {sorted(linked - pages)}"
+    assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
+
+
+def test_no_session_talk_in_readme_or_docs():
+    for doc in DOCS:
+        text = doc.read_text().lower()
+        for phrase in ("this session", "previous session", "measured here"):
+            assert phrase not in text, (doc.name, phrase)
+
+
+def test_every_result_says_when_where_and_how():
+    """Each table of docs/results.md is headed by its date, commit, machine, clock and command."""
+    sections = (ROOT / "docs" / "results.md").read_text().split("\n## ")[1:]
+    measured = [s for s in sections if not s.startswith("Contents")]
+    assert len(measured) >= 10
+    for section in measured:
+        head = section.split("\n\n", 2)[1]
+        for field_ in ("- date: ", "commit", "- machine: ", "- clock: ", "- command: "):
+            assert field_ in head, (section.splitlines()[0], field_)
