@@ -10,7 +10,7 @@
     python -m gvq.bench codecs                                         # every codec per call vs its floor
     python -m gvq.bench gpucheck [--part tests codecs cli]             # the CUDA path, one table (make gpu-check)
 
-``make bench`` runs ``aggregate`` with the README's settings.  Each subcommand's ``--help`` lists its flags.
+``make bench`` runs ``aggregate`` with the settings docs/results.md quotes.  Each subcommand's ``--help`` lists its flags.
 """
 from __future__ import annotations
 

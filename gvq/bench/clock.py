@@ -11,7 +11,7 @@ the host is not?  ``python -m gvq.bench clock`` (``make validate-clock``) prints
   of the vector a rank codes per iteration (see :func:`_v3`).  Target: within 15%.
 
 Every figure carries its clock.  Cases outside the band are printed as they are: the model is not tuned
-to them (the README explains the known causes).
+to them (docs/virtual-time.md explains the known causes).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from gvq.bench.common import (
 from gvq.bench.quantizers import QUANTIZERS, laplace_vector
 from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 
-#: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and README use
+#: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and docs/results.md use
 GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", []),
             "gradiveq_pooled": ("gradiveq_pooled", []),
             "gradiveq_pooled_bf16": ("gradiveq_pooled", ["aggregator.compressor.basis_dtype=bfloat16"])}

@@ -19,11 +19,10 @@ simulate 16 ranks on a 10 Gbit/s network.
 ``exclusive`` (``net.exclusive``, on by default): a timed phase (compute, codec, and the ring engine's
 own CPU, phase ``ring`` at scale 1) runs only while its rank holds this host's clock lock (one per
 user, shared by every gvq run), so no two timed phases ever run at once, as SimGrid's SMPI runs one
-rank at a time.  ResNet-32's forward/backward, CPU time a rank, one run
-each (2 cores): without it 0.34 s at N = 1, 0.41 at N = 2, 0.43 at N = 4 (shared caches and memory,
-time slicing: the host's contention leaking into virtual time); with it 0.40, 0.41, 0.42.  Wall time
-grows (phases run one at a time), virtual time does not.  The ring's phase: QSGD-RAR at N = 16,
-1 Gbit/s, three runs of ``gvq.bench aggregate``: 0.058-0.116 s without it, 0.051-0.058 s with it.  Waits release the lock (it never deadlocks a
+rank at a time.  Without it, ranks' phases that run at once on shared cores slow each other
+(shared caches and memory, time slicing): the host's contention leaks into virtual time, and more
+so the more ranks there are.  Wall time grows with it (phases run one at a time), virtual time does
+not; docs/results.md has the measurement.  Waits release the lock (it never deadlocks a
 ring); a lock not had within ``LOCK_PATIENCE_S`` is given up on with a warning, and the phase is timed
 as it runs.  Each rank is a process: the clock is a process global, set
 once per run by :func:`configure`.
