@@ -43,41 +43,14 @@ class Hop(Choice):
     reencode = "reencode"       # always decode-add-encode
 
 
-class Hook(Choice):
-    allreduce = "allreduce"
-    fp16 = "fp16"
-    powersgd = "powersgd"
-
-
-class Sampling(Choice):
-    qsgd = "qsgd"
-    rar = "rar"
-
-
-class Norm(Choice):
-    l2 = "l2"
-    max = "max"
-
-
-class Fit(Choice):
-    histogram = "histogram"
-    sorted = "sorted"
-
-
-class Threshold(Choice):
-    lloyd = "lloyd"
-    mean = "mean"
-
-
-class Mu(Choice):
-    slice = "slice"
-    group = "group"
-
-
-class BasisDtype(Choice):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-
+# choices whose meaning the option files say
+Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)
+Sampling = Choice("Sampling", "qsgd rar", module=__name__)
+Norm = Choice("Norm", "l2 max", module=__name__)
+Fit = Choice("Fit", "histogram sorted", module=__name__)
+Threshold = Choice("Threshold", "lloyd mean", module=__name__)
+Mu = Choice("Mu", "slice group", module=__name__)
+BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 
 # -- links -------------------------------------------------------------------------------------------
 
@@ -111,10 +84,14 @@ class QSGDSchema(_Bucketed):
 
 
 @dataclass
-class LinearSchema(_Bucketed):
+class _Fitted(_Bucketed):
+    fit: Fit = Fit.histogram
+
+
+@dataclass
+class LinearSchema(_Fitted):
     _target_: str = "gvq.compressors.linear.Linear"
     levels: int = 5
-    fit: Fit = Fit.histogram
 
 
 @dataclass
@@ -123,16 +100,14 @@ class ORQSchema(LinearSchema):
 
 
 @dataclass
-class BinGradBSchema(_Bucketed):
+class BinGradBSchema(_Fitted):
     _target_: str = "gvq.compressors.bingrad_b.BinGradB"
     threshold: Threshold = Threshold.lloyd
-    fit: Fit = Fit.histogram
 
 
 @dataclass
-class BinGradPBSchema(_Bucketed):
+class BinGradPBSchema(_Fitted):
     _target_: str = "gvq.compressors.bingrad_pb.BinGradPB"
-    fit: Fit = Fit.histogram
 
 
 @dataclass

@@ -25,16 +25,8 @@ class NanPolicy(Choice):
     skip = "skip"               # skip the step on every rank
 
 
-class Schedule(Choice):
-    cosine = "cosine"
-    step = "step"
-    constant = "constant"
-
-
-class WandbMode(Choice):
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
+Schedule = Choice("Schedule", "cosine step constant", module=__name__)
+WandbMode = Choice("WandbMode", "offline online disabled", module=__name__)
 
 
 @dataclass
