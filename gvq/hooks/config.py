@@ -8,23 +8,44 @@ from pathlib import Path
 from gvq.aggregators.base import FlatAggregator
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "aggregator"
+SCHEMA = "/schema/aggregator/"   # a defaults entry naming an option's typed schema (gvq/run/options.py)
 
 
-def option_config(name: str) -> dict:
-    """``conf/aggregator/<name>.yaml`` as a plain dict (its schema defaults list left out), its
-    interpolations (GradiVeQ's ``${lambda}``, ``${L_t}``, ...) resolved against ``conf/config.yaml``'s
-    top-level values, as the CLI resolves them."""
+def option_config(name: str, overrides: dict | None = None) -> dict:
+    """``conf/aggregator/<name>.yaml`` as a plain dict, as the CLI composes it: its defaults list
+    followed (a derived option such as ``gradiveq_pooled`` starts from ``gradiveq``), its schema
+    refusing a misspelt or ill-typed override, and its interpolations (GradiVeQ's ``${lambda}``,
+    ``${L_t}``, ...) resolved against ``conf/config.yaml``'s top-level values."""
     from omegaconf import OmegaConf
+    option = _compose(name)
+    if overrides:
+        option = OmegaConf.merge(option, overrides)
+    root = OmegaConf.load(CONF.parent / "config.yaml")
+    root.pop("defaults", None)
+    root.aggregator = option
+    return OmegaConf.to_container(root.aggregator, resolve=True)
+
+
+def _compose(name: str):
+    """One option file merged over its defaults list (schemas and other options), in order."""
+    from omegaconf import OmegaConf
+
+    from gvq.run.options import OPTION_SCHEMAS
     path = CONF / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONF.glob("*.yaml")))
         raise ValueError(f"gvq hook: no aggregator option {name!r} (one of: {known})")
-    root = OmegaConf.load(CONF.parent / "config.yaml")
     option = OmegaConf.load(path)
-    option.pop("defaults", None)
-    root.pop("defaults", None)
-    root.aggregator = option
-    return OmegaConf.to_container(root.aggregator, resolve=True)
+    node = None
+    for entry in option.pop("defaults", []):
+        if entry == "_self_":
+            continue
+        if entry.startswith(SCHEMA):
+            base = OmegaConf.structured(OPTION_SCHEMAS["aggregator", entry[len(SCHEMA):].split("@")[0]])
+        else:
+            base = _compose(entry)
+        node = base if node is None else OmegaConf.merge(node, base)
+    return option if node is None else OmegaConf.merge(node, option)
 
 
 def build_aggregator(config, **overrides) -> FlatAggregator:
@@ -32,9 +53,10 @@ def build_aggregator(config, **overrides) -> FlatAggregator:
     gvq's ring (torch DDP's own options are not gvq aggregators a hook can run)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
-    cfg = option_config(config) if isinstance(config, str) else dict(config)
-    if overrides:
-        cfg = OmegaConf.to_container(OmegaConf.merge(cfg, overrides))
+    if isinstance(config, str):
+        cfg = option_config(config, overrides)
+    else:
+        cfg = OmegaConf.to_container(OmegaConf.merge(dict(config), overrides))
     agg = instantiate(cfg, _convert_="object")
     if not isinstance(agg, FlatAggregator):
         raise ValueError(f"gvq hook: {cfg.get('_target_')} is not a gvq ring aggregator")

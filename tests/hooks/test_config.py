@@ -21,3 +21,19 @@ def test_gradiveqs_interpolations_resolve_against_the_run_config():
 def test_what_is_not_a_gvq_ring_option_is_refused(name, message):
     with pytest.raises(ValueError, match=message):
         build_aggregator(name)
+
+
+@pytest.mark.parametrize("name,key,value", [("gradiveq_pooled", "pool", True),
+                                            ("gradiveq_bf16", "basis_dtype", "bfloat16")])
+def test_a_derived_option_starts_from_its_base(name, key, value):
+    cfg = option_config(name)               # `defaults: [gradiveq]` followed, as the CLI composes it
+    assert cfg["_target_"] == "gvq.aggregators.gradiveq.GradiVeQAggregator"
+    assert cfg["compressor"][key] == value and cfg["L_t"] == 100
+    assert build_aggregator(name).name.startswith("gradiveq")
+
+
+@pytest.mark.parametrize("overrides,key", [({"bitz": 2}, "bitz"), ({"bits": "abc"}, "bits")])
+def test_a_misspelt_or_ill_typed_override_is_refused_naming_it(overrides, key):
+    from omegaconf.errors import OmegaConfBaseException
+    with pytest.raises(OmegaConfBaseException, match=key if key == "bitz" else "abc"):
+        build_aggregator("qsgd", compressor=overrides)
