@@ -9,6 +9,7 @@
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
     python -m gvq.bench codecs                                         # every codec per call vs its floor
     python -m gvq.bench gpucheck [--part tests codecs cli]             # the CUDA path, one table (make gpu-check)
+    python -m gvq.bench overlap [--wall]                               # compression vs the overlapped fp16 baseline
 
 ``make bench`` runs ``aggregate`` with the settings docs/results.md quotes.  Each subcommand's ``--help`` lists its flags.
 """
@@ -26,6 +27,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "startup": "gvq.bench.startup",
     "codecs": "gvq.bench.codecs",
     "gpucheck": "gvq.bench.gpucheck",
+    "overlap": "gvq.bench.overlap",
 }
 
 

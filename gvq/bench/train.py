@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gvq.aggregators.base import RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
                               make_aggregator, print_markdown, spawn_loopback)
 from gvq.comm import clock
+from gvq.hooks import Overlapped
 from gvq.run import train
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.validate import ConfigError
@@ -27,28 +29,46 @@ DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
 #: what an iteration run reads beyond the workload flags (:func:`add_workload_args`), for callers whose
 #: parser has only those (``gvq.bench netns train``): no link, the wall clock, the host, no GPU plan
 RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "device": "cpu", "plan": None,
-                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0}
+                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0, "specs": None}
 
 
 def with_run_defaults(args) -> argparse.Namespace:
     """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
     return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
-COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent")
+COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent", "comm_s", "exposed_s",
+        "last_bucket_s")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One timed mode: its label, the conf/aggregator option it builds (``torch_ddp``: a bare DDP loop;
+    ``local``: no communication) with its own overrides, and its own emulated link (bit/s, or None)."""
+    label: str
+    option: str
+    overrides: tuple[str, ...] = ()
+    bandwidth: float | None = None
+
+
+def mode_specs(args) -> list[ModeSpec]:
+    """``--aggregators`` as modes: each option under its own name, ``--set`` and ``--bandwidth`` for all."""
+    return [ModeSpec(m, m, tuple(args.set), args.bandwidth) for m in args.aggregators]
 
 
 class _Mode:
     """One mode's model, optimizer and aggregator (None for ``torch_ddp`` / ``local``)."""
 
-    def __init__(self, name: str, rank: int, world: int, args, shape, device: torch.device):
-        self.name, self.agg = name, None
+    def __init__(self, spec: ModeSpec, rank: int, world: int, args, shape, device: torch.device):
+        self.name, self.agg = spec.label, None
         net = build_model(args.model, args.num_classes, shape[0]).to(device)
-        if name == "torch_ddp":
+        if spec.option == "torch_ddp":
             net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.type == "cuda"
                                                             else None)
-        elif name != "local":
-            self.agg = make_aggregator(name, args.set)
-            # the link applies to the runner's aggregators only: DDP's collectives are not shaped
-            ctx = RunContext(rank, world, 0, args.timeout, args.bandwidth)
+        elif spec.option != "local":
+            self.agg = make_aggregator(spec.option, list(spec.overrides))
+            if self.agg.overlap:                       # as the runner: the ring inside backward, via DDP
+                self.agg = Overlapped(self.agg)
+            # the link applies to gvq's aggregators only: torch DDP's collectives are not shaped
+            ctx = RunContext(rank, world, 0, args.timeout, spec.bandwidth)
             self.agg.setup(list(net.parameters()), ctx)
             if args.compressed_only:
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
@@ -93,7 +113,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
                             timeout=timedelta(seconds=args.timeout))
     try:
         shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
-        modes = [_Mode(m, rank, world, args, shape, device) for m in args.aggregators]
+        modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
         warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(args.batch_size, *shape, generator=g).to(device)

@@ -100,6 +100,7 @@ class GvqHookState:
             agg.start_iteration(self.iteration)
             self._open = IterationRecord(self.iteration)
         clock.get().advance_to(job.t_ready)       # a bucket starts no earlier than backward made it
+        self._open.t_start_last = clock.get().now()
         for group, numel, stats in reduce_bucket(agg, job.flat, job.params, self.iteration, self._resumed):
             self._open.add(job.t_ready, numel, stats)
             self._layout.append(group)

@@ -41,6 +41,7 @@ class IterationRecord:
     t_first: float | None = None  # backward launched the first bucket (handed it to the hook)
     t_ready_last: float = 0.0     # backward produced the last bucket
     t_done: float = 0.0           # last bucket averaged
+    t_start_last: float = 0.0     # the communication lane took up the last bucket
     sums: dict = field(default_factory=dict)
     weighted: dict = field(default_factory=dict)
     numel: int = 0
@@ -63,7 +64,8 @@ class IterationRecord:
         out.update(self.sums)
         comm = self.t_done - self.t_first if self.t_first is not None else 0.0
         return {**out, "buckets": self.buckets, "comm_s": comm,
-                "exposed_s": max(0.0, self.t_done - self.t_ready_last), "t_done": self.t_done}
+                "exposed_s": max(0.0, self.t_done - self.t_ready_last),
+                "last_bucket_s": max(0.0, self.t_done - self.t_start_last), "t_done": self.t_done}
 
 
 def comm_lane():

@@ -135,7 +135,7 @@ TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s",
              "skipped")
 MEAN_KEYS = ("train_loss", "train_acc")
 #: an overlapped aggregator's communication times: the iteration waits for its slowest rank's
-OVERLAP_KEYS = ("comm_s", "exposed_s")
+OVERLAP_KEYS = ("comm_s", "exposed_s", "last_bucket_s")
 
 
 def clock_fields(cfg: dict) -> dict:

@@ -20,7 +20,7 @@ RING = sorted(p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml") if n
 COMMON = ["logger=csv", "logger.progress=false", "model.width=4", "batch_size=16", "eval_every=4",
           "aggregator.overlap=true", "aggregator.bucket_cap_mb=0.004", "warmup=2", "L_t=3", "L_c=4"]
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
-         "fit_s", "monitor_s", "comm_s", "exposed_s"]
+         "fit_s", "monitor_s", "comm_s", "exposed_s", "last_bucket_s"]
 
 
 def _metrics(run: Path) -> pd.DataFrame:

@@ -60,8 +60,9 @@ def test_an_iteration_record_adds_times_and_weighs_other_columns():
     rec = IterationRecord(iteration=7)
     rec.add(1.0, 30, {"aggregate_s": 0.5, "compression_error": 0.1})
     rec.add(2.0, 10, {"aggregate_s": 0.25, "compression_error": 0.5})
-    rec.t_done = 2.5
+    rec.t_done, rec.t_start_last = 2.5, 2.2
     out = rec.result()
     assert out["buckets"] == 2 and out["aggregate_s"] == pytest.approx(0.75)
     assert out["compression_error"] == pytest.approx((30 * 0.1 + 10 * 0.5) / 40)
     assert out["comm_s"] == pytest.approx(1.5) and out["exposed_s"] == pytest.approx(0.5)
+    assert out["last_bucket_s"] == pytest.approx(0.3)

@@ -1,0 +1,53 @@
+"""gvq/bench/overlap.py: the modes one spawn times, the per-cell winner and its gain over overlapped fp16,
+RAR's hiding check, and the wall-clock comparison with torch DDP run end to end on a tiny model."""
+from __future__ import annotations
+
+import pytest
+
+from gvq.bench import overlap
+
+
+def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_link():
+    specs = overlap.cell_specs([5e7, 1e9], ["rar", "powersgd"], 0.5)
+    assert specs[0].option == "local" and specs[0].bandwidth is None
+    assert len(specs) == 1 + 2 * 2 * 3
+    labels = [s.label for s in specs[1:]]
+    assert len(set(labels)) == len(labels)
+    post, default, small = [s for s in specs if s.option == "powersgd" and s.bandwidth == 1e9]
+    assert post.overrides == ("aggregator.rank=4",)
+    assert "aggregator.overlap=true" in default.overrides and not any("bucket_cap" in o for o in default.overrides)
+    assert "aggregator.bucket_cap_mb=0.5" in small.overrides
+
+
+def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0):
+    return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg, "variant": variant,
+            "alone_s": 1.1, "backward_s": backward, "iter_s": it, "aggregate_s": aggregate, "comm_s": 0.0,
+            "exposed_s": exposed, "last_bucket_s": last}
+
+
+def test_the_winner_and_its_gain_over_overlapped_fp16_per_cell():
+    recs = [_rec("fp16", "overlap", 2.0), _rec("fp16", "post", 2.5), _rec("qsgd", "overlap", 1.6),
+            _rec("rar", "post", 3.0, aggregate=0.9), _rec("rar", "overlap", 2.2, exposed=0.15, last=0.1),
+            _rec("rar", "post", 9.0, link=1000.0)]
+    cells = overlap.cell_summary(recs)
+    assert [c["link_Mbps"] for c in cells] == [50.0, 1000.0]
+    c = cells[0]
+    assert c["winner"] == "qsgd (overlap)" and c["gain_over_fp16"] == pytest.approx(2.0 / 1.6)
+    # post-backward RAR aggregates in 0.9 s < 1.0 s of backward: exposed 0.15 <= 0.1 + 0.1 x 1.0
+    assert c["rar_bound_s"] == pytest.approx(0.2) and c["rar_hides"] is True
+    assert cells[1]["gain_over_fp16"] is None and cells[1]["rar_hides"] is None
+
+
+def test_rar_hiding_does_not_apply_where_its_aggregation_outlasts_backward_and_fails_when_exposed():
+    long = overlap.rar_hiding([_rec("rar", "post", 3, aggregate=1.5), _rec("rar", "overlap", 2, exposed=1.0)])
+    assert long["rar_hides"] is None and long["rar_exposed_s"] == 1.0
+    short = overlap.rar_hiding([_rec("rar", "post", 3, aggregate=0.5), _rec("rar", "overlap", 2, exposed=0.5,
+                                                                            last=0.1)])
+    assert short["rar_hides"] is False
+
+
+@pytest.mark.slow
+def test_the_wall_clock_comparison_with_torch_ddp_runs_end_to_end():
+    recs = overlap.main(["--wall", "--world-size", "2", "--model", "cnn", "--iters", "2", "--warmup", "1"])
+    assert [r["aggregator"] for r in recs] == ["torch_ddp", "rar_overlap"]
+    assert all(r["iter_s"] > 0 for r in recs) and recs[1]["MB_per_rank"] > 0
