@@ -8,14 +8,15 @@ from pathlib import Path
 from gvq.aggregators.base import FlatAggregator
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "aggregator"
-SCHEMA = "/schema/aggregator/"   # a defaults entry naming an option's typed schema (gvq/run/options.py)
+SCHEMA = "/schema/"   # a defaults entry naming an option's typed schema (the CLI's, gvq/run/options.py)
 
 
 def option_config(name: str, overrides: dict | None = None) -> dict:
-    """``conf/aggregator/<name>.yaml`` as a plain dict, as the CLI composes it: its defaults list
-    followed (a derived option such as ``gradiveq_pooled`` starts from ``gradiveq``), its schema
-    refusing a misspelt or ill-typed override, and its interpolations (GradiVeQ's ``${lambda}``,
-    ``${L_t}``, ...) resolved against ``conf/config.yaml``'s top-level values."""
+    """``conf/aggregator/<name>.yaml`` as a plain dict: its defaults list followed as the CLI
+    composes it (a derived option such as ``gradiveq_pooled`` starts from ``gradiveq``), and its
+    interpolations (GradiVeQ's ``${lambda}``, ``${L_t}``, ...) resolved against ``conf/config.yaml``'s
+    top-level values.  The typed schemas belong to the CLI (gvq.run, a floor above this room): here
+    the constructor refuses a misspelt key."""
     from omegaconf import OmegaConf
     option = _compose(name)
     if overrides:
@@ -27,10 +28,8 @@ def option_config(name: str, overrides: dict | None = None) -> dict:
 
 
 def _compose(name: str):
-    """One option file merged over its defaults list (schemas and other options), in order."""
+    """One option file merged over the other options its defaults list names, in order."""
     from omegaconf import OmegaConf
-
-    from gvq.run.options import OPTION_SCHEMAS
     path = CONF / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONF.glob("*.yaml")))
@@ -38,12 +37,9 @@ def _compose(name: str):
     option = OmegaConf.load(path)
     node = None
     for entry in option.pop("defaults", []):
-        if entry == "_self_":
+        if entry == "_self_" or entry.startswith(SCHEMA):
             continue
-        if entry.startswith(SCHEMA):
-            base = OmegaConf.structured(OPTION_SCHEMAS["aggregator", entry[len(SCHEMA):].split("@")[0]])
-        else:
-            base = _compose(entry)
+        base = _compose(entry)
         node = base if node is None else OmegaConf.merge(node, base)
     return option if node is None else OmegaConf.merge(node, option)
 
