@@ -142,6 +142,10 @@ class FlatAggregator(Aggregator):
     #: :meth:`allreduce_mean_` takes any flat tensor (a DDP gradient bucket), not only :attr:`bucket`;
     #: False where state is laid out on the whole gradient (error memory, PowerSGD's blocks, PCA bases)
     any_bucket: bool = True
+    #: set by :meth:`setup`: the parameters it averages, and its transport (None again in a hook state
+    #: that was unpickled: the transport is rebuilt on first use)
+    params: list[torch.nn.Parameter] | None = None
+    p2p: P2P | None = None
 
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
         self.params = [p for p in params if p.requires_grad]

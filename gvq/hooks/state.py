@@ -30,7 +30,7 @@ class GvqHookState:
     measurements (:meth:`iteration_stats`)."""
 
     def __init__(self, aggregator: FlatAggregator, process_group=None, timeout_s: float | None = None):
-        if not isinstance(aggregator, FlatAggregator) or not hasattr(aggregator, "params"):
+        if not isinstance(aggregator, FlatAggregator) or aggregator.params is None:
             raise ValueError(f"gvq hook: {type(aggregator).__name__} must be a gvq ring aggregator "
                              "(FlatAggregator) after setup(params, ctx)")
         # the aggregator's ring runs on the default group through P2P; kept for torch's hook interface
@@ -85,7 +85,7 @@ class GvqHookState:
 
     def _start(self) -> None:
         agg = self.aggregator
-        if getattr(agg, "p2p", None) is None:      # unpickled: its transport was left behind
+        if agg.p2p is None:                       # unpickled: its transport was left behind
             c = agg.ctx
             agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s)
         self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}",
