@@ -59,21 +59,23 @@ def _timed(inner):
 class DDPAggregator(Aggregator):
     """Plain DDP (``hook=allreduce``), DDP + fp16 compression hook, or DDP + torch's PowerSGD hook."""
 
-    extra_fields = ("ddp_comm_s", "ddp_wait_s")
+    extra_fields = ("ddp_comm_s", "ddp_wait_s", "buckets")
     #: averages during backward: the loop trains :meth:`wrap`'s DistributedDataParallel
     inside_backward = True
 
     def __init__(self, hook: str = "allreduce", rank: int = 2, start_iter: int = 10,
-                 min_compression_rate: float = 2.0, bucket_cap_mb: float = 25.0):
+                 min_compression_rate: float = 2.0, bucket_cap_mb: float | None = None):
         check_int("aggregator.rank", rank, 1)
         # the torch hook refuses start_iter < 2 with error feedback / warm start (DDP rebuilds buckets at 1)
         check_int("aggregator.start_iter", start_iter, 2)
         if not min_compression_rate > 0:
             raise ValueError(f"aggregator.min_compression_rate={min_compression_rate!r}: must be > 0")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"aggregator.bucket_cap_mb={bucket_cap_mb!r}: must be > 0")
+        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
+            raise ValueError(f"aggregator.bucket_cap_mb={bucket_cap_mb!r}: must be > 0 (or unset)")
         self.hook, self.rank, self.start_iter = hook, rank, start_iter
-        self.min_compression_rate, self.bucket_cap_mb = float(min_compression_rate), float(bucket_cap_mb)
+        self.min_compression_rate = float(min_compression_rate)
+        # None: DDP's own defaults, including its small first bucket (torch drops it when a size is passed)
+        self.bucket_cap_mb = None if bucket_cap_mb is None else float(bucket_cap_mb)
         self.name = "ddp" if hook == "allreduce" else f"ddp_{hook}"
         self.timing: _Timing | None = None
 
@@ -91,8 +93,9 @@ class DDPAggregator(Aggregator):
         # (as for every other aggregator); DDP's broadcast each forward would be extra, uncounted comm
         sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS
                 else {"broadcast_buffers": False})        # the older spelling (deprecated in 2.13)
-        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                      bucket_cap_mb=self.bucket_cap_mb, **sync)
+        if self.bucket_cap_mb is not None:
+            sync["bucket_cap_mb"] = self.bucket_cap_mb
+        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
         if self.hook == "powersgd":
             inner_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=self.rank,
                                              start_powerSGD_iter=self.start_iter,
@@ -118,7 +121,7 @@ class DDPAggregator(Aggregator):
         wait = max(0.0, max(tm.done) - max(tm.launched)) if tm.done else 0.0
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
         return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "ddp_comm_s": comm,
-                "ddp_wait_s": wait, "bytes_sent": self.estimated_bytes(compressed),
+                "ddp_wait_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
                 "phase": self.name if compressed else "allreduce", "aggregate_s": time.perf_counter() - t0}
 
     def _powersgd_was_on(self) -> bool:

@@ -176,7 +176,7 @@ class DDPSchema:
     rank: int = 2
     start_iter: int = 10
     min_compression_rate: float = 2.0
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: Optional[float] = None
 
 
 @dataclass

@@ -45,6 +45,31 @@ def test_ddp_leaves_the_mean_gradient_in_p_grad(tmp_path):
             assert stats["ddp_comm_s"] >= stats["ddp_wait_s"] >= 0 and stats["ddp_comm_s"] > 0
 
 
+def _bucket_counts(rank, world):
+    """Buckets DDP all-reduces per iteration for a ~2 MB gradient: at DDP's defaults, and at 25 MB."""
+    out = {}
+    for cap in (None, 25.0):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 4))
+        agg = DDPAggregator(bucket_cap_mb=cap)
+        agg.setup(list(net.parameters()), RunContext(rank, world))
+        model = agg.wrap(net)
+        counts = []
+        for _ in range(3):                            # DDP rebuilds its buckets after the first iteration
+            model(torch.randn(4, 512)).sum().backward()
+            counts.append(agg.aggregate(0)["buckets"])
+        out[cap] = counts
+    return out
+
+
+@pytest.mark.slow
+def test_ddp_keeps_its_small_first_bucket_unless_a_size_is_set(tmp_path):
+    for r in run_ranks(_bucket_counts, 2, tmp_path):
+        # from DDP's bucket rebuild on: its 1 MiB first bucket, so communication starts earlier
+        assert all(n > 1 for n in r[None][1:]), r
+        assert r[25.0][1:] == [1, 1], r                 # a size passed: one 25 MB bucket
+
+
 TRAINED = ("rar", "ddp", "ddp_fp16", "ddp_powersgd", "powersgd")
 
 
