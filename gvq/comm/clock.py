@@ -26,6 +26,26 @@ not; docs/results.md has the measurement.  Waits release the lock (it never dead
 ring); a lock not had within ``LOCK_PATIENCE_S`` is given up on with a warning, and the phase is timed
 as it runs.  Each rank is a process: the clock is a process global, set
 once per run by :func:`configure`.
+
+Two lanes (``aggregator.overlap=true``: gvq's ring inside backward, on a communication thread).  A rank
+has a compute lane (the clock above, read by the training thread) and a communication lane, which a
+thread binds with ``with clock.comm_lane():`` so that every reading it makes (:func:`get`,
+:func:`now`, :func:`phase`, :class:`Stopwatch`, :class:`gvq.comm.p2p.P2P`) is the communication
+lane's: codec CPU time at ``net.codec_scale``, the ring's own CPU at 1, the link model and waits.  A
+bucket starts at max(when backward produced it, when the lane is free): the thread calls
+``get().advance_to(t_ready)``.  ``net.comm_core`` says whether the rank has a spare core for it:
+
+* ``shared`` (the default; one core per rank, as the GradiVeQ paper's CPU cluster): every scaled
+  second the communication lane computes is also owed by the compute lane (its CPU displaced backward),
+  folded in at the compute lane's next reading.  The communication thread has priority on the shared
+  core (as a thread the hook wakes preempts backward); work it does while the compute lane only waits
+  for it costs nothing extra there, since the compute lane then moves to the communication lane's
+  finish, which already includes that work;
+* ``own``: nothing is charged; only the waits couple the lanes.
+
+Link time always overlaps.  The communication lane never takes the host's clock lock
+(``net.exclusive``): backward waits for the last bucket while its compute phase holds the lock, so a
+communication thread waiting for the lock would wait for itself.
 """
 from __future__ import annotations
 
@@ -33,6 +53,7 @@ import fcntl
 import logging
 import os
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 
@@ -40,6 +61,7 @@ log = logging.getLogger(__name__)
 LOCK_PATIENCE_S = 60.0
 
 CLOCKS = ("wall", "virtual")
+COMM_CORES = ("shared", "own")           # the communication lane's CPU: on the rank's one core, or its own
 PHASES = ("compute", "codec", "ring")   # timed one at a time (exclusive); "ring" advances at scale 1
 
 
@@ -62,6 +84,8 @@ class RankClock:
         self._lock = _open_lock() if self.virtual and exclusive else None
         self._sync = device_sync                # wall clock on a GPU: kernels are asynchronous, so every
         # reading first waits for them (torch.cuda.synchronize): each timed span holds its own GPU work
+        self.charge: RankClock | None = None    # a lane that also owes this one's scaled phase time
+        self._debt, self._debt_lock = 0.0, threading.Lock()   # owed by another lane, folded in at now()
 
     @property
     def virtual(self) -> bool:
@@ -74,9 +98,25 @@ class RankClock:
                 self._sync()
             return time.perf_counter()
         cpu = time.thread_time()
-        self._t += (cpu - self._cpu) * self._scale
+        step = (cpu - self._cpu) * self._scale
+        self._t += step
         self._cpu = cpu
+        if self.charge is not None and self._depth > 0 and step > 0:
+            self.charge.owe(step)
+        if self._debt:
+            with self._debt_lock:
+                self._t, self._debt = self._t + self._debt, 0.0
         return self._t
+
+    def owe(self, seconds: float) -> None:
+        """Another lane's work on this lane's core: this lane's clock moves on by ``seconds`` at its
+        next reading (thread-safe: the other lane's thread calls it)."""
+        with self._debt_lock:
+            self._debt += seconds
+
+    def bind_thread(self) -> None:
+        """CPU time is read per thread: from now on this clock counts the calling thread's."""
+        self._cpu = time.thread_time()
 
     @contextmanager
     def phase(self, name: str):
@@ -152,16 +192,27 @@ def _open_lock() -> int:
     return os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
 
 
-_CLOCK = RankClock()
+_CLOCK = RankClock()                     # the compute lane (the training thread's)
+_COMM = RankClock()                      # the communication lane (a thread inside comm_lane())
+
+
+class _Binding(threading.local):
+    clock: RankClock | None = None       # the lane the calling thread reads, once it bound one
+
+
+_LANE = _Binding()
 
 
 def configure(mode: str = "wall", compute_scale: float = 1.0, codec_scale: float = 1.0,
-                exclusive: bool = False, device: str = "cpu") -> RankClock:
-    """Set this process's (= this rank's) clock for a run; returns it.  ``exclusive`` (virtual only):
-    time scaled phases only while holding the host's clock lock, one at a time.  ``device="cuda"``: the
-    wall clock waits for the GPU's queued kernels before every reading (the virtual clock, CPU time,
-    cannot time GPU work: the config refuses that pair)."""
-    global _CLOCK
+              exclusive: bool = False, device: str = "cpu", comm_core: str = "shared") -> RankClock:
+    """Set this process's (= this rank's) clock for a run; returns its compute lane.  ``exclusive``
+    (virtual only): time the compute lane's scaled phases only while holding the host's clock lock, one
+    at a time.  ``device="cuda"``: the wall clock waits for the GPU's queued kernels before every
+    reading (the virtual clock, CPU time, cannot time GPU work: the config refuses that pair).
+    ``comm_core``: see the module docstring (two lanes)."""
+    global _CLOCK, _COMM
+    if comm_core not in COMM_CORES:
+        raise ValueError(f"net.comm_core={comm_core!r}: must be one of {', '.join(COMM_CORES)}")
     if _CLOCK._lock is not None:
         os.close(_CLOCK._lock)
     sync = None
@@ -169,19 +220,35 @@ def configure(mode: str = "wall", compute_scale: float = 1.0, codec_scale: float
         import torch
         sync = torch.cuda.synchronize
     _CLOCK = RankClock(mode, compute_scale, codec_scale, exclusive, sync)
+    _COMM = RankClock(mode, compute_scale, codec_scale, False, sync)
+    _COMM.charge = _CLOCK if comm_core == "shared" else None
     return _CLOCK
+
+
+@contextmanager
+def comm_lane():
+    """Bind the calling thread to this rank's communication lane for the block (see the module
+    docstring); other threads keep the compute lane."""
+    lane = _COMM
+    lane.bind_thread()
+    _LANE.clock = lane
+    try:
+        yield lane
+    finally:
+        _LANE.clock = None
 
 
 def get() -> RankClock:
-    return _CLOCK
+    """The calling thread's lane: the communication lane inside :func:`comm_lane`, else the compute lane."""
+    return _CLOCK if _LANE.clock is None else _LANE.clock
 
 
 def now() -> float:
-    return _CLOCK.now()
+    return get().now()
 
 
 def phase(name: str):
-    return _CLOCK.phase(name)
+    return get().phase(name)
 
 
 class Stopwatch:

@@ -74,10 +74,10 @@ class P2P:
                  batch: bool | None = None):
         self.rank, self.world_size = rank, world_size
         self.timeout = timedelta(seconds=timeout_s)
-        self.clock = clock.get()
-        if self.clock.virtual and not bandwidth_bps:
+        if clock.get().virtual and not bandwidth_bps:
             raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
-        link = VirtualLink if self.clock.virtual else EmulatedLink
+        # the clock is read at every use, not kept: a hook's communication thread runs on its own lane
+        link = VirtualLink if clock.get().virtual else EmulatedLink
         self.link = link(bandwidth_bps, latency_s) if bandwidth_bps else None
         self.stage, self._stage_all = HostStage(), stage is True
         self._stage_device = stage is None and (not nccl_group() or self.link is not None)
@@ -115,8 +115,8 @@ class P2P:
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int):
         nbytes = tensor.numel() * tensor.element_size()
         self.bytes_sent += nbytes
-        if self.clock.virtual:
-            arrival = self.link.arrival(nbytes, self.clock.now())
+        if clock.get().virtual:
+            arrival = self.link.arrival(nbytes, clock.get().now())
             header = torch.tensor([arrival], dtype=torch.float64)
             return _VirtualMessage(header, [dist.isend(header, dst, tag=tag), dist.isend(tensor, dst, tag=tag)],
                                    arrival)
@@ -150,7 +150,7 @@ class P2P:
         return self._irecv(tensor, src, tag)
 
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int):
-        if self.clock.virtual:
+        if clock.get().virtual:
             header = torch.empty(1, dtype=torch.float64)
             return _VirtualMessage(header, [dist.irecv(header, src, tag=tag), dist.irecv(tensor, src, tag=tag)])
         if self.link is not None:
@@ -166,26 +166,26 @@ class P2P:
             return inner.is_completed()                      # (a staged copy back: in the wait after)
         if inner._arrival is None:
             self._real_wait(inner, None, upto=1)             # the header: when does it arrive?
-        if inner.arrival > self.clock.now():
+        if inner.arrival > clock.get().now():
             return False
         self.wait(handle)
         return True
 
     def wait(self, handle, peer: int | None = None) -> None:
         inner = handle.handle if isinstance(handle, Staged) else handle
-        t0 = self.clock.now()
+        t0 = clock.get().now()
         try:
             self._real_wait(inner, peer)
             if isinstance(inner, _VirtualMessage):
-                self.clock.advance_to(inner.arrival)
+                clock.get().advance_to(inner.arrival)
         finally:
-            self.wire_s += self.clock.now() - t0
+            self.wire_s += clock.get().now() - t0
         if isinstance(handle, Staged):                       # outside wire_s: stage_s has it
             handle.finish()
 
     def _real_wait(self, handle, peer: int | None, **kw) -> None:
         try:
-            with self.clock.blocked():
+            with clock.get().blocked():
                 handle.wait(timeout=self.timeout, **kw)
         except Exception as e:
             who = f"rank {peer}" if peer is not None else "a peer"

@@ -12,7 +12,6 @@ queued later, so ``backward`` raises with the message (which names the rank) ins
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -68,12 +67,6 @@ class IterationRecord:
                 "last_bucket_s": max(0.0, self.t_done - self.t_start_last), "t_done": self.t_done}
 
 
-def comm_lane():
-    """The clock's communication lane for this thread (a no-op where the clock has a single lane)."""
-    lane = getattr(clock, "comm_lane", None)
-    return lane() if lane is not None else contextlib.nullcontext()
-
-
 class CommThread:
     """A daemon thread that averages queued buckets with ``reduce(job) -> None`` (which completes the
     job's future); :meth:`close` stops and joins it."""
@@ -94,7 +87,7 @@ class CommThread:
         job.future.set_exception(self.error)
 
     def _run(self) -> None:
-        with comm_lane():
+        with clock.comm_lane():
             while True:
                 job = self.jobs.get()
                 if job is None:

@@ -71,9 +71,6 @@ def discard_run_dir() -> None:
 
 def _check_overlap(cfg: DictConfig, agg) -> None:
     """``aggregator.overlap=true``: one line where the aggregator cannot run inside backward."""
-    if cfg.net.clock == "virtual" and not hasattr(clock, "comm_lane"):
-        config_error("net.clock=virtual with aggregator.overlap=true: the virtual clock has no communication "
-                     "lane to time the hook's thread; use net.clock=wall")
     try:
         Overlapped(agg)
     except ValueError as e:

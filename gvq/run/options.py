@@ -43,6 +43,7 @@ class Hop(Choice):
     reencode = "reencode"       # always decode-add-encode
 
 
+CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
 # choices whose meaning the option files say
 Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)
 Sampling = Choice("Sampling", "qsgd rar", module=__name__)
@@ -64,6 +65,7 @@ class NetSchema:
     compute_scale: float = 1.0
     codec_scale: float = 1.0
     exclusive: bool = True
+    comm_core: CommCore = CommCore.shared
 
 
 # -- compressors ---------------------------------------------------------------------------------------

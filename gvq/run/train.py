@@ -172,7 +172,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
     net = cfg["net"]
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
-                    cfg["device"])
+                    cfg["device"], net.get("comm_core", "shared"))
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     mark(meta, "built")
     prog, old_rows = Progress(), []

@@ -1,10 +1,15 @@
 """Virtual time (gvq/comm/clock.py and the link model in gvq/comm/p2p.py): the clock counts this thread's
-CPU time at the phase's scale, never a wait; messages arrive when the link model says, exactly."""
+CPU time at the phase's scale, never a wait; messages arrive when the link model says, exactly.  Two lanes,
+with scripted CPU times (a fake per-thread ``time.thread_time``): a bucket starts at max(backward produced
+it, the lane is free); comm_core=shared charges the communication lane's scaled work to the compute lane,
+own does not; waits and links are never charged; only a thread bound with comm_lane() reads that lane."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+from collections import defaultdict
 
 import pytest
 import torch
@@ -214,3 +219,85 @@ def test_wall_clock_on_a_gpu_waits_for_queued_kernels_at_every_reading():
     virtual = RankClock("virtual", device_sync=lambda: calls.append(1))
     virtual.now()
     assert len(calls) == 2
+
+
+# -- two lanes -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """``cpu.burn(s)``: the calling thread's CPU time moves on by ``s`` seconds, exactly."""
+    spent = defaultdict(float)
+
+    class Script:
+        @staticmethod
+        def burn(seconds: float) -> None:
+            spent[threading.get_ident()] += seconds
+
+    monkeypatch.setattr(time, "thread_time", lambda: spent[threading.get_ident()])
+    yield Script
+    C.configure()                          # back to the default wall clock for later tests
+
+
+def on_comm_thread(fn):
+    """Run ``fn(lane)`` on a new thread bound to the communication lane; its result."""
+    out = {}
+
+    def body():
+        with C.comm_lane() as lane:
+            out["r"] = fn(lane)
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return out["r"]
+
+
+def _bucket(cpu, t_ready: float, codec_s: float):
+    """What the hook's thread does with one bucket: wait for backward, then code it."""
+    def fn(lane):
+        lane.advance_to(t_ready)
+        start = C.now()
+        with C.phase("codec"):
+            cpu.burn(codec_s)
+        return start, C.now()
+    return fn
+
+
+def test_a_bucket_starts_when_backward_made_it_or_when_the_lane_frees(cpu):
+    C.configure("virtual", codec_scale=0.5, comm_core="own")
+    # a codec that must wait for backward: the lane is idle at 0, the bucket exists at 3
+    assert on_comm_thread(_bucket(cpu, 3.0, 4.0)) == (3.0, 5.0)       # 4 s of CPU at codec x0.5
+    # ready at 4, before the lane frees at 5: it starts at 5
+    assert on_comm_thread(_bucket(cpu, 4.0, 2.0)) == (5.0, 6.0)
+    # ready at 9, after the lane freed at 6: it starts at 9
+    assert on_comm_thread(_bucket(cpu, 9.0, 2.0)) == (9.0, 10.0)
+
+
+@pytest.mark.parametrize("core,charged", [("shared", 1.5), ("own", 0.0)])
+def test_shared_charges_the_communication_lanes_work_to_compute_and_own_does_not(cpu, core, charged):
+    C.configure("virtual", compute_scale=1.0, codec_scale=0.5, comm_core=core)
+    with C.phase("compute"):
+        cpu.burn(2.0)                                              # backward so far
+        on_comm_thread(_bucket(cpu, 0.0, 3.0))                     # 1.5 s of scaled codec work
+        cpu.burn(1.0)
+    assert C.now() == pytest.approx(3.0 + charged)
+
+
+def test_waits_and_link_time_are_never_charged_to_compute(cpu):
+    C.configure("virtual", comm_core="shared")
+
+    def wait_for_a_message(lane):
+        with lane.blocked():
+            cpu.burn(5.0)                      # a real wait burns some CPU: not computation
+        lane.advance_to(7.0)                   # the message's arrival by the link model
+        return C.now()
+    assert on_comm_thread(wait_for_a_message) == 7.0
+    assert C.now() == 0.0
+
+
+def test_the_binding_is_per_thread_and_ends_with_the_block(cpu):
+    compute = C.configure("virtual")
+    seen = on_comm_thread(lambda lane: (C.get() is lane, lane is not compute))
+    assert seen == (True, True) and C.get() is compute
+    with pytest.raises(ValueError, match="net.comm_core"):
+        C.configure("virtual", comm_core="spare")
