@@ -22,7 +22,6 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gvq.comm import clock
 from gvq.hooks import Overlapped
 from gvq.run import checkpoint
 from gvq.run.logs import (
