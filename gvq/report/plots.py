@@ -18,7 +18,9 @@ import pandas as pd  # noqa: E402
 PER = 500                     # Fig. 7b: seconds per this many iterations
 PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
          ("wire_s", "wire (blocked on peers)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
-         ("other_s", "other aggregation", "tab:purple"))
+         ("other_s", "other aggregation", "tab:purple"),
+         ("exposed_s", "exposed communication (overlapped)", "tab:red"))
+HIDDEN = ("hidden_s", "hidden communication (overlapped, during backward)")
 DASH = "—"
 
 
@@ -128,30 +130,49 @@ def plot_curves(groups, path: Path, setting: str) -> Path:
 
 
 def breakdown(groups, stats_of) -> pd.DataFrame:
-    """Seconds per ``PER`` iterations of each completed group; ``other_s`` = aggregate_s minus the three
-    measured parts (each part is a max over ranks, so their sum can exceed aggregate_s: clipped at 0)."""
+    """Seconds per ``PER`` iterations of each completed group, stacking to compute_s + aggregate_s.
+    Post-backward: aggregation is all exposed, split into compress / wire / decompress and ``other_s``
+    (aggregate_s minus those; each part is a max over ranks, so clipped at 0).  Overlapped
+    (``exposed_s`` logged): the codec and wire work ran on the communication thread during backward, so
+    it is not stacked; ``exposed_s`` is what the iteration waited for, and ``hidden_s`` = comm_s -
+    exposed_s is drawn inside the computation bar."""
     rows, clock = [], time_clock(groups)
     for g in groups:
         s = stats_of(g)
         if g.status != "completed" or math.isnan(s.get("aggregate_s", math.nan)) or "compute_s" not in s \
                 or g.clock != clock:        # one axis, one clock
             continue
-        row = {"group": g.label, "clock": g.clock, **{k: PER * s.get(k, 0.0) for k, _, _ in PARTS[:4]}}
-        parts = row["compress_s"] + row["wire_s"] + row["decompress_s"]
-        row["other_s"] = max(0.0, PER * s["aggregate_s"] - parts)
-        row["aggregate_s"] = PER * s["aggregate_s"]
-        rows.append(row)
+        rows.append({"group": g.label, "clock": g.clock, **_parts(s)})
     return pd.DataFrame(rows)
 
 
+def _parts(s: dict) -> dict:
+    total = PER * (s["compute_s"] + s["aggregate_s"])
+    exposed, comm = (PER * _or0(s.get(k)) for k in ("exposed_s", "comm_s"))
+    if "exposed_s" in s and not math.isnan(s["exposed_s"]):
+        row = dict.fromkeys(("compress_s", "wire_s", "decompress_s", "other_s"), 0.0)
+        return {**row, "compute_s": max(0.0, total - exposed), "exposed_s": exposed,
+                "hidden_s": max(0.0, comm - exposed), "aggregate_s": PER * s["aggregate_s"]}
+    row = {k: PER * _or0(s.get(k)) for k in ("compute_s", "compress_s", "wire_s", "decompress_s")}
+    row["other_s"] = max(0.0, PER * s["aggregate_s"] - row["compress_s"] - row["wire_s"] - row["decompress_s"])
+    return {**row, "exposed_s": 0.0, "hidden_s": 0.0, "aggregate_s": PER * s["aggregate_s"]}
+
+
+def _or0(v) -> float:
+    return 0.0 if v is None or math.isnan(v) else float(v)
+
+
 def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
-    """GradiVeQ Fig. 7b: stacked computation + aggregation (compress / wire / decompress / other)."""
+    """GradiVeQ Fig. 7b: stacked computation + aggregation (compress / wire / decompress / other, or an
+    overlapped run's exposed communication), with the communication hidden inside backward hatched."""
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table) + 3), 4.5))
     x, bottom = np.arange(len(table)), np.zeros(len(table))
     for key, label, color in PARTS:
         values = table[key].to_numpy() if len(table) else np.zeros(0)
         ax.bar(x, values, 0.6, bottom=bottom, label=label, color=color)
         bottom += values
+    if len(table) and table["hidden_s"].any():
+        ax.bar(x, table["hidden_s"].to_numpy(), 0.3, fill=False, hatch="//", edgecolor="k", label=HIDDEN[1])
     for xi, (total, agg) in enumerate(zip(bottom, table.get("aggregate_s", []))):
         ax.text(xi, total, f"agg {agg:.1f}s", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, table.get("group", []), rotation=30, ha="right", fontsize=8)
