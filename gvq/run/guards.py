@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -12,6 +13,27 @@ import torch.distributed as dist
 from gvq.comm.p2p import PeerLostError
 
 log = logging.getLogger("gvq")
+STOP_EXIT = 4                       # a rank's exit code for a deliberate stop (its reason in the run dir)
+
+
+class DeliberateStop(FloatingPointError):
+    """A stop the user asked for (``nan_policy=error``): reported in one line, without a traceback."""
+
+
+def record_stop(run_dir: str, rank: int, e: DeliberateStop) -> SystemExit:
+    """Leave this rank's reason where the launcher reads it (:func:`recorded_stop`) and return the exit
+    to raise: every rank raises the same stop, and whichever exits first has written its reason."""
+    (Path(run_dir) / f".stopped-rank{rank}").write_text(str(e))
+    return SystemExit(STOP_EXIT)
+
+
+def recorded_stop(run_dir: Path) -> str | None:
+    """A rank's deliberate-stop reason (the files are removed), or None."""
+    found = sorted(run_dir.glob(".stopped-rank*"))
+    reason = found[0].read_text() if found else None
+    for f in found:
+        f.unlink(missing_ok=True)
+    return reason
 
 
 def comm_device() -> torch.device:
@@ -84,7 +106,7 @@ def check_gradients(model, agg, it: int, policy: str) -> bool:
     if policy == "skip":
         log.warning("iteration %d skipped on all ranks: %s", it, what)
         return True
-    raise FloatingPointError(f"{what}; nan_policy=skip skips such iterations on all ranks")
+    raise DeliberateStop(f"{what}; nan_policy=skip skips such iterations on all ranks")
 
 
 def aggregated_overflow(model, agg, it: int, policy: str) -> bool:
@@ -99,7 +121,7 @@ def aggregated_overflow(model, agg, it: int, policy: str) -> bool:
     if policy == "skip":
         log.warning("iteration %d skipped on all ranks: %s", it, what)
         return True
-    raise FloatingPointError(f"{what}; nan_policy=skip skips such iterations on all ranks")
+    raise DeliberateStop(f"{what}; nan_policy=skip skips such iterations on all ranks")
 
 
 COMM_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "gloo")

@@ -38,6 +38,7 @@ from gvq.run.signals import (
     signals_interrupt,
     spawn_and_join,
 )
+from gvq.run.guards import DeliberateStop, record_stop, recorded_stop
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
@@ -200,6 +201,11 @@ def launch(cfg: DictConfig) -> dict | None:
             spawn_and_join(worker, (plain, meta, init, dict(os.environ)), plain["world_size"],
                            start_method=method)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        stop = recorded_stop(run_dir)
+        if stop is not None:                               # nan_policy=error: the user's own stop
+            write_failure(run_dir, plain, meta, stop)
+            print(f"gvq: stopped: {stop}", file=sys.stderr)
+            sys.exit(1)
         frozen = getattr(e, "stopped_ranks", [])
         note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "
                 "waiting on it gave up" if frozen else "")
@@ -300,5 +306,9 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
         meta = _adopt_rank0_run_dir(rank, meta)
     try:
         return train(cfg, rank, world, meta["run_dir"], meta)
+    except DeliberateStop as e:        # nan_policy=error: one line, no traceback (see launch())
+        if torchrun and rank == 0:
+            print(f"gvq: stopped: {e}", file=sys.stderr)
+        raise record_stop(meta["run_dir"], rank, e) from None
     finally:
         dist.destroy_process_group()

@@ -70,8 +70,23 @@ def test_nan_gradient_stops_the_run_naming_rank_and_layer(tmp_path, capsys):
     code, _ = launch_job(run, "logger=csv", "iterations=10", "model._target_=tests.helpers.faulty.NaNAt",
                          "+model.at=3")
     assert code != 0
-    assert "non-finite gradient at iteration 3 (rank 1: net." in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "gvq: stopped: non-finite gradient at iteration 3 (rank 1: net." in err and "Traceback" not in err
     assert list(pd.read_csv(run / "metrics.csv").iteration) == [0, 1, 2]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["reason"].startswith("non-finite gradient at iteration 3")
+    assert not list(run.glob(".stopped-rank*"))
+
+
+def test_nan_policy_error_ends_the_cli_in_one_line(tmp_path):
+    """A stop the user asked for is one line on stderr, exit 1, no traceback (tests.helpers.cli: a real
+    CLI, as the user sees it)."""
+    from tests.helpers.cli import cli
+    r = cli("logger=csv", "logger.progress=false", "iterations=6", "model._target_=tests.helpers.faulty.NaNAt",
+            "+model.at=3", f"hydra.run.dir={tmp_path}")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[-1].startswith("gvq: stopped: non-finite gradient at iteration 3 (rank 1: net."), r.stderr
 
 
 def test_nan_policy_skip_skips_on_all_ranks_and_counts(tmp_path):
