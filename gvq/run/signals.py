@@ -68,24 +68,28 @@ def die_with_parent(launcher: int | None = None, grace_s: float = GRACE_S) -> No
 
 
 class Interrupted(KeyboardInterrupt):
-    """The launcher got SIGTERM or SIGHUP (``kill``, SLURM, Kubernetes, a closed terminal): handled as
-    Ctrl-C is -- every rank stopped within a grace, the run recorded as interrupted."""
+    """The launcher got SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``kill``, SLURM, Kubernetes, a closed
+    terminal): every rank stopped within a grace, the run recorded as interrupted."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
+#: what the launcher handles itself while ranks run, whatever disposition it inherited: a script's
+#: ``cli.py ... &`` in a non-interactive shell starts with SIGINT ignored, and ``kill -INT`` must still
+#: stop it (torchrun's agent does the same)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def signals_interrupt():
-    """While ranks run, SIGTERM and SIGHUP raise :class:`Interrupted` in the launcher (a signal the
-    launcher was started ignoring -- ``nohup`` -- stays ignored)."""
+    """While ranks run, SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` in the launcher."""
     def on_signal(signum, frame):
         raise Interrupted(signum)
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s, h in old.items():
-        if h is not signal.SIG_IGN:
-            signal.signal(s, on_signal)
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in old:
+        signal.signal(s, on_signal)
     try:
         yield
     finally:

@@ -24,12 +24,18 @@ def _default_signals():
         signal.signal(s, signal.SIG_DFL)
 
 
-def _start(run: Path, *args: str) -> subprocess.Popen:
+def _ignored_signals():
+    """As a non-interactive shell starts ``cli.py ... &`` (SIGINT ignored), under nohup (SIGHUP) too."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _start(run: Path, *args: str, inherit=_default_signals) -> subprocess.Popen:
     env = dict(os.environ, WANDB_MODE="disabled")
     return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "iterations=1000000", "logger=csv",
                              "logger.progress=false", f"hydra.run.dir={run}", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_default_signals)
+                            start_new_session=True, preexec_fn=inherit)
 
 
 def _rows(run: Path) -> int:
@@ -96,6 +102,28 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_records_the_interruption(
     assert summary["status"] == "interrupted" and signal.Signals(sig).name in summary["reason"]
     df = pd.read_csv(run / "metrics.csv")                       # every row whole
     assert summary["last_iteration"] == df.iteration.iloc[-1] and list(df.iteration) == list(range(len(df)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_launcher_started_ignoring_signals_still_stops_on_them_in_one_line(tmp_path, sig):
+    """``cli.py ... &`` from a script inherits SIGINT ignored (nohup: SIGHUP): the launcher handles the
+    stop signals itself, so ``kill -INT <launcher>`` stops the run as Ctrl-C would."""
+    run = tmp_path / "run"
+    p = _start(run, inherit=_ignored_signals)
+    try:
+        _wait_rows(p, run)
+        ranks = descendants(p.pid)
+        os.kill(p.pid, sig)
+        _, err = p.communicate(timeout=90)
+    finally:
+        _stop(p)
+    assert p.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == \
+        f"gvq: interrupted ({signal.Signals(sig).name}); every rank stopped"
+    assert _all_gone(ranks) == []
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and signal.Signals(sig).name in summary["reason"]
 
 
 @pytest.mark.slow
