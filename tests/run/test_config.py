@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import pandas as pd
 import yaml
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
@@ -165,3 +167,27 @@ def test_metrics_are_never_written_over(tmp_path):
     with pytest.raises(FileExistsError):
         RunLog(tmp_path, (), cfg, {})
     assert (tmp_path / "metrics.csv").read_text() == "iteration\n0\n"
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_end_to_end_through_submitits_local_executor(tmp_path):
+    """hydra/launcher=submitit_local (the SLURM plugin's local executor): 2 jobs x 2 ranks complete, each
+    in its own dir with its own CSV; submitit's files stay under the sweep dir; nothing keeps running."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    before = set(os.listdir(ROOT))
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "-m", "hydra/launcher=submitit_local",
+                        "aggregator=rar,qsgd", "world_size=2", "iterations=4", "eval_every=2", "logger=csv",
+                        "logger.progress=false", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, WANDB_MODE="disabled"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for job, name in (("0", "rar"), ("1", "qsgd")):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "completed" and f"aggregator={name}" in summary["overrides"]
+        assert summary["run_dir"] == str(sweep / job)
+        df = pd.read_csv(sweep / job / "metrics.csv")
+        assert list(df.iteration) == [0, 1, 2, 3]
+    assert (sweep / ".submitit").is_dir() and set(os.listdir(ROOT)) == before
+    left = subprocess.run(["pgrep", "-f", str(sweep)], capture_output=True, text=True).stdout.split()
+    assert left == []
