@@ -138,8 +138,10 @@ def restore(state: dict, model, opt, sched, agg) -> None:
 
 
 def previous_rows(resume_dir: str, before: int) -> list[dict]:
-    """The resumed run's CSV rows of iterations before the checkpoint (as strings, written back as is)."""
-    path = Path(resume_dir) / "metrics.csv"
+    """The resumed run's CSV rows of iterations before the checkpoint (as strings, written back as is);
+    a restart in place reads the crashed attempt's rows where it set them aside."""
+    from gvq.run.restart import previous_rows_path
+    path = previous_rows_path(resume_dir)
     if not path.exists():
         return []
     with open(path, newline="") as f:

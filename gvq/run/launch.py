@@ -10,13 +10,11 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -24,21 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from gvq.hooks import Overlapped
 from gvq.run import checkpoint
-from gvq.run.logs import (
-    mark,
-    process_start,
-    repair_csv,
-    setup_logging,
-    write_json_atomic,
-)
+from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
-from gvq.run.signals import (
-    die_with_parent,
-    on_sigterm,
-    signals_interrupt,
-    spawn_and_join,
-)
-from gvq.run.guards import DeliberateStop, record_stop, recorded_stop
+from gvq.run.signals import die_with_parent, on_sigterm, signals_interrupt
+from gvq.run.guards import DeliberateStop, record_stop
+from gvq.run.restart import discard_rows, resume_point, torchrun_restart
+from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
@@ -193,36 +182,17 @@ def launch(cfg: DictConfig) -> dict | None:
     run_dir = Path(meta["run_dir"])
     meta["launcher_pid"] = os.getpid()
     mark(meta, "spawn")
-    init = f"file://{run_dir.resolve()}/.rendezvous-{uuid.uuid4().hex}"
     _plain_start_method()
     start_fork_server()                # cli.py started it already; a direct launch() call starts it here
     try:
         with signals_interrupt():
-            spawn_and_join(worker, (plain, meta, init, dict(os.environ)), plain["world_size"],
-                           start_method=method)
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        stop = recorded_stop(run_dir)
-        if stop is not None:                               # nan_policy=error: the user's own stop
-            write_failure(run_dir, plain, meta, stop)
-            print(f"gvq: stopped: {stop}", file=sys.stderr)
-            sys.exit(1)
-        frozen = getattr(e, "stopped_ranks", [])
-        note = (f"rank {', '.join(map(str, frozen))} stopped answering (its process is stopped); the ranks "
-                "waiting on it gave up" if frozen else "")
-        if write_failure(run_dir, plain, meta, str(e), note=note) == "completed":
-            print(f"gvq: warning: a rank failed after training completed (results kept): {e}",
-                  file=sys.stderr)
-        else:
-            print(f"gvq: run failed: {e}" + (f"\ngvq: {note}" if note else ""), file=sys.stderr)
-            sys.exit(1)
+            supervise(worker, run_dir, plain, meta, method)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
         write_failure(run_dir, plain, meta, f"interrupted by {name}: every rank was stopped", "interrupted")
         print(f"gvq: interrupted ({name}); every rank stopped", file=sys.stderr)
         sys.exit(128 + signum)
-    finally:
-        Path(init[len("file://"):]).unlink(missing_ok=True)
     summary = run_dir / "summary.json"
     return _exit_if_diverged(json.loads(summary.read_text()) if summary.exists() else None)
 
@@ -241,28 +211,6 @@ def _plain_start_method() -> None:
     import multiprocessing
     if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         multiprocessing.set_start_method("spawn", force=True)
-
-
-def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str, status: str = "failed",
-                  note: str = "") -> str:
-    """Record the failure (``status`` failed or interrupted, the reason, the last iteration whose row is
-    complete; a torn last CSV row, from a rank killed mid-write, is cut); a run rank 0 already completed
-    (or found diverged) keeps that status, a teardown error noted.  Returns the status recorded."""
-    path = run_dir / "summary.json"
-    first = reason.strip().splitlines()
-    line = first[-1] if first else "unknown"
-    line = f"{note}: {line}" if note else line
-    try:
-        done = json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
-        done = {}
-    if done.get("status") == "completed":
-        write_json_atomic(path, {**done, "teardown_error": line})
-        return "completed"
-    status = "diverged" if done.get("status") == "diverged" else status
-    write_json_atomic(path, {**done, "status": status, "reason": line,
-                             "last_iteration": repair_csv(run_dir / "metrics.csv"), "config": cfg, **meta})
-    return status
 
 
 def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
@@ -304,6 +252,12 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
     )
     if torchrun:
         meta = _adopt_rank0_run_dir(rank, meta)
+        if torchrun_restart():         # --max-restarts: continue from the newest set in the run dir
+            start, cfg["resume"] = resume_point(Path(meta["run_dir"]))
+            meta = {**meta, "restarts": int(os.environ["TORCHELASTIC_RESTART_COUNT"]), "resumed_from": [start]}
+            if cfg["resume"] is None and rank == 0:
+                discard_rows(Path(meta["run_dir"]))
+            dist.barrier()             # rank 0 has the rows out of the way before anyone logs
     try:
         return train(cfg, rank, world, meta["run_dir"], meta)
     except DeliberateStop as e:        # nan_policy=error: one line, no traceback (see launch())

@@ -82,6 +82,7 @@ def build_schema() -> Any:
         "nan_policy": EnumNode(NanPolicy, NanPolicy.error),
         "checkpoint": OmegaConf.structured(CheckpointSchema),
         "resume": StringNode(None),
+        "restarts": IntegerNode(0),
         "lambda": FloatNode(0.01),
         "K": AnyNode("auto"),           # auto | x<m> | an int: gvq.run.validate.check_k
         "s": FloatNode(float("inf")),

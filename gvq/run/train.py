@@ -24,7 +24,7 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.hooks import Overlapped
-from gvq.run import checkpoint
+from gvq.run import checkpoint, restart
 from gvq.run.guards import (
     aggregated_overflow,
     broadcast_,
@@ -181,12 +181,16 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
         checkpoint.restore(state, model, opt, sched, agg)
         prog = Progress(**state["progress"])
         old_rows = checkpoint.previous_rows(cfg["resume"], prog.start) if rank == 0 else []
+    if rank == 0 and restart.same_dir(cfg["resume"], run_dir):
+        restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
     runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True
     try:
         for row in old_rows:
             runlog.row(row, replay=True)
+        if rank == 0:
+            restart.rows_replayed(run_dir)
         summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog,
                         meta.get("identity") or {})
         failed = False

@@ -47,6 +47,7 @@ def validate(cfg) -> None:
     _require(cfg.timeout_s > 0, f"timeout_s={cfg.timeout_s}: must be > 0")
     _require(0 <= cfg.seed < 2**32, f"seed={cfg.seed}: must be in [0, 2^32) (numpy's and scikit-learn's seeds)")
     _require(cfg.checkpoint.every >= 0, f"checkpoint.every={cfg.checkpoint.every}: must be >= 0 (0: never)")
+    _require(cfg.restarts >= 0, f"restarts={cfg.restarts}: must be >= 0 (0: a lost rank fails the run)")
     _require(cfg.checkpoint.keep >= 1, f"checkpoint.keep={cfg.checkpoint.keep}: must be >= 1 (complete sets kept)")
     _require(cfg.resume is None or Path(cfg.resume).is_dir(), f"resume={cfg.resume}: no such directory")
     _require(cfg.resume is None or bool(complete_sets(Path(cfg.resume) / "checkpoint")),

@@ -9,14 +9,28 @@ from gvq.aggregators.rar import RingAllReduce
 
 
 class FailAt(RingAllReduce):
-    """Rank ``rank`` raises (or dies with ``os._exit``) at iteration ``at``."""
+    """Rank ``rank`` raises (or dies with ``os._exit``) at iteration ``at`` (or each of a list).
+    ``once``: each such iteration fails only the first time the run dir reaches it (a marker file), so
+    a restarted run gets past it."""
 
-    def __init__(self, at: int = 5, rank: int = 1, how: str = "raise", **rar):
+    def __init__(self, at=5, rank: int = 1, how: str = "raise", once: bool = False, **rar):
         super().__init__(**rar)                  # rar's own keys (overlap, bucket_cap_mb)
-        self.at, self.rank, self.how = at, rank, how
+        self.at = [at] if isinstance(at, int) else list(at)
+        self.rank, self.how, self.once = rank, how, once
+
+    def _fails(self, iteration: int) -> bool:
+        if iteration not in self.at or self.ctx.rank != self.rank:
+            return False
+        if not self.once:
+            return True
+        marker = os.path.join(self.ctx.run_dir, f".failat-{iteration}")
+        if os.path.exists(marker):
+            return False
+        open(marker, "w").close()
+        return True
 
     def allreduce_(self, flat, iteration):
-        if iteration == self.at and self.ctx.rank == self.rank:
+        if self._fails(iteration):
             if self.how == "exit":
                 os._exit(3)
             raise RuntimeError(f"injected failure on rank {self.rank} at iteration {iteration}")

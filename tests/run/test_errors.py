@@ -70,6 +70,7 @@ CASES = [
     ("device=tpu", "device=tpu: expected one of cpu, cuda"),
     ("checkpoint.every=-1", "checkpoint.every=-1"),
     ("checkpoint.keep=0", "checkpoint.keep=0"),
+    ("restarts=-1", "restarts=-1: must be >= 0"),
     ("nan_policy=ignore", "nan_policy=ignore"),
     ("lambda=1.5", "lambda=1.5"),
     ("lambda=-0.1", "lambda=-0.1"),
