@@ -140,9 +140,19 @@ def restore(state: dict, model, opt, sched, agg) -> None:
 def previous_rows(resume_dir: str, before: int) -> list[dict]:
     """The resumed run's CSV rows of iterations before the checkpoint (as strings, written back as is);
     a restart in place reads the crashed attempt's rows where it set them aside."""
-    from gvq.run.restart import previous_rows_path
     path = previous_rows_path(resume_dir)
     if not path.exists():
         return []
     with open(path, newline="") as f:
         return [row for row in csv.DictReader(f) if row["iteration"] and int(row["iteration"]) < before]
+
+
+#: a run restarted in place (restarts=K, gvq/run/restart.py): the crashed attempt's rows while the
+#: restart writes them back
+SET_ASIDE = ".metrics-restart.csv"
+
+
+def previous_rows_path(resume_dir: str) -> Path:
+    """Where a resume reads the rows before its checkpoint: a restart's set-aside, else the CSV."""
+    aside = Path(resume_dir) / SET_ASIDE
+    return aside if aside.exists() else Path(resume_dir) / "metrics.csv"

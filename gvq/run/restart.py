@@ -14,10 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gvq.run.checkpoint import complete_sets
+from gvq.run.checkpoint import SET_ASIDE, complete_sets, previous_rows_path  # noqa: F401 (re-exported)
 from gvq.run.logs import repair_csv
-
-SET_ASIDE = ".metrics-restart.csv"   # the crashed attempt's rows while a restart writes them back
 
 
 class Stuck(RuntimeError):
@@ -84,12 +82,6 @@ def set_aside_rows(run_dir: str) -> None:
     if path.exists() and not aside.exists():
         path.replace(aside)
     path.unlink(missing_ok=True)
-
-
-def previous_rows_path(resume_dir: str) -> Path:
-    """Where a resume reads the rows before its checkpoint: a restart's set-aside, else the CSV."""
-    aside = Path(resume_dir) / SET_ASIDE
-    return aside if aside.exists() else Path(resume_dir) / "metrics.csv"
 
 
 def rows_replayed(run_dir: str) -> None:
