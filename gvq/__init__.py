@@ -6,7 +6,7 @@ The folder is the role, the file is the variant; imports run down this list, nev
     report/       python -m gvq.report: curves, breakdowns, tables from run outputs (never the training code)
     analysis/     python -m gvq.analysis quantizers|correlation|peers|frontier|dither: analyses of real gradients
     predict/      python -m gvq.predict: the calibrated cost model (calibrate, validate, project)
-    bench/        python -m gvq.bench aggregate|train|overlap|codecs|quantizers|netns|clock|paper|startup|gpucheck;
+    bench/        python -m gvq.bench aggregate|train|overlap|soak|codecs|quantizers|netns|clock|paper|startup|gpucheck;
                   common.py is the shared core; gpucheck/ is make gpu-check (the CUDA path, one table)
     run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop,
                   checkpoint, logs, schema + options.py (typed config), validate, placement (GPUs),
