@@ -67,6 +67,8 @@ def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[in
         if p.poll() is not None or not ranks:
             break
         time.sleep(rng.uniform(0.0, args.jitter))        # anywhere in an iteration, not just after a row
+        if _rows(run) >= args.iterations - 1:            # a rank past its last row is not a lost rank
+            break
         at.append(_rows(run))
         os.kill(rng.choice(ranks), signal.SIGKILL)
         # the next kill is for the restarted attempt: wait for its ranks (none of the killed attempt's)
@@ -74,7 +76,7 @@ def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[in
                 (now := _ranks(p.pid)) and not set(now) & set(ranks)):
             time.sleep(0.05)
         target = at[-1]                # the next kill after progress: a repeat at one row is "stuck"
-    p.communicate(timeout=args.timeout)
+    p.stderr_text = p.communicate(timeout=args.timeout)[1]
     return p, at
 
 
@@ -114,5 +116,5 @@ def main(argv: list[str]) -> dict:
         args.out.write_text(json.dumps(out, indent=2))
     if p.returncode != 0 or not same:
         raise SystemExit(f"gvq.bench soak: the soaked run {'failed' if p.returncode else 'differs'}: "
-                         f"{p.stderr.read()[-500:] if p.stderr else ''}")
+                         f"{p.stderr_text[-500:]}")
     return out
