@@ -26,7 +26,7 @@ from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.signals import die_with_parent, on_sigterm, signals_interrupt
 from gvq.run.guards import DeliberateStop, record_stop
-from gvq.run.restart import discard_rows, resume_point, torchrun_restart
+from gvq.run.restart import attempt_store, discard_rows, resume_point, torchrun_restart
 from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
@@ -244,8 +244,12 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
     backend = group_backend(meta.get("cuda_plan"))
     if cfg["device"] == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())   # shared: round-robin
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg["timeout_s"]))
+    timeout = timedelta(seconds=cfg["timeout_s"])
+    if torchrun and torchrun_restart():
+        dist.init_process_group(backend, store=attempt_store(rank, world, timeout), rank=rank, world_size=world,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
     mark(meta, "rendezvous")
     from gvq.run.train import (
         train,  # preloaded by the fork server (spawned: imported here)

@@ -65,6 +65,17 @@ def torchrun_restart() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
+def attempt_store(rank: int, world: int, timeout):
+    """The rendezvous store for a torchrun restart, under a prefix of its own: the agent's store outlives
+    an attempt, so without it a restarted rank can read the dead attempt's gloo addresses before its peer
+    has written its new ones (and fail connecting to a closed port)."""
+    import torch.distributed as dist
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"     # the agent hosts the store
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent)
+    return dist.PrefixStore(f"gvq/attempt-{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
 def discard_rows(run_dir: Path) -> None:
     """A restart from iteration 0: every row is written again."""
     for name in ("metrics.csv", SET_ASIDE):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -72,6 +73,28 @@ def test_a_rank_dying_under_torchrun_leaves_a_failed_summary(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] in ("failed", "interrupted") and summary["last_iteration"] == 6, summary
     assert list(pd.read_csv(run / "metrics.csv").iteration) == list(range(7))
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_continues_from_the_newest_checkpoint(tmp_path):
+    """--max-restarts: the restarted workers find the run dir's newest complete set themselves (no
+    resume=) and finish with the uninterrupted run's rows and metrics."""
+    def run(name, *extra):
+        d = tmp_path / name
+        r = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2",
+                            str(ROOT / "cli.py"), "iterations=12", "logger=csv", "checkpoint.every=4",
+                            "eval_every=4", "timeout_s=20", "aggregator._target_=tests.helpers.faulty.FailAt",
+                            "+aggregator.how=exit", "+aggregator.once=true", *extra, f"hydra.run.dir={d}"],
+                           cwd=ROOT, env=dict(_env(), PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads((d / "summary.json").read_text()), pd.read_csv(d / "metrics.csv")
+    (s0, ref), (s1, got) = run("ref", "+aggregator.at=999"), run("killed", "+aggregator.at=6")
+    assert s0["status"] == s1["status"] == "completed"
+    assert s1["restarts"] == 1 and s1["resumed_from"] == [4], s1
+    assert list(got.iteration) == list(range(12))
+    for col in ("train_loss", "train_acc", "test_loss", "test_acc", "bytes_sent"):
+        assert np.allclose(got[col], ref[col], rtol=1e-6, atol=0, equal_nan=True), col
 
 
 @pytest.mark.slow
