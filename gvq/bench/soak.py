@@ -53,8 +53,8 @@ def _ranks(launcher: int) -> list[int]:
     return [p for p in below if b"forkserver" in cmd(p)] or [p for p in direct if b"spawn_main" in cmd(p)]
 
 
-def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[int]]:
-    """The killed run; the row count at each kill."""
+def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[int], str]:
+    """The killed run, the row count at each kill, and its stderr."""
     p, at = _start(run, args, [f"restarts={args.kills}"]), []
     target = 0
     for _ in range(args.kills):
@@ -76,8 +76,7 @@ def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[in
                 (now := _ranks(p.pid)) and not set(now) & set(ranks)):
             time.sleep(0.05)
         target = at[-1]                # the next kill after progress: a repeat at one row is "stuck"
-    p.stderr_text = p.communicate(timeout=args.timeout)[1]
-    return p, at
+    return p, at, p.communicate(timeout=args.timeout)[1]
 
 
 def main(argv: list[str]) -> dict:
@@ -96,7 +95,7 @@ def main(argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ref = _start(Path(tmp) / "ref", args, [])
         ref.communicate(timeout=args.timeout)
-        p, at = soak(Path(tmp) / "soak", args, random.Random(args.seed))
+        p, at, err = soak(Path(tmp) / "soak", args, random.Random(args.seed))
         summary = json.loads((Path(tmp) / "soak" / "summary.json").read_text())
         a, b = (pd.read_csv(Path(tmp) / d / "metrics.csv") for d in ("soak", "ref"))
     same = len(a) == len(b) == args.iterations and all(
@@ -116,5 +115,5 @@ def main(argv: list[str]) -> dict:
         args.out.write_text(json.dumps(out, indent=2))
     if p.returncode != 0 or not same:
         raise SystemExit(f"gvq.bench soak: the soaked run {'failed' if p.returncode else 'differs'}: "
-                         f"{p.stderr_text[-500:]}")
+                         f"{err[-500:]}")
     return out

@@ -28,7 +28,7 @@ class PCAState:
     @classmethod
     def of(cls, U: list[Tensor], mu: list[Tensor], energy: list[float], device) -> "PCAState":
         # energies rounded to float32, as they travel in tensors(): every rank logs the same stats
-        rounded = torch.tensor(list(energy), dtype=torch.float32).tolist()
+        rounded = torch.tensor(list(energy), dtype=torch.float32, device="cpu").tolist()
         return cls(tuple(U), tuple(mu), tuple(rounded), torch.device(device))
 
     @property
