@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import statistics
 from dataclasses import dataclass
 from datetime import timedelta
@@ -130,8 +131,9 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         for m in modes:
             if m.agg is not None:
                 m.agg.close()
+        lock = train.lock_given_up()                   # virtual: were phases timed with co-runners?
         if rank == 0:
-            Path(out).write_text(json.dumps({"warmup": warmup, "rows": rows}))
+            Path(out).write_text(json.dumps({"warmup": warmup, "rows": rows, **lock}))
     finally:
         dist.destroy_process_group()
 
@@ -227,7 +229,11 @@ def _cuda_plan(args, world: int) -> str:
 
 def run_iterations(args, world: int) -> dict:
     """Spawn ``world`` loopback ranks; rank 0's raw per-iteration rows."""
-    return spawn_loopback(iteration_rank, world, world, args)
+    raw = spawn_loopback(iteration_rank, world, world, args)
+    if raw.get("ranks_without_clock_lock"):
+        print(f"gvq.bench: warning: {raw['ranks_without_clock_lock']} rank(s) gave the host's clock lock up "
+              "(another gvq run held it): their virtual times include co-runners' contention", file=sys.stderr)
+    return raw
 
 
 def main(argv: list[str]) -> list[dict]:

@@ -45,7 +45,10 @@ bucket starts at max(when backward produced it, when the lane is free): the thre
 
 Link time always overlaps.  The communication lane never takes the host's clock lock
 (``net.exclusive``): backward waits for the last bucket while its compute phase holds the lock, so a
-communication thread waiting for the lock would wait for itself.
+communication thread waiting for the lock would wait for itself.  And once backward has handed over
+its last bucket the compute lane only waits for it: the hook calls :meth:`RankClock.yield_core`, so
+the peers whose buckets it waits for can run their own backward (holding the lock there would stall
+every peer until ``LOCK_PATIENCE_S`` ran out).
 """
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ class RankClock:
         # reading first waits for them (torch.cuda.synchronize): each timed span holds its own GPU work
         self.charge: RankClock | None = None    # a lane that also owes this one's scaled phase time
         self._debt, self._debt_lock = 0.0, threading.Lock()   # owed by another lane, folded in at now()
+        self.gave_up_lock = False               # the lock was not had within LOCK_PATIENCE_S: phases since
+        # then were timed with co-runners (summary.json reports it; the run's virtual times are suspect)
 
     @property
     def virtual(self) -> bool:
@@ -154,6 +159,19 @@ class RankClock:
                 self._acquire()
             self._cpu = time.thread_time()
 
+    def yield_core(self) -> None:
+        """The running phase waits for peers from here (a collective inside it: DDP's bucket rebuild,
+        backward's tail waiting for its last bucket): give the host's clock lock up until
+        :meth:`resume_core` or the phase's end, so those peers can run their own phases."""
+        self.now()
+        self._release()
+
+    def resume_core(self) -> None:
+        """The wait :meth:`yield_core` began is over: take the lock back for the rest of the phase; the
+        CPU the wait burnt is not this rank's computation (as in :meth:`blocked`)."""
+        if self._depth > 0:
+            self._acquire()
+
     def _acquire(self) -> None:
         """Take this rank's core lock (if exclusive); the CPU spent getting it is not counted."""
         if self._lock is None or self._held:
@@ -169,7 +187,7 @@ class RankClock:
                     log.warning("net.exclusive: no clock lock within %gs; timing phases with co-runners "
                                 "from now on", LOCK_PATIENCE_S)
                     os.close(self._lock)
-                    self._lock = None
+                    self._lock, self.gave_up_lock = None, True
                     break
                 time.sleep(pause)
                 pause = min(2 * pause, 2e-3)

@@ -74,6 +74,11 @@ class Overlapped(Aggregator):
         ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
         self.state = GvqHookState(self.inner)
         ddp.register_comm_hook(self.state, gvq_hook)
+        # DDP's forward opens with collectives (its bucket rebuild after the first backward) that wait for
+        # peers' forwards: the host's clock lock (net.exclusive) is given up for them, or the rank holding
+        # it would wait on a peer that waits for the lock.  Hooks run on the wrapper, then on the model.
+        ddp.register_forward_pre_hook(lambda *_: clock.get().yield_core())
+        model.register_forward_pre_hook(lambda *_: clock.get().resume_core())
         return ddp
 
     def aggregate(self, iteration: int) -> dict:

@@ -175,6 +175,8 @@ def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     job = BucketJob(fut, bucket.buffer(), state.positions(bucket.parameters()), bucket.index(),
                     bucket.is_last(), clock.now())
     state.submit(job)
+    if job.is_last:                 # backward's tail only waits for the buckets now: let peers' phases run
+        clock.get().yield_core()
     # a future completed with an exception object hands DDP that object as its value; re-raised in a
     # callback it becomes the returned future's error, which backward raises as such.  (value() of a
     # completed future does not wait: no wait inside a callback)

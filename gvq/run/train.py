@@ -264,8 +264,19 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
 DIVERGED_TAIL = 5
 
 
+def lock_given_up() -> dict:
+    """Virtual clock: how many ranks gave the host's clock lock up (``net.exclusive``), so their phases
+    since then were timed with co-runners: a run whose virtual times are not to be trusted says so."""
+    if not clock.get().virtual:
+        return {}
+    n = torch.tensor([int(clock.get().gave_up_lock)], device=comm_device())
+    dist.all_reduce(n)
+    return {"ranks_without_clock_lock": int(n.item())}
+
+
 def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None):
     identical = replicas_identical(model)
+    lock = lock_given_up()
     if not identical:
         raise RuntimeError("replicas diverged: ranks hold different parameters after training")
     if runlog is None:
@@ -276,7 +287,7 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
               "(non-finite gradients; nan_policy=skip)"} if diverged else {"status": "completed"}
     summary = {**status, "iterations": iters, "final_test_acc": prog.test_acc,
                "final_test_loss": prog.test_loss, "wall_s": wall_s, "real_wall_s": real_wall_s,
-               **clock_fields(cfg), "replicas_identical": identical,
+               **clock_fields(cfg), **lock, "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
     agg_summary = agg.summary() if agg is not None else {}

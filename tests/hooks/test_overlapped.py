@@ -88,6 +88,8 @@ def test_overlapped_trains_under_virtual_time_on_two_lanes(tmp_path, name, core)
     code, summary = launch_job(tmp_path, *COMMON, f"aggregator={name}", "world_size=2", "iterations=4",
                                "net=mbit50", "net.clock=virtual", f"net.comm_core={core}")
     assert code == 0 and summary["replicas_identical"], summary
+    # backward's tail waits for its buckets without the host's clock lock: no rank gave it up
+    assert summary["ranks_without_clock_lock"] == 0
     df = pd.read_csv(tmp_path / "metrics.csv")
     assert (df.comm_s >= df.exposed_s).all() and (df.exposed_s >= 0).all() and (df.wire_s > 0).all()
     assert (df.exposed_s >= df.last_bucket_s - 1e-9).all()     # the last bucket is never hidden
