@@ -50,6 +50,7 @@ CUT_FREE = ["rar", "fp16", "fp16+ef", "powersgd", "powersgd-cold", "gradiveq-rar
 # fp16's ring rounds a sum to fp16 on every rank but the segment's owner: where the cut moves the owner,
 # a value differs by one fp16 rounding
 TOLERANCE = {"fp16": {"rtol": 2e-3, "atol": 4e-3}, "fp16+ef": {"rtol": 2e-3, "atol": 4e-3}}
+SLOW = pytest.mark.slow            # make test only (make test-fast: the quick loop keeps a sample)
 
 
 def layout(it: int) -> list[list[int]]:
@@ -130,7 +131,7 @@ def test_one_bucket_is_post_backward_aggregation_bitwise(tmp_path, option):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=SLOW)])
 @pytest.mark.parametrize("option", CUT_FREE)
 def test_buckets_rebucketed_average_as_post_backward(tmp_path, option, world):
     exact = world == 2 and option == "rar"
@@ -164,10 +165,12 @@ def _resume(rank, world, option, stop, iterations):
     return want[stop:], got
 
 
-@pytest.mark.parametrize("option,stop", [("fp16+ef", 3), ("signsgd+ef", 6), ("qsgd", 4), ("powersgd", 3),
-                                         ("powersgd-cold", 6), ("gradiveq", 2), ("gradiveq", 4),
-                                         ("gradiveq", 6)])
+@pytest.mark.parametrize("option,stop", [("fp16+ef", 3), pytest.param("signsgd+ef", 6, marks=SLOW), ("qsgd", 4),
+                                         ("powersgd", 3), pytest.param("powersgd-cold", 6, marks=SLOW),
+                                         pytest.param("gradiveq", 2, marks=SLOW), ("gradiveq", 4),
+                                         pytest.param("gradiveq", 6, marks=SLOW)])
 def test_checkpoint_resumes_a_bucketed_run_bitwise(tmp_path, option, stop):
+    """(make test-fast keeps one stop per kind of state: error memory, P/Q, the PCA schedule.)"""
     for want, got in run_ranks(_resume, 2, tmp_path, option, stop, 10):
         for it, (a, b) in enumerate(zip(want, got)):
             assert torch.equal(a, b), f"iteration {stop + it}"
