@@ -1,14 +1,16 @@
 """Compression judged against the overlapped baseline: ``python -m gvq.bench overlap``.
 
-For each world size N and regime (``net.compute_scale``: 1 a CPU cluster, 1/6 the GradiVeQ paper's
-GPUs), one spawn of N loopback ranks times, interleaved on the same batches and in virtual time:
+For each cell (world size N, link, regime: ``net.compute_scale`` 1 a CPU cluster, 1/6 the GradiVeQ
+paper's GPUs), one spawn of N loopback ranks times, interleaved on the same batches and in virtual time:
 compute alone (``local``: no communication, as torch's ``noop_hook``), and every aggregator
 post-backward and overlapped (``aggregator.overlap=true``: gvq's ring inside backward through the DDP
-hook), at DDP's default buckets and at ``--bucket-mb``, each over each emulated link.  Per cell
-(N, link, regime) the table names the end-to-end winner and its gain over overlapped fp16, the baseline
-practitioners run (Agarwal et al., MLSys 2022), and checks that overlapped RAR hides what it can: where
-post-backward RAR's aggregation is shorter than the backward pass, its exposed communication is at most
-the last bucket's own averaging plus a tenth of the compute time.
+hook), at DDP's default buckets and at ``--bucket-mb``, over the cell's emulated link.  One spawn per
+cell, not per N: a rank keeps every mode's aggregator (GradiVeQ's bases, PowerSGD's Q) for the whole
+spawn, and with every link in one spawn N = 8 ran a small host out of memory.  Per cell the table names
+the end-to-end winner and its gain over overlapped fp16, the baseline practitioners run (Agarwal et al.,
+MLSys 2022), and checks that overlapped RAR hides what it can: where post-backward RAR's aggregation is
+shorter than the backward pass, its exposed communication is at most the last bucket's own averaging
+plus a tenth of the compute time.
 
 ``--wall``: the overlapped ring against torch DDP's own all-reduce on the same (default) buckets, wall
 clock on unshaped loopback (torch's collectives never pass through gvq's link emulator or clock).
@@ -100,10 +102,12 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
     records = []
     for world in args.world_size:
         for scale in args.compute_scale:
-            run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
-                                        "compressed_only": True, "bandwidth": max(args.bandwidth),
-                                        "specs": cell_specs(args.bandwidth, args.aggregators, args.bucket_mb)})
-            recs = mode_records(run_iterations(run, world), world, scale)
+            recs = []
+            for bps in args.bandwidth:   # a spawn per cell: every mode's aggregator stays alive in its ranks
+                run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
+                                            "compressed_only": True, "bandwidth": bps,
+                                            "specs": cell_specs([bps], args.aggregators, args.bucket_mb)})
+                recs += mode_records(run_iterations(run, world), world, scale)
             print_markdown(recs, ["link_Mbps", "aggregator", "variant", "iter_s", "aggregate_s", "comm_s",
                                   "exposed_s", "last_bucket_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "

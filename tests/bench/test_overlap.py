@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gvq.bench import overlap
+from gvq.bench.train import COLS
 
 
 def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_link():
@@ -17,6 +18,21 @@ def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_li
     assert post.overrides == ("aggregator.rank=4",)
     assert "aggregator.overlap=true" in default.overrides and not any("bucket_cap" in o for o in default.overrides)
     assert "aggregator.bucket_cap_mb=0.5" in small.overrides
+
+
+def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):
+    spawned = []
+
+    def fake(run, world):
+        spawned.append((world, run.compute_scale, run.bandwidth, {s.bandwidth for s in run.specs[1:]}))
+        rows = {s.label: [[0.0] * len(COLS)] for s in run.specs}
+        return {"rows": rows}
+
+    monkeypatch.setattr(overlap, "run_iterations", fake)
+    records, cells = overlap.run_table(overlap.parse_args(
+        ["--world-size", "2", "3", "--bandwidth", "5e7", "1e9", "--compute-scale", "1", "--aggregators", "rar"]))
+    assert spawned == [(w, 1.0, b, {b}) for w in (2, 3) for b in (5e7, 1e9)]
+    assert len(records) == 2 * 2 * 3 and len(cells) == 4
 
 
 def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0):
