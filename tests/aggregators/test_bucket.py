@@ -122,7 +122,13 @@ def _flat_state(sd) -> list[torch.Tensor]:
     return []
 
 
-@pytest.mark.parametrize("option", sorted(OPTIONS))
+#: the options make test-fast keeps for the one-bucket comparison: one per kind of state (none, residuals,
+#: a quantizer's fit, PowerSGD's Q, GradiVeQ's schedule in both sampling modes); make test runs them all
+ONE_BUCKET_QUICK = {"rar", "fp16+ef", "qsgd", "orq", "powersgd", "gradiveq", "gradiveq_pooled-rar"}
+
+
+@pytest.mark.parametrize("option", [o if o in ONE_BUCKET_QUICK else pytest.param(o, marks=SLOW)
+                                    for o in sorted(OPTIONS)])
 def test_one_bucket_is_post_backward_aggregation_bitwise(tmp_path, option):
     for r in run_ranks(_compare, 2, tmp_path, option, 9, False):
         for a, b in zip(r["post"], r["bucketed"]):
