@@ -98,16 +98,19 @@ def rar_hiding(recs: list[dict]) -> dict:
     return {"rar_exposed_s": over["exposed_s"], "rar_bound_s": bound, "rar_hides": over["exposed_s"] <= bound}
 
 
+def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
+    """One spawn for one cell: its ranks hold only this link's aggregators (memory, see the docstring)."""
+    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
+                                "compressed_only": True, "bandwidth": bps,
+                                "specs": cell_specs([bps], args.aggregators, args.bucket_mb)})
+    return mode_records(run_iterations(run, world), world, scale)
+
+
 def run_table(args) -> tuple[list[dict], list[dict]]:
     records = []
     for world in args.world_size:
         for scale in args.compute_scale:
-            recs = []
-            for bps in args.bandwidth:   # a spawn per cell: every mode's aggregator stays alive in its ranks
-                run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
-                                            "compressed_only": True, "bandwidth": bps,
-                                            "specs": cell_specs([bps], args.aggregators, args.bucket_mb)})
-                recs += mode_records(run_iterations(run, world), world, scale)
+            recs = [r for bps in args.bandwidth for r in run_cell(args, world, scale, bps)]
             print_markdown(recs, ["link_Mbps", "aggregator", "variant", "iter_s", "aggregate_s", "comm_s",
                                   "exposed_s", "last_bucket_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
