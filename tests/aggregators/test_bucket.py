@@ -25,7 +25,7 @@ import torch
 from gvq.aggregators.base import RunContext
 from gvq.compressors.gradiveq.subset import restrict
 from gvq.hooks.config import build_aggregator
-from tests.helpers.dist import run_ranks
+from tests.helpers.dist import run_cases, run_ranks
 
 # two conv layers (GradiVeQ's groups), their biases, a matrix (PowerSGD's low-rank block) and its bias
 SHAPES = [(4, 2, 3, 3), (4,), (6, 4, 3, 3), (6,), (3, 24), (3,)]
@@ -122,15 +122,51 @@ def _flat_state(sd) -> list[torch.Tensor]:
     return []
 
 
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    """``spawned(fn, world, batch)[case]``: the per-rank results of ``fn(rank, world, *case)``, every case
+    of ``batch`` run in one spawn, once per module (a spawn costs more than a case here); a failed batch
+    fails each of its tests with the case that failed."""
+    done: dict = {}
+
+    def get(fn, world, batch):
+        key = (fn.__name__, world, batch)
+        if key not in done:
+            try:
+                done[key] = run_cases(fn, world, tmp_path_factory.mktemp("ranks"), batch)
+            except Exception as e:                      # noqa: BLE001 (kept for the batch's other tests)
+                done[key] = e
+        if isinstance(done[key], Exception):
+            raise done[key]
+        return done[key]
+    return get
+
+
+def batched(cases: list[tuple], quick) -> list:
+    """pytest params for ``cases``, each with the batch it runs in: the cases ``quick`` keeps (make
+    test-fast's sample) in one, the rest (marked slow: make test only) in another."""
+    fast = tuple(c for c in cases if quick(c))
+    slow = tuple(c for c in cases if not quick(c))
+    return [pytest.param(*c, fast, id="-".join(map(str, c))) if quick(c)
+            else pytest.param(*c, slow, id="-".join(map(str, c)), marks=SLOW) for c in cases]
+
+
 #: the options make test-fast keeps for the one-bucket comparison: one per kind of state (none, residuals,
 #: a quantizer's fit, PowerSGD's Q, GradiVeQ's schedule in both sampling modes); make test runs them all
 ONE_BUCKET_QUICK = {"rar", "fp16+ef", "qsgd", "orq", "powersgd", "gradiveq", "gradiveq_pooled-rar"}
 
 
-@pytest.mark.parametrize("option", [o if o in ONE_BUCKET_QUICK else pytest.param(o, marks=SLOW)
-                                    for o in sorted(OPTIONS)])
-def test_one_bucket_is_post_backward_aggregation_bitwise(tmp_path, option):
-    for r in run_ranks(_compare, 2, tmp_path, option, 9, False):
+def _one_bucket(rank, world, option):
+    return _compare(rank, world, option, 9, False)
+
+
+def _rebucketed(rank, world, option):
+    return _compare(rank, world, option, 9, True)
+
+
+@pytest.mark.parametrize("option,batch", batched([(o,) for o in sorted(OPTIONS)], lambda c: c[0] in ONE_BUCKET_QUICK))
+def test_one_bucket_is_post_backward_aggregation_bitwise(spawned, option, batch):
+    for r in spawned(_one_bucket, 2, batch)[(option,)]:
         for a, b in zip(r["post"], r["bucketed"]):
             assert torch.equal(a, b)
         for a, b in zip(*map(_flat_state, r["states"])):
@@ -139,10 +175,10 @@ def test_one_bucket_is_post_backward_aggregation_bitwise(tmp_path, option):
 
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=SLOW)])
 @pytest.mark.parametrize("option", CUT_FREE)
-def test_buckets_rebucketed_average_as_post_backward(tmp_path, option, world):
+def test_buckets_rebucketed_average_as_post_backward(spawned, option, world):
     exact = world == 2 and option == "rar"
     tol = TOLERANCE.get(option, {"rtol": 1e-4, "atol": 1e-5})
-    for r in run_ranks(_compare, world, tmp_path, option, 9, True):
+    for r in spawned(_rebucketed, world, tuple((o,) for o in CUT_FREE))[(option,)]:
         for it, (a, b) in enumerate(zip(r["post"], r["bucketed"])):
             if exact:
                 assert torch.equal(a, b), it
@@ -157,7 +193,7 @@ def test_buckets_rebucketed_average_as_post_backward(tmp_path, option, world):
                 assert torch.equal(a, b)
 
 
-def _resume(rank, world, option, stop, iterations):
+def _resume(rank, world, option, stop, iterations=10):
     whole, first = _build(option, rank, world, True), _build(option, rank, world, True)
     want = [bucketed(whole, rank, it, layout(it)) for it in range(iterations)]
     for it in range(stop):
@@ -171,13 +207,15 @@ def _resume(rank, world, option, stop, iterations):
     return want[stop:], got
 
 
-@pytest.mark.parametrize("option,stop", [("fp16+ef", 3), pytest.param("signsgd+ef", 6, marks=SLOW), ("qsgd", 4),
-                                         ("powersgd", 3), pytest.param("powersgd-cold", 6, marks=SLOW),
-                                         pytest.param("gradiveq", 2, marks=SLOW), ("gradiveq", 4),
-                                         pytest.param("gradiveq", 6, marks=SLOW)])
-def test_checkpoint_resumes_a_bucketed_run_bitwise(tmp_path, option, stop):
-    """(make test-fast keeps one stop per kind of state: error memory, P/Q, the PCA schedule.)"""
-    for want, got in run_ranks(_resume, 2, tmp_path, option, stop, 10):
+#: make test-fast keeps one stop per kind of state: error memory, P/Q, the PCA schedule
+RESUME_QUICK = {("fp16+ef", 3), ("qsgd", 4), ("powersgd", 3), ("gradiveq", 4)}
+RESUMES = [("fp16+ef", 3), ("signsgd+ef", 6), ("qsgd", 4), ("powersgd", 3), ("powersgd-cold", 6), ("gradiveq", 2),
+           ("gradiveq", 4), ("gradiveq", 6)]
+
+
+@pytest.mark.parametrize("option,stop,batch", batched(RESUMES, lambda c: c in RESUME_QUICK))
+def test_checkpoint_resumes_a_bucketed_run_bitwise(spawned, option, stop, batch):
+    for want, got in spawned(_resume, 2, batch)[(option, stop)]:
         for it, (a, b) in enumerate(zip(want, got)):
             assert torch.equal(a, b), f"iteration {stop + it}"
 

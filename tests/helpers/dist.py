@@ -44,3 +44,20 @@ def env_without_hydra():
     env = dict(os.environ)
     env["WANDB_MODE"] = "disabled"
     return env
+
+
+def _cases(rank, world, fn, cases):
+    out = {}
+    for case in cases:
+        try:
+            out[case] = fn(rank, world, *case)
+        except Exception as e:
+            raise RuntimeError(f"rank {rank}: {fn.__name__}{case} failed") from e
+    return out
+
+
+def run_cases(fn, world: int, tmp_path, cases: tuple, timeout_per_case: float = 60.0) -> dict:
+    """``fn(rank, world, *case)`` for every case, one after another in one spawn of ``world`` ranks (a
+    spawn costs more than a small case); returns ``{case: [rank 0's result, rank 1's, ...]}``."""
+    per_rank = run_ranks(_cases, world, tmp_path, fn, cases, timeout=30.0 + timeout_per_case * len(cases))
+    return {case: [r[case] for r in per_rank] for case in cases}

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import re
 import typing
 
 import pytest
+import yaml
 from hydra.errors import ConfigCompositionException
 from hydra.utils import get_object
 from omegaconf import OmegaConf
@@ -19,6 +21,28 @@ from gvq.run.schema import TYPED_GROUPS
 from tests.helpers.cli import ROOT, cli
 
 OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
+
+
+def _schema_of(group: str, option: str) -> str:
+    """The schema an option file names, or the one the option it extends names."""
+    text = (ROOT / "conf" / group / f"{option}.yaml").read_text()
+    named = re.search(rf"/schema/{group}/(\w+)", text)
+    return named.group(1) if named else _schema_of(group, yaml.safe_load(text)["defaults"][0])
+
+
+def _per_schema(options):
+    """Every option; make test-fast checks the refusals on the first option of each schema (options
+    sharing one, such as resnet20/32/56/110, are refused by the same class), make test on all."""
+    seen, out = set(), []
+    for g, o in options:
+        key = (g, _schema_of(g, o))
+        marks = [pytest.mark.slow] if key in seen else []
+        seen.add(key)
+        out.append(pytest.param(g, o, id=f"{g}={o}", marks=marks))
+    return out
+
+
+PER_SCHEMA = _per_schema(OPTIONS)
 
 
 def _refusal(compose_cfg, *overrides) -> str:
@@ -51,7 +75,7 @@ def _kind(hint):
     return {int: "int", float: "float", bool: "bool"}.get(hint, "other")
 
 
-@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+@pytest.mark.parametrize("group,option", PER_SCHEMA)
 def test_every_option_composes_to_its_schema_and_refuses_a_misspelt_key(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     for where, node in _schema_nodes(cfg[group], group):
@@ -61,7 +85,7 @@ def test_every_option_composes_to_its_schema_and_refuses_a_misspelt_key(compose_
         assert line.startswith(f"{where}.no_such_knob: unknown key"), line
 
 
-@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+@pytest.mark.parametrize("group,option", PER_SCHEMA)
 def test_every_typed_knob_refuses_an_ill_typed_value_naming_its_type(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     words = {"int": "integer", "float": "float", "bool": "boolean"}
@@ -72,7 +96,7 @@ def test_every_typed_knob_refuses_an_ill_typed_value_naming_its_type(compose_cfg
                 assert line.startswith(f"{where}.{name}=abc: expected {word}"), line
 
 
-@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+@pytest.mark.parametrize("group,option", PER_SCHEMA)
 def test_every_choice_refuses_a_value_outside_its_enum_naming_the_choices(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     for where, node in _schema_nodes(cfg[group], group):
