@@ -63,7 +63,7 @@ def mode_records(raw: dict, world: int, scale: float) -> list[dict]:
         agg, variant, bps = label.split("|")
         rec = {"N": world, "compute_scale": scale, "link_Mbps": float(bps) / 1e6, "aggregator": agg,
                "variant": variant, "alone_s": alone["iter_s"], "backward_s": alone["compute_s"]}
-        for k in ("iter_s", "aggregate_s", "comm_s", "exposed_s", "last_bucket_s"):
+        for k in ("iter_s", "aggregate_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"):
             rec[k] = _median(rows, k)
         out.append(rec)
     return out
@@ -112,7 +112,7 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
         for scale in args.compute_scale:
             recs = [r for bps in args.bandwidth for r in run_cell(args, world, scale, bps)]
             print_markdown(recs, ["link_Mbps", "aggregator", "variant", "iter_s", "aggregate_s", "comm_s",
-                                  "exposed_s", "last_bucket_s", "alone_s"],
+                                  "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
                            f"N={world}, model={args.model}, batch {args.batch_size}/rank, median of {args.iters} "
                            f"iterations after {args.warmup} warm-up, compressed phase pinned")

@@ -23,6 +23,7 @@ from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, chec
 from gvq.comm import clock
 from gvq.hooks import Overlapped
 from gvq.run import train
+from gvq.run.rows import reduce_row
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.validate import ConfigError
 
@@ -37,7 +38,7 @@ def with_run_defaults(args) -> argparse.Namespace:
     """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
     return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
 COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent", "comm_s", "exposed_s",
-        "last_bucket_s")
+        "last_bucket_s", "straggle_s")
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class _Mode:
             row = {"compute_s": compute}
         else:                                          # the runner's own per-iteration path
             row = train.step(self.net, self.opt, self.agg, x, y, it)
-            row = train.reduce_stats(row, train.TIME_KEYS, train.MEAN_KEYS)
+            row = reduce_row(row)
         row["iter_s"] = clock.now() - t0
         return [float(row.get(k, 0.0)) for k in COLS]
 

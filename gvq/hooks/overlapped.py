@@ -11,7 +11,9 @@ thread while backward goes on.  Consequences for the per-iteration columns:
   :meth:`Overlapped.aggregate`, so that wait is ``aggregate_s`` instead;
 * ``comm_s``: first bucket launched -> last bucket averaged; ``exposed_s``: last bucket averaged minus
   the moment backward produced it (the communication not hidden); ``last_bucket_s``: the last
-  bucket's own averaging (exposed_s can be no shorter); ``buckets``: how many;
+  bucket's own averaging (exposed_s can be no shorter); ``buckets``: how many.  In a run's row,
+  ``exposed_s`` and ``last_bucket_s`` are the rank's that ended backward last, and ``straggle_s`` how
+  much longer the first rank to end it waited (for its peers' backward: :mod:`gvq.run.rows`);
 * ``compress_s`` / ``decompress_s`` / ``wire_s`` / ``bytes_sent``: the wrapped aggregator's counters
   over every bucket (work done on the communication thread, overlapped with backward).
 """
@@ -54,7 +56,8 @@ class Overlapped(Aggregator):
         if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
             raise ValueError(f"aggregator.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (or unset)")
         self.name = inner.name
-        self.extra_fields = ("buckets", "comm_s", "exposed_s", "last_bucket_s") + tuple(inner.extra_fields)
+        self.extra_fields = (("buckets", "comm_s", "exposed_s", "last_bucket_s", "straggle_s")
+                             + tuple(inner.extra_fields))
         self.virtual_time = inner.virtual_time
         self.compressor = inner.compressor
         self.state: GvqHookState | None = None

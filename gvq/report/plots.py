@@ -134,8 +134,9 @@ def breakdown(groups, stats_of) -> pd.DataFrame:
     Post-backward: aggregation is all exposed, split into compress / wire / decompress and ``other_s``
     (aggregate_s minus those; each part is a max over ranks, so clipped at 0).  Overlapped
     (``exposed_s`` logged): the codec and wire work ran on the communication thread during backward, so
-    it is not stacked; ``exposed_s`` is what the iteration waited for, and ``hidden_s`` = comm_s -
-    exposed_s is drawn inside the computation bar."""
+    it is not stacked; ``exposed_s`` is what the iteration waited for after the last rank's backward, and
+    ``hidden_s`` = comm_s - exposed_s is drawn inside the computation bar (as is ``straggle_s``, faster
+    ranks waiting for the slowest one's backward: compute imbalance, not communication)."""
     rows, clock = [], time_clock(groups)
     for g in groups:
         s = stats_of(g)

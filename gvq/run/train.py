@@ -34,6 +34,7 @@ from gvq.run.guards import (
     peer_lost,
 )
 from gvq.run.logs import RunLog, mark
+from gvq.run.rows import TIME_KEYS, reduce_row
 
 log = logging.getLogger("gvq")
 
@@ -93,20 +94,6 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
 
 
-def reduce_stats(stats: dict, max_keys: tuple[str, ...], mean_keys: tuple[str, ...]) -> dict:
-    """Times/bytes: max over ranks; loss/accuracy: mean over ranks; anything else: rank 0's."""
-    dev = comm_device()
-    mx = torch.tensor([float(stats[k]) for k in max_keys], dtype=torch.float64, device=dev)
-    mn = torch.tensor([float(stats[k]) for k in mean_keys], dtype=torch.float64, device=dev)
-    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-    dist.all_reduce(mn)
-    out = dict(stats)
-    out.update({k: float(v) for k, v in zip(max_keys, mx)})
-    out.update({k: float(v) / dist.get_world_size() for k, v in zip(mean_keys, mn)})
-    out["bytes_sent"] = int(out["bytes_sent"])
-    return out
-
-
 def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
@@ -130,12 +117,6 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         opt.step()
     return {**row, **stats}
 
-
-TIME_KEYS = ("compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent",
-             "skipped")
-MEAN_KEYS = ("train_loss", "train_acc")
-#: an overlapped aggregator's communication times: the iteration waits for its slowest rank's
-OVERLAP_KEYS = ("comm_s", "exposed_s", "last_bucket_s")
 
 
 def clock_fields(cfg: dict) -> dict:
@@ -228,7 +209,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
         stats = step(model, opt, agg, x, y, it, cfg["nan_policy"])
-        row = reduce_stats(stats, TIME_KEYS + tuple(k for k in OVERLAP_KEYS if k in stats), MEAN_KEYS)
+        row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
                    real_wall_s=time.perf_counter() - real0)

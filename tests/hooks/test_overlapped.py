@@ -19,7 +19,7 @@ RING = sorted(p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml") if n
 COMMON = ["logger=csv", "logger.progress=false", "model.width=4", "batch_size=16", "eval_every=4",
           "aggregator.overlap=true", "aggregator.bucket_cap_mb=0.004", "warmup=2", "L_t=3", "L_c=4"]
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
-         "fit_s", "monitor_s", "comm_s", "exposed_s", "last_bucket_s"]
+         "fit_s", "monitor_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"]
 
 
 def _metrics(run: Path) -> pd.DataFrame:
@@ -93,6 +93,7 @@ def test_overlapped_trains_under_virtual_time_on_two_lanes(tmp_path, name, core)
     df = pd.read_csv(tmp_path / "metrics.csv")
     assert (df.comm_s >= df.exposed_s).all() and (df.exposed_s >= 0).all() and (df.wire_s > 0).all()
     assert (df.exposed_s >= df.last_bucket_s - 1e-9).all()     # the last bucket is never hidden
+    assert (df.straggle_s >= 0).all()          # the first rank to end backward waits at least as long
     # many small buckets over a slow link: the ones backward made early were averaged during it
     assert (df.comm_s > df.exposed_s).any()
 
