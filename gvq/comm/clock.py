@@ -81,7 +81,9 @@ class RankClock:
         self.mode = mode
         self.scales = {"compute": float(compute_scale), "codec": float(codec_scale), "ring": 1.0}
         self._t = 0.0                           # virtual seconds banked so far
-        self._cpu = time.thread_time()          # CPU reading the bank is up to date with
+        # per thread, the CPU reading the bank is up to date with (two hooks' threads may read one lane: each
+        # counts its own CPU since its own last reading, never one thread's clock minus another's)
+        self._cpu: dict[int, float] = {threading.get_ident(): time.thread_time()}
         self._scale = 1.0                       # scale of the phase running now
         self._depth, self._held = 0, False      # phase nesting; holding the core lock
         self._lock = _open_lock() if self.virtual and exclusive else None
@@ -102,10 +104,10 @@ class RankClock:
             if self._sync is not None:
                 self._sync()
             return time.perf_counter()
-        cpu = time.thread_time()
-        step = (cpu - self._cpu) * self._scale
+        tid, cpu = threading.get_ident(), time.thread_time()
+        step = (cpu - self._cpu.get(tid, cpu)) * self._scale
         self._t += step
-        self._cpu = cpu
+        self._cpu[tid] = cpu
         if self.charge is not None and self._depth > 0 and step > 0:
             self.charge.owe(step)
         if self._debt:
@@ -120,8 +122,12 @@ class RankClock:
             self._debt += seconds
 
     def bind_thread(self) -> None:
-        """CPU time is read per thread: from now on this clock counts the calling thread's."""
-        self._cpu = time.thread_time()
+        """From now on this clock also counts the calling thread's CPU time (from this moment)."""
+        self._mark()
+
+    def _mark(self) -> None:
+        """The calling thread's CPU up to now is not this clock's (a wait, a lock, a new binding)."""
+        self._cpu[threading.get_ident()] = time.thread_time()
 
     @contextmanager
     def phase(self, name: str):
@@ -157,7 +163,7 @@ class RankClock:
         finally:
             if held:
                 self._acquire()
-            self._cpu = time.thread_time()
+            self._mark()
 
     def yield_core(self) -> None:
         """The running phase waits for peers from here (a collective inside it: DDP's bucket rebuild,
@@ -191,7 +197,7 @@ class RankClock:
                     break
                 time.sleep(pause)
                 pause = min(2 * pause, 2e-3)
-        self._cpu = time.thread_time()
+        self._mark()
 
     def _release(self) -> None:
         if self._held:

@@ -309,3 +309,36 @@ def test_the_binding_is_per_thread_and_ends_with_the_block(cpu):
     assert seen == (True, True) and C.get() is compute
     with pytest.raises(ValueError, match="net.comm_core"):
         C.configure("virtual", comm_core="spare")
+
+
+def test_two_threads_on_one_lane_each_count_only_their_own_cpu(cpu):
+    """Two hooks in one process (gvq.bench overlap's two bucket sizes) each have a thread on the rank's
+    communication lane, with different CPU totals: a reading counts the reading thread's CPU since its own
+    last reading, not its total minus the other thread's."""
+    C.configure("virtual", codec_scale=1.0, comm_core="own")
+    ready, go, done = threading.Event(), [threading.Event(), threading.Event()], [threading.Event(), threading.Event()]
+    ends = {}
+
+    def thread(name: str, before: float, work: float, turn: int):
+        cpu.burn(before)                          # this thread's CPU before it joins the lane
+        with C.comm_lane() as lane:
+            for k in range(2):
+                go[turn].wait(5)
+                go[turn].clear()
+                lane.advance_to(0.0)
+                with C.phase("codec"):
+                    cpu.burn(work)
+                ends[(name, k)] = C.now()
+                done[turn].set()
+        ready.set()
+
+    a = threading.Thread(target=thread, args=("a", 100.0, 1.0, 0))
+    b = threading.Thread(target=thread, args=("b", 7.0, 2.0, 1))
+    a.start(), b.start()
+    for k in range(2):                            # a, then b, then a, then b: one lane, one timeline
+        for turn in (0, 1):
+            go[turn].set()
+            done[turn].wait(5)
+            done[turn].clear()
+    a.join(5), b.join(5)
+    assert ends == {("a", 0): 1.0, ("b", 0): 3.0, ("a", 1): 4.0, ("b", 1): 6.0}
