@@ -38,7 +38,7 @@ def with_run_defaults(args) -> argparse.Namespace:
     """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
     return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
 COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent", "comm_s", "exposed_s",
-        "last_bucket_s", "straggle_s")
+        "last_bucket_s", "straggle_s", "backward_s")
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,13 @@ class _Mode:
             with clock.phase("compute"):
                 loss = F.cross_entropy(self.net(x), y)
                 self.opt.zero_grad(set_to_none=False)
+                t_backward = clock.now()
                 loss.backward()
             compute = clock.now() - t0
             with clock.phase("compute"):
                 self.opt.step()
-            row = {"compute_s": compute}
+            # backward alone: the only span an overlapped aggregator's buckets can hide behind
+            row = {"compute_s": compute, "backward_s": t0 + compute - t_backward}
         else:                                          # the runner's own per-iteration path
             row = train.step(self.net, self.opt, self.agg, x, y, it)
             row = reduce_row(row)

@@ -35,10 +35,10 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
     assert len(records) == 2 * 2 * 3 and len(cells) == 4
 
 
-def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0):
+def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0, compute=None):
     return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg, "variant": variant,
-            "alone_s": 1.1, "backward_s": backward, "iter_s": it, "aggregate_s": aggregate, "comm_s": 0.0,
-            "exposed_s": exposed, "last_bucket_s": last}
+            "alone_s": 1.1, "backward_s": backward, "compute_s": backward if compute is None else compute,
+            "iter_s": it, "aggregate_s": aggregate, "comm_s": 0.0, "exposed_s": exposed, "last_bucket_s": last}
 
 
 def test_the_winner_and_its_gain_over_overlapped_fp16_per_cell():
@@ -60,6 +60,17 @@ def test_rar_hiding_does_not_apply_where_its_aggregation_outlasts_backward_and_f
     short = overlap.rar_hiding([_rec("rar", "post", 3, aggregate=0.5), _rec("rar", "overlap", 2, exposed=0.5,
                                                                             last=0.1)])
     assert short["rar_hides"] is False
+
+
+def test_rar_hiding_applies_against_backward_alone_and_allows_a_tenth_of_forward_plus_backward():
+    """Buckets exist only once backward runs: an aggregation longer than backward (0.9 s > 0.8 s) cannot
+    hide, even if shorter than forward + backward (1.2 s); where it applies the slack is 0.1 x 1.2 s."""
+    def cell(aggregate):
+        return overlap.rar_hiding([_rec("rar", "post", 3, aggregate=aggregate, backward=0.8, compute=1.2),
+                                   _rec("rar", "overlap", 2, exposed=0.2, last=0.1)])
+    assert cell(0.9)["rar_hides"] is None
+    short = cell(0.7)
+    assert short["rar_bound_s"] == pytest.approx(0.1 + 0.12) and short["rar_hides"] is True
 
 
 @pytest.mark.slow
