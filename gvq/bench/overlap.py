@@ -126,7 +126,7 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
                            "gain_over_fp16", "rar_exposed_s", "rar_bound_s", "rar_hides"],
                    "per cell: the end-to-end winner, its gain over overlapped fp16 (virtual time), and whether "
                    f"overlapped RAR's exposed communication <= its last bucket + {HIDE_SLACK:g} x compute, where "
-                   "post-backward RAR aggregates faster than backward runs")
+                   "post-backward RAR aggregates faster than backward alone runs")
     return records, cells
 
 

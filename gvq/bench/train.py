@@ -92,11 +92,11 @@ class _Mode:
                 self.opt.zero_grad(set_to_none=False)
                 t_backward = clock.now()
                 loss.backward()
-            compute = clock.now() - t0
+            t_end = clock.now()
             with clock.phase("compute"):
                 self.opt.step()
             # backward alone: the only span an overlapped aggregator's buckets can hide behind
-            row = {"compute_s": compute, "backward_s": t0 + compute - t_backward}
+            row = {"compute_s": t_end - t0, "backward_s": t_end - t_backward}
         else:                                          # the runner's own per-iteration path
             row = train.step(self.net, self.opt, self.agg, x, y, it)
             row = reduce_row(row)

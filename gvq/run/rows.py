@@ -24,16 +24,18 @@ OVERLAP_MIN_KEYS = ("exposed_s", "last_bucket_s")    # at the rank that ended ba
 
 def reduce_stats(stats: dict, max_keys=(), mean_keys=(), min_keys=()) -> dict:
     """``stats`` with ``max_keys`` maxed, ``mean_keys`` averaged and ``min_keys`` minimised over ranks (a
-    collective: every rank calls it with the same keys); other keys stay this rank's."""
+    collective: every rank calls it with the same keys); other keys stay this rank's.  Two all-reduces
+    per row whatever the keys: a minimum rides in the maximum's as its negation."""
     dev = comm_device()
+    extreme = torch.tensor([float(stats[k]) for k in max_keys] + [-float(stats[k]) for k in min_keys],
+                           dtype=torch.float64, device=dev)
+    mean = torch.tensor([float(stats[k]) for k in mean_keys], dtype=torch.float64, device=dev)
+    dist.all_reduce(extreme, op=dist.ReduceOp.MAX)
+    dist.all_reduce(mean)
     out = dict(stats)
-    for keys, op in ((max_keys, dist.ReduceOp.MAX), (mean_keys, dist.ReduceOp.SUM), (min_keys, dist.ReduceOp.MIN)):
-        if not keys:
-            continue
-        t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64, device=dev)
-        dist.all_reduce(t, op=op)
-        scale = dist.get_world_size() if op == dist.ReduceOp.SUM else 1
-        out.update({k: float(v) / scale for k, v in zip(keys, t)})
+    out.update({k: float(v) for k, v in zip(max_keys, extreme)})
+    out.update({k: -float(v) for k, v in zip(min_keys, extreme[len(max_keys):])})
+    out.update({k: float(v) / dist.get_world_size() for k, v in zip(mean_keys, mean)})
     if "bytes_sent" in out:
         out["bytes_sent"] = int(out["bytes_sent"])
     return out
