@@ -10,7 +10,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup run test test-fast bench validate-clock paper-time projection clean
+.PHONY: setup data run test test-fast bench validate-clock paper-time projection clean
 
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
@@ -22,15 +22,24 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,slurm]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) data
 
-run: $(STAMP)
+# Fashion-MNIST (dataset=fashion_mnist) from Debian's package where we may (root with apt-get); elsewhere one
+# line says how, and set-up goes on (gvq never downloads data at run time)
+FASHION := /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+data:
+	@test -f $(FASHION) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; }; } ; } \
+	  || echo "note: Fashion-MNIST not installed; for dataset=fashion_mnist run 'apt-get install dataset-fashion-mnist' as root, or set GVQ_DATA to a folder with its four IDX files"
+
+run: $(STAMP) data
 	$(PY) cli.py
 
-test: $(STAMP)
+test: $(STAMP) data
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) data
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow"
 
 bench: $(STAMP)

@@ -15,6 +15,8 @@ The folder is the role, the file is the variant; imports run down this list, nev
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
     comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging
     compressors/  codecs only (one file each; GradiVeQ's is the gradiveq/ subpackage); _-prefixed files are parts
-    data.py, models.py   datasets and models
+    data/         one loader per source format (idx: Fashion-MNIST, sklearn_digits, cifar_python, gaussian),
+                  TensorData (tensors.py) and the sharded, resumable batch stream (batches.py)
+    models.py     models
 """
 __version__ = "0.1.0"

@@ -46,3 +46,16 @@ def one_thread():
 def one_thread_per_module():
     """As ``one_thread``, for a whole module (``pytestmark = pytest.mark.usefixtures(...)``)."""
     yield from _threads(1)
+
+
+@pytest.fixture(scope="session")
+def fashion_root() -> Path:
+    """The folder of the real Fashion-MNIST files.  Where they are missing the test skips, except where
+    ``GVQ_REQUIRE_FASHION=1`` (set by .ci/run, which installs them): there a missing data set fails."""
+    from tests.helpers.data import fashion_source
+    found = fashion_source()
+    if found is None:
+        if os.environ.get("GVQ_REQUIRE_FASHION") == "1":
+            pytest.fail("GVQ_REQUIRE_FASHION=1 but Fashion-MNIST is not installed (make setup, as root)")
+        pytest.skip("Fashion-MNIST not installed (make setup as root installs dataset-fashion-mnist)")
+    return found

@@ -234,6 +234,14 @@ class CifarSchema:
 
 
 @dataclass
+class FashionMNISTSchema:
+    _target_: str = "gvq.data.fashion_mnist"
+    root: Optional[str] = None
+    n_train: Optional[int] = None
+    seed: int = 0
+
+
+@dataclass
 class SyntheticSchema:
     _target_: str = "gvq.data.synthetic"
     num_classes: int = 100
@@ -263,6 +271,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("dataset", "digits"): DigitsSchema,
     ("dataset", "cifar"): CifarSchema,
     ("dataset", "synthetic"): SyntheticSchema,
+    ("dataset", "fashion_mnist"): FashionMNISTSchema,
     ("net", "link"): NetSchema,
 }
 

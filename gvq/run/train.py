@@ -85,7 +85,7 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     dev = next(model.parameters()).device
     tot = torch.zeros(3, dtype=torch.float64, device=comm_device())
     for chunk in idx.split(batch_size):
-        out = model(data.x_test[chunk].to(dev))
+        out = model(data.inputs(data.x_test[chunk]).to(dev))
         y = data.y_test[chunk].to(dev)
         tot += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
                              (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=tot.device)

@@ -106,6 +106,9 @@ CASES = [
     ("dataset=cifar100 dataset.root=/nonexistent", "dataset.root=/nonexistent"),
     ("dataset=cifar10 dataset.root={garbage}", "data_batch_1: not a CIFAR python batch"),
     ("dataset.test_fraction=1.5", "dataset.test_fraction=1.5"),
+    ("dataset=fashion_mnist dataset.root=/nonexistent", "no Fashion-MNIST under /nonexistent"),
+    ("dataset=fashion_mnist dataset.root={idx_garbage}", "train-images-idx3-ubyte: not the Fashion-MNIST IDX"),
+    ("dataset=fashion_mnist dataset.n_train=many", "dataset.n_train=many"),
 ]
 
 
@@ -143,7 +146,13 @@ def outcomes(tmp_path_factory):
     garbage.mkdir(parents=True)
     for f in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         (garbage / f).write_bytes(pickle.dumps({b"labels": [1, 2]}))             # no b"data"
-    slots = {"empty": tmp / "empty", "partial": tmp / "partial", "garbage": tmp / "garbage"}
+    idx_garbage = tmp / "idx_garbage"
+    idx_garbage.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (idx_garbage / name).write_bytes(b"\x00\x00\x08\x01" + bytes(100))       # a labels header everywhere
+    slots = {"empty": tmp / "empty", "partial": tmp / "partial", "garbage": tmp / "garbage",
+             "idx_garbage": idx_garbage}
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: _invoke(c[0], tmp, slots), CASES))
     return dict(zip([c[0] for c in CASES], results))

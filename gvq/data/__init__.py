@@ -1,0 +1,28 @@
+"""Data sets held in memory as tensors, and the sharded, resumable batch stream each rank trains on.
+
+Loaders are built from Hydra (``conf/dataset/*.yaml``) and return a :class:`TensorData`; one file per
+source format, re-exported here so a config names ``gvq.data.<loader>``::
+
+    python cli.py dataset=digits                     # scikit-learn's load_digits, no download
+    python cli.py dataset=fashion_mnist              # IDX files (Debian's dataset-fashion-mnist), no download
+    python cli.py dataset=cifar100 dataset.root=/data  # reads /data/cifar-100-python/{train,test}
+    python cli.py dataset=synthetic                  # CIFAR-shaped random data, for benchmarks
+
+Training is iteration-based: :func:`iterate_batches` yields ``(epoch, x, y)`` forever.  Every epoch
+is one permutation shared by all ranks (seeded by ``(seed, epoch)``); rank r takes
+``perm[r::world]`` cut to whole batches, so shards are disjoint and equally long.  Everything
+random is a pure function of ``(seed, epoch, rank, batch)``, so starting at iteration ``i`` gives
+exactly the batches a run that got there by stepping would see.
+"""
+from gvq.data.batches import (AUG_PAD, augment_batch, batches_per_epoch, epoch_shard, iterate_batches,
+                              test_batches)
+from gvq.data.cifar_python import CIFAR_LAYOUT, CIFAR_STATS, cifar10, cifar100
+from gvq.data.gaussian import synthetic
+from gvq.data.idx import FASHION_FILES, fashion_mnist
+from gvq.data.sklearn_digits import _digits_arrays, digits, digits_cache_path, stratified_split
+from gvq.data.tensors import TensorData, _generator, _seed
+
+__all__ = ["AUG_PAD", "CIFAR_LAYOUT", "CIFAR_STATS", "FASHION_FILES", "TensorData", "augment_batch",
+           "batches_per_epoch", "cifar10", "cifar100", "digits", "digits_cache_path", "epoch_shard",
+           "fashion_mnist", "iterate_batches", "stratified_split", "synthetic", "test_batches",
+           "_digits_arrays", "_generator", "_seed"]
