@@ -82,7 +82,8 @@ def time_clock(groups) -> str:
 
 def _plot_group(axes, group, color, smooth: int, on_time_axis: bool) -> None:
     style = "-" if group.status == "completed" else "--"
-    label = group.label + ("" if group.status == "completed" else f" ({group.status})")
+    label = group.label + ("" if group.status == "completed" else f" ({group.status})") + (
+        f" ({group.collapsed}/{len(group.runs)} collapsed)" if group.collapsed else "")
     for row, (col, sm) in enumerate((("test_acc", 1), ("train_loss", smooth))):
         s = _series(group, col, sm, log=row == 1)
         for ax, x in zip(axes[row], ("iteration", "wall_s") if on_time_axis else ("iteration",)):
@@ -201,17 +202,26 @@ def _num(v, fmt: str, suffix: str = "") -> str:
 
 
 def _target(row) -> str:
+    """Iterations (± std over seeds) and time to the target accuracy, over the runs that reached it."""
     k, n = (int(x) for x in row["reached"].split("/"))
     if k == 0:
         return "not reached"
-    return _num(row["time_to_target_s"], ".2f", " s") + ("" if k == n else f" ({k}/{n} runs)")
+    iters = _pm(row["iters_to_target"], row["iters_to_target_std"], ".0f")
+    return f"{iters} it, " + _num(row["time_to_target_s"], ".2f", " s") + ("" if k == n else f" ({k}/{n} runs)")
+
+
+def status_text(status: str, collapsed: int, runs: int, reason: str) -> str:
+    """A group's status as the table shows it: collapsed runs (loss back at chance) are marked."""
+    text = status + (f", {collapsed}/{runs} collapsed" if collapsed else "")
+    return f"{text}: {reason}" if reason else text
 
 
 def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
     """The human table (Markdown / HTML): units, ± std, '—' where a value cannot be known."""
     return pd.DataFrame({
         "group": df["group"], "aggregator": df["aggregator"], "runs": df["runs"],
-        "status": [s if not r else f"{s}: {r}" for s, r in zip(df["status"], df["reason"])],
+        "status": [status_text(s, c, n, r) for s, c, n, r in zip(df["status"], df["collapsed"], df["runs"],
+                                                                  df["reason"])],
         "clock": df["clock"],
         "final top-1": [_pm(m, s, ".4f") for m, s in zip(df["final_top1"], df["final_top1_std"])],
         f"time to {target:g} acc": [_target(r) for _, r in df.iterrows()],

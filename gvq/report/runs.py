@@ -25,7 +25,7 @@ class ReportError(Exception):
 @dataclass
 class Run:
     path: Path
-    status: str                       # completed | failed | incomplete
+    status: str                       # completed | collapsed | diverged | failed | incomplete | ...
     reason: str
     aggregator: str
     overrides: list
@@ -42,7 +42,13 @@ class Group:
 
     @property
     def status(self) -> str:
-        return self.runs[0].status
+        """A collapsed run (loss back at chance) trained every iteration: its seeds count with the others'."""
+        return finished(self.runs[0].status)
+
+    @property
+    def collapsed(self) -> int:
+        """How many of the group's runs ended with the loss back at chance (the report marks them)."""
+        return sum(r.status == "collapsed" for r in self.runs)
 
     @property
     def aggregator(self) -> str:
@@ -158,12 +164,17 @@ def load_run(path: Path) -> Run:
 
 
 # -- grouping ------------------------------------------------------------------------------------------
+def finished(status: str) -> str:
+    """completed for a run that trained every iteration (collapsed ones included), else its status."""
+    return "completed" if status == "collapsed" else status
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     """Same overrides (minus seed and inert knobs) and same status => one group; labels keep what differs."""
     keyed: dict[tuple, list[Run]] = {}
     for r in runs:
         key = tuple(sorted(o for o in r.overrides if not o.startswith(UNGROUPED) and not _inert(o, r)))
-        keyed.setdefault((key, r.aggregator, r.status), []).append(r)
+        keyed.setdefault((key, r.aggregator, finished(r.status)), []).append(r)
     common = set.intersection(*(set(k[0]) for k in keyed)) if keyed else set()
     groups = []
     for (key, agg, status), members in keyed.items():

@@ -25,6 +25,7 @@ def run_stats(run: Run, target: float) -> dict:
     out["final_acc"] = evals["test_acc"].iloc[-1] if len(evals) else np.nan
     hit = evals[evals["test_acc"] >= target]
     out["target_s"] = hit["wall_s"].iloc[0] if len(hit) else np.nan
+    out["target_iters"] = hit["iteration"].iloc[0] + 1 if len(hit) and "iteration" in hit else np.nan
     for col in ("compression_error", "compression_ratio"):
         if col in m and m[col].notna().any():
             out[col] = m[col].mean()
@@ -72,11 +73,13 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
                  else s.get("compression_ratio", np.nan))
         rows.append({
             "group": g.label, "aggregator": g.aggregator, "runs": len(g.runs), "status": g.status,
+            "collapsed": g.collapsed,
             "clock": g.clock,
             "reason": "; ".join(sorted({r.reason for r in g.runs if r.reason})),
             "final_top1": s.get("final_acc") if done else np.nan,
             "final_top1_std": s.get("final_acc_std") if done else np.nan,
             "time_to_target_s": s.get("target_s", np.nan), "reached": f"{s['reached']}/{len(g.runs)}",
+            "iters_to_target": s.get("target_iters", np.nan), "iters_to_target_std": s.get("target_iters_std", np.nan),
             "aggregate_s_per_iter": s.get("aggregate_s", np.nan),
             "aggregation_speedup": base["aggregate_s"] / s["aggregate_s"] if base else np.nan,
             "iteration_s": s.get("iter_s", np.nan),

@@ -138,3 +138,37 @@ def peer_lost(e: BaseException, rank: int, timeout_s: float) -> BaseException:
     first = text.splitlines()[0] if text else type(e).__name__
     return PeerLostError(f"rank {rank}: a collective got no answer within {timeout_s:g}s or a peer's "
                          f"connection closed (a peer stopped or died): {first[:300]}")
+
+
+# -- learning stopped: the loss back at chance -----------------------------------------------------------
+#: the train loss a uniform guess over C classes scores is ln C; a run whose smoothed loss sits at or above
+#: CHANCE_BAND x ln C for the last COLLAPSE_SHARE of its iterations (at least COLLAPSE_MIN) and whose final
+#: test accuracy is at most CHANCE_ACC x 1/C learned nothing there, whatever it learned before: collapsed
+CHANCE_BAND = 0.95       # lower => also flags runs that still learn a little
+COLLAPSE_SHARE = 0.2     # higher => a collapse must last longer before it is named
+COLLAPSE_MIN = 20
+CHANCE_ACC = 2.0         # higher => flags runs a little better than chance too
+LOSS_SMOOTHING = 0.1     # weight of the newest loss in the moving average (higher => reacts faster, noisier)
+
+
+def track_chance(ema: float, since: int | None, learned: bool, loss: float, it: int,
+                 num_classes: int) -> tuple[float, int | None, bool]:
+    """(moving average of the train loss, first iteration of its current stretch back at chance, whether
+    it has been below chance yet).  A run that never left chance is not said to collapse: too short a
+    run or too small a learning rate looks the same.  A skipped step's NaN loss changes nothing."""
+    if not math.isfinite(loss):
+        return ema, since, learned
+    ema = loss if not math.isfinite(ema) else (1 - LOSS_SMOOTHING) * ema + LOSS_SMOOTHING * loss
+    if ema < CHANCE_BAND * math.log(num_classes):
+        return ema, None, True
+    return ema, (it if since is None and learned else since), learned
+
+
+def collapse_reason(ema: float, since: int | None, iters: int, test_acc: float, num_classes: int) -> str | None:
+    """One line saying the run ended back at chance, or None where it did not."""
+    tail = max(COLLAPSE_MIN, math.ceil(COLLAPSE_SHARE * iters))
+    if since is None or iters - since < tail or test_acc > CHANCE_ACC / num_classes:
+        return None
+    return (f"train loss back at chance since iteration {since} to the end (smoothed {ema:.3f} >= {CHANCE_BAND} x "
+            f"ln {num_classes} = {CHANCE_BAND * math.log(num_classes):.3f}); final test accuracy {test_acc:.3f}, "
+            f"chance {1 / num_classes:.3f}")

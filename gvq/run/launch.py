@@ -150,7 +150,7 @@ def run_meta(cfg: DictConfig) -> dict:
         Path(hc.sweep.dir).name if multirun else None)
     name = hc.job.override_dirname or "default"
     overrides = list(hc.overrides.task)
-    return {"run_dir": hc.runtime.output_dir, "group": group, "name": name,
+    return {"run_dir": hc.runtime.output_dir, "group": group, "name": name, "multirun": multirun,
             "job_type": choices.get("aggregator"), "overrides": overrides,
             "inert_knobs": inert_knobs(cfg, overrides)}
 
@@ -198,10 +198,12 @@ def launch(cfg: DictConfig) -> dict | None:
 
 
 def _exit_if_diverged(summary: dict | None) -> dict | None:
-    """A run that stopped training (every step skipped to the end) is not a success: exit 3."""
-    if summary and summary.get("status") == "diverged":
-        print(f"gvq: run diverged: {summary['reason']}", file=sys.stderr)
-        sys.exit(3)
+    """A run that stopped learning (every step skipped to the end: diverged; the loss back at chance:
+    collapsed) is not a success: one line, and exit 3; in a sweep the line only, so the other jobs run."""
+    if summary and summary.get("status") in ("diverged", "collapsed"):
+        print(f"gvq: run {summary['status']}: {summary['reason']}", file=sys.stderr)
+        if not summary.get("multirun"):
+            sys.exit(3)
     return summary
 
 

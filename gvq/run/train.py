@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -29,9 +30,11 @@ from gvq.run.guards import (
     aggregated_overflow,
     broadcast_,
     check_gradients,
+    collapse_reason,
     comm_device,
     compute_device,
     peer_lost,
+    track_chance,
 )
 from gvq.run.logs import RunLog, mark
 from gvq.run.rows import TIME_KEYS, reduce_row
@@ -146,6 +149,9 @@ class Progress:
     wall_offset: float = 0.0           # wall_s (on the run's clock) already spent before a resume
     real_wall_offset: float = 0.0      # real seconds already spent before a resume
     skip_streak: int = 0               # consecutive skipped steps up to now (diverged, at the end)
+    loss_ema: float = float("nan")     # smoothed train loss; the first iteration of its current stretch
+    chance_since: Optional[int] = None   # back at chance; whether it was ever below (guards.track_chance:
+    learned: bool = False              # collapsed, at the end)
 
 
 def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
@@ -221,6 +227,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         for k in TIME_KEYS:
             prog.totals[k] = prog.totals.get(k, 0.0) + row[k]      # (a key newer than a resumed checkpoint)
         prog.skip_streak = prog.skip_streak + 1 if row["skipped"] else 0
+        prog.loss_ema, prog.chance_since, prog.learned = track_chance(
+            prog.loss_ema, prog.chance_since, prog.learned, row["train_loss"], it, data.num_classes)
         if runlog is not None:
             runlog.row(row)
             if bar is not None:
@@ -237,7 +245,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         bar.close()
     if runlog is not None:
         mark(runlog.meta, "trained")
-    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data.num_classes)
 
 
 #: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
@@ -255,7 +263,16 @@ def lock_given_up() -> dict:
     return {"ranks_without_clock_lock": int(n.item())}
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None):
+def end_status(prog: Progress, iters: int, num_classes: int) -> dict:
+    """completed, or diverged (every step skipped at the end), or collapsed (the loss back at chance)."""
+    if prog.skip_streak >= min(DIVERGED_TAIL, iters):
+        return {"status": "diverged", "reason": f"every step skipped since iteration {iters - prog.skip_streak} "
+                "(non-finite gradients; nan_policy=skip)"}
+    reason = collapse_reason(prog.loss_ema, prog.chance_since, iters, prog.test_acc, num_classes)
+    return {"status": "collapsed", "reason": reason} if reason else {"status": "completed"}
+
+
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None, num_classes=10):
     identical = replicas_identical(model)
     lock = lock_given_up()
     if not identical:
@@ -263,10 +280,7 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
     if runlog is None:
         return None
     iters = cfg["iterations"]
-    diverged = prog.skip_streak >= min(DIVERGED_TAIL, iters)
-    status = {"status": "diverged", "reason": f"every step skipped since iteration {iters - prog.skip_streak} "
-              "(non-finite gradients; nan_policy=skip)"} if diverged else {"status": "completed"}
-    summary = {**status, "iterations": iters, "final_test_acc": prog.test_acc,
+    summary = {**end_status(prog, iters, num_classes), "iterations": iters, "final_test_acc": prog.test_acc,
                "final_test_loss": prog.test_loss, "wall_s": wall_s, "real_wall_s": real_wall_s,
                **clock_fields(cfg), **lock, "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},

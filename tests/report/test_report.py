@@ -250,3 +250,26 @@ def test_peers_preset_sweeps_the_peers_unshaped(compose_cfg):
         "rar", "fp16", "qsgd", "gradiveq", "powersgd", "ddp", "ddp_fp16", "ddp_powersgd"]
     assert cfg.net.bandwidth_bps is None and cfg.world_size == 2 and cfg.iterations == 300
     assert cfg.dataset._target_.endswith("digits") or "digits" in str(cfg.dataset)
+
+
+@pytest.mark.slow
+def test_a_collapsed_seed_counts_with_its_group_and_is_marked(real_sweep, tmp_path):
+    """A run whose loss went back to chance trained every iteration: its seed stays in its group's mean ±
+    std (dropping it would flatter the method), and the table and curves say how many collapsed; the
+    table's iterations to target are read off the CSV."""
+    root = tmp_path / "sweep"
+    shutil.copytree(real_sweep / "0", root / "0")
+    shutil.copytree(real_sweep / "0", root / "1")
+    _retag(root / "1", 1)
+    summary = json.loads((root / "1" / "summary.json").read_text())
+    summary.update(status="collapsed", reason="train loss back at chance since iteration 9 to the end")
+    (root / "1" / "summary.json").write_text(json.dumps(summary))
+    assert report_main([str(root), "--target-acc", "0.3"]) == 0
+    table = pd.read_csv(root / "report" / "table.csv")
+    assert len(table) == 1 and table.loc[0, "runs"] == 2 and table.loc[0, "collapsed"] == 1
+    assert table.loc[0, "status"] == "completed" and not math.isnan(table.loc[0, "final_top1"])
+    assert "completed, 1/2 collapsed: train loss back at chance" in (root / "report" / "table.md").read_text()
+    evals = [r for r in _rows(root / "0" / "metrics.csv") if r["test_acc"]]
+    hit = [int(r["iteration"]) + 1 for r in evals if float(r["test_acc"]) >= 0.3]
+    if hit:
+        assert table.loc[0, "iters_to_target"] == hit[0] and table.loc[0, "reached"] == "2/2"

@@ -75,3 +75,34 @@ def test_an_aggregate_that_overflowed_is_skipped_or_named():
     assert aggregated_overflow(net, no_bucket, 5, "skip") is True
     with pytest.raises(FloatingPointError, match="aggregated gradient non-finite at iteration 5 \\(bias\\)"):
         aggregated_overflow(net, no_bucket, 5, "error")
+
+
+def _watch(losses, num_classes=10):
+    from gvq.run import guards
+    ema, since, learned = float("nan"), None, False
+    for it, loss in enumerate(losses):
+        ema, since, learned = guards.track_chance(ema, since, learned, loss, it, num_classes)
+    return ema, since
+
+
+def test_a_loss_back_at_chance_to_the_end_is_a_collapse():
+    import math
+
+    from gvq.run import guards
+    lnc = math.log(10)
+    learned_then_lost = [2.4] * 5 + [0.5] * 100 + [lnc] * 100
+    ema, since = _watch(learned_then_lost)
+    assert 105 < since < 140                               # the smoothed loss reaches the band after the drop
+    reason = guards.collapse_reason(ema, since, 205, 0.1, 10)
+    assert reason and "\n" not in reason and f"since iteration {since}" in reason and "chance 0.100" in reason
+    assert guards.collapse_reason(ema, since, 205, 0.6, 10) is None          # test accuracy says it learned
+    ema, since = _watch([2.4] * 5 + [0.5] * 100 + [lnc] * 30 + [0.4] * 70)   # a stretch at chance, then back
+    assert since is None and guards.collapse_reason(ema, since, 205, 0.1, 10) is None
+    ema, since = _watch([2.4] * 5 + [0.5] * 190 + [lnc] * 10)                # too short a tail to call it
+    assert guards.collapse_reason(ema, since, 205, 0.1, 10) is None
+    ema, since = _watch([lnc, float("nan"), lnc] * 30)           # never left chance: the budget, not a collapse
+    assert since is None and guards.collapse_reason(ema, since, 90, 0.1, 10) is None
+    ema, since = _watch([2.4] * 5 + [0.5] * 50 + [lnc, float("nan")] * 100)   # NaN (a skipped step) is no reading
+    assert since is not None and guards.collapse_reason(ema, since, 255, 0.1, 10)
+    ema, since = _watch([4.0] * 50, num_classes=100)                       # ln 100 = 4.6: below the band
+    assert since is None

@@ -174,3 +174,18 @@ def test_every_p2p_aggregator_trains_in_virtual_time_with_identical_replicas(com
         assert set(df["clock"]) == {"virtual"} and df["wall_s"].is_monotonic_increasing, name
         # virtual wall = compute (x1/6) + aggregation, within the per-iteration bookkeeping
         assert df["wall_s"].iloc[-1] >= 0.9 * (df["compute_s"] + df["aggregate_s"]).sum(), name
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_returns_to_chance_ends_collapsed_in_one_line(tmp_path):
+    """A model that learns, then outputs zero logits (loss ln 10, accuracy of one guess) to the end: the run
+    ends with status collapsed and one line saying so, exit 3; the report lists it as collapsed."""
+    run = tmp_path / "run"
+    r = cli(f"hydra.run.dir={run}", "logger=csv", "iterations=80", "eval_every=40",
+            "model._target_=tests.helpers.faulty.ChanceAfter", "+model.at=30")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gvq:")]
+    assert len(lines) == 1 and lines[0].startswith("gvq: run collapsed: train loss back at chance since iteration"), lines
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "collapsed" and summary["reason"] in lines[0]
+    assert 30 < int(summary["reason"].split("since iteration ")[1].split()[0]) < 60
