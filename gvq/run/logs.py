@@ -51,6 +51,18 @@ def process_start() -> float | None:
         return None
 
 
+#: overrides that do not make a setting: a run's seeds share one (as gvq.report groups them)
+NOT_A_SETTING = ("seed=", "hydra.", "logger=", "logger.")
+
+
+def setting_of(overrides: list, inert: list = ()) -> str:
+    """The run's setting: its overrides minus seed, logging and knobs its aggregator does not read, so in
+    wandb "group by setting" puts a method's seeds together (mean ± std bands), as the report does."""
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(NOT_A_SETTING)
+                  and o.lstrip("+~").split("=", 1)[0] not in inert)
+    return " ".join(kept) or "default"
+
+
 def wandb_key(field: str) -> str:
     if field in _NAMESPACE:
         return _NAMESPACE[field]
@@ -81,7 +93,9 @@ class RunLog:
         import wandb  # lazily: a slow import, only needed on rank 0
         os.environ.setdefault("WANDB_SILENT", "true")
         return wandb.init(project=wcfg["project"], entity=wcfg["entity"], mode=wcfg["mode"],
-                          dir=str(self.run_dir), config=self.cfg, group=self.meta.get("group"),
+                          dir=str(self.run_dir), group=self.meta.get("group"),
+                          config={**self.cfg, "setting": setting_of(self.meta.get("overrides") or [],
+                                                                    self.meta.get("inert_knobs") or [])},
                           job_type=self.meta.get("job_type"), name=self.meta.get("name"),
                           tags=list(wcfg["tags"]), reinit="finish_previous")
 
