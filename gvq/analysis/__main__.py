@@ -7,6 +7,9 @@
 * ``peers``: GradiVeQ vs PowerSGD-rank-r at equal bytes per iteration (GradiVeQ fitted on L_t earlier
   gradients, scored on the following ones), plus 4-bit QSGD: relative compression error (CSV + table);
   see :mod:`gvq.analysis.peers`.
+* ``gradiveq_trace``: why GradiVeQ's Eq. 7 loss grows once the gradient shrinks: per layer and compressed
+  iteration, the codec's error against an independent float64 reference, the fitted mean's size against
+  the gradient, the energy captured and d; see :mod:`gvq.analysis.gradiveq_trace`.
 * ``frontier``: error against codec time at equal bytes: GradiVeQ over its slice size K at whole-vector
   ratios 4, 8, 16 and PowerSGD over its rank (CSV + PNG + the K recommended at ratio 8); see
   :mod:`gvq.analysis.frontier`.
@@ -131,10 +134,15 @@ def frontier(argv) -> int:
     return frontier_main(argv)
 
 
+def gradiveq_trace(argv) -> int:
+    from gvq.analysis.gradiveq_trace import main as trace_main
+    return trace_main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers, "dither": dither,
-                "frontier": frontier}
+                "frontier": frontier, "gradiveq_trace": gradiveq_trace}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m gvq.analysis {{{','.join(commands)}}} [--help]", file=sys.stderr)
         return 2
