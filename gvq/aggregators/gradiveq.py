@@ -103,23 +103,28 @@ class GradiVeQAggregator(FlatAggregator):
         return super().aggregate(iteration)
 
     def measure(self, flat: torch.Tensor) -> dict:
-        """Phase of this iteration; on compressed iterations the Eq. 7 loss and the monitor's vote."""
+        """Phase of this iteration (the warm-up ends here, before its ring)."""
         if self.phase == "warmup" and self._it >= self.warmup:
             self._start_sampling()
-        stats = {"compression_error": NAN, "monitor_s": NAN}
-        if self.phase == "compress" and self.monitor_threshold is not None:
+        return {"phase": self.phase, "compression_error": NAN, "monitor_s": NAN}
+
+    def _after_compressed(self, loss: float) -> float:
+        """Count a compressed iteration; the monitor (Eq. 7) votes on its loss, read off this rank's own
+        payloads during the ring (no second projection), so a stop applies from the next iteration on, as
+        in the per-bucket path.  Returns the vote's seconds (NaN with the monitor off)."""
+        self.count += 1
+        monitor_s = NAN
+        if self.monitor_threshold is not None:
             t0 = clock.now()
-            with clock.phase("codec"):
-                loss = self.compressor.local_loss(flat)
-            stats["compression_error"] = loss
             if self._majority_above(loss):
                 self.monitor_stops += 1
-                log.info("gradiveq: monitor stopped compression at iteration %d after %d compressed "
-                         "iterations (rank 0 loss %.3g)", self._it, self.count, loss)
+                log.info("gradiveq: monitor stopped compression after iteration %d (%d compressed "
+                         "iterations, rank 0 loss %.3g)", self._it, self.count, loss)
                 self._start_sampling()
-            stats["monitor_s"] = clock.now() - t0
-        stats["phase"] = self.phase
-        return stats
+            monitor_s = clock.now() - t0
+        if self.phase == "compress" and self.count >= self.L_c:
+            self._start_sampling()
+        return monitor_s
 
     def _majority_above(self, loss: float) -> bool:
         votes = torch.tensor([int(loss > self.monitor_threshold)], dtype=torch.int64)
@@ -130,14 +135,8 @@ class GradiVeQAggregator(FlatAggregator):
     def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
         if self.phase == "compress":
             loss = self._compressed_ring(flat)
-            ratio = self._c_ratio
-            self.count += 1
-            if self.count >= self.L_c:
-                self._start_sampling()
-            out = {"compression_ratio": ratio, "fit_s": NAN}
-            if self.monitor_threshold is None:             # else measure() logged it before the ring
-                out["compression_error"] = loss
-            return out
+            return {"compression_ratio": self._c_ratio, "fit_s": NAN, "compression_error": loss,
+                    "monitor_s": self._after_compressed(loss)}
         if self.phase == "sample" and self.sampling == "qsgd":
             ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.clock)
             ratio = self._q_ratio

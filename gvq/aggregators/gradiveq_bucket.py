@@ -9,10 +9,9 @@ rows of the whole gradient in the codec's layout, each bucket writing its layers
 bucket rebuild, or any bucketing, reuses the same bases and loses no sample, and the checkpoint is the
 post-backward one.
 
-Differences from post-backward aggregation, both from its whole-gradient view: the monitor (Eq. 7)
-votes on the iteration's loss read off the buckets' own payloads, after the last bucket, so a stop
-applies from the next iteration on; and the refit runs after the last bucket of the L_t-th sampling
-iteration.
+As in post-backward aggregation, the monitor (Eq. 7) votes on the iteration's loss read off the buckets'
+own payloads, after the last bucket, so a stop applies from the next iteration on; the refit runs after
+the last bucket of the L_t-th sampling iteration.
 """
 from __future__ import annotations
 

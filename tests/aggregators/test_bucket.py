@@ -221,7 +221,10 @@ def test_checkpoint_resumes_a_bucketed_run_bitwise(spawned, option, stop, batch)
 
 
 def _eq1(rank, world):
-    agg = _build("gradiveq-rar", rank, world, True)
+    # Eq. 1 on a compressed iteration: the monitor off, so random test gradients cannot end the phase
+    agg = build_aggregator("gradiveq", **SCHEDULE, sampling="rar", monitor_threshold=None)
+    agg.overlap = True
+    agg.setup([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
     for it in range(5):                           # warm-up, 3 samples (refit), then compressed
         bucketed(agg, rank, it, layout(it))
     assert agg.phase == "compress"
