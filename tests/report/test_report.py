@@ -273,3 +273,35 @@ def test_a_collapsed_seed_counts_with_its_group_and_is_marked(real_sweep, tmp_pa
     hit = [int(r["iteration"]) + 1 for r in evals if float(r["test_acc"]) >= 0.3]
     if hit:
         assert table.loc[0, "iters_to_target"] == hit[0] and table.loc[0, "reached"] == "2/2"
+
+
+@pytest.mark.parametrize("exp", ["fmnist_orq", "fmnist_gradiveq", "fmnist_compare"])
+def test_fashion_presets_compose_what_their_tables_need(compose_cfg, exp):
+    """The Fashion-MNIST comparisons of docs/results.md: the data set, the sweep, and each paper's setting."""
+    cfg = compose_cfg(f"experiment={exp}", return_hydra_config=True)
+    first = (ROOT / "conf" / "experiment" / f"{exp}.yaml").read_text().splitlines()
+    assert first[0] == "# @package _global_" and "python cli.py -m experiment=" + exp in "\n".join(first[:12])
+    assert cfg.dataset._target_ == "gvq.data.fashion_mnist" and cfg.hydra.sweep.dir == f"runs/multirun/{exp}"
+    aggs = cfg.hydra.sweeper.params.aggregator.split(",")
+    if exp == "fmnist_orq":                          # Table 2: one worker, the quantizers without a level count
+        assert cfg.world_size == 1 and aggs == ["rar", "bingrad_b", "bingrad_pb", "signsgd", "terngrad"]
+        assert cfg.hydra.sweeper.params.seed == "0,1,2"
+    if exp == "fmnist_gradiveq":                     # sec. 4: the run ends in GradiVeQ's compressed phase
+        assert aggs == ["rar", "qsgd", "gradiveq"] and cfg.world_size == 4 and cfg.model._target_.endswith("resnet20")
+        assert (cfg.L_t, cfg.L_c) == (100, 400) and cfg.warmup + cfg.L_t + cfg.L_c == cfg.iterations
+    if exp == "fmnist_compare":
+        assert len(aggs) == 11 and cfg.world_size == 4
+
+
+@pytest.mark.slow
+def test_the_orq_table_quantizes_at_one_worker(tmp_path, fashion_root, monkeypatch):
+    """world_size 1 (the ORQ paper's Table 2): every gradient is quantized before the step (an error is
+    logged every iteration) though nothing crosses a wire."""
+    from tests.helpers.launch import launch_job
+    monkeypatch.setenv("GVQ_DATA", str(fashion_root))
+    code, summary = launch_job(tmp_path / "run", "experiment=fmnist_orq", "aggregator=orq",
+                               "aggregator.compressor.levels=3", "iterations=30", "eval_every=15",
+                               "dataset.n_train=600", "logger.progress=false")
+    assert code == 0 and summary["status"] == "completed", summary
+    m = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    assert len(m) == 30 and (m.bytes_sent == 0).all() and (m.compression_error > 0.05).all()
