@@ -27,7 +27,7 @@ from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.signals import die_with_parent, on_sigterm, signals_interrupt
 from gvq.run.guards import DeliberateStop, record_stop
 from gvq.run.restart import attempt_store, discard_rows, resume_point, torchrun_restart
-from gvq.run.supervise import supervise, write_failure
+from gvq.run.supervise import JobFailed, supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
@@ -187,6 +187,8 @@ def launch(cfg: DictConfig) -> dict | None:
     try:
         with signals_interrupt():
             supervise(worker, run_dir, plain, meta, method)
+    except JobFailed as e:             # its line is printed; in a sweep the next job runs
+        return _end_job(meta, e.code)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
@@ -199,12 +201,18 @@ def launch(cfg: DictConfig) -> dict | None:
 
 def _exit_if_diverged(summary: dict | None) -> dict | None:
     """A run that stopped learning (every step skipped to the end: diverged; the loss back at chance:
-    collapsed) is not a success: one line, and exit 3; in a sweep the line only, so the other jobs run."""
+    collapsed) is not a success: one line, and exit 3 (in a sweep the line only)."""
     if summary and summary.get("status") in ("diverged", "collapsed"):
         print(f"gvq: run {summary['status']}: {summary['reason']}", file=sys.stderr)
-        if not summary.get("multirun"):
-            sys.exit(3)
+        _end_job(summary, 3)
     return summary
+
+
+def _end_job(meta: dict, code: int) -> None:
+    """A job that did not succeed, its one line printed and its status in summary.json: a single run exits
+    with ``code``; inside a sweep (-m) the launcher returns, so one failed job does not cancel the rest."""
+    if not meta.get("multirun"):
+        sys.exit(code)
 
 
 def _plain_start_method() -> None:

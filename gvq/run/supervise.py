@@ -36,11 +36,20 @@ def supervise(worker, run_dir: Path, plain: dict, meta: dict, method: str) -> No
             except Stuck as stuck:
                 write_failure(run_dir, plain, meta, str(stuck))
                 print(f"gvq: run failed: {stuck}", file=sys.stderr)
-                sys.exit(1)
+                raise JobFailed(1) from None
             print(f"gvq: a rank failed ({_last_line(str(e))}); restart {len(budget.resumed_from)} of "
                   f"{budget.limit} from iteration {budget.resumed_from[-1]}", file=sys.stderr)
         finally:
             Path(init[len("file://"):]).unlink(missing_ok=True)
+
+
+class JobFailed(Exception):
+    """The run failed and its one line is printed and recorded in summary.json; ``code`` is the exit
+    status a single run ends with (the launcher decides: a sweep goes on to its next job)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
 
 
 def _last_line(text: str) -> str:
@@ -53,7 +62,7 @@ def _exit_if_stopped(run_dir: Path, plain: dict, meta: dict) -> None:
     if stop is not None:                               # nan_policy=error: the user's own stop
         write_failure(run_dir, plain, meta, stop)
         print(f"gvq: stopped: {stop}", file=sys.stderr)
-        sys.exit(1)
+        raise JobFailed(1)
 
 
 def _report_failure(run_dir: Path, plain: dict, meta: dict, e: Exception) -> None:
@@ -64,7 +73,7 @@ def _report_failure(run_dir: Path, plain: dict, meta: dict, e: Exception) -> Non
         print(f"gvq: warning: a rank failed after training completed (results kept): {e}", file=sys.stderr)
     else:
         print(f"gvq: run failed: {e}" + (f"\ngvq: {note}" if note else ""), file=sys.stderr)
-        sys.exit(1)
+        raise JobFailed(1)
 
 
 def write_failure(run_dir: Path, cfg: dict, meta: dict, reason: str, status: str = "failed",

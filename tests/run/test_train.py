@@ -202,3 +202,17 @@ def test_rar_learns_fashion_mnist_well_above_chance(tmp_path, fashion_root, monk
     assert summary["final_test_acc"] >= 0.70, summary["final_test_acc"]
     df = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert df.train_loss.iloc[-50:].mean() < 0.6 * df.train_loss.iloc[:10].mean()
+
+
+@pytest.mark.slow
+def test_a_failed_job_does_not_cancel_the_rest_of_a_sweep(tmp_path):
+    """In a sweep (-m) a job that stops (here nan_policy=error on a NaN) prints its one line and records
+    status failed, and the next job still runs (a comparison sweep with one unstable method completes)."""
+    sweep = tmp_path / "sweep"
+    r = cli("-m", "model._target_=tests.helpers.faulty.NaNAt", "+model.at=2,1000", "iterations=8",
+            "eval_every=4", "logger=csv", "logger.progress=false", f"hydra.sweep.dir={sweep}")
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("gvq: stopped: non-finite gradient")], r.stderr
+    first = json.loads((sweep / "0" / "summary.json").read_text())
+    second = json.loads((sweep / "1" / "summary.json").read_text())
+    assert first["status"] == "failed" and second["status"] == "completed"
