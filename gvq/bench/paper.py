@@ -15,6 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]          # cli.py and conf/ (an editable install's checkout)
 METHODS = ("rar", "qsgd", "gradiveq", "gradiveq_pooled")
+#: the paper's table times a whole {L_t, L_c} cycle: GradiVeQ's monitor (on by default) must not cut the
+#: compressed phase short on the synthetic data's gradients
+UNINTERRUPTED = {m: ["aggregator.monitor_threshold=null"] for m in METHODS if m.startswith("gradiveq")}
 PAPER_RATIO = 850 / 650                             # RAR aggregation / computation, paper's CPU cluster
 CALIBRATION_BPS = 5.0e7                             # the link of the calibration run (any: solved from it)
 L_T = 100                                           # the preset's L_t
@@ -32,7 +35,7 @@ def run_job(out: Path, world: int, bps: float, scale: float, method: str, iters:
         return run_dir
     cmd = [sys.executable, str(ROOT / "cli.py"), "experiment=paper_time", f"aggregator={method}",
            f"world_size={world}", f"net.bandwidth_bps={bps:g}", f"net.compute_scale={scale:g}",
-           f"iterations={iters}", f"hydra.run.dir={run_dir}", *extra]
+           f"iterations={iters}", *UNINTERRUPTED.get(method, []), f"hydra.run.dir={run_dir}", *extra]
     print(f"gvq.bench paper: {' '.join(cmd[2:-1])}", flush=True)
     env = dict(os.environ, WANDB_MODE="disabled")
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)

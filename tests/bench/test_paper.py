@@ -30,7 +30,7 @@ def test_completed_jobs_are_kept_and_others_run_the_preset(tmp_path, monkeypatch
     paper.run_job(tmp_path, 8, 1e9, 1.0, "gradiveq", 110, ["seed=1"])
     (cmd,) = calls
     assert cmd[2:] == ["experiment=paper_time", "aggregator=gradiveq", "world_size=8", "net.bandwidth_bps=1e+09",
-                       "net.compute_scale=1", "iterations=110",
+                       "net.compute_scale=1", "iterations=110", "aggregator.monitor_threshold=null",
                        f"hydra.run.dir={tmp_path / 'N8-1000Mbps-compute1' / 'gradiveq'}", "seed=1"]
     paper.run_job(tmp_path, 6, 5.26e7, 1 / 6, "rar", 12, force=True)
     assert len(calls) == 2                                               # --force reruns a completed job

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gvq.bench.paper import UNINTERRUPTED
 from gvq.report import cycle
 from gvq.report.__main__ import main as report_main
 from gvq.report.runs import ReportError, Run
@@ -103,7 +104,8 @@ def test_preset_runs_then_cycle_report(tmp_path):
     shrink = ["world_size=2", "model=cnn", "model.width=4", "dataset.image_size=8", "dataset.n_train=256",
               "L_t=4", "iterations=7", "logger.progress=false"]
     for agg in ("rar", "gradiveq_pooled"):
-        code, summary = launch_job(tmp_path / agg, "experiment=paper_time", f"aggregator={agg}", *shrink)
+        code, summary = launch_job(tmp_path / agg, "experiment=paper_time", f"aggregator={agg}", *shrink,
+                                   *UNINTERRUPTED.get(agg, []))   # as gvq.bench paper runs it
         assert code == 0, summary
     out = tmp_path / "report"
     assert report_main(["--cycle", str(tmp_path / "rar"), str(tmp_path / "gradiveq_pooled"), "--out", str(out)]) == 0
