@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 
 from gvq import data as D
 from gvq import models as M
-from tests.helpers.data import fashion_source, write_fake_cifar
+from tests.helpers.data import write_fake_cifar
 
 
 def n_params(model) -> int:
