@@ -178,7 +178,7 @@ def launch(cfg: DictConfig) -> dict | None:
     warn_inert(cfg, meta)
     if torchrun_world() is not None:                            # started by torchrun: be that rank
         plain["world_size"] = torchrun_world()
-        return _exit_if_diverged(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
+        return _exit_if_unlearned(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
     run_dir = Path(meta["run_dir"])
     meta["launcher_pid"] = os.getpid()
     mark(meta, "spawn")
@@ -196,10 +196,10 @@ def launch(cfg: DictConfig) -> dict | None:
         print(f"gvq: interrupted ({name}); every rank stopped", file=sys.stderr)
         sys.exit(128 + signum)
     summary = run_dir / "summary.json"
-    return _exit_if_diverged(json.loads(summary.read_text()) if summary.exists() else None)
+    return _exit_if_unlearned(json.loads(summary.read_text()) if summary.exists() else None)
 
 
-def _exit_if_diverged(summary: dict | None) -> dict | None:
+def _exit_if_unlearned(summary: dict | None) -> dict | None:
     """A run that stopped learning (every step skipped to the end: diverged; the loss back at chance:
     collapsed) is not a success: one line, and exit 3 (in a sweep the line only)."""
     if summary and summary.get("status") in ("diverged", "collapsed"):
