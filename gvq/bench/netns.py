@@ -189,7 +189,8 @@ def train_main(argv) -> list[dict]:
 def _train(args) -> list[dict]:
     passthrough = ["--model", args.model, "--num-classes", str(args.num_classes), "--batch-size",
                    str(args.batch_size), "--iters", str(args.iters), "--warmup", str(args.warmup),
-                   "--aggregators", *args.aggregators] + (["--set", *args.set] if args.set else [])
+                   "--aggregators", *args.aggregators] + (["--set", *args.set] if args.set else []) + (
+                   ["--input-shape", *map(str, args.input_shape)] if args.input_shape else [])
     records = []
     for world in args.world_size:
         if not args.no_loopback:

@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from gvq.bench.common import print_markdown
-from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, run_iterations
+from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
 #: per-option overrides of the table's settings: PowerSGD at rank 4 (the field's usual comparison)
@@ -33,19 +33,28 @@ HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging 
 #                            (forward + backward); larger => a laxer hiding check
 
 
-def variants(bucket_mb: float) -> list[tuple[str, tuple[str, ...]]]:
-    """post-backward; overlapped at DDP's default buckets; overlapped at ``bucket_mb``."""
-    return [("post", ()), ("overlap", OVERLAP), (f"overlap@{bucket_mb:g}MB",
-                                                  OVERLAP + (f"aggregator.bucket_cap_mb={bucket_mb:g}",))]
+#: the variants ``--variants`` picks from: post-backward, overlapped at DDP's default buckets, overlapped
+#: at ``--bucket-mb``
+VARIANTS = ("post", "overlap", "small")
 
 
-def cell_specs(links: list[float], aggregators, bucket_mb: float) -> list[ModeSpec]:
-    """Every mode of one spawn: compute alone once (no link), then aggregator x variant x link."""
+def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, tuple[str, ...]]]:
+    """post-backward; overlapped at DDP's default buckets; overlapped at ``bucket_mb`` (those in ``kinds``)."""
+    every = {"post": ("post", ()), "overlap": ("overlap", OVERLAP),
+             "small": (f"overlap@{bucket_mb:g}MB", OVERLAP + (f"aggregator.bucket_cap_mb={bucket_mb:g}",))}
+    return [every[k] for k in VARIANTS if k in kinds]
+
+
+def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
+               common: tuple[str, ...] = ()) -> list[ModeSpec]:
+    """Every mode of one spawn: compute alone once (no link), then aggregator x variant x link; ``common``
+    (``--set``): overrides for every aggregator (``name:key=value``: that one only)."""
     specs = [ModeSpec("local", "local")]
     for bps in links:
         for agg in aggregators:
-            for variant, extra in variants(bucket_mb):
-                specs.append(ModeSpec(f"{agg}|{variant}|{bps:g}", agg, SETTINGS.get(agg, ()) + extra, bps))
+            for variant, extra in variants(bucket_mb, kinds):
+                specs.append(ModeSpec(f"{agg}|{variant}|{bps:g}", agg,
+                                      SETTINGS.get(agg, ()) + tuple(common) + extra, bps))
     return specs
 
 
@@ -106,7 +115,8 @@ def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
     """One spawn for one cell: its ranks hold only this link's aggregators (memory, see the docstring)."""
     run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
                                 "compressed_only": True, "bandwidth": bps,
-                                "specs": cell_specs([bps], args.aggregators, args.bucket_mb)})
+                                "specs": cell_specs([bps], args.aggregators, args.bucket_mb, args.variants,
+                                                    tuple(args.set))})
     return mode_records(run_iterations(run, world), world, scale)
 
 
@@ -118,7 +128,8 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
             print_markdown(recs, ["link_Mbps", "aggregator", "variant", "iter_s", "aggregate_s", "comm_s",
                                   "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
-                           f"N={world}, model={args.model}, batch {args.batch_size}/rank, median of {args.iters} "
+                           f"N={world}, model={args.model}, input {'x'.join(map(str, input_shape(args)))}, "
+                           f"batch {args.batch_size}/rank, median of {args.iters} "
                            f"iterations after {args.warmup} warm-up, compressed phase pinned")
             records += recs
     cells = cell_summary(records)
@@ -128,6 +139,14 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
                    f"overlapped RAR's exposed communication <= its last bucket + {HIDE_SLACK:g} x compute, where "
                    "post-backward RAR aggregates faster than backward alone runs")
     return records, cells
+
+
+def setting(args) -> dict:
+    """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
+    (``python -m gvq.report --tta``) shows and checks against its runs."""
+    return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
+            "num_classes": args.num_classes, "set": list(args.set), "iters": args.iters, "warmup": args.warmup,
+            "codec_scale": args.codec_scale, "clock": "virtual"}
 
 
 def run_wall(args) -> list[dict]:
@@ -150,6 +169,8 @@ def parse_args(argv):
     p.add_argument("--codec-scale", type=float, default=1.0)
     p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))
     p.add_argument("--bucket-mb", type=float, default=0.25, help="the smaller DDP bucket size, MB")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="post-backward, overlapped at DDP's buckets, overlapped at --bucket-mb (fewer => faster)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for a peer")
     p.add_argument("--wall", action="store_true", help="the wall-clock loopback check vs torch DDP instead")
     p.add_argument("--out", type=Path, default=None, help="write the records as JSON")
@@ -168,7 +189,7 @@ def main(argv: list[str]):
         out = run_wall(args)
     else:
         records, cells = run_table(args)
-        out = {"modes": records, "cells": cells}
+        out = {"setting": setting(args), "modes": records, "cells": cells}
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
     return out

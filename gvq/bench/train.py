@@ -31,7 +31,8 @@ DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
 #: what an iteration run reads beyond the workload flags (:func:`add_workload_args`), for callers whose
 #: parser has only those (``gvq.bench netns train``): no link, the wall clock, the host, no GPU plan
 RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "device": "cpu", "plan": None,
-                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0, "specs": None}
+                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0, "specs": None,
+                "input_shape": None}
 
 
 def with_run_defaults(args) -> argparse.Namespace:
@@ -116,7 +117,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     dist.init_process_group(group_backend(args.plan), init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))
     try:
-        shape = (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
+        shape = input_shape(args)
         modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
         warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
         g = torch.Generator().manual_seed(rank)
@@ -172,11 +173,22 @@ def print_iterations(records: list[dict], header: str) -> None:
                    f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up, {ref}")
 
 
+def input_shape(args) -> tuple[int, int, int]:
+    """``--input-shape``, else the shape of the data the model is built for by default (digits for the
+    CNN, CIFAR for the ResNets)."""
+    if args.input_shape:
+        return tuple(args.input_shape)
+    return (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
+
+
 def add_workload_args(p, model: str, iters: int) -> None:
     """What one timed iteration is (model, batch, counts, aggregator overrides): shared with
     ``gvq.bench netns train``, which passes these flags on to the ranks it starts."""
     p.add_argument("--model", default=model)
     p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--input-shape", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
+                   help="one input's shape (default: 1 8 8 for cnn, 3 32 32 otherwise); e.g. 1 28 28 for "
+                        "Fashion-MNIST, so seconds per iteration match a run on it")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=iters)
     p.add_argument("--warmup", type=int, default=5)

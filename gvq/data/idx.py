@@ -38,14 +38,18 @@ FIX = ("install Debian's package as root (apt-get install dataset-fashion-mnist,
        "or set dataset.root (or GVQ_DATA) to a folder holding the four IDX files")
 
 
-def fashion_mnist(root: str | None = None, n_train: int | None = None, seed: int = 0) -> TensorData:
-    """Fashion-MNIST: 60,000 / 10,000 images 1x28x28, 10 classes; ``n_train`` keeps a stratified,
-    seeded subset of the training images (the test set stays whole)."""
+def fashion_mnist(root: str | None = None, n_train: int | None = None, seed: int = 0,
+                  n_test: int | None = None) -> TensorData:
+    """Fashion-MNIST: 60,000 / 10,000 images 1x28x28, 10 classes; ``n_train`` / ``n_test`` keep a
+    stratified, seeded subset of the training / test images (``None``: all of them)."""
     folder = find_fashion(root)
     (xtr, ytr), (xte, yte) = (_read_split(folder, split) for split in ("train", "test"))
     if n_train is not None:
         keep = stratified_subset(ytr, n_train, seed)
         xtr, ytr = xtr[keep], ytr[keep]
+    if n_test is not None:
+        keep = stratified_subset(yte, n_test, seed, key="dataset.n_test")
+        xte, yte = xte[keep], yte[keep]
     as_images = lambda a: torch.from_numpy(np.array(a)).unsqueeze(1)   # noqa: E731  a writable (n, 1, 28, 28) copy
     mean, std = FASHION_STATS
     return TensorData(as_images(xtr), torch.from_numpy(ytr), as_images(xte), torch.from_numpy(yte),
@@ -124,13 +128,13 @@ def _decompressed(path: str) -> bytes:
         return fh.read()
 
 
-def stratified_subset(y: np.ndarray, n: int, seed: int) -> np.ndarray:
+def stratified_subset(y: np.ndarray, n: int, seed: int, key: str = "dataset.n_train") -> np.ndarray:
     """Sorted indices of ``n`` examples, every class in proportion to its share of ``y`` (largest
     remainders round), each class's examples drawn by a generator seeded with ``seed``."""
     classes, counts = np.unique(y, return_counts=True)
     if not len(classes) <= n <= len(y):
-        raise ValueError(f"dataset.n_train={n}: must be between the {len(classes)} classes and the "
-                         f"{len(y)} training examples")
+        raise ValueError(f"{key}={n}: must be between the {len(classes)} classes and the "
+                         f"{len(y)} examples of its split")
     exact = counts * n / len(y)
     take = np.floor(exact).astype(int)
     take[np.argsort(-(exact - take), kind="stable")[: n - take.sum()]] += 1

@@ -239,6 +239,7 @@ class FashionMNISTSchema:
     root: Optional[str] = None
     n_train: Optional[int] = None
     seed: int = 0
+    n_test: Optional[int] = None
 
 
 @dataclass

@@ -20,6 +20,17 @@ def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_li
     assert "aggregator.bucket_cap_mb=0.5" in small.overrides
 
 
+def test_variants_and_common_overrides_pick_what_one_spawn_times():
+    specs = overlap.cell_specs([2e8], ["qsgd", "powersgd"], 0.25, kinds=["post", "overlap"], common=("L_t=50",))
+    assert [s.label for s in specs[1:]] == ["qsgd|post|2e+08", "qsgd|overlap|2e+08", "powersgd|post|2e+08",
+                                            "powersgd|overlap|2e+08"]
+    assert all("L_t=50" in s.overrides for s in specs[1:])
+    assert specs[3].overrides[0] == "aggregator.rank=4"          # the table's own setting stays first
+    args = overlap.parse_args(["--variants", "post", "--input-shape", "1", "28", "28", "--model", "resnet20"])
+    assert args.variants == ["post"] and overlap.setting(args)["input_shape"] == [1, 28, 28]
+    assert overlap.setting(overlap.parse_args([]))["input_shape"] == [3, 32, 32]   # the ResNets' default
+
+
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):
     spawned = []
 

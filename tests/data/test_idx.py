@@ -49,6 +49,16 @@ def test_subset_is_stratified_seeded_and_a_subset(fashion_root):
     assert a.x_test.shape[0] == 10000                           # the test set stays whole
 
 
+def test_test_subset_is_stratified_and_leaves_training_whole(fashion_root):
+    full = D.fashion_mnist(str(fashion_root))
+    a = D.fashion_mnist(str(fashion_root), n_test=2000, seed=3)
+    assert len(a) == 60000 and np.bincount(a.y_test.numpy()).tolist() == [200] * 10
+    keep = idx.stratified_subset(full.y_test.numpy(), 2000, 3, key="dataset.n_test")
+    assert torch.equal(full.x_test[keep], a.x_test)
+    with pytest.raises(ValueError, match="dataset.n_test=5:"):
+        D.fashion_mnist(str(fashion_root), n_test=5)
+
+
 def test_stratified_subset_follows_unequal_shares():
     y = np.array([0] * 70 + [1] * 20 + [2] * 10)
     keep = idx.stratified_subset(y, 10, seed=0)
