@@ -145,7 +145,8 @@ def setting(args) -> dict:
     """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
     (``python -m gvq.report --tta``) shows and checks against its runs."""
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
-            "num_classes": args.num_classes, "set": list(args.set), "iters": args.iters, "warmup": args.warmup,
+            "num_classes": args.num_classes, "set": list(args.set),
+            "per_option": {k: list(v) for k, v in SETTINGS.items()}, "iters": args.iters, "warmup": args.warmup,
             "codec_scale": args.codec_scale, "clock": "virtual"}
 
 

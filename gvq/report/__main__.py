@@ -7,6 +7,10 @@ their overrides minus ``seed`` (several seeds => mean +- std), and writes into `
 (computation vs aggregation time per 500 iterations, aggregation split into compress / wire / decompress
 / other, as GradiVeQ's Fig. 7b), ``table.csv`` / ``table.md`` and a self-contained ``report.html``.
 
+``--tta BENCH_JSON``: instead, time to ``--target-acc`` per cell of a ``python -m gvq.bench overlap --out``
+JSON: the runs' iterations to the target, per phase, times each phase's seconds per iteration in each cell
+(:mod:`gvq.report.tta`): ``tta.md``, ``tta.csv``.
+
 ``--cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
 with the paper's claims beside (:mod:`gvq.report.cycle`): ``cycle.csv``, ``cycle.md``, ``cycle.png``.
 
@@ -60,18 +64,45 @@ def write_cycle(dirs: list[Path], out: Path) -> str:
     return text + f"-> {out}/cycle.md, cycle.csv, cycle.png"
 
 
+def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> str:
+    import json
+    from gvq.report import tta
+    paths = find_runs(dirs)
+    if not paths:
+        raise ReportError(f"no run dirs under {', '.join(map(str, dirs))}")
+    try:
+        bench = json.loads(bench_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportError(f"--tta {bench_path}: not a gvq.bench overlap --out JSON ({e})") from None
+    runs = [r for r in map(load_run, paths) if r.status in ("completed", "collapsed")]
+    tta.check_setting(runs, bench["setting"])
+    records = tta.tta_records(runs, bench, target)
+    tables = {"iterations": tta.iteration_table(runs, target), "cells": tta.cell_table(records),
+              "validation": tta.validation(runs, bench, target)}
+    out.mkdir(parents=True, exist_ok=True)
+    records.to_csv(out / "tta.csv", index=False)
+    text = tta.markdown(tables, bench["setting"], target, bench_path)
+    (out / "tta.md").write_text(text)
+    return text + f"-> {out}/tta.md, tta.csv"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gvq.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="*", type=Path, help="run or sweep dirs (default: the latest sweep)")
     p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
     p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
     p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
+    p.add_argument("--tta", type=Path, metavar="BENCH_JSON",
+                   help="time to --target-acc per cell of a `gvq.bench overlap --out` JSON (gvq/report/tta.py)")
     args = p.parse_args(argv)
     try:
         dirs = args.dirs or default_dirs()
         out = args.out or dirs[0] / "report"
         if args.cycle:
             print(write_cycle(dirs, out))
+            return 0
+        if args.tta:
+            print(write_tta(dirs, out, args.target_acc, args.tta))
             return 0
         display = write_report(dirs, out, args.target_acc)
     except ReportError as e:

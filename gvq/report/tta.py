@@ -1,0 +1,200 @@
+"""Time to accuracy: each aggregator's iterations to a target accuracy (its runs) times its seconds per
+iteration in each cell of ``python -m gvq.bench overlap`` (N x link x compute regime, post-backward and
+overlapped): ``python -m gvq.report RUNS --tta BENCH.json --target-acc 0.8``.
+
+An iteration costs what its *phase* costs: GradiVeQ's warm-up aggregates as RAR and its sampling phase as
+4-bit QSGD-RAR (the bench pins every option in its compressed phase), PowerSGD's uncompressed start as
+RAR; so a run's iterations up to the target are counted per phase and each count is priced at the phase's
+own option in the cell.  Iterations come from post-backward runs for both variants (overlap changes when a
+bucket is reduced, not what is summed; the report checks it on any overlapped runs given).  Runs under
+``net.clock=virtual`` with an emulated link are also validated end to end: their own measured time to the
+target (the sum of ``compute_s + aggregate_s`` up to it, evaluation excluded) against the composition.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gvq.report.runs import ReportError, Run
+
+#: a phase that aggregates as another option does (bench seconds of that option); any other phase is
+#: priced as the run's own option
+PHASE_AS = {"warmup": "rar", "allreduce": "rar", "sample": "qsgd"}
+REGIMES = {1.0: "CPU (x1)", round(1 / 6, 4): "GPU (x1/6)"}
+VALIDATION_TOLERANCE = 0.10       # composed within this share of measured counts as validated
+
+
+def phase_counts(run: Run, target: float) -> dict[str, int] | None:
+    """Iterations per phase up to and including the first evaluation at ``target`` or above (None: the
+    run never reached it)."""
+    m = run.metrics
+    if m is None or "test_acc" not in m:
+        return None
+    hit = m[m["test_acc"] >= target]
+    if hit.empty:
+        return None
+    upto = m[m["iteration"] <= hit["iteration"].iloc[0]]
+    return {str(k): int(v) for k, v in upto["phase"].value_counts().items()}
+
+
+def measured_time(run: Run, target: float) -> float:
+    """The run's own seconds to the target on its clock: compute + aggregation, evaluation excluded."""
+    m = run.metrics
+    hit = m[m["test_acc"] >= target]["iteration"].iloc[0]
+    upto = m[m["iteration"] <= hit]
+    return float((upto["compute_s"] + upto["aggregate_s"]).sum())
+
+
+def bench_seconds(bench: dict) -> dict[tuple, float]:
+    """(N, compute_scale, link_Mbps, aggregator, variant) -> median seconds per iteration."""
+    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["aggregator"], r["variant"]): r["iter_s"]
+            for r in bench["modes"]}
+
+
+def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict) -> float:
+    """Seconds to the target: each phase's iterations x its option's seconds per iteration in ``cell``
+    ((N, compute_scale, link_Mbps)); KeyError naming what the bench lacks."""
+    total = 0.0
+    for phase, n in counts.items():
+        key = (*cell, PHASE_AS.get(phase, option), variant)
+        if key not in secs:
+            raise ReportError(f"the bench JSON has no seconds for {key[3]} ({variant}) at N={cell[0]}, "
+                              f"compute x{cell[1]:g}, {cell[2]:g} Mbit/s (needed by {option}'s {phase!r} phase)")
+        total += n * secs[key]
+    return total
+
+
+def _variant(run: Run) -> str:
+    return "overlap" if (run.config.get("aggregator") or {}).get("overlap") else "post"
+
+
+def iteration_table(runs: list[Run], target: float) -> pd.DataFrame:
+    """Per (aggregator, N, variant) group: iterations to the target, mean +- std over its seeds."""
+    rows = []
+    for r in runs:
+        counts = phase_counts(r, target)
+        rows.append({"aggregator": r.aggregator, "N": r.config.get("world_size"), "variant": _variant(r),
+                     "seed": r.config.get("seed"), "iters": sum(counts.values()) if counts else np.nan})
+    df = pd.DataFrame(rows)
+    return (df.groupby(["aggregator", "N", "variant"])["iters"]
+            .agg(mean="mean", std="std", seeds="size", reached="count").reset_index())
+
+
+def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
+    """One record per (cell, aggregator, variant, seed): its composed seconds to the target (inf if that
+    seed never reached it)."""
+    secs, post = bench_seconds(bench), [r for r in runs if _variant(r) == "post"]
+    cells = sorted({k[:3] for k in secs})
+    rows = []
+    for r in post:
+        counts = phase_counts(r, target)
+        for cell in (c for c in cells if c[0] == r.config.get("world_size")):
+            for variant in sorted({k[4] for k in secs if k[:3] == cell and k[3] == r.aggregator}):
+                t = priced(counts, r.aggregator, variant, cell, secs) if counts else np.inf
+                rows.append({"N": cell[0], "compute_scale": cell[1], "link_Mbps": cell[2],
+                             "aggregator": r.aggregator, "variant": variant, "seed": r.config.get("seed"),
+                             "tta_s": t})
+    if not rows:
+        raise ReportError("no post-backward run shares a world size with the bench JSON's cells")
+    return pd.DataFrame(rows)
+
+
+def cell_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: every (aggregator, variant)'s mean +- std seconds to the target over seeds (inf where a
+    seed never reached it), the winner, and its gain over overlapped fp16."""
+    g = (records.groupby(["N", "compute_scale", "link_Mbps", "aggregator", "variant"])["tta_s"]
+         .agg(mean="mean", std="std", seeds="size").reset_index())
+    out = []
+    for cell, recs in g.groupby(["N", "compute_scale", "link_Mbps"]):
+        best = recs.loc[recs["mean"].idxmin()]
+        fp16 = recs[(recs["aggregator"] == "fp16") & (recs["variant"] == "overlap")]
+        fp16_s = float(fp16["mean"].iloc[0]) if len(fp16) else np.nan
+        out.append({"N": cell[0], "link_Mbps": cell[2], "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
+                    "winner": f"{best['aggregator']} ({best['variant']})", "winner_s": best["mean"],
+                    "winner_std": best["std"], "fp16_overlap_s": fp16_s,
+                    "gain_over_fp16": fp16_s / best["mean"] if np.isfinite(best["mean"]) else np.nan,
+                    **{f"{a} ({v})": m for a, v, m in recs[["aggregator", "variant", "mean"]].itertuples(index=False)}})
+    return pd.DataFrame(out)
+
+
+def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
+    """Virtual-time runs with an emulated link: measured seconds to the target against the composition
+    of their own phase counts with the bench's seconds in their cell."""
+    secs, rows = bench_seconds(bench), []
+    for r in runs:
+        net = r.config.get("net") or {}
+        counts = phase_counts(r, target)
+        if net.get("clock") != "virtual" or not net.get("bandwidth_bps") or not counts:
+            continue
+        cell = (r.config["world_size"], round(net["compute_scale"], 4), net["bandwidth_bps"] / 1e6)
+        composed = priced(counts, r.aggregator, _variant(r), cell, secs)
+        measured = measured_time(r, target)
+        rows.append({"N": cell[0], "link_Mbps": cell[2], "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
+                     "aggregator": r.aggregator, "variant": _variant(r), "seed": r.config.get("seed"),
+                     "iters": sum(counts.values()), "measured_s": measured, "composed_s": composed,
+                     "composed_over_measured": composed / measured,
+                     "within": abs(composed / measured - 1) <= VALIDATION_TOLERANCE})
+    return pd.DataFrame(rows)
+
+
+def _config_value(config: dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def check_setting(runs: list[Run], setting: dict) -> None:
+    """Refuse runs priced at seconds measured on another setting: batch per rank, and every override the
+    bench applied (``--set`` and its per-option settings, e.g. PowerSGD's rank) must be the run's."""
+    import yaml
+    for r in runs:
+        wanted = list(setting.get("set", [])) + list(setting.get("per_option", {}).get(r.aggregator, []))
+        wanted = [o for o in wanted if ":" not in o.split("=", 1)[0] or o.startswith(r.aggregator + ":")]
+        mismatch = [] if r.config.get("batch_size") == setting["batch_per_rank"] else [
+            f"batch_size={r.config.get('batch_size')} (bench: {setting['batch_per_rank']})"]
+        for o in wanted:
+            key, value = o.split(":", 1)[-1].split("=", 1)
+            have = _config_value(r.config, key)
+            if have is not None and have != yaml.safe_load(value):
+                mismatch.append(f"{key}={have} (bench: {value})")
+        if mismatch:
+            raise ReportError(f"{r.path}: measured on another setting than the bench JSON: {', '.join(mismatch)}")
+
+
+def _reached_pm(mean: float, std: float, fmt: str = "{:.0f}") -> str:
+    if not np.isfinite(mean):
+        return "not reached"
+    return fmt.format(mean) + ("" if np.isnan(std) else " ± " + fmt.format(std))
+
+
+def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
+    """``tta.md``: the setting, iterations to the target, the winner per cell, every option per cell and
+    the end-to-end validation."""
+    it, cells, val = tables["iterations"], tables["cells"], tables["validation"]
+    shape = "x".join(map(str, setting["input_shape"]))
+    lines = [f"Time to test accuracy {target:g}: iterations to it (runs, mean ± std over seeds) x seconds per "
+             f"iteration of each phase's option in each cell ({bench_path}: {setting['model']}, input {shape}, "
+             f"batch {setting['batch_per_rank']}/rank, clock {setting['clock']}, overrides "
+             f"{' '.join(setting['set']) or 'none'}). Seconds are on that clock; evaluation excluded.", "",
+             "Iterations to the target:", "",
+             pd.DataFrame({"aggregator": it["aggregator"], "N": it["N"], "variant": it["variant"],
+                           "iterations": [_reached_pm(m, s) for m, s in zip(it["mean"], it["std"])],
+                           "reached": [f"{r}/{n}" for r, n in zip(it["reached"], it["seeds"])]}
+                          ).to_markdown(index=False), "",
+             "Winner per cell, and its gain over overlapped fp16:", "",
+             pd.DataFrame({"N": cells["N"], "link (Mbit/s)": cells["link_Mbps"], "regime": cells["regime"],
+                           "winner": cells["winner"],
+                           "seconds to target": [_reached_pm(m, s, "{:.1f}") for m, s in
+                                                 zip(cells["winner_s"], cells["winner_std"])],
+                           "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}") for m in cells["fp16_overlap_s"]],
+                           "gain": [f"{g:.2f}x" for g in cells["gain_over_fp16"]]}).to_markdown(index=False), "",
+             "Every option per cell (seconds to target, mean over seeds):", "",
+             cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16"])
+             .to_markdown(index=False, floatfmt=".1f"), ""]
+    if len(val):
+        lines += [f"End to end (virtual time, emulated link): measured against composed, within "
+                  f"{VALIDATION_TOLERANCE:.0%}:", "", val.to_markdown(index=False, floatfmt=".3g"), ""]
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""gvq/report/tta.py: time to accuracy composed from runs' iterations per phase and a bench's seconds per
+iteration per cell; the winner per cell, the gain over overlapped fp16, the end-to-end validation and the
+refusal of runs measured on another setting.  Runs and bench JSON are written here, small and exact."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gvq.report import tta
+from gvq.report.__main__ import main
+from gvq.report.runs import ReportError, load_run
+
+SETTING = {"model": "resnet20", "input_shape": [1, 28, 28], "batch_per_rank": 16, "num_classes": 10,
+           "set": ["L_t=50"], "per_option": {"powersgd": ["aggregator.rank=4"]}, "iters": 3, "warmup": 1,
+           "codec_scale": 1.0, "clock": "virtual"}
+#: seconds per iteration at N = 4, 200 Mbit/s, compute x1, per (option, variant)
+SECS = {("rar", "post"): 0.5, ("rar", "overlap"): 0.4, ("qsgd", "post"): 0.2, ("qsgd", "overlap"): 0.25,
+        ("gradiveq", "post"): 0.1, ("gradiveq", "overlap"): 0.12, ("fp16", "post"): 0.3,
+        ("fp16", "overlap"): 0.28, ("powersgd", "post"): 0.15, ("powersgd", "overlap"): 0.16}
+
+
+def _bench(path: Path, secs=SECS) -> Path:
+    modes = [{"N": 4, "compute_scale": 1.0, "link_Mbps": 200.0, "aggregator": a, "variant": v, "iter_s": s}
+             for (a, v), s in secs.items()]
+    path.write_text(json.dumps({"setting": SETTING, "modes": modes, "cells": []}))
+    return path
+
+
+def _run(root: Path, name: str, agg: str, phases: list[str], accs: dict[int, float], seed=0, overlap=False,
+         net=None, rank=4, step_s=None, batch=16) -> Path:
+    """A finished run dir: one row per iteration (its phase), test accuracy at the iterations in ``accs``."""
+    d = root / name
+    d.mkdir(parents=True)
+    config = {"world_size": 4, "seed": seed, "batch_size": batch, "L_t": 50,
+              "aggregator": {"overlap": overlap, "rank": rank}, "net": net or {"clock": "wall"}}
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "config": config, "job_type": agg,
+                                                "overrides": [f"aggregator={agg}", f"seed={seed}"]}))
+    with open(d / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["iteration", "phase", "compute_s", "aggregate_s", "wall_s", "test_acc"])
+        for i, ph in enumerate(phases):
+            c, a = step_s(ph) if step_s else (0.01, 0.01)
+            w.writerow([i, ph, c, a, i, accs.get(i, "")])
+    return d
+
+
+def test_each_phase_is_priced_at_its_own_option_in_each_variant(tmp_path):
+    run = load_run(_run(tmp_path, "g", "gradiveq", ["warmup"] * 2 + ["sample"] * 3 + ["compress"] * 7,
+                        {4: 0.5, 9: 0.81, 11: 0.85}))
+    counts = tta.phase_counts(run, 0.8)
+    assert counts == {"warmup": 2, "sample": 3, "compress": 5}            # up to the first eval >= 0.8
+    secs = tta.bench_seconds(json.loads(_bench(tmp_path / "b.json").read_text()))
+    cell = (4, 1.0, 200.0)
+    assert tta.priced(counts, "gradiveq", "post", cell, secs) == pytest.approx(2 * 0.5 + 3 * 0.2 + 5 * 0.1)
+    assert tta.priced(counts, "gradiveq", "overlap", cell, secs) == pytest.approx(2 * .4 + 3 * .25 + 5 * .12)
+    with pytest.raises(ReportError, match="no seconds for gradiveq_pooled"):
+        tta.priced(counts, "gradiveq_pooled", "post", cell, secs)
+    assert tta.phase_counts(run, 0.9) is None                            # never reached
+
+
+def test_winner_gain_over_overlapped_fp16_and_seed_spread(tmp_path):
+    bench = json.loads(_bench(tmp_path / "b.json").read_text())
+    runs = [load_run(_run(tmp_path, f"fp16_{s}", "fp16", ["fp16"] * 20, {9: 0.85}, seed=s)) for s in (0, 1)]
+    runs += [load_run(_run(tmp_path, f"qsgd_{s}", "qsgd", ["qsgd"] * 20, {it: 0.85}, seed=s))
+             for s, it in ((0, 9), (1, 14))]
+    runs.append(load_run(_run(tmp_path, "rar_0", "rar", ["rar"] * 20, {19: 0.7})))       # never reaches
+    records = tta.tta_records(runs, bench, 0.8)
+    cells = tta.cell_table(records)
+    assert len(cells) == 1
+    c = cells.iloc[0]
+    qsgd_post = np.mean([10 * 0.2, 15 * 0.2])                            # 2.5 s: the best mean
+    assert c["winner"] == "qsgd (post)" and c["winner_s"] == pytest.approx(qsgd_post)
+    assert c["winner_std"] == pytest.approx(np.std([2.0, 3.0], ddof=1))
+    assert c["fp16_overlap_s"] == pytest.approx(10 * 0.28)
+    assert c["gain_over_fp16"] == pytest.approx(10 * 0.28 / qsgd_post)
+    assert np.isinf(c["rar (post)"])
+    it = tta.iteration_table(runs, 0.8).set_index(["aggregator", "variant"])
+    assert it.loc[("qsgd", "post"), "mean"] == 12.5 and it.loc[("rar", "post"), "reached"] == 0
+
+
+def test_iterations_come_from_post_backward_runs_overlapped_ones_are_a_check(tmp_path):
+    bench = json.loads(_bench(tmp_path / "b.json").read_text())
+    post = load_run(_run(tmp_path, "p", "qsgd", ["qsgd"] * 20, {9: 0.85}))
+    over = load_run(_run(tmp_path, "o", "qsgd", ["qsgd"] * 20, {19: 0.85}, overlap=True))
+    records = tta.tta_records([post, over], bench, 0.8)
+    assert set(records["variant"]) == {"post", "overlap"} and len(records) == 2
+    assert records.set_index("variant").loc["overlap", "tta_s"] == pytest.approx(10 * 0.25)
+    it = tta.iteration_table([post, over], 0.8).set_index("variant")
+    assert it.loc["overlap", "mean"] == 20 and it.loc["post", "mean"] == 10
+
+
+def test_virtual_runs_with_a_link_are_validated_against_their_composition(tmp_path):
+    bench = json.loads(_bench(tmp_path / "b.json").read_text())
+    net = {"clock": "virtual", "bandwidth_bps": 2e8, "compute_scale": 1.0}
+    # measured: warm-up 0.45 s + 0.05 s, compressed 0.06 + 0.045 s per iteration: 2 x 0.5 + 8 x 0.105
+    step = {"warmup": (0.45, 0.05), "compress": (0.06, 0.045)}
+    run = load_run(_run(tmp_path, "v", "gradiveq", ["warmup"] * 2 + ["compress"] * 8, {9: 0.82}, net=net,
+                        step_s=step.__getitem__))
+    val = tta.validation([run, load_run(_run(tmp_path, "w", "gradiveq", ["compress"] * 10, {9: 0.82}))],
+                         bench, 0.8)
+    assert len(val) == 1                                                  # the wall-clock run is not a check
+    v = val.iloc[0]
+    assert v["measured_s"] == pytest.approx(2 * 0.5 + 8 * 0.105) and v["composed_s"] == pytest.approx(1.8)
+    assert v["composed_over_measured"] == pytest.approx(1.8 / 1.84) and v["within"]
+
+
+def test_runs_on_another_setting_are_refused_naming_the_key(tmp_path):
+    rank2 = load_run(_run(tmp_path, "p2", "powersgd", ["powersgd"] * 5, {4: 0.9}, rank=2))
+    with pytest.raises(ReportError, match=r"aggregator.rank=2 \(bench: 4\)"):
+        tta.check_setting([rank2], SETTING)
+    big = load_run(_run(tmp_path, "b", "rar", ["rar"] * 5, {4: 0.9}, batch=32))
+    with pytest.raises(ReportError, match=r"batch_size=32 \(bench: 16\)"):
+        tta.check_setting([big], SETTING)
+    tta.check_setting([load_run(_run(tmp_path, "p4", "powersgd", ["powersgd"] * 5, {4: 0.9}))], SETTING)
+
+
+def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
+    runs = tmp_path / "sweep"
+    for agg in ("fp16", "qsgd"):
+        _run(runs, agg, agg, [agg] * 10, {9: 0.85})
+    bench = _bench(tmp_path / "b.json")
+    assert main([str(runs), "--tta", str(bench), "--target-acc", "0.8"]) == 0
+    md = (runs / "report" / "tta.md").read_text()
+    assert "qsgd (post)" in md and "0.80" not in md.split("\n")[0][:10]
+    assert "| 4 |" in md.replace("|   4 |", "| 4 |") and (runs / "report" / "tta.csv").is_file()
+    (tmp_path / "bad.json").write_text("{")
+    capsys.readouterr()
+    assert main([str(runs), "--tta", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a gvq.bench overlap --out JSON" in err[0]
