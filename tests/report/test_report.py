@@ -275,7 +275,7 @@ def test_a_collapsed_seed_counts_with_its_group_and_is_marked(real_sweep, tmp_pa
         assert table.loc[0, "iters_to_target"] == hit[0] and table.loc[0, "reached"] == "2/2"
 
 
-@pytest.mark.parametrize("exp", ["fmnist_orq", "fmnist_gradiveq", "fmnist_compare"])
+@pytest.mark.parametrize("exp", ["fmnist_orq", "fmnist_gradiveq", "fmnist_compare", "fmnist_tta"])
 def test_fashion_presets_compose_what_their_tables_need(compose_cfg, exp):
     """The Fashion-MNIST comparisons of docs/results.md: the data set, the sweep, and each paper's setting."""
     cfg = compose_cfg(f"experiment={exp}", return_hydra_config=True)
@@ -291,6 +291,11 @@ def test_fashion_presets_compose_what_their_tables_need(compose_cfg, exp):
         assert (cfg.L_t, cfg.L_c) == (100, 400) and cfg.warmup + cfg.L_t + cfg.L_c == cfg.iterations
     if exp == "fmnist_compare":
         assert len(aggs) == 10 and "terngrad" not in aggs and cfg.world_size == 4   # its own lr: the header
+    if exp == "fmnist_tta":                          # the overlap bench's options (PowerSGD at its rank: the header)
+        from gvq.bench.overlap import AGGREGATORS, SETTINGS
+        assert sorted(aggs + ["powersgd"]) == sorted(AGGREGATORS) and cfg.hydra.sweeper.params.world_size == "4,8"
+        assert "aggregator=powersgd " + " ".join(SETTINGS["powersgd"]) in "\n".join(first[:12])
+        assert cfg.warmup + cfg.L_t < cfg.iterations / 2 and cfg.warmup + cfg.L_t + cfg.L_c >= cfg.iterations
 
 
 @pytest.mark.slow
