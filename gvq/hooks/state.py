@@ -62,8 +62,10 @@ class GvqHookState:
         from gvq.hooks.config import build_aggregator
         agg = build_aggregator(config, **(overrides or {}))
         agg.overlap = True                       # DDP owns the gradient buffers
-        ctx = RunContext(context.pop("rank", dist.get_rank()), context.pop("world_size", dist.get_world_size()),
-                         **context)
+        # the process group is asked only for what the caller did not give (none is needed when both are)
+        rank = context.pop("rank") if "rank" in context else dist.get_rank()
+        world = context.pop("world_size") if "world_size" in context else dist.get_world_size()
+        ctx = RunContext(rank, world, **context)
         agg.setup(list(params), ctx)
         return cls(agg)
 
@@ -141,12 +143,21 @@ class GvqHookState:
 
     # -- checkpoints and pickling -------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"iteration": self.iteration, "layout": [list(g) for g in self.layout],
-                "aggregator": self.aggregator.state_dict()}
+        """This rank's state, marked with its rank and world size: error memories, dithers and samples
+        are per rank, so :meth:`load_state_dict` takes back only its own."""
+        ctx = self.aggregator.ctx
+        return {"rank": ctx.rank, "world_size": ctx.world_size, "iteration": self.iteration,
+                "layout": [list(g) for g in self.layout], "aggregator": self.aggregator.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore; a fresh DDP's first (single) bucket is then averaged in the recorded layout (see
-        :mod:`gvq.hooks.layout`)."""
+        :mod:`gvq.hooks.layout`).  Another rank's state (or one of another world size) is refused: loaded,
+        it would give this rank that rank's error memory and random stream."""
+        ctx, mine = self.aggregator.ctx, (self.aggregator.ctx.rank, self.aggregator.ctx.world_size)
+        theirs = (state.get("rank", ctx.rank), state.get("world_size", ctx.world_size))
+        if theirs != mine:
+            raise ValueError(f"GvqHookState.load_state_dict: the state of rank {theirs[0]} of {theirs[1]}, "
+                             f"not this rank's ({mine[0]} of {mine[1]}): save and load each rank's own state")
         self.iteration = int(state["iteration"])
         self._resumed = [list(g) for g in state.get("layout", [])] or None
         self.layout = self._resumed or []

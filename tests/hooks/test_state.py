@@ -212,3 +212,18 @@ def test_a_failed_bucket_fails_backward_naming_the_rank_and_every_later_one(tmp_
     for rank, messages in enumerate(run_ranks(_failing_bucket, 2, tmp_path)):
         assert len(messages) == 2
         assert all(f"rank {rank}: gvq hook, bucket" in m and "codec broke" in m for m in messages)
+
+
+def test_a_state_is_built_without_a_process_group_and_takes_back_only_its_own_rank():
+    assert not dist.is_initialized()
+    torch.manual_seed(0)
+    net = Net()
+    states = [GvqHookState.from_config("qsgd", net.parameters(), rank=r, world_size=2) for r in (0, 1)]
+    saved = [s.state_dict() for s in states]
+    assert [(d["rank"], d["world_size"]) for d in saved] == [(0, 2), (1, 2)]
+    states[0].load_state_dict(saved[0])                  # its own: taken
+    with pytest.raises(ValueError, match=r"the state of rank 1 of 2, not this rank's \(0 of 2\)") as e:
+        states[0].load_state_dict(saved[1])
+    assert "\n" not in str(e.value)
+    for s in states:
+        s.close()
