@@ -136,10 +136,18 @@ class GvqHookState:
             raise self._thread.error
 
     def close(self) -> None:
-        """Stop and join the communication thread (idempotent)."""
+        """Stop and join the communication thread, then release the aggregator's transport (an emulated
+        link's sender thread included); idempotent."""
         if self._thread is not None:
             self._thread.close(self.timeout_s)
             self._thread = None
+        self.aggregator.close()
+
+    def __enter__(self) -> "GvqHookState":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- checkpoints and pickling -------------------------------------------------------------------
     def state_dict(self) -> dict:

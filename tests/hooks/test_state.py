@@ -129,18 +129,19 @@ def _train(rank, world, option):
     torch.manual_seed(0)
     net = Net()
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
-    state = GvqHookState.from_config(option, net.parameters(), seed=1, timeout_s=30.0)
-    ddp.register_comm_hook(state, gvq_hook)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for it in range(4):
-        x, y = _batch(rank, it)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    saved = state.state_dict()
-    copy = pickle.loads(pickle.dumps(state))
-    state.close()
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("gvq-comm")]
+    # an emulated link: a sender thread of the transport's, which close() must stop as well
+    with GvqHookState.from_config(option, net.parameters(), seed=1, timeout_s=30.0, bandwidth_bps=1e9) as state:
+        ddp.register_comm_hook(state, gvq_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for it in range(4):
+            x, y = _batch(rank, it)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        saved = state.state_dict()
+        copy = pickle.loads(pickle.dumps(state))
+    state.close()                                   # again: idempotent
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(("gvq-comm", "gvq-link"))]
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), saved, copy.state_dict(), alive
 
 
