@@ -199,5 +199,5 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
              .to_markdown(index=False, floatfmt=".1f"), ""]
     if len(val):
         lines += [f"End to end (virtual time, emulated link): measured against composed, within "
-                  f"{VALIDATION_TOLERANCE:.0%}:", "", val.to_markdown(index=False, floatfmt=".3g"), ""]
+                  f"{VALIDATION_TOLERANCE:.0%}:", "", val.to_markdown(index=False, floatfmt=".4g"), ""]
     return "\n".join(lines)
