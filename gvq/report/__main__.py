@@ -74,7 +74,9 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> s
         bench = json.loads(bench_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"--tta {bench_path}: not a gvq.bench overlap --out JSON ({e})") from None
-    runs = [r for r in map(load_run, paths) if r.status in ("completed", "collapsed")]
+    # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
+    # counts; a failed or incomplete one says nothing about iterations to the target
+    runs = [r for r in map(load_run, paths) if r.status in ("completed", "collapsed", "diverged")]
     tta.check_setting(runs, bench["setting"])
     records = tta.tta_records(runs, bench, target)
     tables = {"iterations": tta.iteration_table(runs, target), "cells": tta.cell_table(records),

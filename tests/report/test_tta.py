@@ -31,13 +31,13 @@ def _bench(path: Path, secs=SECS) -> Path:
 
 
 def _run(root: Path, name: str, agg: str, phases: list[str], accs: dict[int, float], seed=0, overlap=False,
-         net=None, rank=4, step_s=None, batch=16) -> Path:
+         net=None, rank=4, step_s=None, batch=16, status="completed") -> Path:
     """A finished run dir: one row per iteration (its phase), test accuracy at the iterations in ``accs``."""
     d = root / name
     d.mkdir(parents=True)
     config = {"world_size": 4, "seed": seed, "batch_size": batch, "L_t": 50,
               "aggregator": {"overlap": overlap, "rank": rank}, "net": net or {"clock": "wall"}}
-    (d / "summary.json").write_text(json.dumps({"status": "completed", "config": config, "job_type": agg,
+    (d / "summary.json").write_text(json.dumps({"status": status, "config": config, "job_type": agg,
                                                 "overrides": [f"aggregator={agg}", f"seed={seed}"]}))
     with open(d / "metrics.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -122,9 +122,12 @@ def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
     runs = tmp_path / "sweep"
     for agg in ("fp16", "qsgd"):
         _run(runs, agg, agg, [agg] * 10, {9: 0.85})
+    _run(runs, "rar", "rar", ["rar"] * 10, {9: 0.4}, status="diverged")       # trained, never reached: counted
+    _run(runs, "powersgd", "powersgd", ["powersgd"] * 3, {}, status="failed")  # says nothing: left out
     bench = _bench(tmp_path / "b.json")
     assert main([str(runs), "--tta", str(bench), "--target-acc", "0.8"]) == 0
     md = (runs / "report" / "tta.md").read_text()
+    assert "| rar          |   4 | post      | not reached  | 0/1       |" in md and "powersgd" not in md
     assert "qsgd (post)" in md and "0.80" not in md.split("\n")[0][:10]
     assert "| 4 |" in md.replace("|   4 |", "| 4 |") and (runs / "report" / "tta.csv").is_file()
     (tmp_path / "bad.json").write_text("{")
