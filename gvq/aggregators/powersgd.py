@@ -46,12 +46,13 @@ class PowerSGDAggregator(FlatAggregator):
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
-                                 self.warm_start, seed=ctx.seed)
         like = self.params[0] if self.params else torch.zeros(0)
+        # the flat gradient's dtype (the first parameter's, as FlatAggregator lays it out)
+        self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
+                                 self.warm_start, seed=ctx.seed, dtype=like.dtype)
         # error memory laid out as the whole gradient (blocks are parameters); a DDP bucket reads and
         # writes its parameters' share, so any bucketing sees the same memory
-        self.error = torch.zeros(self.offsets[-1], device=like.device)
+        self.error = torch.zeros(self.offsets[-1], dtype=like.dtype, device=like.device)
         self._whole = self._plan(self.low_rank)
         self.p_segs, self.q_segs, self._raw = self._whole.p_segs, self._whole.q_segs, self._whole.raw
         self._buckets: dict[tuple[int, ...], _Plan] = {}
@@ -120,7 +121,7 @@ class PowerSGDAggregator(FlatAggregator):
         plan = self._buckets.get(tuple(params))
         if plan is None:                    # same shapes, same rule: the same blocks as the whole plan
             plan = self._plan(PowerSGD([self.params[i].shape for i in params], self.rank,
-                                       self.min_compression_rate, self.warm_start))
+                                       self.min_compression_rate, self.warm_start, dtype=flat.dtype))
             self._buckets[tuple(params)] = plan
         lr, whole = plan.low_rank, self.low_rank
         lr.q_local = []

@@ -71,8 +71,9 @@ class PowerSGD:
     """State shared by the two passes: the layout, Q (warm start), and this iteration's P^ and raw sums."""
 
     def __init__(self, shapes, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, dtype: torch.dtype = torch.float32):
         self.blocks = plan(shapes, rank, min_compression_rate)
+        self.dtype = dtype                       # the gradient's: P, Q and the payloads keep its precision
         self.numel = self.blocks[-1].stop if self.blocks else 0
         self.warm_start = warm_start
         self.gen = torch.Generator().manual_seed(int(seed))   # same seed on all ranks: same Q
@@ -91,9 +92,10 @@ class PowerSGD:
                 for i, b in enumerate(self.blocks) if b.rank}
 
     def q_on(self, i: int, device: torch.device) -> Tensor:
-        """Block ``i``'s Q on the gradient's device (drawn by the seeded host generator, moved once)."""
-        if self.q[i].device != device:
-            self.q[i] = self.q[i].to(device)
+        """Block ``i``'s Q on the gradient's device, in its dtype (drawn by the seeded host generator in
+        float32, moved and cast once)."""
+        if self.q[i].device != device or self.q[i].dtype != self.dtype:
+            self.q[i] = self.q[i].to(device=device, dtype=self.dtype)
         return self.q[i]
 
     def begin(self) -> None:
@@ -121,7 +123,7 @@ class PowerSGD:
     @property
     def bytes_per_iteration(self) -> int:
         """Payload bytes of both passes for the whole gradient (before the ring's 2(N-1)/N)."""
-        return 4 * sum(b.p_len + b.q_len for b in self.blocks)
+        return torch.finfo(self.dtype).bits // 8 * sum(b.p_len + b.q_len for b in self.blocks)
 
     def state_dict(self) -> dict:
         return {"q": {i: q.clone() for i, q in self.q.items()}, "gen": self.gen.get_state()}
@@ -146,7 +148,7 @@ class _Stage(Compressor):
         return self.s.cuts()
 
     def payload_spec(self, seg):
-        return torch.float32, sum(getattr(b, self.length) for _, b in self.s.blocks_in(seg))
+        return self.s.dtype, sum(getattr(b, self.length) for _, b in self.s.blocks_in(seg))
 
 
 class PStage(_Stage):
@@ -155,10 +157,10 @@ class PStage(_Stage):
     name = "powersgd-P"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1], device=x.device)
+        out = torch.empty(self.payload_spec(seg)[1], dtype=self.s.dtype, device=x.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
-            piece, n = x[b.start - seg.start: b.stop - seg.start], b.p_len
+            piece, n = x[b.start - seg.start: b.stop - seg.start].to(self.s.dtype), b.p_len
             if b.rank:
                 torch.mm(piece.view(b.rows, b.cols), self.s.q_on(i, x.device),
                          out=out[off: off + n].view(b.rows, b.rank))
@@ -178,7 +180,7 @@ class PStage(_Stage):
                 self.s.raw[i] = piece          # the ring never writes a payload it has decoded
             off += n
         # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
-        return torch.zeros((), device=payload.device).expand(seg.stop - seg.start)
+        return torch.zeros((), dtype=payload.dtype, device=payload.device).expand(seg.stop - seg.start)
 
 
 class QStage(_Stage):
@@ -189,18 +191,18 @@ class QStage(_Stage):
     length = "q_len"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1], device=x.device)
+        out = torch.empty(self.payload_spec(seg)[1], dtype=self.s.dtype, device=x.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
             if b.rank:
-                m = x[b.start - seg.start: b.stop - seg.start].view(b.rows, b.cols)
+                m = x[b.start - seg.start: b.stop - seg.start].to(self.s.dtype).view(b.rows, b.cols)
                 torch.mm(m.t(), self.s.phat[i], out=out[off: off + b.q_len].view(b.cols, b.rank))
                 off += b.q_len
         self.s.q_local.append(out)             # not a copy: the ring only reads what it sends
         return out
 
     def decompress(self, payload, seg):
-        out = torch.empty(seg.stop - seg.start, device=payload.device)
+        out = torch.empty(seg.stop - seg.start, dtype=payload.dtype, device=payload.device)
         off = 0
         for i, b in self.s.blocks_in(seg):
             dst = out[b.start - seg.start: b.stop - seg.start]

@@ -228,3 +228,31 @@ def test_a_state_is_built_without_a_process_group_and_takes_back_only_its_own_ra
     assert "\n" not in str(e.value)
     for s in states:
         s.close()
+
+
+
+def _train_in(rank, world, dtype):
+    torch.manual_seed(0)
+    net = Net().to(dtype)
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    # start_iter 1: the compressed path (P and Q, the error memory) from the second step on
+    with GvqHookState.from_config("powersgd", net.parameters(), {"start_iter": 1}, seed=1,
+                                  timeout_s=30.0) as state:
+        ddp.register_comm_hook(state, gvq_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for it in range(3):
+            x, y = _batch(rank, it)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x.to(dtype)), y).backward()
+            opt.step()
+        stats = state.iteration_stats()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), {p.grad.dtype for p in net.parameters()}, stats
+
+
+def test_powersgd_keeps_a_float64_models_precision_through_the_hook(tmp_path):
+    (w64, dtypes, s64), _ = run_ranks(_train_in, 2, tmp_path / "64", torch.float64)
+    (w32, _, s32), _ = run_ranks(_train_in, 2, tmp_path / "32", torch.float32)
+    assert w64.dtype == torch.float64 and dtypes == {torch.float64} and torch.isfinite(w64).all()
+    assert s64["compression_error"] > 0 and s32["compression_error"] > 0       # both compressed
+    assert s64["bytes_sent"] == 2 * s32["bytes_sent"]                          # P and Q travel in float64
+    assert torch.allclose(w64.float(), w32, atol=1e-4)                          # the same training, finer
