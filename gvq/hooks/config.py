@@ -27,13 +27,20 @@ def option_config(name: str, overrides: dict | None = None) -> dict:
     return OmegaConf.to_container(root.aggregator, resolve=True)
 
 
+def hook_options() -> list[str]:
+    """The options a hook can run: those whose class sums through gvq's ring (torch DDP's own, the
+    ``ddp*`` options, are not offered)."""
+    from hydra.utils import get_class
+    names = sorted(p.stem for p in CONF.glob("*.yaml"))
+    return [n for n in names if issubclass(get_class(_compose(n)["_target_"]), FlatAggregator)]
+
+
 def _compose(name: str):
     """One option file merged over the other options its defaults list names, in order."""
     from omegaconf import OmegaConf
     path = CONF / f"{name}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONF.glob("*.yaml")))
-        raise ValueError(f"gvq hook: no aggregator option {name!r} (one of: {known})")
+        raise ValueError(f"gvq hook: no aggregator option {name!r} (one of: {', '.join(hook_options())})")
     option = OmegaConf.load(path)
     node = None
     for entry in option.pop("defaults", []):

@@ -35,3 +35,13 @@ def test_a_derived_option_starts_from_its_base(name, key, value):
 def test_a_misspelt_override_is_refused_naming_it():
     with pytest.raises(Exception, match="bitz"):
         build_aggregator("qsgd", compressor={"bitz": 2})
+
+
+def test_an_unknown_name_lists_only_the_options_a_hook_can_run():
+    with pytest.raises(ValueError) as e:
+        build_aggregator("qsdg")
+    offered = str(e.value).split("(one of: ", 1)[1].rstrip(")").split(", ")
+    assert {"rar", "qsgd", "powersgd", "gradiveq_pooled"} <= set(offered)
+    assert not [o for o in offered if o.startswith("ddp")]     # torch DDP's own: the hook refuses them
+    for name in offered:                                        # and every one offered is built
+        assert build_aggregator(name).name
