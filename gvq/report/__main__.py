@@ -33,13 +33,18 @@ from gvq.report.stats import build_table, group_stats
 
 
 # -- command line ------------------------------------------------------------------------------------
-def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
-    from gvq.report import plots as rp  # matplotlib: only when a report is drawn
+def load_runs(dirs: list[Path]) -> list:
+    """Every run under ``dirs``, loaded; ReportError in one line where there is none."""
     paths = find_runs(dirs)
     if not paths:
         raise ReportError(f"no run dirs (with metrics.csv, summary.json or .hydra/) under "
                           f"{', '.join(map(str, dirs))}")
-    runs = [load_run(p) for p in paths]
+    return [load_run(p) for p in paths]
+
+
+def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
+    from gvq.report import plots as rp  # matplotlib: only when a report is drawn
+    runs = load_runs(dirs)
     groups = group_runs(runs)
     stats = {id(g): group_stats(g, target) for g in groups}
     title = f"gvq report: {', '.join(str(d) for d in dirs)}"
@@ -48,10 +53,7 @@ def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
 
 def write_cycle(dirs: list[Path], out: Path) -> str:
     from gvq.report import cycle
-    paths = find_runs(dirs)
-    if not paths:
-        raise ReportError(f"no run dirs under {', '.join(map(str, dirs))}")
-    df = cycle.cycle_table([load_run(p) for p in paths])
+    df = cycle.cycle_table(load_runs(dirs))
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "cycle.csv", index=False)
     shown = df.drop(columns=["clock", "cycle"]).round(3)
@@ -67,16 +69,13 @@ def write_cycle(dirs: list[Path], out: Path) -> str:
 def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> str:
     import json
     from gvq.report import tta
-    paths = find_runs(dirs)
-    if not paths:
-        raise ReportError(f"no run dirs under {', '.join(map(str, dirs))}")
+    # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
+    # counts; a failed or incomplete one says nothing about iterations to the target
+    runs = [r for r in load_runs(dirs) if r.status in ("completed", "collapsed", "diverged")]
     try:
         bench = json.loads(bench_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"--tta {bench_path}: not a gvq.bench overlap --out JSON ({e})") from None
-    # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
-    # counts; a failed or incomplete one says nothing about iterations to the target
-    runs = [r for r in map(load_run, paths) if r.status in ("completed", "collapsed", "diverged")]
     tta.check_setting(runs, bench["setting"])
     records = tta.tta_records(runs, bench, target)
     tables = {"iterations": tta.iteration_table(runs, target), "cells": tta.cell_table(records),

@@ -24,24 +24,24 @@ REGIMES = {1.0: "CPU (x1)", round(1 / 6, 4): "GPU (x1/6)"}
 VALIDATION_TOLERANCE = 0.10       # composed within this share of measured counts as validated
 
 
-def phase_counts(run: Run, target: float) -> dict[str, int] | None:
-    """Iterations per phase up to and including the first evaluation at ``target`` or above (None: the
-    run never reached it)."""
+def _to_target(run: Run, target: float) -> pd.DataFrame | None:
+    """The run's rows up to and including its first evaluation at ``target`` or above (None: never)."""
     m = run.metrics
     if m is None or "test_acc" not in m:
         return None
     hit = m[m["test_acc"] >= target]
-    if hit.empty:
-        return None
-    upto = m[m["iteration"] <= hit["iteration"].iloc[0]]
-    return {str(k): int(v) for k, v in upto["phase"].value_counts().items()}
+    return None if hit.empty else m[m["iteration"] <= hit["iteration"].iloc[0]]
+
+
+def phase_counts(run: Run, target: float) -> dict[str, int] | None:
+    """Iterations per phase up to the target (None: the run never reached it)."""
+    upto = _to_target(run, target)
+    return None if upto is None else {str(k): int(v) for k, v in upto["phase"].value_counts().items()}
 
 
 def measured_time(run: Run, target: float) -> float:
     """The run's own seconds to the target on its clock: compute + aggregation, evaluation excluded."""
-    m = run.metrics
-    hit = m[m["test_acc"] >= target]["iteration"].iloc[0]
-    upto = m[m["iteration"] <= hit]
+    upto = _to_target(run, target)
     return float((upto["compute_s"] + upto["aggregate_s"]).sum())
 
 
@@ -53,7 +53,7 @@ def bench_seconds(bench: dict) -> dict[tuple, float]:
 
 def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict) -> float:
     """Seconds to the target: each phase's iterations x its option's seconds per iteration in ``cell``
-    ((N, compute_scale, link_Mbps)); KeyError naming what the bench lacks."""
+    ((N, compute_scale, link_Mbps)); ReportError naming what the bench lacks."""
     total = 0.0
     for phase, n in counts.items():
         key = (*cell, PHASE_AS.get(phase, option), variant)
