@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,slurm]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,slurm,lightning,accelerate]'
 	touch $(STAMP)
 
 setup: $(STAMP) data
