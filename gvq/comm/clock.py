@@ -29,9 +29,9 @@ once per run by :func:`configure`.
 
 Two lanes (``aggregator.overlap=true``: gvq's ring inside backward, on a communication thread).  A rank
 has a compute lane (the clock above, read by the training thread) and a communication lane, which a
-thread binds with ``with clock.comm_lane():`` so that every reading it makes (:func:`get`,
-:func:`now`, :func:`phase`, :class:`Stopwatch`, :class:`gvq.comm.p2p.P2P`) is the communication
-lane's: codec CPU time at ``net.codec_scale``, the ring's own CPU at 1, the link model and waits.  A
+thread binds with ``with lanes.comm_lane():`` (:class:`Lanes`) so that every reading it makes
+(:func:`get`, :func:`now`, :func:`phase`, :class:`Stopwatch`, :class:`gvq.comm.p2p.P2P`) is the
+communication lane's: codec CPU time at ``net.codec_scale``, the ring's own CPU at 1, the link model and waits.  A
 bucket starts at max(when backward produced it, when the lane is free): the thread calls
 ``get().advance_to(t_ready)``.  ``net.comm_core`` says whether the rank has a spare core for it:
 
@@ -216,8 +216,26 @@ def _open_lock() -> int:
     return os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
 
 
-_CLOCK = RankClock()                     # the compute lane (the training thread's)
-_COMM = RankClock()                      # the communication lane (a thread inside comm_lane())
+class Lanes:
+    """A rank's compute lane and communication lane.  The process has one pair (:func:`configure`); a
+    public hook state owns its own (the runner hands it the process's): two states never share a lane."""
+
+    def __init__(self, compute: RankClock | None = None, comm: RankClock | None = None):
+        self.compute = compute if compute is not None else RankClock()
+        self.comm = comm if comm is not None else RankClock()
+
+    @contextmanager
+    def comm_lane(self):
+        """Bind the calling thread to the communication lane for the block (module docstring)."""
+        self.comm.bind_thread()
+        _LANE.clock = self.comm
+        try:
+            yield self.comm
+        finally:
+            _LANE.clock = None
+
+
+_LANES = Lanes()                         # this process's (= this rank's) lanes, set by configure()
 
 
 class _Binding(threading.local):
@@ -234,37 +252,29 @@ def configure(mode: str = "wall", compute_scale: float = 1.0, codec_scale: float
     at a time.  ``device="cuda"``: the wall clock waits for the GPU's queued kernels before every
     reading (the virtual clock, CPU time, cannot time GPU work: the config refuses that pair).
     ``comm_core``: see the module docstring (two lanes)."""
-    global _CLOCK, _COMM
+    global _LANES
     if comm_core not in COMM_CORES:
         raise ValueError(f"net.comm_core={comm_core!r}: must be one of {', '.join(COMM_CORES)}")
-    if _CLOCK._lock is not None:
-        os.close(_CLOCK._lock)
+    if _LANES.compute._lock is not None:
+        os.close(_LANES.compute._lock)
     sync = None
     if device == "cuda":
         import torch
         sync = torch.cuda.synchronize
-    _CLOCK = RankClock(mode, compute_scale, codec_scale, exclusive, sync)
-    _COMM = RankClock(mode, compute_scale, codec_scale, False, sync)
-    _COMM.charge = _CLOCK if comm_core == "shared" else None
-    return _CLOCK
+    _LANES = Lanes(RankClock(mode, compute_scale, codec_scale, exclusive, sync),
+                   RankClock(mode, compute_scale, codec_scale, False, sync))
+    _LANES.comm.charge = _LANES.compute if comm_core == "shared" else None
+    return _LANES.compute
 
 
-@contextmanager
-def comm_lane():
-    """Bind the calling thread to this rank's communication lane for the block (see the module
-    docstring); other threads keep the compute lane."""
-    lane = _COMM
-    lane.bind_thread()
-    _LANE.clock = lane
-    try:
-        yield lane
-    finally:
-        _LANE.clock = None
+def lanes() -> Lanes:
+    """This process's lanes (the runner's; a hook state outside the runner owns its own)."""
+    return _LANES
 
 
 def get() -> RankClock:
-    """The calling thread's lane: the communication lane inside :func:`comm_lane`, else the compute lane."""
-    return _CLOCK if _LANE.clock is None else _LANE.clock
+    """The calling thread's lane: the communication lane it bound, else the process's compute lane."""
+    return _LANES.compute if _LANE.clock is None else _LANE.clock
 
 
 def now() -> float:
@@ -300,11 +310,12 @@ class Stopwatch:
 def sync(group=None) -> float:
     """Virtual mode: every rank's clock to the latest of them (a collective outside :class:`P2P`, e.g.
     the per-iteration statistics, is a synchronisation point); returns the clock.  Wall: a no-op."""
-    if _CLOCK.virtual:
+    lane = _LANES.compute
+    if lane.virtual:
         import torch
         import torch.distributed as dist
-        t = torch.tensor([_CLOCK.now()], dtype=torch.float64)
-        with _CLOCK.blocked():
+        t = torch.tensor([lane.now()], dtype=torch.float64)
+        with lane.blocked():
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        _CLOCK.advance_to(float(t))
-    return _CLOCK.now()
+        lane.advance_to(float(t))
+    return lane.now()

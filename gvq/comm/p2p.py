@@ -52,6 +52,17 @@ class _All:
         return all(h.is_completed() for h in self.handles)
 
 
+def peer_timeout_s(given: float | None) -> float:
+    """How long a peer is waited for: ``given``, else the default process group's timeout (what
+    ``init_process_group(timeout=...)``, torchrun or a framework set: a peer paused for evaluation or a
+    checkpoint is waited out as plain DDP waits it out), else torch's default."""
+    if given is not None:
+        return float(given)
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD.get_group_store().timeout.total_seconds()
+    return dist.default_pg_timeout.total_seconds()
+
+
 def nccl_group() -> bool:
     """Does the default process group carry CUDA tensors over NCCL (``nccl``, or the launcher's
     ``cuda:nccl,cpu:gloo``)?"""
@@ -69,11 +80,11 @@ class P2P:
     sends and receives can deadlock (NCCL runs a pair of ranks' operations in order on one stream: at
     N = 2 both ranks would sit in their receive)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float = 60.0,
+    def __init__(self, rank: int, world_size: int, timeout_s: float | None = None,
                  bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None,
                  batch: bool | None = None):
         self.rank, self.world_size = rank, world_size
-        self.timeout = timedelta(seconds=timeout_s)
+        self._timeout_s = timeout_s             # None: the process group's (read at use: it may come later)
         if clock.get().virtual and not bandwidth_bps:
             raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
         # the clock is read at every use, not kept: a hook's communication thread runs on its own lane
@@ -84,6 +95,10 @@ class P2P:
         self.batched = (nccl_group() if batch is None else batch) and self.link is None and not self._stage_all
         self.bytes_sent = 0
         self.wire_s = 0.0
+
+    @property
+    def timeout(self) -> timedelta:
+        return timedelta(seconds=peer_timeout_s(self._timeout_s))
 
     @property
     def right(self) -> int:

@@ -26,14 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import Aggregator, FlatAggregator
 from gvq.comm import clock
-from gvq.hooks.state import GvqHookState, gvq_hook
+from gvq.hooks.state import GvqHookState, gvq_hook, require_hookable
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
-
-
-def per_bucket(agg: FlatAggregator) -> bool:
-    """Can ``agg`` average any one DDP bucket (any_bucket, or a per-bucket average of its own)?"""
-    return agg.any_bucket or type(agg).allreduce_bucket_ is not FlatAggregator.allreduce_bucket_
 
 
 class Overlapped(Aggregator):
@@ -43,12 +38,7 @@ class Overlapped(Aggregator):
     bucket = None                      # DDP owns the gradient buffers
 
     def __init__(self, inner: FlatAggregator):
-        if not isinstance(inner, FlatAggregator):
-            raise ValueError(f"aggregator.overlap=true: {inner.name!r} "
-                             "does not aggregate through gvq's ring (torch DDP overlaps by itself)")
-        if not per_bucket(inner):
-            raise ValueError(f"aggregator.overlap=true: {inner.name!r} cannot average one DDP bucket at a time "
-                             "(its state covers the whole gradient)")
+        require_hookable(inner, "aggregator.overlap=true")
         self.inner = inner
         inner.overlap = True
         self.overlap = True
@@ -75,7 +65,7 @@ class Overlapped(Aggregator):
         if self.bucket_cap_mb is not None:        # unset: DDP's defaults, its small first bucket included
             kw["bucket_cap_mb"] = self.bucket_cap_mb
         ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
-        self.state = GvqHookState(self.inner)
+        self.state = GvqHookState(self.inner, lanes=clock.lanes())   # the run's lanes: virtual time included
         ddp.register_comm_hook(self.state, gvq_hook)
         # DDP's forward opens with collectives (its bucket rebuild after the first backward) that wait for
         # peers' forwards: the host's clock lock (net.exclusive) is given up for them, or the rank holding

@@ -18,33 +18,51 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import FlatAggregator, RunContext
 from gvq.comm import clock
-from gvq.comm.p2p import P2P
+from gvq.comm.p2p import P2P, peer_timeout_s
 from gvq.hooks.layout import reduce_bucket
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
 log = logging.getLogger("gvq")
 
 
+def require_hookable(agg, who: str = "gvq hook") -> None:
+    """The one check that ``agg`` can run inside backward: a gvq ring aggregator (torch DDP's own options
+    overlap by themselves) that can average any one DDP bucket (not a state over the whole gradient)."""
+    if not isinstance(agg, FlatAggregator):
+        raise ValueError(f"{who}: {type(agg).__name__} does not aggregate through gvq's ring "
+                         "(torch DDP overlaps by itself)")
+    if not (agg.any_bucket or type(agg).allreduce_bucket_ is not FlatAggregator.allreduce_bucket_):
+        raise ValueError(f"{who}: {agg.name!r} cannot average one DDP bucket at a time "
+                         "(its state covers the whole gradient)")
+
+
 class GvqHookState:
     """State of :func:`gvq_hook`: the aggregator, the communication thread and the last iteration's
     measurements (:meth:`iteration_stats`)."""
 
-    def __init__(self, aggregator: FlatAggregator, process_group=None, timeout_s: float | None = None):
-        if not isinstance(aggregator, FlatAggregator) or aggregator.params is None:
-            raise ValueError(f"gvq hook: {type(aggregator).__name__} must be a gvq ring aggregator "
-                             "(FlatAggregator) after setup(params, ctx)")
-        # the aggregator's ring runs on the default group through P2P; kept for torch's hook interface
-        if process_group is not None and dist.is_initialized() and process_group != dist.group.WORLD:
-            raise ValueError("gvq hook: the ring runs on the default process group (process_group=None)")
-        self.process_group = process_group
+    def __init__(self, aggregator: FlatAggregator, lanes: clock.Lanes | None = None):
+        """``aggregator``: a gvq ring aggregator with ``overlap = True``, set up on this rank (what
+        :meth:`from_config` builds).  ``lanes``: the clock lanes it times on (default: its own wall-clock
+        pair; the runner passes the process's, virtual time included).  Peers are waited for as long as
+        the aggregator's ``RunContext.timeout_s`` says, by default the process group's timeout."""
+        require_hookable(aggregator)
+        if aggregator.params is None or not aggregator.overlap:
+            raise ValueError(f"gvq hook: {aggregator.name!r} must have overlap=True and be set up on this "
+                             "rank's parameters (agg.overlap = True; agg.setup(params, ctx); or "
+                             "GvqHookState.from_config)")
         self.aggregator = aggregator
-        self.timeout_s = float(timeout_s if timeout_s is not None else aggregator.ctx.timeout_s)
+        self.lanes = lanes if lanes is not None else clock.Lanes()
         self.iteration = 0                      # the iteration whose buckets come next
         self.layout: list[list[int]] = []       # the last iteration's buckets (parameter positions)
         self._resumed: list[list[int]] | None = None   # a checkpoint's layout, for the next iteration
         self._positions = {id(p): i for i, p in enumerate(aggregator.params)}
         self._by_ptr = {p.data_ptr(): i for i, p in enumerate(aggregator.params) if p.numel()}
         self._transient()
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a peer (and :meth:`iteration_stats`) is waited for: the aggregator's transport's."""
+        return peer_timeout_s(self.aggregator.ctx.timeout_s)
 
     def _transient(self) -> None:
         """What never pickles: the thread, the open iteration, the finished iteration's signal."""
@@ -58,10 +76,11 @@ class GvqHookState:
     def from_config(cls, config, params, overrides: dict | None = None, **context) -> "GvqHookState":
         """A state around ``config`` (an option name such as ``"qsgd"``, or a dict with ``_target_``;
         ``overrides`` merged into it), built and set up on ``params`` for this rank (``context``:
-        :class:`RunContext` fields; rank and world size default to the process group's)."""
+        :class:`RunContext` fields; rank and world size default to the process group's, ``timeout_s`` to
+        its timeout)."""
         from gvq.hooks.config import build_aggregator
         agg = build_aggregator(config, **(overrides or {}))
-        agg.overlap = True                       # DDP owns the gradient buffers
+        agg.overlap = True                       # DDP owns the gradient buffers: set before setup
         # the process group is asked only for what the caller did not give (none is needed when both are)
         rank = context.pop("rank") if "rank" in context else dist.get_rank()
         world = context.pop("world_size") if "world_size" in context else dist.get_world_size()
@@ -91,7 +110,7 @@ class GvqHookState:
             c = agg.ctx
             agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s)
         self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}",
-                                  label=f"rank {agg.ctx.rank}: gvq hook")
+                                  label=f"rank {agg.ctx.rank}: gvq hook", lanes=self.lanes)
 
     # -- the communication thread's side ------------------------------------------------------------
     def _reduce(self, job: BucketJob) -> None:
@@ -101,8 +120,9 @@ class GvqHookState:
             agg.reset_counters()
             agg.start_iteration(self.iteration)
             self._open = IterationRecord(self.iteration)
-        clock.get().advance_to(job.t_ready)       # a bucket starts no earlier than backward made it
-        self._open.t_start_last = clock.get().now()
+        lane = self.lanes.comm
+        lane.advance_to(job.t_ready)              # a bucket starts no earlier than backward made it
+        self._open.t_start_last = lane.now()
         for group, numel, stats in reduce_bucket(agg, job.flat, job.params, self.iteration, self._resumed):
             self._open.add(job.t_ready, numel, stats)
             self._layout.append(group)
@@ -113,7 +133,7 @@ class GvqHookState:
     def _close_iteration(self) -> None:
         agg, rec = self.aggregator, self._open
         extra = agg.finish_iteration(rec.iteration) or {}
-        rec.t_done = clock.get().now()
+        rec.t_done = self.lanes.comm.now()
         self._last = {**rec.result(), **agg.counters(), **extra}
         self._open, self.iteration = None, self.iteration + 1
         self.layout, self._layout, self._resumed = self._layout, [], None
@@ -172,9 +192,9 @@ class GvqHookState:
         self.aggregator.load_state_dict(state["aggregator"])
 
     def __getstate__(self) -> dict:
-        """Without the process group, the thread or the transport (rebuilt on first use)."""
+        """Without the thread, the lanes or the transport (rebuilt on first use; fresh wall lanes)."""
         out = {k: v for k, v in self.__dict__.items()
-               if k not in ("process_group", "_thread", "_open", "_layout", "_last", "_finished")}
+               if k not in ("lanes", "_thread", "_open", "_layout", "_last", "_finished")}
         agg = object.__new__(type(self.aggregator))
         agg.__dict__.update({k: v for k, v in self.aggregator.__dict__.items() if k != "p2p"})
         out["aggregator"] = agg
@@ -183,7 +203,7 @@ class GvqHookState:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.aggregator.p2p = None
-        self.process_group = None
+        self.lanes = clock.Lanes()
         self._transient()
 
 
@@ -192,10 +212,10 @@ def gvq_hook(state: GvqHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     future it completes with the averaged buffer.  Never blocks the autograd thread."""
     fut: torch.futures.Future = torch.futures.Future()
     job = BucketJob(fut, bucket.buffer(), state.positions(bucket.parameters()), bucket.index(),
-                    bucket.is_last(), clock.now())
+                    bucket.is_last(), state.lanes.compute.now())
     state.submit(job)
     if job.is_last:                 # backward's tail only waits for the buckets now: let peers' phases run
-        clock.get().yield_core()
+        state.lanes.compute.yield_core()
     # a future completed with an exception object hands DDP that object as its value; re-raised in a
     # callback it becomes the returned future's error, which backward raises as such.  (value() of a
     # completed future does not wait: no wait inside a callback)

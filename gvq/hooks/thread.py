@@ -3,7 +3,7 @@
 The hook runs on the autograd thread and must not block it: it queues the bucket and returns a future.
 This thread takes the buckets in the order they were queued (DDP's bucket order, the same on every
 rank), averages each through the aggregator's own ring over :class:`gvq.comm.p2p.P2P` (so the link
-emulator, byte counts and the clock apply) and completes its future.  It lives inside the clock's
+emulator, byte counts and the clock apply) and completes its future.  It lives inside its owner's
 communication lane for its whole life, so under ``net.clock=virtual`` its time is the rank's
 communication lane, not its compute lane.
 
@@ -69,10 +69,10 @@ class IterationRecord:
 
 class CommThread:
     """A daemon thread that averages queued buckets with ``reduce(job) -> None`` (which completes the
-    job's future); :meth:`close` stops and joins it."""
+    job's future) on ``lanes``' communication lane; :meth:`close` stops and joins it."""
 
-    def __init__(self, reduce, name: str, label: str):
-        self.reduce, self.label = reduce, label
+    def __init__(self, reduce, name: str, label: str, lanes: clock.Lanes):
+        self.reduce, self.label, self.lanes = reduce, label, lanes
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -87,7 +87,7 @@ class CommThread:
         job.future.set_exception(self.error)
 
     def _run(self) -> None:
-        with clock.comm_lane():
+        with self.lanes.comm_lane():
             while True:
                 job = self.jobs.get()
                 if job is None:

@@ -252,7 +252,7 @@ def on_comm_thread(fn):
     out = {}
 
     def body():
-        with C.comm_lane() as lane:
+        with C.lanes().comm_lane() as lane:
             out["r"] = fn(lane)
     t = threading.Thread(target=body)
     t.start()
@@ -321,7 +321,7 @@ def test_two_threads_on_one_lane_each_count_only_their_own_cpu(cpu):
 
     def thread(name: str, before: float, work: float, turn: int):
         cpu.burn(before)                          # this thread's CPU before it joins the lane
-        with C.comm_lane() as lane:
+        with C.lanes().comm_lane() as lane:
             for k in range(2):
                 go[turn].wait(5)
                 go[turn].clear()

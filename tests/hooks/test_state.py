@@ -196,6 +196,7 @@ def _failing_bucket(rank, world):
     net = Net()
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
     agg = _Broken()
+    agg.overlap = True
     agg.setup(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
     state = GvqHookState(agg)
     ddp.register_comm_hook(state, gvq_hook)

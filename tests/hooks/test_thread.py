@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from gvq.comm import clock
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
 
@@ -23,7 +24,7 @@ def test_buckets_are_handled_in_queue_order_and_close_joins():
         seen.append(job.index)
         job.future.set_result(job.flat)
 
-    t = CommThread(reduce, name="gvq-comm-test", label="rank 0: gvq hook")
+    t = CommThread(reduce, name="gvq-comm-test", label="rank 0: gvq hook", lanes=clock.Lanes())
     jobs = [_job(i) for i in range(5)]
     for j in jobs:
         t.submit(j)
@@ -40,7 +41,7 @@ def test_a_failure_fails_this_queued_and_later_buckets_naming_the_rank():
         gate.wait(5)
         raise ValueError("codec broke")
 
-    t = CommThread(reduce, name="gvq-comm-test", label="rank 3: gvq hook")
+    t = CommThread(reduce, name="gvq-comm-test", label="rank 3: gvq hook", lanes=clock.Lanes())
     first, queued = _job(0), _job(1)
     t.submit(first)
     t.submit(queued)
