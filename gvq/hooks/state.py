@@ -73,11 +73,12 @@ class GvqHookState:
         self._finished = threading.Event()
 
     @classmethod
-    def from_config(cls, config, params, overrides: dict | None = None, **context) -> "GvqHookState":
+    def from_config(cls, config, params, overrides: dict | None = None, lanes: clock.Lanes | None = None,
+                    **context) -> "GvqHookState":
         """A state around ``config`` (an option name such as ``"qsgd"``, or a dict with ``_target_``;
         ``overrides`` merged into it), built and set up on ``params`` for this rank (``context``:
         :class:`RunContext` fields; rank and world size default to the process group's, ``timeout_s`` to
-        its timeout)."""
+        its timeout; ``lanes`` as in the constructor)."""
         from gvq.hooks.config import build_aggregator
         agg = build_aggregator(config, **(overrides or {}))
         agg.overlap = True                       # DDP owns the gradient buffers: set before setup
@@ -86,7 +87,7 @@ class GvqHookState:
         world = context.pop("world_size") if "world_size" in context else dist.get_world_size()
         ctx = RunContext(rank, world, **context)
         agg.setup(list(params), ctx)
-        return cls(agg)
+        return cls(agg, lanes)
 
     # -- the hook's side (autograd thread) ------------------------------------------------------------
     def positions(self, params) -> list[int]:
