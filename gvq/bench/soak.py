@@ -1,9 +1,12 @@
 """A kill soak: ``python -m gvq.bench soak --kills 4 --every 5``.
 
-One run with ``restarts=<kills>`` has a random rank SIGKILLed at random moments (``--kills`` times, each
-after a few more rows than the last), then is compared with an uninterrupted run of the same config:
-rows one per iteration, non-time columns equal.  Prints the iterations each kill cost (the rows the
-killed attempt had written beyond the checkpoint it resumed from) against ``checkpoint.every``.
+One run with ``restarts=<kills>`` loses a rank in each of its first ``--kills`` attempts: the plan, drawn
+from ``--seed`` (which rank, after how many rows, and where: right after a row is written, or mid-iteration
+between backward and the aggregate), goes to the run in ``GVQ_KILLS`` (gvq/run/fault.py) and the chosen
+rank SIGKILLs itself there, so a seed kills at the same rows on any machine.  The run is then compared
+with an uninterrupted run of the same config: rows one per iteration, non-time columns equal, and each
+restart resumed from the checkpoint its kill left.  Prints the iterations each kill cost (the rows written
+at the kill beyond the checkpoint its restart resumed from) against ``checkpoint.every``.
 """
 from __future__ import annotations
 
@@ -11,109 +14,96 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from gvq.run import fault
+
 ROOT = Path(__file__).resolve().parents[2]
 SAME = ("iteration", "train_loss", "train_acc", "test_loss", "test_acc", "bytes_sent")
 
 
-def _start(run: Path, args, extra: list[str]) -> subprocess.Popen:
+def draw_kills(kills: int, iterations: int, ranks: int, rng: random.Random) -> list[fault.Kill]:
+    """One kill in each of the first ``kills`` attempts, each after more rows than the one before (a
+    restart that makes no progress stops the run) and before the last row (a rank past its last row is
+    not a lost rank)."""
+    if not 0 <= kills < iterations:
+        raise ValueError(f"--kills {kills}: must be in [0, --iterations) (one more row written before each)")
+    out = []
+    for attempt, rows in enumerate(sorted(rng.sample(range(1, iterations), kills))):
+        point = rng.choice(fault.POINTS)
+        out.append(fault.Kill(attempt, rows - (point == "row"), rng.randrange(ranks), point))
+    return out
+
+
+def resumes(kills: list[fault.Kill], every: int) -> list[int]:
+    """Where each restart resumes: the newest checkpoint at or before the kill's iteration (a ``row``
+    kill comes before its iteration's checkpoint, an ``aggregate`` one after the one before it)."""
+    return [k.iteration // every * every if every else 0 for k in kills]
+
+
+def _start(run: Path, args, extra: list[str], kills: list[fault.Kill]) -> subprocess.Popen:
     cmd = [sys.executable, str(ROOT / "cli.py"), f"iterations={args.iterations}", f"checkpoint.every={args.every}",
-           "logger=csv", "logger.progress=false", f"hydra.run.dir={run}", *args.set, *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, WANDB_MODE="disabled"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           f"world_size={args.ranks}", "logger=csv", "logger.progress=false", f"hydra.run.dir={run}", *args.set,
+           *extra]
+    env = dict(os.environ, WANDB_MODE="disabled", **{fault.ENV: fault.plan_text(kills)})
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _rows(run: Path) -> int:
-    path = run / "metrics.csv"
-    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+def _outcome(tmp: Path, args, kills: list[fault.Kill], err: str) -> dict:
+    summary = json.loads((tmp / "soak" / "summary.json").read_text())
+    a, b = (pd.read_csv(tmp / d / "metrics.csv") for d in ("soak", "ref"))
+    same = len(a) == len(b) == args.iterations and all(
+        np.allclose(a[c], b[c], rtol=1e-6, atol=0, equal_nan=True) for c in SAME if c in a)
+    done, resumed = fault.announced(err), summary.get("resumed_from", [])
+    return {"kills": len(done), "restarts": summary.get("restarts"), "status": summary.get("status"),
+            "killed_at_rows": [k.rows for k in done], "resumed_from": resumed,
+            "iterations_lost": [k.rows - start for k, start in zip(done, resumed)], "checkpoint_every": args.every,
+            "rows_and_metrics_equal": same, "plan": fault.plan_text(kills),
+            "kills_as_planned": done == kills and resumed == resumes(kills, args.every)}
 
 
-def _ranks(launcher: int) -> list[int]:
-    """The launcher's rank processes: its fork server's children (or spawned ``spawn_main`` ones)."""
-    def kids(pid):
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        return [int(k) for k in out]
-
-    def cmd(pid):
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return b""
-    direct = kids(launcher)
-    below = [g for k in direct for g in kids(k)]
-    return [p for p in below if b"forkserver" in cmd(p)] or [p for p in direct if b"spawn_main" in cmd(p)]
-
-
-def soak(run: Path, args, rng: random.Random) -> tuple[subprocess.Popen, list[int], str]:
-    """The killed run, the row count at each kill, and its stderr."""
-    p, at = _start(run, args, [f"restarts={args.kills}"]), []
-    target = 0
-    for _ in range(args.kills):
-        target = min(args.iterations - 2, target + rng.randint(1, 2 * args.every))
-        deadline = time.monotonic() + args.timeout
-        ranks = []
-        while p.poll() is None and time.monotonic() < deadline and not (_rows(run) >= target and ranks):
-            time.sleep(0.05)
-            ranks = _ranks(p.pid) if _rows(run) >= target else []
-        if p.poll() is not None or not ranks:
-            break
-        time.sleep(rng.uniform(0.0, args.jitter))        # anywhere in an iteration, not just after a row
-        if _rows(run) >= args.iterations - 1:            # a rank past its last row is not a lost rank
-            break
-        at.append(_rows(run))
-        os.kill(rng.choice(ranks), signal.SIGKILL)
-        # the next kill is for the restarted attempt: wait for its ranks (none of the killed attempt's)
-        while p.poll() is None and time.monotonic() < deadline and not (
-                (now := _ranks(p.pid)) and not set(now) & set(ranks)):
-            time.sleep(0.05)
-        target = at[-1]                # the next kill after progress: a repeat at one row is "stuck"
-    return p, at, p.communicate(timeout=args.timeout)[1]
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gvq.bench soak", description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=4, help="attempts that lose a rank (restarts=<kills>)")
+    ap.add_argument("--every", type=int, default=5, help="checkpoint.every")
+    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--ranks", type=int, default=2, help="world_size")
+    ap.add_argument("--seed", type=int, default=0, help="which ranks die, after which rows, where")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
+    ap.add_argument("--set", nargs="*", default=["model.width=8"], help="more cli.py overrides")
+    ap.add_argument("--out", type=Path, default=None)
+    return ap
 
 
 def main(argv: list[str]) -> dict:
     """``python -m gvq.bench soak ...``: the soak's table (iterations lost per kill) and its check."""
-    ap = argparse.ArgumentParser(prog="python -m gvq.bench soak", description=__doc__.splitlines()[0])
-    ap.add_argument("--kills", type=int, default=4)
-    ap.add_argument("--every", type=int, default=5, help="checkpoint.every")
-    ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--seed", type=int, default=0, help="which ranks die, and when")
-    ap.add_argument("--jitter", type=float, default=0.3, help="a kill waits up to this many seconds after "
-                    "its row (longer => kills later in an iteration, or iterations later)")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--set", nargs="*", default=["model.width=8"], help="more cli.py overrides")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
+    kills = draw_kills(args.kills, args.iterations, args.ranks, random.Random(args.seed))
     with tempfile.TemporaryDirectory() as tmp:
-        ref = _start(Path(tmp) / "ref", args, [])
-        ref.communicate(timeout=args.timeout)
-        p, at, err = soak(Path(tmp) / "soak", args, random.Random(args.seed))
-        summary = json.loads((Path(tmp) / "soak" / "summary.json").read_text())
-        a, b = (pd.read_csv(Path(tmp) / d / "metrics.csv") for d in ("soak", "ref"))
-    same = len(a) == len(b) == args.iterations and all(
-        np.allclose(a[c], b[c], rtol=1e-6, atol=0, equal_nan=True) for c in SAME if c in a)
-    lost = [rows - start for rows, start in zip(at, summary.get("resumed_from", []))]
-    out = {"kills": len(at), "restarts": summary.get("restarts"), "status": summary.get("status"),
-           "killed_at_rows": at, "resumed_from": summary.get("resumed_from"), "iterations_lost": lost,
-           "checkpoint_every": args.every, "rows_and_metrics_equal": same}
-    print(f"# kill soak: {args.iterations} iterations, checkpoint.every={args.every}, {len(at)} SIGKILLs of a "
-          f"random rank (seed {args.seed}), restarts={args.kills}; {' '.join(args.set)}")
+        ref = _start(Path(tmp) / "ref", args, [], [])
+        p = _start(Path(tmp) / "soak", args, [f"restarts={args.kills}"], kills)
+        err = p.communicate(timeout=args.timeout)[1]
+        ref_err = ref.communicate(timeout=args.timeout)[1]
+        if ref.returncode:
+            raise SystemExit(f"gvq.bench soak: the uninterrupted run failed: {ref_err[-500:]}")
+        out = _outcome(Path(tmp), args, kills, err)
+    print(f"# kill soak: {args.iterations} iterations, checkpoint.every={args.every}, {args.kills} planned "
+          f"SIGKILLs (seed {args.seed}), restarts={args.kills}, {args.ranks} ranks; {' '.join(args.set)}")
     for k, v in out.items():
         print(f"{k}: {v}")
-    if lost:
-        print(f"mean iterations lost per kill: {np.mean(lost):.2f} (checkpoint.every = {args.every}: "
-              f"at most {args.every} redone per kill)")
+    if out["iterations_lost"]:
+        print(f"mean iterations lost per kill: {np.mean(out['iterations_lost']):.2f} (checkpoint.every = "
+              f"{args.every}: at most {args.every} redone per kill)")
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
-    if p.returncode != 0 or not same:
-        raise SystemExit(f"gvq.bench soak: the soaked run {'failed' if p.returncode else 'differs'}: "
-                         f"{err[-500:]}")
+    problem = ("the soaked run failed" if p.returncode else "the soaked run differs"
+               if not out["rows_and_metrics_equal"] else "" if out["kills_as_planned"] else "not killed as planned")
+    if problem:
+        raise SystemExit(f"gvq.bench soak: {problem}: {err[-500:]}")
     return out

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.hooks import Overlapped
-from gvq.run import checkpoint
+from gvq.run import checkpoint, fault
 from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.signals import die_with_parent, on_sigterm, signals_interrupt
@@ -168,6 +168,7 @@ def launch(cfg: DictConfig) -> dict | None:
     startup = {"process": process_start(), "main": time.time()}
     try:
         method = start_method()
+        fault.planned()                # GVQ_KILLS: a malformed plan is refused before any rank starts
     except ValueError as e:
         config_error(str(e))
     agg, data, plan = preflight(cfg)

@@ -25,7 +25,7 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.hooks import Overlapped
-from gvq.run import checkpoint, restart
+from gvq.run import checkpoint, fault, restart
 from gvq.run.guards import (
     aggregated_overflow,
     broadcast_,
@@ -178,8 +178,9 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
             runlog.row(row, replay=True)
         if rank == 0:
             restart.rows_replayed(run_dir)
+        kills = fault.Kills(fault.planned(), rank, meta.get("restarts", 0))   # GVQ_KILLS (the kill soak)
         summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog,
-                        meta.get("identity") or {})
+                        meta.get("identity") or {}, kills)
         failed = False
         return summary
     except BaseException as e:
@@ -203,7 +204,7 @@ def _progress_bar(cfg, runlog, agg, world, prog):
                 leave=False, mininterval=1.0)
 
 
-def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict):
+def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict, kills: fault.Kills):
     data, model, opt, sched, agg = parts
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
@@ -214,7 +215,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"])
+        stats = step(model, opt, kills.armed(agg, it), x, y, it, cfg["nan_policy"])
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
@@ -236,6 +237,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}", refresh=False)
         if it == prog.start and runlog is not None:
             mark(runlog.meta, "first_step")
+        kills.at(it, "row")
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}
