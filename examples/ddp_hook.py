@@ -2,10 +2,12 @@
 
     python examples/ddp_hook.py qsgd                     # any conf/aggregator ring option: rar, qsgd, gradiveq, ...
     python examples/ddp_hook.py qsgd --post-backward     # the same aggregator after backward, to compare
+    torchrun --standalone --nproc-per-node 2 examples/ddp_hook.py qsgd     # the same, launched by torchrun
 
 Each bucket DDP hands the hook is averaged by gvq's ring on a communication thread while backward goes on.
 Prints the mean loss over ranks each iteration.
 """
+import os
 import sys
 import tempfile
 
@@ -28,15 +30,18 @@ def batch(rank: int, it: int):
     return x, (x[:, 0, :4].mean((1, 2)) > 0).long() + 2 * (x[:, 0, 4:].mean((1, 2)) > 0).long()
 
 
-def run(rank: int, option: str, post_backward: bool, init: str) -> None:
+def run(rank: int, option: str, post_backward: bool, init: str | None) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    if init is None:                               # torchrun: rank, world size and rendezvous from its env
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     torch.manual_seed(0)                           # the same initial model on every rank
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(8 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     if post_backward:                              # gvq's usual way: one aggregate() after backward
         agg = build_aggregator(option)
-        agg.setup(list(net.parameters()), RunContext(rank, WORLD))
+        agg.setup(list(net.parameters()), RunContext(rank, dist.get_world_size()))
         model = net
     else:                                          # the hook: averaged inside backward
         model = DistributedDataParallel(net)       # bucket_cap_mb=... for smaller buckets
@@ -53,12 +58,15 @@ def run(rank: int, option: str, post_backward: bool, init: str) -> None:
         opt.step()
         dist.all_reduce(mean := loss.detach().clone())
         if rank == 0:
-            print(f"iteration {it} loss {mean.item() / WORLD:.7f}", flush=True)
+            print(f"iteration {it} loss {mean.item() / dist.get_world_size():.7f}", flush=True)
     agg.close()                                    # stops the hook's communication thread
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     option = sys.argv[1] if len(sys.argv) > 1 else "qsgd"
-    with tempfile.TemporaryDirectory() as tmp:     # file rendezvous: no port to collide with
-        mp.spawn(run, args=(option, "--post-backward" in sys.argv, f"file://{tmp}/rendezvous"), nprocs=WORLD)
+    if "RANK" in os.environ:                       # started by torchrun (one process per rank)
+        run(int(os.environ["RANK"]), option, "--post-backward" in sys.argv, None)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:     # file rendezvous: no port to collide with
+            mp.spawn(run, args=(option, "--post-backward" in sys.argv, f"file://{tmp}/rendezvous"), nprocs=WORLD)

@@ -1,0 +1,66 @@
+"""Train a small CNN with accelerate and a gvq communication hook, checkpointing every rank's hook state:
+
+    torchrun --standalone --nproc-per-node 2 examples/accelerate_hook.py qsgd
+    accelerate launch --cpu --num_processes 2 examples/accelerate_hook.py qsgd     # the same (port 29500)
+    ... examples/accelerate_hook.py qsgd --save ckpt --stop-at 15     # save_state after 15 steps, stop
+    ... examples/accelerate_hook.py qsgd --resume ckpt                # load_state, run steps 15..29
+
+``accelerator.prepare`` wraps the model in DDP (on more than one process); the hook is registered on that
+wrapper.  accelerate writes one checkpoint from rank 0, so the hook's per-rank state (error memory, dither,
+samples) is handed to it as ``AllRanks(state)``: saving gathers every rank's, loading takes its own.
+Prints the mean loss over ranks each step, and the parameters' checksum at the end.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+
+from gvq.hooks import GvqHookState, gvq_hook
+from gvq.hooks.checkpoint import AllRanks
+
+STEPS = 30
+
+
+def batch(rank: int, it: int):
+    """8x8 random images (this rank's own), labelled by a fixed rule so there is something to learn."""
+    x = torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(1000 * it + rank))
+    return x, (x[:, 0, :4].mean((1, 2)) > 0).long() + 2 * (x[:, 0, 4:].mean((1, 2)) > 0).long()
+
+
+def main(args) -> None:
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)                           # the same initial model on every rank
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    state = GvqHookState.from_config(args.option, net.parameters())
+    model.register_comm_hook(state, gvq_hook)      # after prepare: the model is DDP now
+    acc.register_for_checkpointing(AllRanks(state))
+    start = 0
+    if args.resume:
+        acc.load_state(args.resume)
+        start = state.iteration                    # the hook counts the steps it averaged
+    for it in range(start, args.stop_at or STEPS):
+        x, y = batch(acc.process_index, it)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        mean = acc.reduce(loss.detach(), reduction="mean")
+        acc.print(f"iteration {it} loss {mean.item():.7f}")
+    if args.save:
+        acc.save_state(args.save)
+    acc.print(f"checksum {sum(p.double().sum().item() for p in net.parameters()):.12f}")
+    state.close()
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("option", nargs="?", default="qsgd", help="a conf/aggregator ring option")
+    ap.add_argument("--save", help="save_state to this folder at the end")
+    ap.add_argument("--stop-at", type=int, help="stop before this step")
+    ap.add_argument("--resume", help="load_state from this folder first")
+    main(ap.parse_args())
