@@ -58,7 +58,8 @@ def test_waits_are_not_computation_and_arrivals_only_move_the_clock_forward():
 
 def test_wall_clock_is_perf_counter_and_rejects_bad_settings():
     clk = C.RankClock("wall")
-    assert abs(clk.now() - time.perf_counter()) < 0.01
+    before = time.perf_counter()
+    assert before <= clk.now() <= time.perf_counter()     # (an ordering, not a bound a busy host breaks)
     with pytest.raises(ValueError, match="net.clock"):
         C.RankClock("cpu")
     with pytest.raises(ValueError, match="net.compute_scale"):
