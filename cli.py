@@ -11,7 +11,7 @@ if __name__ == "__main__":      # first, before Hydra's import: the ranks' impor
 import hydra  # noqa: E402
 
 from gvq.run.errors import one_line_errors  # noqa: E402
-from gvq.run.schema import register  # noqa: E402
+from gvq.schema.config import register  # noqa: E402
 
 register()
 

@@ -9,11 +9,13 @@ The folder is the role, the file is the variant; imports run down this list, nev
     bench/        python -m gvq.bench aggregate|train|overlap|soak|codecs|quantizers|netns|clock|paper|startup|gpucheck;
                   common.py is the shared core; gpucheck/ is make gpu-check (the CUDA path, one table)
     run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop,
-                  checkpoint, logs, schema + options.py (typed config), validate, placement (GPUs),
+                  checkpoint, logs, errors.py (the CLI's one-line errors), validate, placement (GPUs),
                   internals.py (the private Python/torch APIs gvq uses, in one place)
     hooks/        the public DDP communication hook (GvqHookState, gvq_hook) and its per-rank thread
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
     comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging
+    schema/       the typed config the CLI and the hook both compose through: schemas (config.py, options.py),
+                  one-line errors, where conf/ is (a checkout's or the wheel's copy) and compose()
     compressors/  codecs only (one file each; GradiVeQ's is the gradiveq/ subpackage); _-prefixed files are parts
     data/         one loader per source format (idx: Fashion-MNIST, sklearn_digits, cifar_python, gaussian),
                   TensorData (tensors.py) and the sharded, resumable batch stream (batches.py)

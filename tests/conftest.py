@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from gvq.run.schema import register  # noqa: E402
+from gvq.schema.config import register  # noqa: E402
 
 register()
 

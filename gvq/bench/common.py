@@ -15,20 +15,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-
-
-def compose(overrides: list[str]):
-    """The run config ``python cli.py <overrides>`` would compose (schema registered, in-process)."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from gvq.run.schema import register
-    register()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return hcompose("config", overrides=overrides)
+from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
 
 
 def make_aggregator(name: str, overrides: list[str]):
@@ -112,7 +99,7 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
 
 def add_clock_args(p) -> None:
     """``--clock wall|virtual --compute-scale X --codec-scale Y`` (as ``net.clock`` etc. in a run)."""
-    from gvq.run.options import Clock
+    from gvq.schema.options import Clock
     p.add_argument("--clock", choices=list(Clock), default="wall",
                    help="virtual: each rank's CPU time x the scales + the link model, nothing slept")
     p.add_argument("--compute-scale", type=float, default=1.0, help="virtual: forward/backward CPU time x this")

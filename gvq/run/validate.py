@@ -3,7 +3,7 @@ the key and what is allowed; :func:`gvq.run.launch.launch` prints it and exits w
 traceback.
 
 Choices (``device``, ``net.clock``, ``optim.schedule`` ...) are enums in the schemas
-(:mod:`gvq.run.schema`, :mod:`gvq.run.options`), refused at compose time.  The GradiVeQ knobs
+(:mod:`gvq.schema.config`, :mod:`gvq.schema.options`), refused at compose time.  The GradiVeQ knobs
 (``lambda``, ``K``, ``s``, ``L_t``, ``L_c``, ``warmup``) are checked by the constructors that read them,
 run here on the top-level values so that a bad one is refused whichever aggregator runs.  The clock's
 rules serve the run (``net.*``) and the benchmarks' flags (``--clock`` ...): :func:`check_clock`.
@@ -16,20 +16,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gvq.run.checkpoint import complete_sets
-from gvq.run.schema import TOP_LEVEL_KEYS
-
-#: top-level knobs that only some aggregators read, through an interpolation in their option file
-#: (``lam: ${lambda}`` in conf/aggregator/gradiveq.yaml); top-level so sweeps can cross them with every
-#: aggregator (``-m aggregator=rar,gradiveq lambda=0.01,0.05``)
-KNOBS = ("lambda", "K", "s", "L_t", "L_c", "warmup")
+from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
+from gvq.schema.errors import ConfigError
 
 #: how the clock's keys are spelt in a run config; the benchmarks pass their flags' spelling
 NET_KEYS = {"clock": "net.clock", "compute_scale": "net.compute_scale", "codec_scale": "net.codec_scale",
             "link": "net=mbit50 or net.bandwidth_bps=1e9"}
-
-
-class ConfigError(ValueError):
-    """A bad config value; its message is the single line shown to the user."""
 
 
 def _require(ok: bool, msg: str) -> None:

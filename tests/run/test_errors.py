@@ -52,7 +52,7 @@ CASES = [
     ("net.bandwidth_bps=fast", "net.bandwidth_bps=fast"),
     ("device=[1,2]", "device"),
     ("=3", "'=3': an override needs a key"),
-    # inside an option group: its schema (gvq/run/options.py) names the key and what it takes
+    # inside an option group: its schema (gvq/schema/options.py) names the key and what it takes
     ("aggregator=powersgd aggregator.rnk=4", "aggregator.rnk: unknown key; did you mean aggregator.rank?"),
     ("aggregator=qsgd aggregator.compressor.bitz=3", "did you mean aggregator.compressor.bits?"),
     ("model.width=abc", "model.width=abc: expected integer"),

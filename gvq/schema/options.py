@@ -1,10 +1,10 @@
 """One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/`` or
-``net/`` builds, stored by :func:`gvq.run.schema.register` as ``schema/<group>/<name>``.
+``net/`` builds, stored by :func:`gvq.schema.config.register` as ``schema/<group>/<name>``.
 
 Each option file names its schema first in its defaults list (``/schema/aggregator/qsgd@_here_``), so
 OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
 choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema's fields are its
-``_target_``'s keyword arguments, with the same defaults (``tests/run/test_options.py`` holds them to the
+``_target_``'s keyword arguments, with the same defaults (``tests/schema/test_options.py`` holds them to the
 signature); what a constructor's value means is said in the option files.  No torch here: the CLI
 imports this before Hydra composes.
 """

@@ -1,6 +1,6 @@
 """Typed schemas of the composed config, registered in Hydra's ConfigStore.
 
-See docs/design.md#gvqrunschemapy for how it works and why.
+See docs/design.md#gvqschemaconfigpy for how it works and why.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from gvq.run.options import OPTION_SCHEMAS, Choice
+from gvq.schema.options import OPTION_SCHEMAS, Choice
 
 
 class Device(Choice):
@@ -63,6 +63,11 @@ class LoggerSchema:
     wandb: WandbSchema = field(default_factory=WandbSchema)
     progress: bool = True
 
+
+#: top-level knobs that only some aggregators read, through an interpolation in their option file
+#: (``lam: ${lambda}`` in conf/aggregator/gradiveq.yaml); top-level so sweeps can cross them with every
+#: aggregator (``-m aggregator=rar,gradiveq lambda=0.01,0.05``), and a hook's overrides may name them
+KNOBS = ("lambda", "K", "s", "L_t", "L_c", "warmup")
 
 #: option groups whose options each name a schema of their own (``schema/<group>/<option>``)
 TYPED_GROUPS = ("aggregator", "model", "dataset", "net")

@@ -1,6 +1,6 @@
-"""Typed option groups (gvq/run/options.py): every option file of aggregator/, model/, dataset/ and net/
+"""Typed option groups (gvq/schema/options.py): every option file of aggregator/, model/, dataset/ and net/
 composes to its schema, and a misspelt key, an ill-typed value or a choice outside its enum is refused
-at compose time in one line naming the key and what it takes (gvq/run/errors.py)."""
+at compose time in one line naming the key and what it takes (gvq/schema/errors.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +15,9 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
-from gvq.run.errors import describe
-from gvq.run.options import OPTION_SCHEMAS, RUNTIME_KWARGS
-from gvq.run.schema import TYPED_GROUPS
+from gvq.schema.config import TYPED_GROUPS
+from gvq.schema.errors import describe
+from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS
 from tests.helpers.cli import ROOT, cli
 
 OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
