@@ -4,6 +4,7 @@
     from gvq.hooks import GvqHookState, gvq_hook
     ddp = DistributedDataParallel(model)
     state = GvqHookState.from_config("qsgd", model.parameters())      # any conf/aggregator ring option
+    # or with overrides, the command line's keys: {"compressor.bits": 2}, {"lambda": 0.05, "L_t": 50}
     ddp.register_comm_hook(state, gvq_hook)
     ...                                                                # train as usual
     state.close()
@@ -12,7 +13,8 @@ Each bucket DDP hands the hook goes to this rank's communication thread, which a
 gvq's ring while backward continues.  ``state.iteration_stats()`` has the last iteration's
 measurements; ``state.state_dict()`` / ``load_state_dict()`` go into checkpoints.  In the runner,
 ``aggregator.overlap=true`` does the same (:class:`Overlapped`).  ``examples/ddp_hook.py`` is a
-complete script.
+complete script.  Options compose as ``python cli.py aggregator=<name> <overrides>`` composes them
+(gvq/hooks/config.py): the same schemas, knob names and one-line errors.
 """
 from gvq.hooks.overlapped import Overlapped
 from gvq.hooks.state import GvqHookState, gvq_hook

@@ -1,66 +1,117 @@
-"""Build a gvq aggregator for a user's own script, without Hydra's command line: an option of
-``conf/aggregator/`` by name (``"qsgd"``, ``"gradiveq"``), optionally with overrides
-(``{"compressor": {"bits": 2}}``), or a whole config dict with a ``_target_``."""
+"""Build a gvq aggregator for a user's own script, composed exactly as ``python cli.py aggregator=<name>
+<overrides>`` composes it: the same option files (conf/aggregator/), typed schemas, knob names and
+one-line errors (gvq/schema/), then instantiated::
+
+    build_aggregator("qsgd", **{"compressor.bits": 2})
+    GvqHookState.from_config("gradiveq", model.parameters(), {"lambda": 0.05, "compressor.pool": True})
+
+Overrides are ``{key: value}`` with the command line's keys: the knobs conf/config.yaml interpolates
+into option files (``lambda``, ``K``, ``s``, ``L_t``, ``L_c``, ``warmup``) and the option's own keys,
+``aggregator.`` optional (``compressor.bits`` is ``aggregator.compressor.bits``).  A value is a Python
+value (``None`` is ``null``; a dict merges into the node it names).  A misspelt key, an ill-typed value
+or an unknown option raises :class:`gvq.schema.errors.ConfigError`: the CLI's one line, the options
+offered being those a hook can run (:func:`hook_options`).
+"""
 from __future__ import annotations
 
-from pathlib import Path
+import difflib
+import functools
+import numbers
+import re
 
 from gvq.aggregators.base import FlatAggregator
+from gvq.schema.compose import compose, conf_dir
+from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
+from gvq.schema.errors import ConfigError, keys_of, no_such_option, unknown_key
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "aggregator"
-SCHEMA = "/schema/"   # a defaults entry naming an option's typed schema (the CLI's, gvq/run/options.py)
+HOOK_ROOTS = (*KNOBS, "aggregator")    # the run config's keys a hook's overrides may reach
 
 
-def option_config(name: str, overrides: dict | None = None) -> dict:
-    """``conf/aggregator/<name>.yaml`` as a plain dict: its defaults list followed as the CLI
-    composes it (a derived option such as ``gradiveq_pooled`` starts from ``gradiveq``), and its
-    interpolations (GradiVeQ's ``${lambda}``, ``${L_t}``, ...) resolved against ``conf/config.yaml``'s
-    top-level values.  The typed schemas belong to the CLI (gvq.run, a floor above this room): here
-    the constructor refuses a misspelt key."""
+def option_config(name: str, overrides: dict | None = None):
+    """The ``aggregator`` node ``python cli.py aggregator=<name> <overrides>`` composes: a typed
+    DictConfig, its knobs' interpolations (``lam: ${lambda}``) resolving against that run config."""
+    overrides = overrides or {}
+    try:
+        return compose([f"aggregator={name}", *(_override(k, v) for k, v in overrides.items())]).aggregator
+    except ConfigError as e:
+        raise ConfigError(_hook_line(e, name, overrides)) from e.__cause__
+
+
+def build_aggregator(config, **overrides) -> FlatAggregator:
+    """The aggregator ``config`` names (an option of conf/aggregator/, see the module docstring; or a
+    whole config dict with a ``_target_``, ``overrides`` then keys of it), not yet set up; refused
+    unless it sums through gvq's ring (torch DDP's own options are not aggregators a hook can run)."""
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
-    option = _compose(name)
-    if overrides:
-        option = OmegaConf.merge(option, overrides)
-    root = OmegaConf.load(CONF.parent / "config.yaml")
-    root.pop("defaults", None)
-    root.aggregator = option
-    return OmegaConf.to_container(root.aggregator, resolve=True)
+    if isinstance(config, str):
+        node = option_config(config, overrides)
+        if not _is_ring(node):
+            raise ConfigError(f"aggregator={config}: {node._target_} is not a gvq ring aggregator (torch DDP "
+                              f"overlaps by itself); a hook runs one of: {', '.join(hook_options())}")
+        return instantiate(node, _convert_="object")
+    node = OmegaConf.create(dict(config))
+    for key, value in overrides.items():
+        OmegaConf.update(node, key.removeprefix("aggregator."), value, merge=True)
+    if not _is_ring(node):
+        raise ConfigError(f"{node.get('_target_')} is not a gvq ring aggregator")
+    return instantiate(node, _convert_="object")
 
 
 def hook_options() -> list[str]:
     """The options a hook can run: those whose class sums through gvq's ring (torch DDP's own, the
     ``ddp*`` options, are not offered)."""
+    return list(_ring_options())
+
+
+@functools.cache
+def _ring_options() -> tuple[str, ...]:
+    names = sorted(p.stem for p in (conf_dir() / "aggregator").glob("*.yaml"))
+    return tuple(n for n in names if _is_ring(compose([f"aggregator={n}"]).aggregator))
+
+
+def _is_ring(node) -> bool:
     from hydra.utils import get_class
-    names = sorted(p.stem for p in CONF.glob("*.yaml"))
-    return [n for n in names if issubclass(get_class(_compose(n)["_target_"]), FlatAggregator)]
+    return "_target_" in node and issubclass(get_class(node._target_), FlatAggregator)
 
 
-def _compose(name: str):
-    """One option file merged over the other options its defaults list names, in order."""
-    from omegaconf import OmegaConf
-    path = CONF / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"gvq hook: no aggregator option {name!r} (one of: {', '.join(hook_options())})")
-    option = OmegaConf.load(path)
-    node = None
-    for entry in option.pop("defaults", []):
-        if entry == "_self_" or entry.startswith(SCHEMA):
-            continue
-        base = _compose(entry)
-        node = base if node is None else OmegaConf.merge(node, base)
-    return option if node is None else OmegaConf.merge(node, option)
+def _override(key: str, value) -> str:
+    """``key=value`` as the command line spells it: a knob, or a key of the aggregator."""
+    head = key.split(".", 1)[0]
+    if head in TOP_LEVEL_KEYS and head not in HOOK_ROOTS:
+        raise ConfigError(f"{key}: a key of the run, not of its aggregator; a hook takes the aggregator's "
+                          f"keys and the knobs {', '.join(KNOBS)}")
+    return f"{key if head in HOOK_ROOTS else f'aggregator.{key}'}={_hydra_value(value)}"
 
 
-def build_aggregator(config, **overrides) -> FlatAggregator:
-    """The aggregator ``config`` names (see the module docstring); refused unless it sums through
-    gvq's ring (torch DDP's own options are not gvq aggregators a hook can run)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-    if isinstance(config, str):
-        cfg = option_config(config, overrides)
-    else:
-        cfg = OmegaConf.to_container(OmegaConf.merge(dict(config), overrides))
-    agg = instantiate(cfg, _convert_="object")
-    if not isinstance(agg, FlatAggregator):
-        raise ValueError(f"gvq hook: {cfg.get('_target_')} is not a gvq ring aggregator")
-    return agg
+def _hydra_value(value) -> str:
+    """``value`` in Hydra's override grammar; a string quoted, so that it is never read as another type."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))                   # inf, nan and 1e-12 are Hydra floats too
+    if isinstance(value, str):      # a quote escaped; so is a backslash before one or before the end
+        return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), value) + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(_hydra_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"{value!r}: a {type(value).__name__} is not a config value")
+
+
+def _hook_line(e: ConfigError, name: str, overrides: dict) -> str:
+    """The CLI's line, but an unknown option is offered only the options a hook runs, and a misspelt
+    bare key closest to a knob (``lamda``) is named as given, the knobs offered beside the aggregator's keys."""
+    from hydra.errors import MissingConfigException
+    hydra_error = e.__cause__
+    if isinstance(hydra_error, MissingConfigException):
+        return no_such_option("aggregator", name, hook_options())
+    cause = hydra_error.__cause__ if hydra_error is not None else None
+    full_key = str(getattr(cause, "full_key", ""))
+    bare = full_key.removeprefix("aggregator.")
+    if bare in overrides and "." not in bare and getattr(cause, "child_node", True) is None:
+        allowed = sorted({*KNOBS, *keys_of(cause.object_type)})
+        if set(difflib.get_close_matches(bare, allowed, n=1)) & set(KNOBS):
+            return unknown_key(bare, allowed)
+    return str(e)
