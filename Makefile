@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.gvq-installed
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml setup.py $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
