@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gvq.aggregators.dtypes import refuse_dtypes
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
 from gvq.compressors._segments import balanced_segments
@@ -146,9 +147,13 @@ class FlatAggregator(Aggregator):
     #: that was unpickled: the transport is rebuilt on first use)
     params: list[torch.nn.Parameter] | None = None
     p2p: P2P | None = None
+    #: parameter dtypes it cannot average at their precision, with why: :meth:`setup` refuses them in
+    #: one line (see :mod:`gvq.aggregators.dtypes`); every other dtype keeps its own
+    refused_dtypes: tuple[tuple[torch.dtype, str], ...] = ()
 
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
         self.params = [p for p in params if p.requires_grad]
+        refuse_dtypes(self.name, self.params, self.refused_dtypes)
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
         self.clock = clock.Stopwatch()
@@ -159,9 +164,16 @@ class FlatAggregator(Aggregator):
         # overlap: DDP owns the gradient buffers, so param.grad is left where it is
         self.bucket = None if self.overlap else self._grad_bucket()
 
-    def _grad_bucket(self) -> torch.Tensor:
+    def _grad_bucket(self) -> torch.Tensor | None:
         """One flat buffer that every ``p.grad`` is a view of (as DDP's buckets): backward writes
-        straight into it, so flatten / unflatten cost nothing in the default layout."""
+        straight into it, so flatten / unflatten cost nothing in the default layout.  None for
+        parameters of several dtypes (a grad must have its parameter's): :meth:`flatten` then
+        concatenates them in the widest, and :meth:`unflatten` casts each back."""
+        if len({p.dtype for p in self.params}) > 1:
+            for p in self.params:                 # as in a bucket: an unused parameter averages zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            return None
         flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
                            device=self.params[0].device) if self.params else torch.zeros(0)
         offset = 0

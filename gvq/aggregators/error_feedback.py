@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.compressed import CompressedAggregator
+from gvq.aggregators.dtypes import widest_dtype
 
 
 def feed_back(comp, flat: torch.Tensor, error: torch.Tensor, transmitted: torch.Tensor,
@@ -35,10 +36,12 @@ class ErrorFeedbackAggregator(CompressedAggregator):
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        like = self.params[0] if self.params else torch.zeros(0)
+        device = self.params[0].device if self.params else torch.device("cpu")
         # one flat memory laid out as the whole gradient (a checkpoint keeps it as it is); a DDP bucket
-        # reads and writes its parameters' share of it, so any bucketing sees the same memory
-        self.error = torch.zeros(self.offsets[-1], dtype=like.dtype, device=like.device)
+        # reads and writes its parameters' share of it, so any bucketing sees the same memory.  In the
+        # widest parameter dtype, float32 at least: no parameter's share is rounded below its precision
+        dtype = widest_dtype((p.dtype for p in self.params), at_least=torch.float32)
+        self.error = torch.zeros(self.offsets[-1], dtype=dtype, device=device)
         self.transmitted = torch.zeros_like(self.error)      # this rank's last t = Q(g')
         self._memory = (self.error, self.transmitted)         # what the next allreduce_ feeds back
 

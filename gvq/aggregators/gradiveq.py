@@ -31,6 +31,9 @@ class GradiVeQAggregator(FlatAggregator):
     name = "gradiveq"
     extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
     any_bucket = False               # per layer: a bucket is averaged with its layers' bases (allreduce_bucket_)
+    #: 16-bit gradients are averaged in float32 (its flat buffers); float64 would travel as float32
+    refused_dtypes = ((torch.float64, "its payloads, PCA bases and samples are float32: cast the model "
+                       "to float32 or bfloat16, or use rar, powersgd or a quantizer, which keep float64"),)
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",

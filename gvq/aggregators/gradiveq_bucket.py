@@ -72,7 +72,8 @@ def average_bucket(agg, flat: torch.Tensor, params: list[int]) -> dict:
     codec, segs = _bucket_codec(agg, params)
     views = [v.view(agg.params[i].shape) for i, v in zip(params, flat.split([agg.params[i].numel()
                                                                                for i in params]))]
-    x = codec.flatten(views)                        # the paper's conv layout, this bucket's layers
+    # the paper's conv layout, this bucket's layers, in float32 as post-backward (16-bit sums unrounded)
+    x = codec.flatten(views, out=torch.empty(flat.numel(), dtype=torch.float32, device=flat.device))
     n, tot = agg.ctx.world_size, agg._totals
     tot.numel += x.numel()
     if tot.phase == "compress":

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.aggregators.dtypes import widest_dtype
 from gvq.comm import ring
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
 
@@ -46,16 +47,23 @@ class PowerSGDAggregator(FlatAggregator):
 
     def setup(self, params, ctx):
         super().setup(params, ctx)
-        like = self.params[0] if self.params else torch.zeros(0)
-        # the flat gradient's dtype (the first parameter's, as FlatAggregator lays it out)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        # P, Q and payloads in the flat gradient's dtype (the widest parameter's), float32 at least:
+        # 16-bit gradients are factored in float32 (no 16-bit QR; their sums would round at every hop)
         self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
-                                 self.warm_start, seed=ctx.seed, dtype=like.dtype)
-        # error memory laid out as the whole gradient (blocks are parameters); a DDP bucket reads and
-        # writes its parameters' share, so any bucketing sees the same memory
-        self.error = torch.zeros(self.offsets[-1], dtype=like.dtype, device=like.device)
+                                 self.warm_start, seed=ctx.seed, dtype=self.compute_dtype(self.params))
+        # error memory laid out as the whole gradient (blocks are parameters), in that dtype too, so no
+        # parameter's share is rounded below its precision; a DDP bucket reads and writes its
+        # parameters' share, so any bucketing sees the same memory
+        self.error = torch.zeros(self.offsets[-1], dtype=self.low_rank.dtype, device=device)
         self._whole = self._plan(self.low_rank)
         self.p_segs, self.q_segs, self._raw = self._whole.p_segs, self._whole.q_segs, self._whole.raw
         self._buckets: dict[tuple[int, ...], _Plan] = {}
+
+    @staticmethod
+    def compute_dtype(tensors) -> torch.dtype:
+        """The dtype P and Q are computed and sent in for gradients of ``tensors``' dtypes."""
+        return widest_dtype((t.dtype for t in tensors), at_least=torch.float32)
 
     def _plan(self, low_rank: PowerSGD) -> "_Plan":
         n = self.ctx.world_size
@@ -121,7 +129,8 @@ class PowerSGDAggregator(FlatAggregator):
         plan = self._buckets.get(tuple(params))
         if plan is None:                    # same shapes, same rule: the same blocks as the whole plan
             plan = self._plan(PowerSGD([self.params[i].shape for i in params], self.rank,
-                                       self.min_compression_rate, self.warm_start, dtype=flat.dtype))
+                                       self.min_compression_rate, self.warm_start,
+                                       dtype=self.compute_dtype([flat])))
             self._buckets[tuple(params)] = plan
         lr, whole = plan.low_rank, self.low_rank
         lr.q_local = []
