@@ -26,7 +26,7 @@ class RunContext:
     rank: int
     world_size: int
     seed: int = 0
-    timeout_s: float = 60.0
+    timeout_s: float | None = None   # how long a peer is waited for; None: the process group's timeout
     bandwidth_bps: float | None = None
     latency_s: float = 0.0
     cfg: dict | None = None        # the resolved run config, for aggregators with run-level knobs

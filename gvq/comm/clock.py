@@ -221,8 +221,7 @@ class Lanes:
     public hook state owns its own (the runner hands it the process's): two states never share a lane."""
 
     def __init__(self, compute: RankClock | None = None, comm: RankClock | None = None):
-        self.compute = compute if compute is not None else RankClock()
-        self.comm = comm if comm is not None else RankClock()
+        self.compute, self.comm = compute or RankClock(), comm or RankClock()
 
     @contextmanager
     def comm_lane(self):
