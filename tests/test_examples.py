@@ -42,9 +42,16 @@ def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
     assert sum(hooked[-5:]) < sum(hooked[:5])         # it learns
 
 
-def test_ddp_hook_example_under_torchrun_trains_as_spawned():
-    torch.testing.assert_close(torch.tensor(_losses("qsgd", launcher=TORCHRUN)), torch.tensor(_losses("qsgd")),
-                               rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("option", ["qsgd", "powersgd", "gradiveq"])
+def test_ddp_hook_example_under_torchrun_trains_as_spawned(option):
+    torchrun = _losses(option, launcher=TORCHRUN)
+    assert len(torchrun) == 30 and sum(torchrun[-5:]) < sum(torchrun[:5])
+    torch.testing.assert_close(torch.tensor(torchrun), torch.tensor(_losses(option)), rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_hook_example_rar_under_torchrun_is_ddps_own_all_reduce_bitwise():
+    # 2 ranks: a + b in either order, halved exactly; the checksum's 12 decimals and every loss agree
+    assert _run("ddp_hook.py", "rar", launcher=TORCHRUN) == _run("ddp_hook.py", "--no-hook", launcher=TORCHRUN)
 
 
 def test_accelerate_example_resumed_ends_where_the_uninterrupted_run_ends(tmp_path):

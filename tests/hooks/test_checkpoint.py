@@ -1,6 +1,7 @@
 """gvq.hooks.checkpoint through accelerate on 2 gloo ranks: ``register_for_checkpointing(AllRanks(state))``
 + ``save_state`` / ``load_state`` resumes every option's hook equal to the uninterrupted run (each rank
-gets back its own error memory, dither and samples), and a checkpoint of another world size is refused."""
+gets back its own error memory, dither and samples), rar trains bitwise as accelerate's DDP without a hook,
+and a checkpoint of another world size is refused."""
 from __future__ import annotations
 
 import os
@@ -38,27 +39,34 @@ def _train(rank, option, steps, ckpt=None, resume=False):
     acc = accelerate.Accelerator(cpu=True)
     net = _net()
     model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    if option is None:                        # accelerate's DDP as it is, no hook
+        return _steps(acc, model, opt, rank, steps), {}
     state = GvqHookState.from_config(option, net.parameters(), OPTIONS[option], seed=1)
     model.register_comm_hook(state, gvq_hook)
     acc.register_for_checkpointing(AllRanks(state))
     if resume:
         acc.load_state(ckpt)
+    weights = _steps(acc, model, opt, rank, steps, None if resume else ckpt)
+    stats = state.iteration_stats()
+    state.close()
+    return weights, stats
+
+
+def _steps(acc, model, opt, rank, steps, ckpt=None):
     for it in steps:
         x, y = _batch(rank, it)
         opt.zero_grad()
         acc.backward(torch.nn.functional.cross_entropy(model(x), y))
         opt.step()
-        if ckpt is not None and not resume and it == SAVE_AT - 1:
+        if ckpt is not None and it == SAVE_AT - 1:
             acc.save_state(ckpt)
-    stats = state.iteration_stats()
-    state.close()
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), stats
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def _resume_each(rank, world, root):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")   # accelerate's view of the group
-    out = {}
+    out = {"none": _train(rank, None, range(STEPS))}
     for option in OPTIONS:
         ckpt = f"{root}/{option}"
         whole, stats = _train(rank, option, range(STEPS))
@@ -70,6 +78,7 @@ def _resume_each(rank, world, root):
 
 def test_accelerate_save_and_load_state_resume_equal_to_the_uninterrupted_run(tmp_path):
     ranks = run_ranks(_resume_each, 2, tmp_path, str(tmp_path / "ckpt"), timeout=400.0)
+    assert torch.equal(ranks[0]["rar"][0], ranks[0]["none"][0])        # rar: bitwise accelerate's own DDP
     for option in OPTIONS:
         (w0, r0, s0), (w1, r1, _) = ranks[0][option], ranks[1][option]
         torch.testing.assert_close(r0, w0, rtol=0, atol=1e-6, msg=f"{option}: resumed != uninterrupted")
