@@ -59,7 +59,7 @@ def _timed(inner):
 class DDPAggregator(Aggregator):
     """Plain DDP (``hook=allreduce``), DDP + fp16 compression hook, or DDP + torch's PowerSGD hook."""
 
-    extra_fields = ("ddp_comm_s", "ddp_wait_s", "buckets")
+    extra_fields = ("comm_s", "exposed_s", "straggle_s", "buckets")   # as gvq's hook names them
     #: averages during backward: the loop trains :meth:`wrap`'s DistributedDataParallel
     inside_backward = True
 
@@ -120,8 +120,8 @@ class DDPAggregator(Aggregator):
         comm = max(tm.done) - min(tm.launched) if tm.done else 0.0
         wait = max(0.0, max(tm.done) - max(tm.launched)) if tm.done else 0.0
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
-        return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "ddp_comm_s": comm,
-                "ddp_wait_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
+        return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "comm_s": comm,
+                "exposed_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
                 "phase": self.name if compressed else "allreduce", "aggregate_s": time.perf_counter() - t0}
 
     def _powersgd_was_on(self) -> bool:

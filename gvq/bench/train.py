@@ -24,6 +24,7 @@ from gvq.comm import clock
 from gvq.hooks import Overlapped
 from gvq.run import train
 from gvq.run.rows import reduce_row
+from gvq.schema import columns
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.validate import ConfigError
 
@@ -38,8 +39,7 @@ RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "
 def with_run_defaults(args) -> argparse.Namespace:
     """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
     return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
-COLS = ("iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s", "bytes_sent", "comm_s", "exposed_s",
-        "last_bucket_s", "straggle_s", "backward_s")
+COLS = ("iter_s", *(c for c in columns.BENCH if c != "iter_s"))   # iter_s first: the reference ratio reads it
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
 
 
 def print_iterations(records: list[dict], header: str) -> None:
-    cols = ["aggregator", "iter_s", "compute_s", "aggregate_s", "wire_s", "ddp_comm_s", "ddp_wait_s",
+    cols = ["aggregator", "iter_s", "compute_s", "aggregate_s", "wire_s", "comm_s", "exposed_s",
             "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref"]
     r0 = records[0]
     ref = f"over_ref = median per-iteration ratio to {r0['ref']}" if r0["ref"] else "no reference mode"

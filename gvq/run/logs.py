@@ -16,12 +16,9 @@ import signal
 import time
 from pathlib import Path
 
-BASE_FIELDS = ("iteration", "epoch", "phase", "compute_s", "aggregate_s", "compress_s", "decompress_s",
-               "wire_s", "stage_s", "bytes_sent", "train_loss", "train_acc", "lr", "wall_s", "test_loss",
-               "test_acc", "clock", "real_wall_s")   # times are on `clock` (wall | virtual); real_wall_s is always real
-_NAMESPACE = {"train_loss": "train/loss", "train_acc": "train/acc", "lr": "train/lr",
-              "test_loss": "test/loss", "test_acc": "test/acc", "bytes_sent": "comm/bytes_sent",
-              "epoch": "train/epoch"}
+from gvq.schema import columns
+
+BASE_FIELDS = columns.BASE      # every run's columns, in the CSV's order (gvq/schema/columns.py)
 
 log = logging.getLogger("gvq")
 
@@ -63,18 +60,11 @@ def setting_of(overrides: list, inert: list = ()) -> str:
     return " ".join(kept) or "default"
 
 
-def wandb_key(field: str) -> str:
-    if field in _NAMESPACE:
-        return _NAMESPACE[field]
-    if field.endswith("_s"):
-        return f"time/{field}"
-    return f"comm/{field}"
-
-
 class RunLog:
     def __init__(self, run_dir: str | Path, fields: tuple[str, ...], cfg: dict, meta: dict):
         self.run_dir = Path(run_dir)
         self.fields = tuple(BASE_FIELDS) + tuple(f for f in fields if f not in BASE_FIELDS)
+        self._wandb_keys = {f: columns.column(f).wandb_key for f in self.fields}   # undeclared: KeyError
         self.cfg, self.meta = cfg, meta
         self.last_iteration = None          # the last iteration whose row is written
         self._csv = None
@@ -106,8 +96,8 @@ class RunLog:
             self._file.flush()
         self.last_iteration = int(values["iteration"])
         if self.wandb is not None and not replay:
-            data = {wandb_key(k): v for k, v in values.items()
-                    if k not in ("iteration", "phase") and isinstance(v, (int, float)) and not _nan(v)}
+            data = {self._wandb_keys[k]: v for k, v in values.items() if k in self._wandb_keys
+                    and k not in ("iteration", "phase") and isinstance(v, (int, float)) and not _nan(v)}
             self.wandb.log(data, step=int(values["iteration"]))
 
     def summary(self, summary: dict) -> None:

@@ -38,6 +38,7 @@ from gvq.run.guards import (
 )
 from gvq.run.logs import RunLog, mark
 from gvq.run.rows import TIME_KEYS, reduce_row
+from gvq.schema import columns
 
 log = logging.getLogger("gvq")
 
@@ -109,8 +110,7 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
-        zeros = dict.fromkeys(("aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"), 0)
-        return {**row, **zeros, "skipped": 1, "phase": "skipped", "train_loss": float("nan")}
+        return {**row, **columns.skipped_row()}     # each column's declared value on a skipped step
     stats = agg.aggregate(it)
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
     if not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):

@@ -148,7 +148,7 @@ def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
 # ``state_dict`` changes the resumed rows.
 AGGREGATORS = sorted(p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml"))
 TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s",
-         "fit_s", "monitor_s", "ddp_comm_s", "ddp_wait_s"]
+         "fit_s", "monitor_s", "comm_s", "exposed_s", "straggle_s"]
 # 16 iterations, resumed at 11: GradiVeQ warms up 2, samples 3 (2-4), refreshes, compresses 4 (5-8) and
 # samples again from 9, so the checkpoint holds a fitted basis and two samples; PowerSGD (ours and DDP's
 # hook) compresses from iteration 3.

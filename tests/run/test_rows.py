@@ -40,3 +40,17 @@ def test_overlapped_rows_read_exposed_at_the_last_rank_to_end_backward(tmp_path)
         assert row["straggle_s"] == pytest.approx(0.030)      # rank 0 waited that much for rank 2's backward
         assert row["comm_s"] == pytest.approx(0.08)           # the slowest rank's
         assert row["comm_s"] >= row["exposed_s"] >= row["last_bucket_s"]
+
+
+def _uneven(rank, world):
+    # rank 1 ends backward last (smallest exposed_s) but rank 0 has the smallest last_bucket_s
+    exposed = {0: 0.050, 1: 0.010, 2: 0.020}[rank]
+    last = {0: 0.001, 1: 0.009, 2: 0.004}[rank]
+    return reduce_row({**BASE, "compute_s": 0.1, "bytes_sent": 10, "train_loss": 1.0, "train_acc": 1.0,
+                       "comm_s": 0.06, "exposed_s": exposed, "last_bucket_s": last, "buckets": 2})
+
+
+def test_the_last_rank_to_end_backwards_values_come_from_that_one_rank(tmp_path):
+    for row in run_ranks(_uneven, 3, tmp_path):
+        assert row["exposed_s"] == pytest.approx(0.010) and row["last_bucket_s"] == pytest.approx(0.009)
+        assert row["straggle_s"] == pytest.approx(0.040)

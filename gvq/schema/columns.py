@@ -1,0 +1,119 @@
+"""Every per-iteration column gvq logs, declared once: its unit, how a row gets it from the ranks, its
+value on a skipped step, its wandb key and what it means.  ``metrics.csv``'s header
+(:mod:`gvq.run.logs`), the reduction over ranks (:mod:`gvq.run.rows`), the wandb keys, the training
+benchmark's columns (:mod:`gvq.bench.train`) and the column list in docs/columns.md all come from here;
+an aggregator's ``extra_fields`` must name columns declared here (tests/schema/test_columns.py).  Adding
+a column: one :class:`Column` below, and the code that computes it.
+
+How a row gets a column from the ranks (``reduce``):
+
+* ``max``: the slowest rank's (an iteration waits for it: times, bytes);
+* ``mean``: the mean over ranks (loss, accuracy);
+* ``rank0``: rank 0's (counters every rank shares, and what only rank 0 knows);
+* ``last_backward``: the value of the rank that ended backward last, i.e. the one with the smallest
+  ``exposed_s``: every rank's communication ends at about the same moment, so a rank that ended backward
+  earlier also waited for its peers' backward, which is not communication;
+* ``spread``: ``exposed_s``'s largest minus smallest over ranks (the wait for the slowest peer's backward).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REDUCTIONS = ("max", "mean", "rank0", "last_backward", "spread")
+NOT_WRITTEN = None        # a skipped step leaves the column as the aggregator's / empty
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    unit: str              # "s": seconds on the run's clock (``clock``); "B": bytes; "": a count or label
+    reduce: str            # see the module docstring
+    meaning: str
+    skipped: object = NOT_WRITTEN   # its value on a step skipped by nan_policy=skip
+    base: bool = False     # in every run's metrics.csv (the rest: when the aggregator or runner has it)
+    bench: bool = False    # a column of ``python -m gvq.bench train``
+    wandb: str = ""        # its wandb key ("": time/<name> for seconds, comm/<name> for the rest)
+
+    @property
+    def wandb_key(self) -> str:
+        return self.wandb or f"{'time' if self.unit == 's' else 'comm'}/{self.name}"
+
+
+def _c(*args, **kw) -> Column:
+    return Column(*args, **kw)
+
+
+COLUMNS = (
+    _c("iteration", "", "rank0", "the step (0-based)", base=True),
+    _c("epoch", "", "rank0", "passes over the training set so far", base=True, wandb="train/epoch"),
+    _c("phase", "", "rank0", "the aggregator's phase (gradiveq: warmup | sample | compress; ddp: allreduce or "
+       "its hook's name; skipped)", skipped="skipped", base=True),
+    _c("compute_s", "s", "max", "forward + backward + optimizer step (with torch DDP or gvq's hook, what "
+       "backward waited for at its end too, as torch DDP measures it)", base=True, bench=True),
+    _c("aggregate_s", "s", "max", "the aggregation after backward returned, until the gradients are averaged",
+       skipped=0, base=True, bench=True),
+    _c("compress_s", "s", "max", "encoding payloads (inside aggregate_s, or inside backward when overlapped)",
+       skipped=0, base=True),
+    _c("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True),
+    _c("wire_s", "s", "max", "blocked waiting for peers' messages (the link)", skipped=0, base=True, bench=True),
+    _c("stage_s", "s", "max", "GPU payloads copied through host memory (0 on CPU)", skipped=0, base=True),
+    _c("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, bench=True),
+    _c("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
+       base=True, wandb="train/loss"),
+    _c("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),
+    _c("lr", "", "rank0", "the learning rate of the step", base=True, wandb="train/lr"),
+    _c("wall_s", "s", "rank0", "the run's time at the end of the step (clock synchronised over ranks)", base=True),
+    _c("test_loss", "", "rank0", "test loss (evaluation rows only)", base=True, wandb="test/loss"),
+    _c("test_acc", "", "rank0", "test accuracy (evaluation rows only)", base=True, wandb="test/acc"),
+    _c("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
+    _c("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True),
+    _c("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
+    # overlapped communication (gvq's hook: aggregator.overlap=true; torch DDP's own)
+    _c("buckets", "", "rank0", "DDP buckets averaged in the step"),
+    _c("comm_s", "s", "max", "first bucket launched -> last bucket averaged", bench=True),
+    _c("exposed_s", "s", "last_backward", "last bucket averaged - backward produced it: the communication "
+       "backward did not hide", bench=True),
+    _c("last_bucket_s", "s", "last_backward", "the last bucket's own averaging (exposed_s is no shorter)",
+       bench=True),
+    _c("straggle_s", "s", "spread", "how much longer the rank that ended backward first waited (for its "
+       "peers' backward)", bench=True),
+    # compressors
+    _c("compression_error", "", "rank0", "||g - decoded(g)||^2 / ||g||^2 of rank 0's gradient (NaN: not "
+       "compressed)"),
+    _c("compression_ratio", "", "rank0", "fp32 gradient bytes over the bytes on the wire"),
+    _c("fit_s", "s", "rank0", "gradiveq: fitting the bases (PCA) at a refresh"),
+    _c("monitor_s", "s", "rank0", "gradiveq: the Eq. 7 vote"),
+    # the training benchmark only
+    _c("iter_s", "s", "max", "one whole step", bench=True),
+    _c("backward_s", "s", "max", "backward alone", bench=True),
+)
+BY_NAME = {c.name: c for c in COLUMNS}
+BASE = tuple(c.name for c in COLUMNS if c.base)
+BENCH = tuple(c.name for c in COLUMNS if c.bench)
+
+
+def column(name: str) -> Column:
+    """The declared column ``name``; KeyError names the registry when it is not declared."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not a declared column (gvq/schema/columns.py)") from None
+
+
+def reduced(kind: str, names) -> tuple[str, ...]:
+    """Those of ``names`` a row reduces by ``kind``, in ``names``' order."""
+    return tuple(n for n in names if column(n).reduce == kind)
+
+
+def skipped_row() -> dict:
+    """What a step skipped by nan_policy=skip writes in the columns that have a value for it."""
+    return {c.name: c.skipped for c in COLUMNS if c.skipped is not NOT_WRITTEN}
+
+
+def docs_table() -> str:
+    """The columns as docs/columns.md's table (a test keeps the page equal to it)."""
+    rows = ["| column | unit | over ranks | skipped step | meaning |", "|---|---|---|---|---|"]
+    for c in COLUMNS:
+        skip = "" if c.skipped is NOT_WRITTEN else str(c.skipped)
+        rows.append(f"| `{c.name}` | {c.unit} | {c.reduce} | {skip} | {c.meaning} |")
+    return "\n".join(rows) + "\n"
