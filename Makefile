@@ -1,6 +1,7 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
 # make test  -> set up .venv if missing, then run the test suite
 # make test-fast -> the tests not marked slow (the quick loop)
+# make layout-report -> the modules over ~300 lines, largest first (a report to read, not a failure)
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
 # make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; a long run, resumable)
@@ -10,7 +11,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup data run test test-fast bench validate-clock paper-time projection clean
+.PHONY: setup data run test test-fast layout-report bench validate-clock paper-time projection clean
 
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
@@ -41,6 +42,9 @@ test: $(STAMP) data
 
 test-fast: $(STAMP) data
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow"
+
+layout-report: $(STAMP)
+	$(PY) -m tests.test_layout
 
 bench: $(STAMP)
 	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 1e9 --aggregators rar fp16 qsgd gradiveq gradiveq_bf16 powersgd \

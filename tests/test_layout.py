@@ -1,9 +1,18 @@
 """The tree shows the architecture: the folder is the role, the file is the variant,
 imports run one way, and a helper has one copy.  Static checks on the source with ``ast``: nothing is
-imported, so they hold for code paths no other test reaches."""
+imported, so they hold for code paths no other test reaches.
+
+Module size is a report, not a rule: a module over ``GUIDE_LINES`` (~300) is listed, largest first, in
+pytest's warnings summary (``LargeModules``) and by ``make layout-report`` (``python -m tests.test_layout``),
+for the developers to read and split by role when a module holds several.  A cap that fails the suite
+bends classes to fit it (state reached from a second file, a codec's fields written from outside); only
+``CEILING_LINES`` (~600, twice the guide) fails, where a module has plainly become the file that holds
+everything.
+"""
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -141,10 +150,38 @@ def test_no_two_functions_share_a_name_with_different_bodies():
     assert dup == {}, f"same name, different bodies (give one a distinct name, or keep one copy): {dup}"
 
 
+GUIDE_LINES = 300      # a module's size to aim for: above it, the report lists it
+CEILING_LINES = 600    # twice the guide: above it, the suite fails
+
+
+class LargeModules(UserWarning):
+    """Modules over GUIDE_LINES: a report for the developers (pytest's warnings summary), never a failure."""
+
+
+def module_sizes(modules: dict[str, Path] = MODULES) -> list[tuple[int, str]]:
+    """(lines, module) of every module, largest first."""
+    return sorted(((len(p.read_text().splitlines()), n) for n, p in modules.items()), key=lambda t: (-t[0], t[1]))
+
+
+def size_report(guide: int = GUIDE_LINES) -> str:
+    """The modules over ``guide`` lines, largest first, one a line ("" when none is)."""
+    big = [f"{lines:6d}  {name}" for lines, name in module_sizes() if lines > guide]
+    if not big:
+        return ""
+    return (f"{len(big)} modules over ~{guide} lines (split one by role where it holds several):\n"
+            + "\n".join(big))
+
+
+def test_large_modules_are_reported():
+    report = size_report()
+    if report:
+        warnings.warn(LargeModules(report), stacklevel=1)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_module_is_small(name):
+def test_module_is_below_the_ceiling(name):
     lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= 320, f"{name}: {lines} lines (split by role; ~300 at most)"
+    assert lines <= CEILING_LINES, f"{name}: {lines} lines (split by role; ~{GUIDE_LINES} is the guide)"
 
 
 def test_tests_mirror_the_package():
@@ -174,3 +211,7 @@ MIRROR_EXCEPTIONS = {
     "aggregators/test_every_aggregator.py": "every conf/aggregator/ option trained at 1, 3 and 5 ranks",
     "aggregators/test_bucket.py": "every ring option's per-bucket average (base.py's contract) against post-backward",
 }
+
+
+if __name__ == "__main__":          # make layout-report
+    print(size_report() or f"no module over ~{GUIDE_LINES} lines")
