@@ -4,7 +4,7 @@ The schedule moves once per iteration, not per bucket: :func:`begin_iteration` d
 (warm-up, sampling, compressed) before its first bucket, every bucket is averaged in that phase, and
 :func:`end_iteration` counts the iteration after its last bucket (a sample taken, a compressed iteration
 done), votes on the monitor and refits.  Everything that outlives an iteration is per layer: the PCA
-state belongs to the layer's groups (a bucket's codec shares it, :func:`restrict`), the samples are
+state belongs to the layer's groups (a bucket's codec shares it, ``GradiVeQ.restricted_to``), the samples are
 rows of the whole gradient in the codec's layout, each bucket writing its layers' share.  So a DDP
 bucket rebuild, or any bucketing, reuses the same bases and loses no sample, and the checkpoint is the
 post-backward one.
@@ -24,7 +24,6 @@ from gvq.aggregators.base import equal_segments
 from gvq.aggregators.gradiveq_sync import payload_balanced_segments
 from gvq.comm import clock, ring
 from gvq.compressors.base import split_on_cuts
-from gvq.compressors.gradiveq.subset import restrict
 
 log = logging.getLogger("gvq")
 NAN = float("nan")
@@ -58,7 +57,7 @@ def _bucket_codec(agg, params: list[int]):
     key, pca = tuple(params), agg.compressor.pca
     hit = agg._bucket_codecs.get(key)
     if hit is None or hit[0] is not pca:
-        codec = restrict(agg.compressor, params)
+        codec = agg.compressor.restricted_to(params)
         segs = None if pca is None else payload_balanced_segments(codec, codec.layout.numel,
                                                                   agg.ctx.world_size, agg.pieces)
         hit = agg._bucket_codecs[key] = (pca, codec, segs)

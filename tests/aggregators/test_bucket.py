@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from gvq.aggregators.base import RunContext
-from gvq.compressors.gradiveq.subset import restrict
 from gvq.hooks.config import build_aggregator
 from tests.helpers.dist import run_cases, run_ranks
 
@@ -230,7 +229,7 @@ def _eq1(rank, world):
     assert agg.phase == "compress"
     out = []
     for params in layout(5):
-        codec = restrict(agg.compressor, params)
+        codec = agg.compressor.restricted_to(params)
         everyone = [codec.flatten([grads(r, 5)[i] for i in params]) for r in range(world)]
         whole = slice(0, everyone[0].numel())
         summed = codec.decompress(sum(codec.compress(g, whole) for g in everyone), whole)

@@ -323,6 +323,26 @@ def test_pca_state_round_trip_gives_bitwise_identical_payloads():
             assert torch.equal(other.decompress(p, s), src.decompress(p, s))
 
 
+def test_a_codec_restricted_to_some_layers_shares_their_bases_and_codes_them_alike():
+    """``restricted_to`` (a DDP bucket's codec): the layers' groups in the bucket's order, holding the
+    whole codec's bases themselves (no copies), and each layer reconstructed as the whole codec does it;
+    the whole codec keeps its layout, and an unfitted codec gives an unfitted one."""
+    comp, layers = _fitted(world_size=2, s=2, K="x1"), [3, 4, 1, 0]      # a bucket: reversed, raw inside
+    sub = comp.restricted_to(layers)
+    whole = [comp.basis(g.gid)[0] for i in layers for g in comp.groups if g.layer == i]
+    shared = [sub.basis(g.gid)[0] for g in sub.groups]
+    assert len(shared) == len(whole) > 2 and all(a is b for a, b in zip(shared, whole))
+    grads = [torch.randn(s, generator=_gen(i)) for i, s in enumerate(SHAPES)]
+    want, got = [torch.empty(s) for s in SHAPES], [torch.empty(SHAPES[i]) for i in layers]
+    for codec, g, out in ((comp, grads, want), (sub, [grads[i] for i in layers], got)):
+        x, seg = codec.flatten(g), slice(0, codec.layout.numel)
+        codec.unflatten(codec.decompress(codec.compress(x, seg), seg), out)
+    for i, g in zip(layers, got):
+        torch.testing.assert_close(g, want[i], rtol=1e-6, atol=1e-6)
+    assert comp.layout.shapes == [tuple(s) for s in SHAPES] and comp.fitted
+    assert not GradiVeQ().bind(SHAPES).restricted_to([3, 0]).fitted
+
+
 # -- config ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw, key", [
     ({"lam": 1.0}, "lambda="), ({"lambda": -0.1}, "lambda="), ({"lam": float("nan")}, "lambda="),

@@ -4,11 +4,14 @@ See docs/design.md#gvqcompressorsgradiveqcodecpy for how it works and why.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
 from gvq.compressors.base import Compressor, check_int
-from gvq.compressors.gradiveq.layout import GradLayout, Group, build_groups, check_config, cuts, parse_K, pieces
+from gvq.compressors.gradiveq.layout import (GradLayout, Group, build_groups, check_config, cuts, layer_groups,
+                                              parse_K, pieces)
 from gvq.compressors.gradiveq.pca import principal_subspace
 from gvq.compressors.gradiveq.state import PCAState
 
@@ -126,24 +129,46 @@ class GradiVeQ(Compressor):
         self._need_layout()
         if len(pca.U) != len(self.groups) or any(u.shape[0] != g.K for u, g in zip(pca.U, self.groups)):
             raise ValueError("GradiVeQ.load_pca: the state does not match the bound layout's groups")
-        U, mu, device = pca.U, pca.mu, pca.device
+        U = pca.U
         # mu_m^T U_d per slice, so that compress is X U - (mu U) / N  (Eq. 3) with no centred copy of X
-        self._muU = [m @ u for m, u in zip(mu, U)]
-        # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
-        self._mu_flat = torch.zeros(self.layout.numel, device=device)
-        for g, m in zip(self.groups, mu):
-            self._mu_flat[g.start: g.stop] = m.reshape(-1)
+        muU = [m @ u for m, u in zip(pca.mu, U)]
         # The bases (many times the gradient) are streamed from memory on every call, so each GEMM reads
         # the copy it streams fastest: compress X U from a contiguous U (K x d), decompress P U^T from a
         # contiguous U^T (d x K), each row of the basis read once in order.
-        self._Uc = [u.T.contiguous().to(self._dt) for u in U]
-        self._Ud = [u.contiguous().to(self._dt) for u in U]
+        Uc = [u.T.contiguous().to(self._dt) for u in U]
+        Ud = [u.contiguous().to(self._dt) for u in U]
         # Bases that stay in cache (fp32, <= FOLD_BYTES) take one addmm: mu folded in, the result written
         # in place, no transpose copy (their layout: the transposed views).  A rule on shapes, so every
         # rank decodes the same way.
-        self._fold = [self._dt == torch.float32 and u.numel() * 4 <= FOLD_BYTES for u in U]
+        fold = [self._dt == torch.float32 and u.numel() * 4 <= FOLD_BYTES for u in U]
+        return self._adopt(pca, muU, Uc, Ud, fold)
+
+    def _adopt(self, pca: PCAState, muU: list, Uc: list, Ud: list, fold: list) -> "GradiVeQ":
+        """Take ``pca`` and the forms compress / decompress apply, derived from it (one per group)."""
+        self._muU, self._Uc, self._Ud, self._fold = muU, Uc, Ud, fold
+        # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
+        self._mu_flat = torch.zeros(self.layout.numel, device=pca.device)
+        for g, m in zip(self.groups, pca.mu):
+            self._mu_flat[g.start: g.stop] = m.reshape(-1)
         self.pca, self._plans = pca, {}
         return self
+
+    def restricted_to(self, layers: list[int]) -> "GradiVeQ":
+        """This codec on ``layers`` only (positions in its shapes, in a DDP bucket's order): the codec a
+        bucket is averaged with.  A group is one conv layer's slices, so its basis belongs to the layer,
+        whatever bucket the layer lands in: the new codec shares this one's fitted state for their groups
+        (the same tensors, not copies: bases are large; none if not fitted), every bucketing compresses
+        each layer with the same basis, and Eq. (1) holds on each bucket as on the whole gradient."""
+        sub = copy.copy(self)                   # the configuration; bind() below replaces all layout state
+        sub._track = None
+        sub.bind([self._need_layout().shapes[i] for i in layers])
+        if not self.fitted:
+            return sub
+        gids = layer_groups(self.groups, layers)                 # sub's groups, in sub's order
+        if len(gids) != len(sub.groups):
+            raise ValueError("gradiveq: a bucket's groups differ from the whole codec's")
+        forms = ([form[j] for j in gids] for form in (self._muU, self._Uc, self._Ud, self._fold))
+        return sub._adopt(self.pca.subset(gids), *forms)
 
     @property
     def fitted(self) -> bool:

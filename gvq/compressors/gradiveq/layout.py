@@ -147,6 +147,15 @@ def build_groups(layout: GradLayout, spec: tuple[str, int], K_raw, s: float) -> 
     return groups
 
 
+def layer_groups(groups: list[Group], layers: list[int]) -> list[int]:
+    """The ids of the groups of ``layers`` (parameter positions), in the order ``layers`` lists them: the
+    groups a codec bound to just those layers has, in its own order."""
+    by_layer: dict[int, list[int]] = {}
+    for g in groups:
+        by_layer.setdefault(g.layer, []).append(g.gid)
+    return [gid for i in layers for gid in by_layer.get(i, [])]
+
+
 def cuts(groups: list[Group], numel: int) -> list[int]:
     """Every position outside groups, plus slice boundaries inside them.  Index bookkeeping that ends as a
     Python list, never gradient data: a host mask, whatever device the gradient lives on."""

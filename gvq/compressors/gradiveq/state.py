@@ -31,6 +31,11 @@ class PCAState:
         rounded = torch.tensor(list(energy), dtype=torch.float32, device="cpu").tolist()
         return cls(tuple(U), tuple(mu), tuple(rounded), torch.device(device))
 
+    def subset(self, gids: list[int]) -> "PCAState":
+        """The state of groups ``gids`` only, in that order: the same tensors, not copies."""
+        return PCAState(tuple(self.U[j] for j in gids), tuple(self.mu[j] for j in gids),
+                        tuple(self.energy[j] for j in gids), self.device)
+
     @property
     def ds(self) -> list[int]:
         """d of every group."""
