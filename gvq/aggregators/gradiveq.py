@@ -13,7 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from gvq.aggregators import gradiveq_bucket as bucket
+from gvq.aggregators.gradiveq_bucket import PerBucket
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
 from gvq.aggregators.gradiveq_sync import fit_everywhere, payload_balanced_segments, write_layer_stats
 from gvq.comm import clock, ring
@@ -81,7 +81,7 @@ class GradiVeQAggregator(FlatAggregator):
         self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
         self._c_segs: list[list[slice]] = []
         self._c_ratio = NAN
-        self._bucket_codecs: dict = {}                      # per DDP bucket layout (gradiveq_bucket)
+        self._per_bucket = PerBucket(self)                  # aggregator.overlap's buckets
 
     def flatten(self) -> torch.Tensor:
         # the paper's conv layout (Fig. 3a); one persistent buffer (samples are copied out of it)
@@ -90,15 +90,26 @@ class GradiVeQAggregator(FlatAggregator):
     def unflatten(self, flat: torch.Tensor) -> None:
         self.compressor.unflatten(flat, [p.grad for p in self.params])
 
-    # -- one DDP bucket at a time (aggregator.overlap; see gradiveq_bucket) ---------------------------
+    # -- one DDP bucket at a time (aggregator.overlap): the schedule here, the buckets in gradiveq_bucket --
     def start_iteration(self, iteration: int) -> None:
-        bucket.begin_iteration(self, iteration)
+        """The iteration's phase, decided before its first bucket: every bucket is averaged in it."""
+        self._per_bucket.begin(self._enter(iteration))
 
     def allreduce_bucket_(self, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-        return bucket.average_bucket(self, flat, params)
+        return self._per_bucket.average(flat, params)
 
     def finish_iteration(self, iteration: int) -> dict:
-        return bucket.end_iteration(self, iteration)
+        """After the last bucket, the iteration counts in the schedule (monitor vote, refit) as a
+        post-backward one does after its ring; its run-level columns."""
+        tot = self._per_bucket.end()
+        out = {"phase": tot.phase, "compression_error": NAN, "fit_s": NAN, "monitor_s": NAN,
+               "compression_ratio": tot.ratio()}
+        if tot.phase == "compress":
+            out["compression_error"] = loss = tot.loss()
+            out["monitor_s"] = self._after_compressed(loss)
+        elif tot.phase == "sample":
+            out["fit_s"] = self._after_sample()
+        return out
 
     # -- one iteration -------------------------------------------------------------------------------
     def aggregate(self, iteration: int) -> dict:
@@ -107,9 +118,14 @@ class GradiVeQAggregator(FlatAggregator):
 
     def measure(self, flat: torch.Tensor) -> dict:
         """Phase of this iteration (the warm-up ends here, before its ring)."""
-        if self.phase == "warmup" and self._it >= self.warmup:
+        return {"phase": self._enter(self._it), "compression_error": NAN, "monitor_s": NAN}
+
+    def _enter(self, iteration: int) -> str:
+        """The phase ``iteration`` runs in: the warm-up ends before the first ring of iteration ``warmup``."""
+        self._it = iteration
+        if self.phase == "warmup" and iteration >= self.warmup:
             self._start_sampling()
-        return {"phase": self.phase, "compression_error": NAN, "monitor_s": NAN}
+        return self.phase
 
     def _after_compressed(self, loss: float) -> float:
         """Count a compressed iteration; the monitor (Eq. 7) votes on its loss, read off this rank's own
@@ -177,15 +193,23 @@ class GradiVeQAggregator(FlatAggregator):
     def _start_sampling(self) -> None:
         self.phase, self.count = "sample", 0
 
-    def _add_sample(self, flat: torch.Tensor) -> float:
-        """Store the aggregated sum; after the L_t-th, refresh the compressor (returns fit_s or NaN)."""
+    def sample_row(self, device) -> torch.Tensor:
+        """The PCA sample this sampling iteration's aggregated sum goes to: a row of the whole gradient in
+        the codec's layout (a DDP bucket writes its layers' share)."""
         if self._samples is None:
-            self._samples = torch.empty(self.L_t, flat.numel(), dtype=torch.float32, device=flat.device)
-        self._samples[self.count].copy_(flat)
+            self._samples = torch.empty(self.L_t, self.compressor.layout.numel, dtype=torch.float32,
+                                        device=device)
+        return self._samples[self.count]
+
+    def _add_sample(self, flat: torch.Tensor) -> float:
+        self.sample_row(flat.device).copy_(flat)
+        return self._after_sample()
+
+    def _after_sample(self) -> float:
+        """Count a sampling iteration whose sum is stored; after the L_t-th, refresh the compressor
+        (returns fit_s or NaN)."""
         self.count += 1
-        if self.count < self.L_t:
-            return NAN
-        return self._refresh()
+        return self._refresh() if self.count >= self.L_t else NAN
 
     def _refresh(self) -> float:
         t0 = clock.now()
