@@ -143,8 +143,8 @@ class FlatAggregator(Aggregator):
     #: :meth:`allreduce_mean_` takes any flat tensor (a DDP gradient bucket), not only :attr:`bucket`;
     #: False where state is laid out on the whole gradient (error memory, PowerSGD's blocks, PCA bases)
     any_bucket: bool = True
-    #: set by :meth:`setup`: the parameters it averages, and its transport (None again in a hook state
-    #: that was unpickled: the transport is rebuilt on first use)
+    #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
+    #: see :meth:`__getstate__`)
     params: list[torch.nn.Parameter] | None = None
     p2p: P2P | None = None
     #: parameter dtypes it cannot average at their precision, with why: :meth:`setup` refuses them in
@@ -285,6 +285,11 @@ class FlatAggregator(Aggregator):
         p2p = self.__dict__.get("p2p")        # None: setup never ran
         if p2p is not None:
             p2p.close()
+
+    def __getstate__(self) -> dict:
+        """Pickles without its transport (sockets and threads stay with the process that opened them):
+        unpickled, ``p2p`` is None, and whoever runs it opens one (a hook state does on first use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "p2p"}
 
 
 @functools.lru_cache(maxsize=64)

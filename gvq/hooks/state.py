@@ -193,17 +193,13 @@ class GvqHookState:
         self.aggregator.load_state_dict(state["aggregator"])
 
     def __getstate__(self) -> dict:
-        """Without the thread, the lanes or the transport (rebuilt on first use; fresh wall lanes)."""
-        out = {k: v for k, v in self.__dict__.items()
-               if k not in ("lanes", "_thread", "_open", "_layout", "_last", "_finished")}
-        agg = object.__new__(type(self.aggregator))
-        agg.__dict__.update({k: v for k, v in self.aggregator.__dict__.items() if k != "p2p"})
-        out["aggregator"] = agg
-        return out
+        """Without the thread or the lanes (fresh wall lanes); the aggregator pickles itself without its
+        transport (``FlatAggregator.__getstate__``), which :meth:`_start` opens again on first use."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("lanes", "_thread", "_open", "_layout", "_last", "_finished")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.aggregator.p2p = None
         self.lanes = clock.Lanes()
         self._transient()
 

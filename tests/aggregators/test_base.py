@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import re
 from pathlib import Path
 
@@ -107,5 +108,20 @@ def test_allreduce_mean_averages_any_flat_tensor_in_place_for_a_bucketable_aggre
         assert torch.equal(bucket, torch.arange(7.0)) and stats["aggregate_s"] >= 0
         assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"}
         assert agg.any_bucket is True
+    finally:
+        agg.close()
+
+
+def test_a_set_up_aggregator_pickles_without_its_transport():
+    """Sockets and threads stay with the process that opened them: unpickled, ``p2p`` is None (a hook
+    state opens a new one on first use), the original keeps its own, and the state travels whole."""
+    agg = GradiVeQAggregator(GradiVeQ(), L_t=2)
+    agg.setup([torch.nn.Parameter(torch.zeros(4, 2, 3, 3)), torch.nn.Parameter(torch.zeros(4))], RunContext(0, 1))
+    try:
+        copy = pickle.loads(pickle.dumps(agg))
+        assert copy.p2p is None and agg.p2p is not None
+        want, got = agg.state_dict(), copy.state_dict()
+        assert got["compressor"]["shapes"] == want["compressor"]["shapes"] and got["phase"] == want["phase"]
+        copy.close()                                   # nothing held: nothing to release
     finally:
         agg.close()
