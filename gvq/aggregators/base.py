@@ -40,6 +40,8 @@ class Aggregator:
     right for an aggregator without that feature.  Call order: ``preflight`` (launcher, before ranks
     start; optional), ``setup``, ``wrap``, then per iteration ``aggregate``; ``state_dict`` /
     ``load_state_dict`` around checkpoints (after ``wrap``); ``summary`` and ``close`` at the end.
+    Whether it runs inside backward instead is not its business: :func:`gvq.hooks.overlapped.aggregator_from`
+    decides, and wraps it.
     """
 
     #: short label for logs, reports and a checkpoint's identity
@@ -56,11 +58,10 @@ class Aggregator:
     bucket: torch.Tensor | None = None
     #: the codec, for aggregators built around one (the benchmarks time it alone); None: none
     compressor: Compressor | None = None
-    #: ``aggregator.overlap``: average inside backward, one DDP bucket at a time, through
-    #: :mod:`gvq.hooks` (DDP then owns the gradient buffers)
-    overlap: bool = False
-    #: ``aggregator.bucket_cap_mb``: DDP's bucket size; None: DDP's defaults (its small first bucket too)
-    bucket_cap_mb: float | None = None
+    #: it can average any one DDP gradient bucket (:meth:`FlatAggregator.allreduce_bucket_`, per-parameter
+    #: state included), so :mod:`gvq.hooks` can run it inside backward; False: torch DDP's own options
+    #: (they overlap by themselves).  The one declaration of that capability
+    any_bucket: bool = False
 
     # -- life cycle ----------------------------------------------------------------------------------
     def preflight(self, params: list[torch.nn.Parameter]) -> None:
@@ -140,9 +141,8 @@ class FlatAggregator(Aggregator):
 
     #: all its traffic goes through P2P, so net.clock=virtual can time it
     virtual_time = True
-    #: :meth:`allreduce_mean_` takes any flat tensor (a DDP gradient bucket), not only :attr:`bucket`;
-    #: False where state is laid out on the whole gradient (error memory, PowerSGD's blocks, PCA bases)
-    any_bucket: bool = True
+    #: every one averages a DDP bucket (:meth:`allreduce_bucket_`; stateful ones override it)
+    any_bucket = True
     #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
     #: see :meth:`__getstate__`)
     params: list[torch.nn.Parameter] | None = None
@@ -152,6 +152,15 @@ class FlatAggregator(Aggregator):
     refused_dtypes: tuple[tuple[torch.dtype, str], ...] = ()
 
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        """:meth:`bind`, then every ``param.grad`` laid out in one flat buffer (:attr:`bucket`), for
+        :meth:`aggregate` after backward."""
+        self.bind(params, ctx)
+        self.bucket = self._grad_bucket()
+
+    def bind(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        """Bind to this rank's parameters and the run (transport, per-parameter state; subclasses add
+        theirs here), leaving every ``param.grad`` where it is: all a caller that holds the gradients in
+        buffers of its own needs (:mod:`gvq.hooks`: DDP's buckets)."""
         self.params = [p for p in params if p.requires_grad]
         refuse_dtypes(self.name, self.params, self.refused_dtypes)
         self.ctx = ctx
@@ -161,8 +170,6 @@ class FlatAggregator(Aggregator):
         self.offsets = [0]
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
-        # overlap: DDP owns the gradient buffers, so param.grad is left where it is
-        self.bucket = None if self.overlap else self._grad_bucket()
 
     def _grad_bucket(self) -> torch.Tensor | None:
         """One flat buffer that every ``p.grad`` is a view of (as DDP's buckets): backward writes
@@ -235,9 +242,8 @@ class FlatAggregator(Aggregator):
         """Average one DDP bucket in place: ``flat`` is the concatenated gradients of ``self.params[i]``
         for ``i`` in ``params``, in that order.  Per-parameter state (error memory, PCA bases, PowerSGD's
         P / Q) is read and written for those parameters only, so a bucket rebuild loses nothing.
-        Returns measurements as :meth:`allreduce_mean_`.  Default (``any_bucket``): :meth:`allreduce_mean_`."""
-        if not self.any_bucket:
-            raise NotImplementedError(f"{self.name}: no per-bucket average (its state covers the whole gradient)")
+        Returns measurements as :meth:`allreduce_mean_`.  Default (no per-parameter state):
+        :meth:`allreduce_mean_`."""
         return self.allreduce_mean_(flat, iteration)
 
     def gather(self, whole: torch.Tensor, params: list[int]) -> torch.Tensor:

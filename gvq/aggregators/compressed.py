@@ -20,9 +20,7 @@ class CompressedAggregator(FlatAggregator):
 
     extra_fields = ("compression_error",)
 
-    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto", overlap: bool = False,
-                 bucket_cap_mb: float | None = None):
-        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
+    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto"):
         if hop == "sum" and not compressor.additive:
             raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
                              "payloads cannot be summed in the compressed domain; use hop=auto or reencode")
@@ -31,8 +29,8 @@ class CompressedAggregator(FlatAggregator):
         self.sum_hop = compressor.additive and hop != "reencode"
         self.name = compressor.name
 
-    def setup(self, params, ctx):
-        super().setup(params, ctx)
+    def bind(self, params, ctx):
+        super().bind(params, ctx)
         self.compressor.reseed(ctx.seed * 1000 + ctx.rank)       # per-rank dither (a no-op if none)
         self._segs: tuple[int, list[slice]] | None = None
 

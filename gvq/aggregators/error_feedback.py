@@ -27,15 +27,13 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     """:class:`CompressedAggregator` whose ranks feed back what their compressor lost."""
 
     extra_fields = ("compression_error",)
-    any_bucket = False               # the error memory is per parameter (see allreduce_bucket_)
 
-    def __init__(self, compressor, topology: str = "ring", hop: str = "auto", overlap: bool = False,
-                 bucket_cap_mb: float | None = None):
-        super().__init__(compressor, topology, hop, overlap, bucket_cap_mb)
+    def __init__(self, compressor, topology: str = "ring", hop: str = "auto"):
+        super().__init__(compressor, topology, hop)
         self.name = f"{self.name}+ef"
 
-    def setup(self, params, ctx):
-        super().setup(params, ctx)
+    def bind(self, params, ctx):
+        super().bind(params, ctx)
         device = self.params[0].device if self.params else torch.device("cpu")
         # one flat memory laid out as the whole gradient (a checkpoint keeps it as it is); a DDP bucket
         # reads and writes its parameters' share of it, so any bucketing sees the same memory.  In the

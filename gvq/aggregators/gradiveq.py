@@ -30,16 +30,13 @@ class GradiVeQAggregator(FlatAggregator):
 
     name = "gradiveq"
     extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
-    any_bucket = False               # per layer: a bucket is averaged with its layers' bases (allreduce_bucket_)
     #: 16-bit gradients are averaged in float32 (its flat buffers); float64 would travel as float32
     refused_dtypes = ((torch.float64, "its payloads, PCA bases and samples are float32: cast the model "
                        "to float32 or bfloat16, or use rar, powersgd or a quantizer, which keep float64"),)
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, pieces: int = 4, overlap: bool = False,
-                 bucket_cap_mb: float | None = None):
-        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
+                 monitor_threshold: float | None = None, pieces: int = 4):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -67,8 +64,8 @@ class GradiVeQAggregator(FlatAggregator):
         conv layer's F*D (a ValueError naming K and the layer)."""
         self.compressor.bind([tuple(p.shape) for p in params])
 
-    def setup(self, params, ctx):
-        super().setup(params, ctx)
+    def bind(self, params, ctx):
+        super().bind(params, ctx)
         comp, n = self.compressor, ctx.world_size
         comp.world_size = n
         comp.bind([tuple(p.shape) for p in self.params])

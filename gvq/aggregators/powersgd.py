@@ -28,11 +28,9 @@ class PowerSGDAggregator(FlatAggregator):
 
     name = "powersgd"
     extra_fields = ("compression_error",)
-    any_bucket = False               # error memory and blocks are laid out on the whole gradient
 
     def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 warm_start: bool = True, overlap: bool = False, bucket_cap_mb: float | None = None):
-        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
+                 warm_start: bool = True):
         self.rank = check_int("aggregator.rank", rank, 1)
         self.start_iter = check_int("aggregator.start_iter", start_iter, 0)
         if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)) \
@@ -45,8 +43,8 @@ class PowerSGDAggregator(FlatAggregator):
         self.compressing = False
         self._m_sq, self._raw_sq = 0.0, 0.0
 
-    def setup(self, params, ctx):
-        super().setup(params, ctx)
+    def bind(self, params, ctx):
+        super().bind(params, ctx)
         device = self.params[0].device if self.params else torch.device("cpu")
         # P, Q and payloads in the flat gradient's dtype (the widest parameter's), float32 at least:
         # 16-bit gradients are factored in float32 (no 16-bit QR; their sums would round at every hop)

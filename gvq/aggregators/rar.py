@@ -11,8 +11,5 @@ class RingAllReduce(FlatAggregator):
 
     name = "rar"
 
-    def __init__(self, overlap: bool = False, bucket_cap_mb: float | None = None):
-        self.overlap, self.bucket_cap_mb = overlap, bucket_cap_mb      # gvq.hooks.Overlapped's knobs
-
     def allreduce_(self, flat, iteration):
         ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)

@@ -19,12 +19,13 @@ from gvq.schema.compose import compose  # the run config `python cli.py <overrid
 
 
 def make_aggregator(name: str, overrides: list[str]):
-    """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only."""
-    from hydra.utils import instantiate
+    """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only.
+    Built as the runner builds it: ``aggregator.overlap=true`` wraps it (DDP + the gvq hook)."""
+    from gvq.hooks.overlapped import aggregator_from
     mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
             if ":" not in o.split("=", 1)[0] or o.split(":", 1)[0] == name]
     cfg = compose([f"aggregator={name}", *mine])
-    return instantiate(cfg.aggregator, _convert_="object")
+    return aggregator_from(cfg.aggregator)
 
 
 def build_model(model: str, num_classes: int, in_channels: int) -> torch.nn.Module:

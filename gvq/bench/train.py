@@ -21,7 +21,6 @@ from gvq.aggregators.base import RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
                               make_aggregator, print_markdown, spawn_loopback)
 from gvq.comm import clock
-from gvq.hooks import Overlapped
 from gvq.run import train
 from gvq.run.rows import reduce_row
 from gvq.schema import columns
@@ -67,9 +66,8 @@ class _Mode:
             net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.type == "cuda"
                                                             else None)
         elif spec.option != "local":
+            # as the runner builds it: aggregator.overlap=true runs the ring inside backward, via DDP
             self.agg = make_aggregator(spec.option, list(spec.overrides))
-            if self.agg.overlap:                       # as the runner: the ring inside backward, via DDP
-                self.agg = Overlapped(self.agg)
             # the link applies to gvq's aggregators only: torch DDP's collectives are not shaped
             ctx = RunContext(rank, world, 0, args.timeout, spec.bandwidth)
             self.agg.setup(list(net.parameters()), ctx)

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import numbers
 import re
 
-from gvq.aggregators.base import FlatAggregator
+from gvq.aggregators.base import Aggregator, FlatAggregator
 from gvq.schema.compose import compose, conf_dir
 from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
 from gvq.schema.errors import ConfigError, keys_of, no_such_option, unknown_key
+from gvq.schema.options import WRAPPING_KEYS
 
 HOOK_ROOTS = (*KNOBS, "aggregator")    # the run config's keys a hook's overrides may reach
 
@@ -39,22 +41,45 @@ def option_config(name: str, overrides: dict | None = None):
 
 def build_aggregator(config, **overrides) -> FlatAggregator:
     """The aggregator ``config`` names (an option of conf/aggregator/, see the module docstring; or a
-    whole config dict with a ``_target_``, ``overrides`` then keys of it), not yet set up; refused
-    unless it sums through gvq's ring (torch DDP's own options are not aggregators a hook can run)."""
-    from hydra.utils import instantiate
+    whole config dict with a ``_target_``, ``overrides`` then keys of it), not yet bound; refused
+    unless it sums through gvq's ring (torch DDP's own options are not aggregators a hook can run).
+    Never wrapped: the caller's DDP is its wrapper (``overlap`` and ``bucket_cap_mb`` are dropped)."""
     from omegaconf import OmegaConf
     if isinstance(config, str):
         node = option_config(config, overrides)
-        if not _is_ring(node):
+        if not wrappable(node):
             raise ConfigError(f"aggregator={config}: {node._target_} is not a gvq ring aggregator (torch DDP "
                               f"overlaps by itself); a hook runs one of: {', '.join(hook_options())}")
-        return instantiate(node, _convert_="object")
+        return instantiate_aggregator(node)[0]
     node = OmegaConf.create(dict(config))
     for key, value in overrides.items():
         OmegaConf.update(node, key.removeprefix("aggregator."), value, merge=True)
-    if not _is_ring(node):
+    if not wrappable(node):
         raise ConfigError(f"{node.get('_target_')} is not a gvq ring aggregator")
-    return instantiate(node, _convert_="object")
+    return instantiate_aggregator(node)[0]
+
+
+def instantiate_aggregator(node, **kwargs) -> tuple[Aggregator, dict]:
+    """An ``aggregator`` config node (a DictConfig, resolved here, or a dict) instantiated without the
+    run's keys (:data:`gvq.schema.options.WRAPPING_KEYS`: they never reach a ring aggregator's
+    constructor; torch DDP's options keep ``bucket_cap_mb``, their own), and those keys, from which
+    :func:`gvq.hooks.overlapped.aggregator_from` decides the wrapping.  ``kwargs``: instantiate's."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    node = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    keep = () if wrappable(node) else ("bucket_cap_mb",)     # torch DDP's options size their own buckets
+    run = {k: node.pop(k) for k in WRAPPING_KEYS if k in node and k not in keep}
+    return instantiate(node, **{"_convert_": "object", **kwargs}), run
+
+
+def wrappable(node) -> bool:
+    """An aggregator config node whose ``_target_`` can average any one DDP bucket (``any_bucket``, so a
+    hook can run it); False where that cannot be told (instantiating it then names the bad target)."""
+    module, _, name = str(node.get("_target_", "")).rpartition(".")
+    try:
+        return bool(getattr(getattr(importlib.import_module(module), name), "any_bucket", False))
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def hook_options() -> list[str]:
@@ -66,12 +91,7 @@ def hook_options() -> list[str]:
 @functools.cache
 def _ring_options() -> tuple[str, ...]:
     names = sorted(p.stem for p in (conf_dir() / "aggregator").glob("*.yaml"))
-    return tuple(n for n in names if _is_ring(compose([f"aggregator={n}"]).aggregator))
-
-
-def _is_ring(node) -> bool:
-    from hydra.utils import get_class
-    return "_target_" in node and issubclass(get_class(node._target_), FlatAggregator)
+    return tuple(n for n in names if wrappable(compose([f"aggregator={n}"]).aggregator))
 
 
 def _override(key: str, value) -> str:

@@ -2,6 +2,11 @@
 (``aggregator.bucket_cap_mb=0.5`` for smaller buckets; unset: DDP's defaults, its 1 MiB first bucket
 included).
 
+Those two keys are the run's, not the aggregator's: :func:`aggregator_from` (the runner, the launcher's
+checks and the benchmarks build an aggregator with it) takes them out of the config node, instantiates
+the rest (:func:`gvq.hooks.config.instantiate_aggregator`, which the hook's ``build_aggregator`` calls
+too, never wrapping: its caller's DDP is the wrapper) and is the one place that decides to wrap.
+
 :class:`Overlapped` wraps the model in torch's ``DistributedDataParallel`` with :func:`gvq.hooks.gvq_hook`
 registered, so each bucket is averaged by the wrapped aggregator's ring on this rank's communication
 thread while backward goes on.  Consequences for the per-iteration columns:
@@ -26,9 +31,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import Aggregator, FlatAggregator
 from gvq.comm import clock
+from gvq.hooks.config import instantiate_aggregator
 from gvq.hooks.state import GvqHookState, gvq_hook, require_hookable
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def aggregator_from(node, **kwargs) -> Aggregator:
+    """The aggregator an ``aggregator`` config node builds (a DictConfig or a dict), and the one decision
+    where it averages: ``overlap: true`` wraps it in :class:`Overlapped` (inside backward, in DDP's
+    buckets of ``bucket_cap_mb``), else it is returned as built (after backward).  ``kwargs`` go to
+    ``hydra.utils.instantiate``.  A one-line ValueError where it cannot be wrapped."""
+    agg, run = instantiate_aggregator(node, **kwargs)
+    return Overlapped(agg, run.get("bucket_cap_mb")) if run.get("overlap") else agg
 
 
 class Overlapped(Aggregator):
@@ -37,12 +52,11 @@ class Overlapped(Aggregator):
     inside_backward = True
     bucket = None                      # DDP owns the gradient buffers
 
-    def __init__(self, inner: FlatAggregator):
+    def __init__(self, inner: FlatAggregator, bucket_cap_mb: float | None = None):
+        """``bucket_cap_mb``: DDP's bucket size; None: DDP's defaults (its small first bucket too)."""
         require_hookable(inner, "aggregator.overlap=true")
         self.inner = inner
-        inner.overlap = True
-        self.overlap = True
-        self.bucket_cap_mb = inner.bucket_cap_mb
+        self.bucket_cap_mb = bucket_cap_mb
         if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
             raise ValueError(f"aggregator.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (or unset)")
         self.name = inner.name
@@ -56,7 +70,7 @@ class Overlapped(Aggregator):
         self.inner.preflight(params)
 
     def setup(self, params, ctx) -> None:
-        self.inner.setup(params, ctx)
+        self.inner.bind(params, ctx)            # DDP owns the gradient buffers
         self.ctx = ctx
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:

@@ -26,14 +26,11 @@ log = logging.getLogger("gvq")
 
 
 def require_hookable(agg, who: str = "gvq hook") -> None:
-    """The one check that ``agg`` can run inside backward: a gvq ring aggregator (torch DDP's own options
-    overlap by themselves) that can average any one DDP bucket (not a state over the whole gradient)."""
-    if not isinstance(agg, FlatAggregator):
+    """The one check that ``agg`` can run inside backward: it averages any one DDP bucket through gvq's
+    ring (``any_bucket``; torch DDP's own options overlap by themselves)."""
+    if not agg.any_bucket:
         raise ValueError(f"{who}: {type(agg).__name__} does not aggregate through gvq's ring "
                          "(torch DDP overlaps by itself)")
-    if not (agg.any_bucket or type(agg).allreduce_bucket_ is not FlatAggregator.allreduce_bucket_):
-        raise ValueError(f"{who}: {agg.name!r} cannot average one DDP bucket at a time "
-                         "(its state covers the whole gradient)")
 
 
 class GvqHookState:
@@ -41,15 +38,16 @@ class GvqHookState:
     measurements (:meth:`iteration_stats`)."""
 
     def __init__(self, aggregator: FlatAggregator, lanes: clock.Lanes | None = None):
-        """``aggregator``: a gvq ring aggregator with ``overlap = True``, set up on this rank (what
-        :meth:`from_config` builds).  ``lanes``: the clock lanes it times on (default: its own wall-clock
-        pair; the runner passes the process's, virtual time included).  Peers are waited for as long as
-        the aggregator's ``RunContext.timeout_s`` says, by default the process group's timeout."""
+        """``aggregator``: a gvq ring aggregator bound to this rank's parameters, its gradients left to
+        DDP (``agg.bind(params, ctx)``: what :meth:`from_config` does).  ``lanes``: the clock lanes it
+        times on (default: its own wall-clock pair; the runner passes the process's, virtual time
+        included).  Peers are waited for as long as the aggregator's ``RunContext.timeout_s`` says, by
+        default the process group's timeout."""
         require_hookable(aggregator)
-        if aggregator.params is None or not aggregator.overlap:
-            raise ValueError(f"gvq hook: {aggregator.name!r} must have overlap=True and be set up on this "
-                             "rank's parameters (agg.overlap = True; agg.setup(params, ctx); or "
-                             "GvqHookState.from_config)")
+        if aggregator.params is None or aggregator.bucket is not None:
+            raise ValueError(f"gvq hook: {aggregator.name!r} must be bound to this rank's parameters with "
+                             "its gradients left to DDP (agg.bind(params, ctx), not agg.setup, which lays "
+                             "them out for averaging after backward; or GvqHookState.from_config)")
         self.aggregator = aggregator
         self.lanes = lanes if lanes is not None else clock.Lanes()
         self.iteration = 0                      # the iteration whose buckets come next
@@ -81,12 +79,11 @@ class GvqHookState:
         its timeout; ``lanes`` as in the constructor)."""
         from gvq.hooks.config import build_aggregator
         agg = build_aggregator(config, **(overrides or {}))
-        agg.overlap = True                       # DDP owns the gradient buffers: set before setup
         # the process group is asked only for what the caller did not give (none is needed when both are)
         rank = context.pop("rank") if "rank" in context else dist.get_rank()
         world = context.pop("world_size") if "world_size" in context else dist.get_world_size()
         ctx = RunContext(rank, world, **context)
-        agg.setup(list(params), ctx)
+        agg.bind(list(params), ctx)              # DDP owns the gradient buffers
         return cls(agg, lanes)
 
     # -- the hook's side (autograd thread) ------------------------------------------------------------

@@ -20,7 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gvq.hooks import Overlapped
+from gvq.hooks.overlapped import aggregator_from
 from gvq.run import checkpoint, fault
 from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
@@ -58,14 +58,6 @@ def discard_run_dir() -> None:
         d = d.parent
 
 
-def _check_overlap(cfg: DictConfig, agg) -> None:
-    """``aggregator.overlap=true``: one line where the aggregator cannot run inside backward."""
-    try:
-        Overlapped(agg)
-    except ValueError as e:
-        config_error(str(e))
-
-
 def preflight(cfg: DictConfig):
     """Fail fast, with one line and no traceback, on values only the code can judge; returns the
     instantiated aggregator and dataset (they name a checkpoint's identity) and the GPU plan (or None)."""
@@ -73,21 +65,19 @@ def preflight(cfg: DictConfig):
         validate(cfg)
     except ConfigError as e:
         config_error(str(e))
-    agg = _try_instantiate("aggregator", cfg.aggregator, _convert_="object")
+    agg = _try_instantiate("aggregator", cfg.aggregator, build=aggregator_from)   # as the ranks build it
     plan = None
     if cfg.device == "cuda":           # nccl (a GPU per rank) | shared (gloo, host-staged) | one line
-        try:
-            plan = cuda_plan(torchrun_world() or cfg.world_size, agg.name, agg.inside_backward)
+        try:                           # torch DDP's own collectives (not gvq's P2P) need a GPU per rank
+            plan = cuda_plan(torchrun_world() or cfg.world_size, agg.name, not agg.virtual_time)
         except ConfigError as e:
             config_error(str(e))
     if cfg.net.clock == "virtual" and not agg.virtual_time:
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
                      "(sudo python -m gvq.bench netns train)")
-    if agg.overlap:
-        _check_overlap(cfg, agg)
-    elif agg.bucket_cap_mb is not None and not agg.inside_backward:
-        print(f"gvq: warning: aggregator.bucket_cap_mb={agg.bucket_cap_mb} does nothing without "
+    if cfg.aggregator.get("bucket_cap_mb") is not None and not agg.inside_backward:
+        print(f"gvq: warning: aggregator.bucket_cap_mb={cfg.aggregator.bucket_cap_mb} does nothing without "
               "aggregator.overlap=true (gradients are averaged after backward, as one vector)", file=sys.stderr)
     data = _try_instantiate("dataset", cfg.dataset)
     model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
@@ -129,9 +119,9 @@ def check_identity(plain: dict, meta: dict, agg, data) -> None:
             config_error(str(e))
 
 
-def _try_instantiate(group: str, node, **kwargs):
+def _try_instantiate(group: str, node, build=instantiate, **kwargs):
     try:
-        return instantiate(node, **kwargs)
+        return build(node, **kwargs)
     except (ValueError, TypeError, FileNotFoundError, InstantiationException) as e:
         inner = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
         text = (str(inner).strip() or type(inner).__name__).splitlines()

@@ -3,10 +3,10 @@
 Each iteration: forward/backward on this rank's shard batch (``compute_s``), then
 ``aggregator.aggregate`` replaces every gradient by the mean over ranks (``aggregate_s`` and its
 breakdown), then the optimizer steps.  With ``aggregator.overlap=true`` the aggregator is wrapped in
-:class:`gvq.hooks.Overlapped` (in :func:`build`): DDP + the gvq hook average the gradient bucket by
-bucket during backward, and ``aggregate`` reports what that cost.  Per-iteration times are the max
-over ranks, loss/accuracy the mean; rank 0 logs them.  At the end every rank's parameters are compared
-bitwise: replicas that drift apart fail the run.
+:class:`gvq.hooks.Overlapped` (by :func:`gvq.hooks.overlapped.aggregator_from`, in :func:`build`): DDP +
+the gvq hook average the gradient bucket by bucket during backward, and ``aggregate`` reports what that
+cost.  Per-iteration times are the max over ranks, loss/accuracy the mean; rank 0 logs them.  At the end
+every rank's parameters are compared bitwise: replicas that drift apart fail the run.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
-from gvq.hooks import Overlapped
+from gvq.hooks.overlapped import aggregator_from
 from gvq.run import checkpoint, fault, restart
 from gvq.run.guards import (
     aggregated_overflow,
@@ -69,9 +69,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"],
                           weight_decay=o["weight_decay"], nesterov=o["nesterov"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, cfg["iterations"]))
-    agg = instantiate(cfg["aggregator"], _convert_="object")
-    if agg.overlap:                        # aggregator.overlap=true: the ring inside backward, via DDP
-        agg = Overlapped(agg)
+    agg = aggregator_from(cfg["aggregator"])     # aggregator.overlap=true: the ring inside backward, via DDP
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
                                                    net["bandwidth_bps"], net["latency_s"], cfg, run_dir))

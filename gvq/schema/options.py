@@ -5,13 +5,13 @@ Each option file names its schema first in its defaults list (``/schema/aggregat
 OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
 choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema's fields are its
 ``_target_``'s keyword arguments, with the same defaults (``tests/schema/test_options.py`` holds them to the
-signature); what a constructor's value means is said in the option files.  No torch here: the CLI
-imports this before Hydra composes.
+signature), but for :data:`WRAPPING_KEYS` (the run's); what a constructor's value means is said in the
+option files.  No torch here: the CLI imports this before Hydra composes.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 # -- choices -----------------------------------------------------------------------------------------
@@ -145,9 +145,15 @@ class GradiVeQSchema:
 
 @dataclass
 class _Overlap:
-    """Every ring aggregator's two overlap knobs (gvq.hooks.Overlapped)."""
+    """Every ring aggregator's two overlap knobs: the run's, not its constructor's (gvq.hooks.overlapped.
+    aggregator_from takes them out of the node, then decides whether to wrap it in DDP + the gvq hook)."""
     overlap: bool = False
     bucket_cap_mb: Optional[float] = None
+
+
+#: an aggregator node's keys that choose how the run drives it, not how it is built (torch DDP's options
+#: take bucket_cap_mb themselves)
+WRAPPING_KEYS = tuple(f.name for f in fields(_Overlap))
 
 
 @dataclass

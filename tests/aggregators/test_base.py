@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from gvq.aggregators.base import Aggregator, RunContext, check_int, equal_segments
 from gvq.aggregators.rar import RingAllReduce
@@ -17,6 +16,7 @@ from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.qsgd import QSGD
+from gvq.hooks.overlapped import aggregator_from
 
 ONE_FORMAT = re.compile(r"^[A-Za-z_.]+=\S+: must be an integer (>= -?\d+|in \[-?\d+, \d+\])")
 
@@ -74,7 +74,7 @@ AGGREGATOR_OPTIONS = sorted(p.stem for p in (Path(__file__).resolve().parents[2]
 def test_every_aggregator_option_is_an_aggregator_with_sane_runner_facing_parts(compose_cfg, option):
     """Every conf/aggregator option, bound to a one-rank run: the parts gvq/run, gvq/bench and
     gvq/predict call are there with values of the declared kinds."""
-    agg = instantiate(compose_cfg(f"aggregator={option}").aggregator, _convert_="object")
+    agg = aggregator_from(compose_cfg(f"aggregator={option}").aggregator)     # as the runner builds it
     assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} does not inherit Aggregator"
     assert isinstance(agg.name, str) and agg.name and isinstance(agg.extra_fields, tuple)
     assert isinstance(agg.inside_backward, bool) and isinstance(agg.virtual_time, bool)

@@ -66,10 +66,11 @@ def grads(rank: int, it: int) -> list[torch.Tensor]:
 
 
 def _build(option: str, rank: int, world: int, overlap: bool):
+    """Set up to average after backward, or bound only (``overlap``: DDP's buckets hold the gradients)."""
     name, overrides = OPTIONS[option]
     agg = build_aggregator(name, **overrides)
-    agg.overlap = overlap
-    agg.setup([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
+    bind = agg.bind if overlap else agg.setup
+    bind([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
     return agg
 
 
@@ -222,8 +223,7 @@ def test_checkpoint_resumes_a_bucketed_run_bitwise(spawned, option, stop, batch)
 def _eq1(rank, world):
     # Eq. 1 on a compressed iteration: the monitor off, so random test gradients cannot end the phase
     agg = build_aggregator("gradiveq", **SCHEDULE, sampling="rar", monitor_threshold=None)
-    agg.overlap = True
-    agg.setup([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
+    agg.bind([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
     for it in range(5):                           # warm-up, 3 samples (refit), then compressed
         bucketed(agg, rank, it, layout(it))
     assert agg.phase == "compress"
@@ -254,8 +254,7 @@ def test_gradiveq_eq1_holds_per_bucket(tmp_path):
 def _monitor(rank, world):
     name, overrides = OPTIONS["gradiveq-rar"]
     agg = build_aggregator(name, **overrides, monitor_threshold=1e-12)
-    agg.overlap = True
-    agg.setup([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
+    agg.bind([torch.nn.Parameter(torch.zeros(s)) for s in SHAPES], RunContext(rank, world, seed=3))
     phases = []
     for it in range(6):
         agg.start_iteration(it)

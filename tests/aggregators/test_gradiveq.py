@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
+from gvq.hooks.overlapped import aggregator_from
 from tests.helpers.launch import launch_job
 from tests.helpers.dist import run_ranks
 
@@ -227,7 +227,7 @@ def test_compressor_must_be_gradiveq():
 
 def test_cli_style_composition_instantiates(compose_cfg):
     cfg = compose_cfg("aggregator=gradiveq", "lambda=0.05", "L_t=7", "aggregator.monitor_threshold=1.0")
-    agg = instantiate(cfg.aggregator, _convert_="object")
+    agg = aggregator_from(cfg.aggregator)
     assert isinstance(agg, GradiVeQAggregator) and agg.L_t == 7 and agg.monitor_threshold == 1.0
     assert agg.compressor.lam == 0.05 and math.isinf(agg.compressor.s) and agg.sampling == "qsgd"
 
@@ -240,7 +240,7 @@ def test_experiment_presets_set_the_schedule_and_sweep_three_aggregators(compose
     cfg = compose_cfg(f"experiment={exp}", "aggregator=gradiveq", return_hydra_config=True)
     assert (cfg.world_size, cfg.warmup, cfg.L_t, cfg.L_c) == (world, warmup, L_t, L_c)
     assert cfg.hydra.sweeper.params.aggregator == "rar,qsgd,gradiveq"
-    agg = instantiate(cfg.aggregator, _convert_="object")
+    agg = aggregator_from(cfg.aggregator)
     assert (agg.warmup, agg.L_t, agg.L_c, agg.compressor.lam) == (warmup, L_t, L_c, 0.01)
 
 

@@ -14,7 +14,7 @@ class FailAt(RingAllReduce):
     a restarted run gets past it."""
 
     def __init__(self, at=5, rank: int = 1, how: str = "raise", once: bool = False, **rar):
-        super().__init__(**rar)                  # rar's own keys (overlap, bucket_cap_mb)
+        super().__init__(**rar)                  # rar's own keys (none today)
         self.at = [at] if isinstance(at, int) else list(at)
         self.rank, self.how, self.once = rank, how, once
 

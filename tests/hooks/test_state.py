@@ -45,10 +45,9 @@ def _batch(rank: int, it: int):
     return torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
 
 
-def _setup(option: str, params, rank, world, timeout_s=30.0):
+def _bound(option: str, params, rank, world, timeout_s=30.0):
     agg = build_aggregator(option)
-    agg.overlap = True
-    agg.setup(list(params), RunContext(rank, world, seed=3, timeout_s=timeout_s))
+    agg.bind(list(params), RunContext(rank, world, seed=3, timeout_s=timeout_s))
     return agg
 
 
@@ -65,8 +64,8 @@ def _hook_vs_post_backward(rank, world, option, iterations):
     net = Net()
     twin_net = Net()                                # the post-backward reference: same seed, own state
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
-    state = GvqHookState(_setup(option, net.parameters(), rank, world))
-    twin = _setup(option, twin_net.parameters(), rank, world)
+    state = GvqHookState(_bound(option, net.parameters(), rank, world))
+    twin = _bound(option, twin_net.parameters(), rank, world)
     records, out = [], []
     ddp.register_comm_hook(state, _recording(records))
     for it in range(iterations):
@@ -161,7 +160,7 @@ def _lose_peer(rank, world):
     torch.manual_seed(0)
     net = Net()
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
-    state = GvqHookState(_setup("rar", net.parameters(), rank, world, timeout_s=3.0))
+    state = GvqHookState(_bound("rar", net.parameters(), rank, world, timeout_s=3.0))
     ddp.register_comm_hook(state, gvq_hook)
     if rank == 1:                                   # leaves before backward: its ring never answers
         return None
@@ -199,8 +198,7 @@ def _failing_bucket(rank, world):
     net = Net()
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
     agg = _Broken()
-    agg.overlap = True
-    agg.setup(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
+    agg.bind(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
     state = GvqHookState(agg)
     ddp.register_comm_hook(state, gvq_hook)
     messages = []
@@ -217,6 +215,17 @@ def test_a_failed_bucket_fails_backward_naming_the_rank_and_every_later_one(tmp_
     for rank, messages in enumerate(run_ranks(_failing_bucket, 2, tmp_path)):
         assert len(messages) == 2
         assert all(f"rank {rank}: gvq hook, bucket" in m and "codec broke" in m for m in messages)
+
+
+def test_a_state_refuses_an_aggregator_set_up_to_average_after_backward():
+    """``setup`` lays the gradients out in its own flat buffer, which DDP would copy into: ``bind`` only."""
+    agg = RingAllReduce()
+    agg.setup([torch.nn.Parameter(torch.zeros(3))], RunContext(0, 1))
+    try:
+        with pytest.raises(ValueError, match=r"must be bound .*agg\.bind\(params, ctx\)"):
+            GvqHookState(agg)
+    finally:
+        agg.close()
 
 
 def test_a_state_is_built_without_a_process_group_and_takes_back_only_its_own_rank():

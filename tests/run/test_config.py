@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import pandas as pd
 import yaml
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from gvq.aggregators.base import Aggregator
+from gvq.hooks.overlapped import aggregator_from
 from gvq.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def test_every_option_file_composes_and_validates(compose_cfg, group, option):
 @pytest.mark.parametrize("option", _options("aggregator"))
 def test_every_aggregator_instantiates_and_satisfies_the_contract(compose_cfg, option):
     cfg = compose_cfg(f"aggregator={option}")
-    agg = instantiate(cfg.aggregator, _convert_="object")
+    agg = aggregator_from(cfg.aggregator)                   # as the runner builds it
     assert isinstance(agg, Aggregator), f"{option}: {type(agg).__name__} does not inherit the Aggregator base class"
     assert isinstance(agg.name, str) and isinstance(agg.extra_fields, tuple)
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from gvq.schema.config import TYPED_GROUPS
 from gvq.schema.errors import describe
-from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS
+from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS, WRAPPING_KEYS
 from tests.helpers.cli import ROOT, cli
 
 OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
@@ -109,17 +109,21 @@ def test_every_choice_refuses_a_value_outside_its_enum_naming_the_choices(compos
 
 @pytest.mark.parametrize("key", sorted(OPTION_SCHEMAS), ids=["/".join(k) for k in sorted(OPTION_SCHEMAS)])
 def test_schema_fields_are_the_constructors_keyword_arguments(key):
-    """Schema and constructor cannot drift apart: a field the constructor does not take, or a keyword
-    argument no schema offers (other than what the launcher supplies), fails here."""
+    """Schema and constructor cannot drift apart: a field the constructor does not take (other than the
+    run's wrapping keys, which never reach it), or a keyword argument no schema offers (other than what
+    the launcher supplies), fails here."""
     for schema in _schema_classes(OPTION_SCHEMAS[key]):
         fields = {f.name: f for f in dataclasses.fields(schema) if f.name != "_target_"}
         if len(fields) == len(dataclasses.fields(schema)):
             continue                                   # no _target_ (net): read by the launcher, not built
         params = {n: p for n, p in inspect.signature(get_object(_default(schema, "_target_"))).parameters.items()
                   if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        assert set(fields) <= set(params), f"{schema.__name__}: {set(fields) - set(params)} not taken"
+        taken = set(fields) - set(WRAPPING_KEYS)
+        assert taken <= set(params), f"{schema.__name__}: {taken - set(params)} not taken"
         assert set(params) - RUNTIME_KWARGS <= set(fields), f"{schema.__name__}: {set(params) - set(fields)} missing"
         for name, f in fields.items():
+            if name not in params:
+                continue                               # a wrapping key: the run's, no constructor default
             default = _default(schema, name)
             if params[name].default is not inspect.Parameter.empty and not dataclasses.is_dataclass(default):
                 assert default == params[name].default, f"{schema.__name__}.{name}: {default!r}"
