@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.comm import clock
+from gvq.comm.errors import RankError
 from gvq.comm.links import EmulatedLink, VirtualLink, _VirtualMessage, wait_all  # noqa: F401 (re-exported)
 from gvq.comm.staging import HostStage, Staged
 
@@ -21,7 +22,7 @@ def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
     return list(tensor.split(per)) if tensor.numel() > per else [tensor]
 
 
-class PeerLostError(RuntimeError):
+class PeerLostError(RankError):
     """A peer did not answer within the timeout, or its connection broke."""
 
 
@@ -205,7 +206,7 @@ class P2P:
         except Exception as e:
             who = f"rank {peer}" if peer is not None else "a peer"
             raise PeerLostError(
-                f"rank {self.rank}: lost {who} (no answer within {self.timeout.total_seconds():g}s "
+                self.rank, f"lost {who} (no answer within {self.timeout.total_seconds():g}s "
                 f"or connection closed): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             ) from e
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gvq.comm import clock
+from gvq.comm.errors import RankError
 
 
 @dataclass
@@ -95,7 +96,7 @@ class CommThread:
                 try:
                     self.reduce(job)
                 except BaseException as e:              # noqa: BLE001 (it must reach backward)
-                    self._fail(job, e if isinstance(e, Exception) and str(e).startswith("rank ")
+                    self._fail(job, e if isinstance(e, RankError)        # it names its rank already
                                else RuntimeError(f"{self.label}, bucket {job.index}: {type(e).__name__}: {e}"))
 
     def _fail(self, job: BucketJob, error: BaseException) -> None:

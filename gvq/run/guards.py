@@ -136,8 +136,8 @@ def peer_lost(e: BaseException, rank: int, timeout_s: float) -> BaseException:
             w in text.lower() for w in COMM_FAILURES):
         return e
     first = text.splitlines()[0] if text else type(e).__name__
-    return PeerLostError(f"rank {rank}: a collective got no answer within {timeout_s:g}s or a peer's "
-                         f"connection closed (a peer stopped or died): {first[:300]}")
+    return PeerLostError(rank, f"a collective got no answer within {timeout_s:g}s or a peer's "
+                               f"connection closed (a peer stopped or died): {first[:300]}")
 
 
 # -- learning stopped: the loss back at chance -----------------------------------------------------------

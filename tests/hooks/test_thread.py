@@ -3,12 +3,14 @@ bucket and every queued and later one with a message naming the rank, close() jo
 iteration's record adds times and weighs other columns by bucket size."""
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
 import torch
 
 from gvq.comm import clock
+from gvq.comm.p2p import PeerLostError
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
 
@@ -55,6 +57,23 @@ def test_a_failure_fails_this_queued_and_later_buckets_naming_the_rank():
         later.future.wait()
     t.close(5)
     assert not t.thread.is_alive()
+
+
+def test_a_rank_error_reaches_backward_as_it_is():
+    """A failure that names its rank already (a lost peer) is not wrapped a second time."""
+    lost = PeerLostError(2, "lost rank 3")
+
+    def reduce(job):
+        raise lost
+
+    t = CommThread(reduce, name="gvq-comm-test", label="rank 2: gvq hook", lanes=clock.Lanes())
+    job = _job(0)
+    t.submit(job)
+    with pytest.raises(PeerLostError) as e:
+        job.future.wait()
+    assert (e.value.rank, str(e.value)) == (2, "rank 2: lost rank 3")
+    assert pickle.loads(pickle.dumps(e.value)).rank == 2
+    t.close(5)
 
 
 def test_an_iteration_record_adds_times_and_weighs_other_columns():

@@ -55,7 +55,7 @@ def test_a_raw_gloo_error_becomes_one_line_about_a_lost_peer():
     assert "\n" not in str(got) and "Connection reset by peer" in str(got)
     for other in (ValueError("timed out"), RuntimeError("shape mismatch"), KeyboardInterrupt()):
         assert peer_lost(other, 0, 15) is other                  # not a communication failure: unchanged
-    lost = PeerLostError("rank 1: lost rank 0")
+    lost = PeerLostError(1, "lost rank 0")
     assert peer_lost(lost, 1, 15) is lost
 
 
