@@ -3,6 +3,8 @@
     python cli.py                                   # default: small CNN on digits, 2 ranks, rar
     python cli.py -m aggregator=rar world_size=2,4  # a sweep under runs/multirun/
 """
+import sys
+
 from gvq.run.warm import exit_fast, start_fork_server
 
 if __name__ == "__main__":      # first, before Hydra's import: the ranks' imports start now, on another
@@ -10,7 +12,7 @@ if __name__ == "__main__":      # first, before Hydra's import: the ranks' impor
 
 import hydra  # noqa: E402
 
-from gvq.run.errors import one_line_errors  # noqa: E402
+from gvq.run.errors import cli_status  # noqa: E402
 from gvq.schema.config import register  # noqa: E402
 
 register()
@@ -23,5 +25,7 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    exit_fast(lambda: one_line_errors(main))   # composition errors as one line naming the key (exit 2);
-                                               # then no teardown of torch's modules (slow, and nothing left to free)
+    # the exit status (gvq/run/errors.py): 0; 2 a config error, one line naming the key; 1 a failed run; 3 a
+    # run that stopped learning; 128 + the signal that interrupted it.  exit_fast ends the process without
+    # the teardown of torch's modules (slow, and nothing left to free), or returns where that is not safe
+    sys.exit(exit_fast(lambda: cli_status(main)))

@@ -44,4 +44,8 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    main()
+    from gvq.run.errors import RunEnded
+    try:
+        main()
+    except RunEnded as e:              # netns: SIGTERM, after its teardowns (exit 128 + 15)
+        sys.exit(e.code)

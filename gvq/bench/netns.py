@@ -20,6 +20,8 @@ from pathlib import Path
 
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import run_aggregation
+from gvq.run.errors import RunEnded
+from gvq.run.signals import Interrupted
 
 PREFIX = "gvqns"
 
@@ -140,11 +142,16 @@ def emulated(args, rate: float) -> dict:
     return rec
 
 
+def _interrupt(signum, frame):
+    raise Interrupted(signum)
+
+
 @contextlib.contextmanager
-def _sigterm_exits():
-    """While inside: SIGTERM runs the ``finally`` / ``__exit__`` teardowns, as Ctrl-C does."""
+def _sigterm_interrupts():
+    """While inside: SIGTERM raises :class:`Interrupted`, so the ``finally`` / ``__exit__`` teardowns run
+    as on Ctrl-C (the entry point then exits 128 + 15)."""
     try:
-        old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        old = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:                        # not the main thread: leave signals alone
         yield
         return
@@ -178,7 +185,7 @@ def train_main(argv) -> list[dict]:
     if why:
         print(f"gvq.bench netns train: skipped: {why}")
         return []
-    with _sigterm_exits():
+    with _sigterm_interrupts():
         records = _train(args)
     _print_summary(records)
     if args.out:
@@ -241,7 +248,7 @@ def main(argv=None) -> list[dict]:
         return []
     rows = []
     for rate in args.rates:
-        with _sigterm_exits():
+        with _sigterm_interrupts():
             k, e = kernel_shaped(args, rate), emulated(args, rate)
         rows.append({"rate_mbps": rate / 1e6, "N": args.world_size, "kernel_median_s": k["median_s"],
                      "emulated_median_s": e["median_s"], "emulated_over_kernel": e["median_s"] / k["median_s"],
@@ -256,4 +263,7 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RunEnded as e:              # SIGTERM, after the teardowns
+        sys.exit(e.code)

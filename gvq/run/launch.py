@@ -1,6 +1,7 @@
 """Start a run from a composed Hydra config: validate, then spawn ``world_size`` ranks (or, under
 torchrun, become the rank its environment names), rendezvous through a file in the run dir (never a
-fixed port), and turn any rank's failure into a non-zero exit carrying that rank's traceback.
+fixed port), and turn any rank's failure into one line, that rank's traceback and a
+:class:`gvq.run.errors.RunEnded` carrying the CLI's exit status (a job of a sweep returns instead).
 """
 from __future__ import annotations
 
@@ -24,18 +25,19 @@ from gvq.hooks.overlapped import aggregator_from
 from gvq.run import checkpoint, fault
 from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
-from gvq.run.signals import die_with_parent, on_sigterm, signals_interrupt
+from gvq.run.signals import Interrupted, die_with_parent, on_sigterm, signals_interrupt
 from gvq.run.guards import DeliberateStop, record_stop
+from gvq.run.errors import RunFailed, refuse
 from gvq.run.restart import attempt_store, discard_rows, resume_point, torchrun_restart
-from gvq.run.supervise import JobFailed, supervise, write_failure
+from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
 
 def config_error(msg: str) -> None:
-    print(f"gvq: config error: {msg}", file=sys.stderr)
+    """Refuse the run in one line (:class:`ConfigRefused`, exit 2), leaving nothing under runs/."""
     discard_run_dir()
-    sys.exit(2)
+    raise refuse(msg)
 
 
 def discard_run_dir() -> None:
@@ -155,6 +157,9 @@ def warn_inert(cfg: DictConfig, meta: dict) -> None:
 
 
 def launch(cfg: DictConfig) -> dict | None:
+    """Train the run ``cfg`` describes; returns rank 0's summary (None where none was written), or raises a
+    :class:`gvq.run.errors.RunEnded` carrying the exit status, its one line printed (in a sweep a failed
+    job returns instead)."""
     startup = {"process": process_start(), "main": time.time()}
     try:
         method = start_method()
@@ -169,7 +174,7 @@ def launch(cfg: DictConfig) -> dict | None:
     warn_inert(cfg, meta)
     if torchrun_world() is not None:                            # started by torchrun: be that rank
         plain["world_size"] = torchrun_world()
-        return _exit_if_unlearned(worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://"))
+        return _fail_if_unlearned(_torchrun_rank(plain, meta))
     run_dir = Path(meta["run_dir"])
     meta["launcher_pid"] = os.getpid()
     mark(meta, "spawn")
@@ -178,32 +183,41 @@ def launch(cfg: DictConfig) -> dict | None:
     try:
         with signals_interrupt():
             supervise(worker, run_dir, plain, meta, method)
-    except JobFailed as e:             # its line is printed; in a sweep the next job runs
-        return _end_job(meta, e.code)
+    except RunFailed as e:             # its line is printed; in a sweep the next job runs
+        return _end_job(meta, e)
     except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signal.SIGINT)
-        name = signal.Signals(signum).name
+        stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+        name = signal.Signals(stop.signum).name
         write_failure(run_dir, plain, meta, f"interrupted by {name}: every rank was stopped", "interrupted")
         print(f"gvq: interrupted ({name}); every rank stopped", file=sys.stderr)
-        sys.exit(128 + signum)
+        raise stop
     summary = run_dir / "summary.json"
-    return _exit_if_unlearned(json.loads(summary.read_text()) if summary.exists() else None)
+    return _fail_if_unlearned(json.loads(summary.read_text()) if summary.exists() else None)
 
 
-def _exit_if_unlearned(summary: dict | None) -> dict | None:
+def _torchrun_rank(plain: dict, meta: dict) -> dict | None:
+    """This process is a rank of torchrun's; a rank that ends with an exit status (a deliberate stop, a
+    signal) raises :class:`RunFailed` with it."""
+    try:
+        return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://", None, plain["resume"])
+    except SystemExit as e:
+        raise RunFailed(e.code if isinstance(e.code, int) else 1) from None
+
+
+def _fail_if_unlearned(summary: dict | None) -> dict | None:
     """A run that stopped learning (every step skipped to the end: diverged; the loss back at chance:
-    collapsed) is not a success: one line, and exit 3 (in a sweep the line only)."""
+    collapsed) is not a success: one line, and :class:`RunFailed` (exit 3; in a sweep the line only)."""
     if summary and summary.get("status") in ("diverged", "collapsed"):
         print(f"gvq: run {summary['status']}: {summary['reason']}", file=sys.stderr)
-        _end_job(summary, 3)
+        _end_job(summary, RunFailed(3))
     return summary
 
 
-def _end_job(meta: dict, code: int) -> None:
-    """A job that did not succeed, its one line printed and its status in summary.json: a single run exits
-    with ``code``; inside a sweep (-m) the launcher returns, so one failed job does not cancel the rest."""
+def _end_job(meta: dict, failed: RunFailed) -> None:
+    """A job that did not succeed, its one line printed and its status in summary.json: a single run raises
+    ``failed``; inside a sweep (-m) the launcher returns, so one failed job does not cancel the rest."""
     if not meta.get("multirun"):
-        sys.exit(code)
+        raise failed
 
 
 def _plain_start_method() -> None:
@@ -227,9 +241,11 @@ def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
     return {**meta, "run_dir": box[0]}
 
 
-def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict | None = None):
-    """Entry of one rank (forked from the warm server, spawned, or the torchrun process itself);
-    ``env``: the launcher's environment at launch, which a forked rank adopts."""
+def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict | None, resume: str | None):
+    """Entry of one rank (forked from the warm server, spawned, or the torchrun process itself); it ends
+    with the rank's exit status (``SystemExit``) on a deliberate stop or a signal.  ``env``: the
+    launcher's environment at launch, which a forked rank adopts (None: keep this one); ``resume``: the
+    checkpoint dir this attempt starts from (the config's, or a restart's run dir), None from scratch."""
     adopt_environment(env)
     torchrun = init_method == "env://"
     rank = int(os.environ["RANK"]) if torchrun else local_rank
@@ -258,13 +274,13 @@ def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict |
     if torchrun:
         meta = _adopt_rank0_run_dir(rank, meta)
         if torchrun_restart():         # --max-restarts: continue from the newest set in the run dir
-            start, cfg["resume"] = resume_point(Path(meta["run_dir"]))
+            start, resume = resume_point(Path(meta["run_dir"]))
             meta = {**meta, "restarts": int(os.environ["TORCHELASTIC_RESTART_COUNT"]), "resumed_from": [start]}
-            if cfg["resume"] is None and rank == 0:
+            if resume is None and rank == 0:
                 discard_rows(Path(meta["run_dir"]))
             dist.barrier()             # rank 0 has the rows out of the way before anyone logs
     try:
-        return train(cfg, rank, world, meta["run_dir"], meta)
+        return train(cfg, rank, world, meta["run_dir"], meta, resume)
     except DeliberateStop as e:        # nan_policy=error: one line, no traceback (see launch())
         if torchrun and rank == 0:
             print(f"gvq: stopped: {e}", file=sys.stderr)

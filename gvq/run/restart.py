@@ -12,6 +12,7 @@ newest set the same way (:func:`resume_point`): give them a fixed ``hydra.run.di
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from gvq.run.checkpoint import SET_ASIDE, complete_sets, previous_rows_path  # noqa: F401 (re-exported)
@@ -20,6 +21,14 @@ from gvq.run.logs import repair_csv
 
 class Stuck(RuntimeError):
     """A restart made no progress: the run failed again before completing a new row."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The next attempt after a failure: from iteration ``start``, resuming from the checkpoint set in
+    ``resume`` (the run dir), or from scratch (None)."""
+    start: int
+    resume: str | None
 
 
 class Restarts:
@@ -33,12 +42,11 @@ class Restarts:
     def record(self) -> dict:
         return {"restarts": len(self.resumed_from), "resumed_from": list(self.resumed_from)}
 
-    def after_failure(self, reason: str) -> str | None:
-        """A rank failed: the ``resume`` value for the next attempt (the run dir, or None: from scratch),
-        or raise :class:`StopIteration` when no restart is left and :class:`Stuck` when the attempt
-        made no progress."""
+    def after_failure(self, reason: str) -> Restart | None:
+        """A rank failed: the next attempt, or None when no restart is left (the run fails as without
+        restarts); raise :class:`Stuck` when the attempt made no progress."""
         if len(self.resumed_from) >= self.limit:
-            raise StopIteration
+            return None
         last = repair_csv(self.run_dir / "metrics.csv")
         if last == self._last_row:
             raise Stuck(f"restart {len(self.resumed_from)} of {self.limit} failed again before iteration "
@@ -48,7 +56,7 @@ class Restarts:
         if resume is None:
             discard_rows(self.run_dir)
         self.resumed_from.append(start)
-        return resume
+        return Restart(start, resume)
 
 
 def resume_point(run_dir: Path) -> tuple[int, str | None]:

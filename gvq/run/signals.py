@@ -11,6 +11,7 @@ import time
 
 import torch.multiprocessing as mp
 
+from gvq.run.errors import RunEnded
 from gvq.run.internals import rank_error_trace
 
 GRACE_S = 10.0       # seconds a stopped rank gets to close its CSV and summary before SIGKILL
@@ -67,13 +68,30 @@ def die_with_parent(launcher: int | None = None, grace_s: float = GRACE_S) -> No
     threading.Thread(target=watch, name="gvq-parent-watchdog", daemon=True).start()
 
 
-class Interrupted(KeyboardInterrupt):
+class Interrupted(KeyboardInterrupt, RunEnded):
     """The launcher got SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``kill``, SLURM, Kubernetes, a closed
-    terminal): every rank stopped within a grace, the run recorded as interrupted."""
+    terminal): every rank stopped within a grace, the run recorded as interrupted; exit 128 + signum."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
+
+    def __reduce__(self):              # rebuilt from the signal (a joblib worker's is sent back pickled)
+        return type(self), (self.signum,)
+
+
+class RanksFailed(Exception):
+    """A rank failed: torch's ``ProcessRaisedException`` or ``ProcessExitedException`` as ``cause`` (this
+    message is its message), and ``stopped``: the ranks that were frozen (SIGSTOP, a debugger) when it
+    happened -- the others timed out waiting on them."""
+
+    def __init__(self, cause: Exception, stopped: list[int]):
+        super().__init__(str(cause))
+        self.cause, self.stopped = cause, list(stopped)
 
 
 #: what the launcher handles itself while ranks run, whatever disposition it inherited: a script's
@@ -124,7 +142,8 @@ def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S,
                    start_method: str = "spawn") -> None:
     """``mp.spawn`` that also stops every rank on Ctrl-C: ranks ignore SIGINT (so one keypress is not
     N+1 tracebacks racing), the launcher sends them SIGTERM (they finish their logs) and, after
-    ``grace_s``, SIGKILL.  ``start_method``: spawn or forkserver (see :mod:`gvq.run.warm`)."""
+    ``grace_s``, SIGKILL.  A failed rank raises :class:`RanksFailed`.  ``start_method``: spawn or forkserver
+    (see :mod:`gvq.run.warm`)."""
     ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False,
                              start_method=start_method)
     try:
@@ -134,9 +153,7 @@ def spawn_and_join(fn, args: tuple, nprocs: int, grace_s: float = GRACE_S,
                 if ctx.join(timeout=1.0, grace_period=FAIL_GRACE_S):
                     return
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-                e = _root_cause(ctx, e)
-                e.stopped_ranks = stopped  # frozen (SIGSTOP, a debugger): the others timed out on them
-                raise e
+                raise RanksFailed(_root_cause(ctx, e), stopped) from e
     except KeyboardInterrupt:
         for p in ctx.processes:
             if p.is_alive():

@@ -152,8 +152,9 @@ class Progress:
     learned: bool = False              # collapsed, at the end)
 
 
-def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | None:
-    """The training loop; returns the summary on rank 0 (``None`` elsewhere)."""
+def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: str | None = None) -> dict | None:
+    """The training loop; returns the summary on rank 0 (``None`` elsewhere).  ``resume``: the checkpoint
+    dir to start from (the launcher passes the config's ``resume``, or a restart's run dir)."""
     net = cfg["net"]
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
@@ -161,12 +162,12 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict) -> dict | 
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     mark(meta, "built")
     prog, old_rows = Progress(), []
-    if cfg["resume"]:
-        state = checkpoint.load(cfg["resume"], rank, world)
+    if resume:
+        state = checkpoint.load(resume, rank, world)
         checkpoint.restore(state, model, opt, sched, agg)
         prog = Progress(**state["progress"])
-        old_rows = checkpoint.previous_rows(cfg["resume"], prog.start) if rank == 0 else []
-    if rank == 0 and restart.same_dir(cfg["resume"], run_dir):
+        old_rows = checkpoint.previous_rows(resume, prog.start) if rank == 0 else []
+    if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
     runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
     mark(meta, "logger")

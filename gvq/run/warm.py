@@ -55,15 +55,16 @@ def server_pid() -> int | None:
     return fork_server_pid()
 
 
-def exit_fast(main) -> None:
-    """Run ``main`` (the CLI), then end the process with its exit status but without the interpreter's
-    teardown of torch's modules, which can take longer than a short run trains.  Everything an ordinary exit does for others still happens first: atexit handlers (Hydra's
-    log file, multiprocessing's clean-up of its temp dir and children), stdout/stderr flushed.  A
-    process still running a non-daemon thread (a launcher plugin's) exits the ordinary way; an
+def exit_fast(main) -> int:
+    """Run ``main`` (the CLI: it returns its exit status, None for 0, or raises ``SystemExit``), then end
+    the process with that status but without the interpreter's teardown of torch's modules, which can
+    take longer than a short run trains.  Everything an ordinary exit does for others still happens
+    first: atexit handlers (Hydra's log file, multiprocessing's clean-up of its temp dir and children),
+    stdout/stderr flushed.  Returns the status instead where the process must exit the ordinary way (it
+    still runs a non-daemon thread, a launcher plugin's): the caller, ``cli.py``, exits with it.  An
     exception other than ``SystemExit`` propagates (traceback, ordinary exit)."""
     try:
-        main()
-        code = 0
+        code = main()
     except SystemExit as e:
         code = e.code
     if not isinstance(code, int):
@@ -71,7 +72,7 @@ def exit_fast(main) -> None:
             print(code, file=sys.stderr)         # what the interpreter does with sys.exit("message")
         code = 0 if code is None else 1
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
+        return code
     run_exit_handlers()
     for f in (sys.stdout, sys.stderr):
         f.flush()

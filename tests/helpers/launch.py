@@ -32,8 +32,10 @@ def compose_job(run_dir: Path, *overrides: str):
 
 
 def launch_job(run_dir: Path, *overrides: str) -> tuple[int, dict | None]:
-    """``launch(cfg)`` for the job above; returns its exit status (0, or the code it exits with: 1 a rank
-    failed, 2 a config error, 3 diverged) and the run's summary.json (None where none was written)."""
+    """``launch(cfg)`` for the job above; returns its exit status (0, or the code of the
+    :class:`gvq.run.errors.RunEnded` it raises: 1 a rank failed, 2 a config error, 3 diverged) and the
+    run's summary.json (None where none was written)."""
+    from gvq.run.errors import RunEnded
     from gvq.run.launch import launch
     cfg = compose_job(run_dir, *overrides)
     HydraConfig.instance().set_config(cfg)        # the launcher reads its run dir and names from here
@@ -43,8 +45,8 @@ def launch_job(run_dir: Path, *overrides: str) -> tuple[int, dict | None]:
     try:
         launch(cfg)
         code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+    except RunEnded as e:
+        code = e.code
     finally:
         HydraConfig.instance().cfg = None
     summary = Path(run_dir) / "summary.json"

@@ -82,15 +82,14 @@ def test_the_budget_the_resume_point_and_the_rows_set_aside(tmp_path):
     rows = "iteration,train_loss\n" + "".join(f"{i},{i}\n" for i in range(6))
     (tmp_path / "metrics.csv").write_text(rows)
     budget = restart.Restarts(2, tmp_path)
-    assert budget.after_failure("x") is None and budget.resumed_from == [0]     # no set yet: from zero
+    assert budget.after_failure("x") == restart.Restart(0, None) and budget.resumed_from == [0]   # no set: from 0
     assert not (tmp_path / "metrics.csv").exists()
     (tmp_path / "checkpoint" / "iter-000000004").mkdir(parents=True)
     (tmp_path / "checkpoint" / "iter-000000004" / "complete.json").write_text(json.dumps({}))
     rows += "6,6\n"                                          # the second attempt got further
     (tmp_path / "metrics.csv").write_text(rows)
-    assert budget.after_failure("x") == str(tmp_path) and budget.resumed_from == [0, 4]
-    with pytest.raises(StopIteration):
-        budget.after_failure("x")
+    assert budget.after_failure("x") == restart.Restart(4, str(tmp_path)) and budget.resumed_from == [0, 4]
+    assert budget.after_failure("x") is None                 # the budget is spent: no next attempt
     restart.set_aside_rows(str(tmp_path))                     # the restarted rank 0, before its RunLog
     assert restart.previous_rows_path(str(tmp_path)).name == restart.SET_ASIDE
     assert not (tmp_path / "metrics.csv").exists()

@@ -111,7 +111,7 @@ def test_exit_fast_keeps_what_an_ordinary_exit_does(tmp_path, body, code, err):
               f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
               f"from gvq.run.warm import exit_fast\n"
               f"def main():\n    {body}\n"
-              f"exit_fast(main)\n")
+              f"sys.exit(exit_fast(main))\n")                 # as cli.py ends
     r = _python(script, tmp_path)
     assert (r.returncode, r.stdout) == (code, "out\n"), r.stderr
     assert err in r.stderr and marker.exists()
