@@ -29,7 +29,6 @@ class RunContext:
     timeout_s: float | None = None   # how long a peer is waited for; None: the process group's timeout
     bandwidth_bps: float | None = None
     latency_s: float = 0.0
-    cfg: dict | None = None        # the resolved run config, for aggregators with run-level knobs
     run_dir: str | None = None     # where rank 0 may write aggregator-specific files (None: nowhere)
 
 

@@ -72,7 +72,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     agg = aggregator_from(cfg["aggregator"])     # aggregator.overlap=true: the ring inside backward, via DDP
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
-                                                   net["bandwidth_bps"], net["latency_s"], cfg, run_dir))
+                                                   net["bandwidth_bps"], net["latency_s"], run_dir=run_dir))
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
     return data, model, opt, sched, agg
 
