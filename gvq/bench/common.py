@@ -1,7 +1,10 @@
 """The benchmarks' shared core: compose a config as the CLI would, build an aggregator from its option
 file, a model's gradient shapes, spawning loopback ranks, and printing a table with its setting.
 
-Every ``gvq.bench`` subcommand imports from here (and never from each other), so there is no cycle.
+Every ``gvq.bench`` subcommand imports from here.  A few also build on another's measurement, importing
+it: ``netns`` runs ``aggregate``'s and ``train``'s, ``overlap`` runs ``train``'s, ``codecs`` times
+``quantizers``' codecs and ``gpucheck`` reads ``codecs``' defaults; never the other way round, so there is
+no cycle (tests/test_layout.py checks).
 """
 from __future__ import annotations
 
