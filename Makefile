@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,slurm,lightning,accelerate]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,slurm,joblib,lightning,accelerate]'
 	touch $(STAMP)
 
 setup: $(STAMP) data

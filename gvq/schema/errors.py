@@ -21,9 +21,18 @@ class ConfigError(ValueError):
     """A bad config value; its message is the single line shown to the user."""
 
 
+#: options a Hydra plugin brings, and the extra of pyproject.toml that installs it
+PLUGIN_OPTIONS = {"hydra/launcher/joblib": "joblib", "hydra/launcher/submitit_local": "slurm",
+                  "hydra/launcher/submitit_slurm": "slurm"}
+
+
 def describe(e: BaseException) -> str:
     """One line for a composition error, from the exception's fields (OmegaConf's carry the full key,
     the value and the node that refused it): which key or option, what is wrong, what is allowed."""
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file in PLUGIN_OPTIONS:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        return (f"{group}={name}: its Hydra plugin is not installed "
+                f"(pip install -e '.[{PLUGIN_OPTIONS[e.missing_cfg_file]}]')")
     if isinstance(e, MissingConfigException) and e.options is not None:
         group, _, name = (e.missing_cfg_file or "option/?").rpartition("/")
         return no_such_option(group, name, e.options)

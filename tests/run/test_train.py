@@ -133,6 +133,7 @@ def test_a_run_that_skips_every_step_to_the_end_is_diverged_and_fails(tmp_path):
 
 @pytest.mark.slow
 def test_joblib_launcher_runs_jobs_that_spawn_their_own_ranks(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install -e '.[joblib]'")
     sweep = tmp_path / "sweep"
     r = cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "aggregator=rar,signsgd",
             "iterations=10", "eval_every=5", "logger=csv", f"hydra.sweep.dir={sweep}")
