@@ -25,6 +25,8 @@ EXTERNAL = re.compile(
     r"issue #?\d+)|SPEC)(?![\w-])|(?i:\bshared/)")
 SESSION = re.compile(r"\b(this|previous|last|earlier) session\b", re.IGNORECASE)
 TIMING = re.compile(r"\b\d+(\.\d+)?\s?(ms|us|µs|s|sec|secs|seconds|minutes)\b")
+# a measured ratio ("~6.9x fewer bytes"; a design factor such as "2x" is spared) or a model's size in values
+FIGURE = re.compile(r"~?\b\d+\.\d+\s?x\b|\b\d{1,3}(,\d{3})+\s(parameters|values)\b")
 
 # (file relative to the repository, text around the hit): why that number is not a measured figure.
 ALLOWED: dict[tuple[str, str], str] = {
@@ -110,6 +112,16 @@ def test_no_comment_speaks_of_a_session():
 
 def test_no_comment_quotes_a_time():
     assert hits(TIMING) == []
+
+
+def test_the_figure_pattern_catches_a_ratio_and_a_size_and_spares_a_design_factor():
+    assert FIGURE.search("rank 6 => ~6.9x fewer bytes") and FIGURE.search("w=16 -> 15,338 parameters")
+    assert not FIGURE.search("then 2x, 2x") and not FIGURE.search("images 1x28x28")
+    assert not FIGURE.search("all 60,000 training images")          # a data set's size: a fact, not measured
+
+
+def test_no_comment_quotes_a_ratio_or_a_model_size():
+    assert hits(FIGURE) == []
 
 
 def test_every_allow_list_entry_still_matches_and_gives_a_reason():

@@ -2,7 +2,7 @@
 (``python -m gvq.bench train`` compares whole iterations with torch DDP: :mod:`gvq.bench.train`.)
 
 Spawns ``--world-size`` gloo ranks (file rendezvous in a temp dir), gives every rank a gradient with a
-real model's shapes (default ResNet-32 / CIFAR-100, 470,004 values) and times each aggregator over
+real model's shapes (default ResNet-32 / CIFAR-100) and times each aggregator over
 ``--reps`` repetitions after ``--warmup``, with compute paused (a barrier before each repetition; the
 time of a repetition is the max over ranks).  Aggregators are the Hydra option files of
 ``conf/aggregator/`` (plus ``allreduce``: gloo's own ``dist.all_reduce``, unshaped only) composed as the
