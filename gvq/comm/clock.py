@@ -27,28 +27,15 @@ ring); a lock not had within ``LOCK_PATIENCE_S`` is given up on with a warning, 
 as it runs.  Each rank is a process: the clock is a process global, set
 once per run by :func:`configure`.
 
-Two lanes (``aggregator.overlap=true``: gvq's ring inside backward, on a communication thread).  A rank
-has a compute lane (the clock above, read by the training thread) and a communication lane, which a
-thread binds with ``with lanes.comm_lane():`` (:class:`Lanes`) so that every reading it makes
-(:func:`get`, :func:`now`, :func:`phase`, :class:`Stopwatch`, :class:`gvq.comm.p2p.P2P`) is the
-communication lane's: codec CPU time at ``net.codec_scale``, the ring's own CPU at 1, the link model and waits.  A
-bucket starts at max(when backward produced it, when the lane is free): the thread calls
-``get().advance_to(t_ready)``.  ``net.comm_core`` says whether the rank has a spare core for it:
-
-* ``shared`` (the default; one core per rank, as the GradiVeQ paper's CPU cluster): every scaled
-  second the communication lane computes is also owed by the compute lane (its CPU displaced backward),
-  folded in at the compute lane's next reading.  The communication thread has priority on the shared
-  core (as a thread the hook wakes preempts backward); work it does while the compute lane only waits
-  for it costs nothing extra there, since the compute lane then moves to the communication lane's
-  finish, which already includes that work;
-* ``own``: nothing is charged; only the waits couple the lanes.
-
-Link time always overlaps.  The communication lane never takes the host's clock lock
-(``net.exclusive``): backward waits for the last bucket while its compute phase holds the lock, so a
-communication thread waiting for the lock would wait for itself.  And once backward has handed over
-its last bucket the compute lane only waits for it: the hook calls :meth:`RankClock.yield_core`, so
-the peers whose buckets it waits for can run their own backward (holding the lock there would stall
-every peer until ``LOCK_PATIENCE_S`` ran out).
+Two lanes (``aggregator.overlap=true``: gvq's ring inside backward, on a communication thread): what they
+model and why is docs/virtual-time.md ("Two lanes"), the one place that says it.  In code: a rank's
+:class:`Lanes` hold its compute lane (the training thread's) and its communication lane, which a thread
+binds with ``with lanes.comm_lane():`` so that every reading it makes (:func:`get`, :func:`now`,
+:func:`phase`, :class:`Stopwatch`, :class:`gvq.comm.p2p.P2P`) is that lane's; ``advance_to`` starts a
+bucket no earlier than backward produced it; with ``net.comm_core=shared`` the communication lane's
+scaled phase time is :meth:`RankClock.owe`-d to the compute lane (its ``charge``); the communication lane
+never takes the host's clock lock, and :meth:`RankClock.yield_core` gives the compute lane's up where it
+only waits for peers.  A public hook state owns a pair of its own (the runner hands it the process's).
 """
 from __future__ import annotations
 

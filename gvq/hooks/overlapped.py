@@ -9,18 +9,12 @@ too, never wrapping: its caller's DDP is the wrapper) and is the one place that 
 
 :class:`Overlapped` wraps the model in torch's ``DistributedDataParallel`` with :func:`gvq.hooks.gvq_hook`
 registered, so each bucket is averaged by the wrapped aggregator's ring on this rank's communication
-thread while backward goes on.  Consequences for the per-iteration columns:
-
-* ``compute_s`` (wall clock) includes what backward waited for at its end, as with torch DDP;
-  under ``net.clock=virtual`` the compute lane is moved to the communication lane's finish in
-  :meth:`Overlapped.aggregate`, so that wait is ``aggregate_s`` instead;
-* ``comm_s``: first bucket launched -> last bucket averaged; ``exposed_s``: last bucket averaged minus
-  the moment backward produced it (the communication not hidden); ``last_bucket_s``: the last
-  bucket's own averaging (exposed_s can be no shorter); ``buckets``: how many.  In a run's row,
-  ``exposed_s`` and ``last_bucket_s`` are the rank's that ended backward last, and ``straggle_s`` how
-  much longer the first rank to end it waited (for its peers' backward: :mod:`gvq.run.rows`);
-* ``compress_s`` / ``decompress_s`` / ``wire_s`` / ``bytes_sent``: the wrapped aggregator's counters
-  over every bucket (work done on the communication thread, overlapped with backward).
+thread while backward goes on.  Its columns (``comm_s``, ``exposed_s``, ``last_bucket_s``, ``straggle_s``,
+``buckets``; the wrapped aggregator's codec, wire and byte counters over every bucket) are declared, with
+their reductions over ranks, in :mod:`gvq.schema.columns` (docs/columns.md).  Under ``net.clock=wall``
+``compute_s`` includes what backward waited for at its end, as with torch DDP; under ``net.clock=virtual``
+the compute lane is moved to the communication lane's finish in :meth:`Overlapped.aggregate`, so that
+wait is ``aggregate_s`` instead (docs/virtual-time.md).
 """
 from __future__ import annotations
 
