@@ -164,7 +164,7 @@ class FlatAggregator(Aggregator):
         refuse_dtypes(self.name, self.params, self.refused_dtypes)
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
-        self.clock = clock.Stopwatch()
+        self.stopwatch = clock.Stopwatch()
         # where each parameter's values start in the whole flat gradient (per-parameter state lives there)
         self.offsets = [0]
         for p in self.params:
@@ -267,11 +267,11 @@ class FlatAggregator(Aggregator):
     def reset_counters(self) -> None:
         """Start an iteration's byte count, wire time and codec stopwatch at zero."""
         self.p2p.reset()
-        self.clock = clock.Stopwatch()
+        self.stopwatch = clock.Stopwatch()
 
     def counters(self) -> dict:
         """Codec times, wire time, staging time and bytes sent since :meth:`reset_counters`."""
-        return {"compress_s": self.clock.get("compress"), "decompress_s": self.clock.get("decompress"),
+        return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
 
     def aggregate(self, iteration: int) -> dict:

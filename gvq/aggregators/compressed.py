@@ -54,11 +54,11 @@ class CompressedAggregator(FlatAggregator):
     def allreduce_(self, flat, iteration):
         comp = self.compressor
         if self.topology != "ring":
-            ring.gather_allreduce_(flat, comp, self.p2p, self.clock, self.topology)
+            ring.gather_allreduce_(flat, comp, self.p2p, self.stopwatch, self.topology)
         elif self.sum_hop:
-            ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)
+            ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
         else:
-            ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.clock)
+            ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
 
     def local_error(self, flat: torch.Tensor) -> float:
         """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""

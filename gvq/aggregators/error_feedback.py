@@ -49,7 +49,7 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     def allreduce_(self, flat, iteration):
         error, transmitted = self._memory
         segs = self.segments(flat.numel()) if self.topology == "ring" else [slice(0, flat.numel())]
-        feed_back(self.compressor, flat, error, transmitted, segs, self.clock)
+        feed_back(self.compressor, flat, error, transmitted, segs, self.stopwatch)
         return super().allreduce_(flat, iteration)
 
     def allreduce_bucket_(self, flat, params, iteration):

@@ -154,7 +154,7 @@ class GradiVeQAggregator(FlatAggregator):
             return {"compression_ratio": self._c_ratio, "fit_s": NAN, "compression_error": loss,
                     "monitor_s": self._after_compressed(loss)}
         if self.phase == "sample" and self.sampling == "qsgd":
-            ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.clock)
+            ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.stopwatch)
             ratio = self._q_ratio
         else:
             ring.allreduce_(flat, self._raw_segs, self.p2p)
@@ -168,12 +168,12 @@ class GradiVeQAggregator(FlatAggregator):
         with self.codec_session(flat):
             if self.ctx.world_size == 1:                   # no ring: compress and decompress locally
                 whole = slice(0, flat.numel())
-                with self.clock("compress"):
+                with self.stopwatch("compress"):
                     payload = comp.compress(flat, whole)
-                with self.clock("decompress"):
+                with self.stopwatch("decompress"):
                     flat.copy_(comp.decompress(payload, whole))
             else:
-                ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.clock)
+                ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.stopwatch)
             return comp.tracked_loss()
 
     @contextlib.contextmanager

@@ -88,7 +88,7 @@ class PerBucket:
             self._algorithm1(codec, segs, x)
         elif tot.phase == "sample" and agg.sampling == "qsgd":
             ring.reencode_allreduce_(x, split_on_cuts(agg.qsgd.cuts(x.numel()), n), agg.qsgd, agg.p2p,
-                                     agg.clock)
+                                     agg.stopwatch)
             tot.payload += x.numel() / agg.qsgd.ratio(x.numel())
         else:
             ring.allreduce_(x, equal_segments(x.numel(), n), agg.p2p)
@@ -105,12 +105,12 @@ class PerBucket:
         codec.track(x)
         try:
             if agg.ctx.world_size == 1:                 # no ring: compress and decompress locally
-                with agg.clock("compress"):
+                with agg.stopwatch("compress"):
                     payload = codec.compress(x, whole)
-                with agg.clock("decompress"):
+                with agg.stopwatch("decompress"):
                     x.copy_(codec.decompress(payload, whole))
             else:
-                ring.additive_allreduce_(x, segs, codec, agg.p2p, agg.clock)
+                ring.additive_allreduce_(x, segs, codec, agg.p2p, agg.stopwatch)
             c2, p2, g2 = codec.tracked_sums()
         finally:
             codec.track(None)

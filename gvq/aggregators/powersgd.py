@@ -100,14 +100,14 @@ class PowerSGDAggregator(FlatAggregator):
             ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
             return {"phase": "allreduce"}
         plan, error = self._current
-        with self.clock("compress"):
+        with self.stopwatch("compress"):
             error.add_(flat)                        # M = g + e, kept in the memory buffer
             flat.copy_(error)                       # pass Q reads M from flat and overwrites it
             scratch = error.clone()                 # pass P reads M from scratch (its write-back is void)
         stages = plan.low_rank
-        ring.additive_allreduce_(scratch, plan.p_segs, stages.p_stage, self.p2p, self.clock)
-        ring.additive_allreduce_(flat, plan.q_segs, stages.q_stage, self.p2p, self.clock)
-        with self.clock("compress"):
+        ring.additive_allreduce_(scratch, plan.p_segs, stages.p_stage, self.p2p, self.stopwatch)
+        ring.additive_allreduce_(flat, plan.q_segs, stages.q_stage, self.p2p, self.stopwatch)
+        with self.stopwatch("compress"):
             error.sub_(flat, alpha=1.0 / self.ctx.world_size)
             for s in plan.raw:
                 error[s] = 0.0
