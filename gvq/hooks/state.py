@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import FlatAggregator, RunContext
 from gvq.comm import clock
+from gvq.comm.errors import RankError
 from gvq.comm.p2p import P2P, peer_timeout_s
 from gvq.hooks.layout import reduce_bucket
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
@@ -145,8 +146,7 @@ class GvqHookState:
         communication lane's clock), and the aggregator's columns."""
         if not self._finished.wait(self.timeout_s):
             self.raise_failure()
-            raise RuntimeError(f"rank {self.aggregator.ctx.rank}: gvq hook: no iteration finished "
-                               f"within {self.timeout_s:g}s")
+            raise RankError(self.aggregator.ctx.rank, f"gvq hook: no iteration finished within {self.timeout_s:g}s")
         return dict(self._last)
 
     def raise_failure(self) -> None:

@@ -378,3 +378,11 @@ def test_a_paused_rank_is_waited_for_as_long_as_the_process_group_says(tmp_path)
     errors, timeouts = run_ranks(_paused, 2, tmp_path / "short", 1.0)[1]
     assert timeouts == (1.0, 1.0)
     assert len(errors) == 1 and "rank 1: lost rank 0" in errors[0]
+
+
+def test_no_iteration_within_the_timeout_is_a_rank_error_naming_the_rank():
+    from gvq.comm.errors import RankError
+    with GvqHookState.from_config("rar", _net().parameters(), rank=1, world_size=2, timeout_s=0.01) as state:
+        with pytest.raises(RankError, match=r"^rank 1: gvq hook: no iteration finished within 0.01s$") as e:
+            state.iteration_stats()
+    assert e.value.rank == 1
