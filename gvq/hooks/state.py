@@ -143,7 +143,8 @@ class GvqHookState:
         """The last finished iteration's measurements: ``buckets``, ``comm_s`` (first bucket launched
         -> last averaged), ``exposed_s`` (last averaged - backward produced the last bucket),
         ``aggregate_s`` (the buckets' own times), the codec / wire / byte counters, ``t_done`` (the
-        communication lane's clock), and the aggregator's columns."""
+        communication lane's clock), and the aggregator's columns (docs/columns.md).  A
+        :class:`RankError` when none finishes within the peer timeout."""
         if not self._finished.wait(self.timeout_s):
             self.raise_failure()
             raise RankError(self.aggregator.ctx.rank, f"gvq hook: no iteration finished within {self.timeout_s:g}s")

@@ -13,6 +13,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 
 
-def config_error(msg: str) -> None:
+def config_error(msg: str) -> NoReturn:
     """Refuse the run in one line (:class:`ConfigRefused`, exit 2), leaving nothing under runs/."""
     discard_run_dir()
     raise refuse(msg)
