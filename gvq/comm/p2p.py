@@ -86,6 +86,7 @@ class P2P:
                  batch: bool | None = None):
         self.rank, self.world_size = rank, world_size
         self._timeout_s = timeout_s             # None: the process group's (read at use: it may come later)
+        self._timeout: timedelta | None = None
         if clock.get().virtual and not bandwidth_bps:
             raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
         # the clock is read at every use, not kept: a hook's communication thread runs on its own lane
@@ -99,7 +100,13 @@ class P2P:
 
     @property
     def timeout(self) -> timedelta:
-        return timedelta(seconds=peer_timeout_s(self._timeout_s))
+        """Read at every wait: resolved once a process group exists (whose timeout it may follow)."""
+        if self._timeout is None:
+            resolved = timedelta(seconds=peer_timeout_s(self._timeout_s))
+            if self._timeout_s is not None or (dist.is_available() and dist.is_initialized()):
+                self._timeout = resolved
+            return resolved
+        return self._timeout
 
     @property
     def right(self) -> int:

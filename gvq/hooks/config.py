@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import numbers
 import re
+
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from gvq.aggregators.base import Aggregator, FlatAggregator
 from gvq.schema.compose import compose, conf_dir
@@ -75,9 +76,9 @@ def instantiate_aggregator(node, **kwargs) -> tuple[Aggregator, dict]:
 def wrappable(node) -> bool:
     """An aggregator config node whose ``_target_`` can average any one DDP bucket (``any_bucket``, so a
     hook can run it); False where that cannot be told (instantiating it then names the bad target)."""
-    module, _, name = str(node.get("_target_", "")).rpartition(".")
+    from hydra.utils import get_class
     try:
-        return bool(getattr(getattr(importlib.import_module(module), name), "any_bucket", False))
+        return bool(get_class(str(node.get("_target_", ""))).any_bucket)   # declared on Aggregator
     except (ImportError, AttributeError, ValueError):
         return False
 
@@ -128,9 +129,10 @@ def _hook_line(e: ConfigError, name: str, overrides: dict) -> str:
     if isinstance(hydra_error, MissingConfigException):
         return no_such_option("aggregator", name, hook_options())
     cause = hydra_error.__cause__ if hydra_error is not None else None
-    full_key = str(getattr(cause, "full_key", ""))
-    bare = full_key.removeprefix("aggregator.")
-    if bare in overrides and "." not in bare and getattr(cause, "child_node", True) is None:
+    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or cause.child_node is not None:
+        return str(e)
+    bare = str(cause.full_key).removeprefix("aggregator.")
+    if bare in overrides and "." not in bare:
         allowed = sorted({*KNOBS, *keys_of(cause.object_type)})
         if set(difflib.get_close_matches(bare, allowed, n=1)) & set(KNOBS):
             return unknown_key(bare, allowed)

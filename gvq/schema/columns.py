@@ -39,53 +39,49 @@ class Column:
         return self.wandb or f"{'time' if self.unit == 's' else 'comm'}/{self.name}"
 
 
-def _c(*args, **kw) -> Column:
-    return Column(*args, **kw)
-
-
 COLUMNS = (
-    _c("iteration", "", "rank0", "the step (0-based)", base=True),
-    _c("epoch", "", "rank0", "passes over the training set so far", base=True, wandb="train/epoch"),
-    _c("phase", "", "rank0", "the aggregator's phase (gradiveq: warmup | sample | compress; ddp: allreduce or "
+    Column("iteration", "", "rank0", "the step (0-based)", base=True),
+    Column("epoch", "", "rank0", "passes over the training set so far", base=True, wandb="train/epoch"),
+    Column("phase", "", "rank0", "the aggregator's phase (gradiveq: warmup | sample | compress; ddp: allreduce or "
        "its hook's name; skipped)", skipped="skipped", base=True),
-    _c("compute_s", "s", "max", "forward + backward + optimizer step (with torch DDP or gvq's hook, what "
+    Column("compute_s", "s", "max", "forward + backward + optimizer step (with torch DDP or gvq's hook, what "
        "backward waited for at its end too, as torch DDP measures it)", base=True, bench=True),
-    _c("aggregate_s", "s", "max", "the aggregation after backward returned, until the gradients are averaged",
+    Column("aggregate_s", "s", "max", "the aggregation after backward returned, until the gradients are averaged",
        skipped=0, base=True, bench=True),
-    _c("compress_s", "s", "max", "encoding payloads (inside aggregate_s, or inside backward when overlapped)",
+    Column("compress_s", "s", "max", "encoding payloads (inside aggregate_s, or inside backward when overlapped)",
        skipped=0, base=True),
-    _c("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True),
-    _c("wire_s", "s", "max", "blocked waiting for peers' messages (the link)", skipped=0, base=True, bench=True),
-    _c("stage_s", "s", "max", "GPU payloads copied through host memory (0 on CPU)", skipped=0, base=True),
-    _c("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, bench=True),
-    _c("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
+    Column("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True),
+    Column("wire_s", "s", "max", "blocked waiting for peers' messages (the link)", skipped=0, base=True, bench=True),
+    Column("stage_s", "s", "max", "GPU payloads copied through host memory (0 on CPU)", skipped=0, base=True),
+    Column("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, bench=True),
+    Column("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
        base=True, wandb="train/loss"),
-    _c("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),
-    _c("lr", "", "rank0", "the learning rate of the step", base=True, wandb="train/lr"),
-    _c("wall_s", "s", "rank0", "the run's time at the end of the step (clock synchronised over ranks)", base=True),
-    _c("test_loss", "", "rank0", "test loss (evaluation rows only)", base=True, wandb="test/loss"),
-    _c("test_acc", "", "rank0", "test accuracy (evaluation rows only)", base=True, wandb="test/acc"),
-    _c("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
-    _c("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True),
-    _c("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
+    Column("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),
+    Column("lr", "", "rank0", "the learning rate of the step", base=True, wandb="train/lr"),
+    Column("wall_s", "s", "rank0", "the run's time at the end of the step (clock synchronised over ranks)", base=True),
+    Column("test_loss", "", "rank0", "test loss (evaluation rows only)", base=True, wandb="test/loss"),
+    Column("test_acc", "", "rank0", "test accuracy (evaluation rows only)", base=True, wandb="test/acc"),
+    Column("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
+    Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True),
+    Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
     # overlapped communication (gvq's hook: aggregator.overlap=true; torch DDP's own)
-    _c("buckets", "", "rank0", "DDP buckets averaged in the step"),
-    _c("comm_s", "s", "max", "first bucket launched -> last bucket averaged", bench=True),
-    _c("exposed_s", "s", "last_backward", "last bucket averaged - backward produced it: the communication "
+    Column("buckets", "", "rank0", "DDP buckets averaged in the step"),
+    Column("comm_s", "s", "max", "first bucket launched -> last bucket averaged", bench=True),
+    Column("exposed_s", "s", "last_backward", "last bucket averaged - backward produced it: the communication "
        "backward did not hide", bench=True),
-    _c("last_bucket_s", "s", "last_backward", "the last bucket's own averaging (exposed_s is no shorter)",
+    Column("last_bucket_s", "s", "last_backward", "the last bucket's own averaging (exposed_s is no shorter)",
        bench=True),
-    _c("straggle_s", "s", "spread", "how much longer the rank that ended backward first waited (for its "
+    Column("straggle_s", "s", "spread", "how much longer the rank that ended backward first waited (for its "
        "peers' backward)", bench=True),
     # compressors
-    _c("compression_error", "", "rank0", "||g - decoded(g)||^2 / ||g||^2 of rank 0's gradient (NaN: not "
+    Column("compression_error", "", "rank0", "||g - decoded(g)||^2 / ||g||^2 of rank 0's gradient (NaN: not "
        "compressed)"),
-    _c("compression_ratio", "", "rank0", "fp32 gradient bytes over the bytes on the wire"),
-    _c("fit_s", "s", "rank0", "gradiveq: fitting the bases (PCA) at a refresh"),
-    _c("monitor_s", "s", "rank0", "gradiveq: the Eq. 7 vote"),
+    Column("compression_ratio", "", "rank0", "fp32 gradient bytes over the bytes on the wire"),
+    Column("fit_s", "s", "rank0", "gradiveq: fitting the bases (PCA) at a refresh"),
+    Column("monitor_s", "s", "rank0", "gradiveq: the Eq. 7 vote"),
     # the training benchmark only
-    _c("iter_s", "s", "max", "one whole step", bench=True),
-    _c("backward_s", "s", "max", "backward alone", bench=True),
+    Column("iter_s", "s", "max", "one whole step", bench=True),
+    Column("backward_s", "s", "max", "backward alone", bench=True),
 )
 BY_NAME = {c.name: c for c in COLUMNS}
 BASE = tuple(c.name for c in COLUMNS if c.base)

@@ -37,7 +37,7 @@ def describe(e: BaseException) -> str:
         group, _, name = (e.missing_cfg_file or "option/?").rpartition("/")
         return no_such_option(group, name, e.options)
     cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
-    key = getattr(cause, "full_key", None)
+    key = cause.full_key if isinstance(cause, OmegaConfBaseException) else None
     if not key:
         return first_line(e)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.child_node is None:
