@@ -6,6 +6,7 @@ states in one process share none) and waits for a paused peer as long as the pro
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 import threading
 import time
 
@@ -347,9 +348,11 @@ def test_without_a_process_group_the_peer_timeout_is_torchs_default_unless_given
     assert peer_timeout_s(7) == 7.0
 
 
-def _paused(rank, world, timeout_s):
-    """Rank 0 pauses 3 s before its third step (after DDP's bucket rebuild, forward waits for no peer: the
-    other rank waits in the hook's ring); returns what the rank's steps raised and its timeouts."""
+def _paused(rank, world, timeout_s, gave_up):
+    """Rank 0 pauses before its third step (after DDP's bucket rebuild, forward waits for no peer: the
+    other rank waits in the hook's ring): 3 s under the process group's timeout, or, told ``timeout_s``,
+    until the waiting rank has given up (the file ``gave_up``), so no machine speed decides who wins;
+    returns what the rank's steps raised and its timeouts."""
     net = _net()
     ddp = DistributedDataParallel(net)
     kw = {} if timeout_s is None else {"timeout_s": timeout_s}
@@ -357,25 +360,36 @@ def _paused(rank, world, timeout_s):
     ddp.register_comm_hook(state, gvq_hook)
     errors = []
     for it in range(4):
-        if rank == 0 and it == 2:
-            time.sleep(3.0)                     # an evaluation, a checkpoint
+        if rank == 0 and it == 2:               # an evaluation, a checkpoint
+            _pause(gave_up if timeout_s is not None else None)
         try:
             _step(ddp, rank, it)
             state.iteration_stats()
         except Exception as e:                  # noqa: BLE001 (what backward raised)
             errors.append(str(e))
+            Path(gave_up).touch()
             break
     timeouts = (state.timeout_s, state.aggregator.p2p.timeout.total_seconds())
     state.close()
     return errors, timeouts
 
 
+def _pause(until: str | None) -> None:
+    """3 s, or until the file ``until`` exists (at most 120 s: a hung peer fails the test, not the suite)."""
+    if until is None:
+        time.sleep(3.0)
+        return
+    deadline = time.monotonic() + 120
+    while not Path(until).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_paused_rank_is_waited_for_as_long_as_the_process_group_says(tmp_path):
     # tests.helpers.dist starts its process group with a 60 s timeout: the hook follows it
-    for errors, timeouts in run_ranks(_paused, 2, tmp_path / "default", None):
+    for errors, timeouts in run_ranks(_paused, 2, tmp_path / "default", None, str(tmp_path / "unused")):
         assert errors == [] and timeouts == (60.0, 60.0)
     # told 1 s, the rank waiting for the paused one gives up, naming whom it lost
-    errors, timeouts = run_ranks(_paused, 2, tmp_path / "short", 1.0)[1]
+    errors, timeouts = run_ranks(_paused, 2, tmp_path / "short", 1.0, str(tmp_path / "gave_up"))[1]
     assert timeouts == (1.0, 1.0)
     assert len(errors) == 1 and "rank 1: lost rank 0" in errors[0]
 
