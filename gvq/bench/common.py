@@ -9,6 +9,7 @@ no cycle (tests/test_layout.py checks).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import statistics
 import tempfile
@@ -77,6 +78,24 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def collections_untimed():
+    """Automatic garbage collection off inside, the objects alive on entry frozen out of every later
+    collection; yields ``collect``, to call between timed spans.  Left on, the interpreter starts a
+    collection in whichever phase happens to allocate, and a full one's CPU time lands in that one
+    timed span (virtual time counts CPU).  Collection's previous state is restored on exit."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield gc.collect
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 def median_seconds(fn, reps: int, device: torch.device | None = None) -> float:

@@ -6,11 +6,14 @@ compute alone (``local``: no communication, as torch's ``noop_hook``), and every
 post-backward and overlapped (``aggregator.overlap=true``: gvq's ring inside backward through the DDP
 hook), at DDP's default buckets and at ``--bucket-mb``, over the cell's emulated link.  One spawn per
 cell, not per N: a rank keeps every mode's aggregator (GradiVeQ's bases, PowerSGD's Q) for the whole
-spawn, and with every link in one spawn N = 8 ran a small host out of memory.  Per cell the table names
-the end-to-end winner and its gain over overlapped fp16, the baseline practitioners run (Agarwal et al.,
-MLSys 2022), and checks that overlapped RAR hides what it can: where post-backward RAR's aggregation is
-shorter than the backward pass, its exposed communication is at most the last bucket's own averaging
-plus a tenth of the compute time.
+spawn, and with every link in one spawn N = 8 ran a small host out of memory.  A mode's seconds per
+iteration are the median of ``--iters`` iterations with the bootstrap interval of that median
+(:mod:`gvq.bench.intervals`).  Per cell the table names the end-to-end winner only where its interval lies
+below every other mode's (else the tie, listing the tied), its gain over overlapped fp16, the baseline
+practitioners run (Agarwal et al., MLSys 2022), as the range the intervals allow, and checks that
+overlapped RAR hides what it can: where post-backward RAR's aggregation is shorter than the backward
+pass, its exposed communication is at most the last bucket's own averaging plus a tenth of the compute
+time.
 
 ``--wall``: the overlapped ring against torch DDP's own all-reduce on the same (default) buckets, wall
 clock on unshaped loopback (torch's collectives never pass through gvq's link emulator or clock).
@@ -23,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from gvq.bench.common import print_markdown
+from gvq.bench.intervals import CONFIDENCE, SEED, Interval, median_interval, ratio_range, tied_with_best
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
@@ -58,13 +62,19 @@ def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS
     return specs
 
 
-def _median(rows: list[list[float]], col: str) -> float:
+def _column(rows: list[list[float]], col: str) -> list[float]:
     from gvq.bench.train import COLS
-    return statistics.median(r[COLS.index(col)] for r in rows)
+    return [r[COLS.index(col)] for r in rows]
+
+
+def _median(rows: list[list[float]], col: str) -> float:
+    return statistics.median(_column(rows, col))
 
 
 def mode_records(raw: dict, world: int, scale: float) -> list[dict]:
-    """One record per (aggregator, variant, link): medians over the timed iterations."""
+    """One record per (aggregator, variant, link): medians over the timed iterations; seconds per
+    iteration also with every iteration's own (each the maximum over ranks) and the bootstrap interval
+    of their median."""
     alone = {k: _median(raw["rows"]["local"], k) for k in ("iter_s", "compute_s", "backward_s")}
     out = []
     for label, rows in raw["rows"].items():
@@ -76,26 +86,52 @@ def mode_records(raw: dict, world: int, scale: float) -> list[dict]:
                "backward_s": alone["backward_s"]}
         for k in ("iter_s", "aggregate_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"):
             rec[k] = _median(rows, k)
+        every = _column(rows, "iter_s")
+        ci = median_interval(every)
+        rec.update(iter_lo_s=ci.lo, iter_hi_s=ci.hi, iters_s=every)
         out.append(rec)
     return out
 
 
+def _interval(rec: dict) -> Interval:
+    return Interval(rec["iter_s"], rec["iter_lo_s"], rec["iter_hi_s"])
+
+
+def _mode_name(rec: dict) -> str:
+    return f"{rec['aggregator']} ({rec['variant']})"
+
+
 def cell_summary(records: list[dict]) -> list[dict]:
-    """Per (N, link, regime): the winner end to end, its gain over overlapped fp16, RAR's hiding check."""
+    """Per (N, link, regime): the winner end to end, or the tie (every mode whose interval overlaps the
+    best's), its gain over overlapped fp16 with the range the two intervals allow, RAR's hiding check."""
     cells: dict[tuple, list[dict]] = {}
     for r in records:
         cells.setdefault((r["N"], r["link_Mbps"], r["compute_scale"]), []).append(r)
     out = []
     for (world, mbps, scale), recs in sorted(cells.items()):
-        best = min(recs, key=lambda r: r["iter_s"])
-        fp16 = next((r for r in recs if r["aggregator"] == "fp16" and r["variant"] == "overlap"), None)
+        tied = tied_with_best({_mode_name(r): _interval(r) for r in recs})
+        best = next(r for r in recs if _mode_name(r) == tied[0])
         rec = {"N": world, "link_Mbps": mbps, "compute_scale": scale, "alone_s": best["alone_s"],
-               "winner": f"{best['aggregator']} ({best['variant']})", "winner_s": best["iter_s"],
-               "fp16_overlap_s": fp16["iter_s"] if fp16 else None,
-               "gain_over_fp16": fp16["iter_s"] / best["iter_s"] if fp16 else None}
+               "winner": tied[0] if len(tied) == 1 else "tie: " + ", ".join(tied), "tied": tied,
+               "best": tied[0], "winner_s": best["iter_s"], "winner_lo_s": best["iter_lo_s"],
+               "winner_hi_s": best["iter_hi_s"]}
+        rec.update(fp16_gain(recs, _interval(best)))
         rec.update(rar_hiding(recs))
         out.append(rec)
     return out
+
+
+def fp16_gain(recs: list[dict], best: Interval) -> dict:
+    """Overlapped fp16's seconds over the best's, the least and most the two intervals allow, and
+    whether it is within noise (the intervals overlap); None throughout without overlapped fp16."""
+    fp16 = next((r for r in recs if r["aggregator"] == "fp16" and r["variant"] == "overlap"), None)
+    if fp16 is None:
+        return {k: None for k in ("fp16_overlap_s", "fp16_lo_s", "fp16_hi_s", "gain_over_fp16", "gain_lo",
+                                  "gain_hi", "gain_within_noise")}
+    gain = ratio_range(_interval(fp16), best)
+    return {"fp16_overlap_s": fp16["iter_s"], "fp16_lo_s": fp16["iter_lo_s"], "fp16_hi_s": fp16["iter_hi_s"],
+            "gain_over_fp16": gain.median, "gain_lo": gain.lo, "gain_hi": gain.hi,
+            "gain_within_noise": _interval(fp16).overlaps(best)}
 
 
 def rar_hiding(recs: list[dict]) -> dict:
@@ -125,20 +161,38 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
     for world in args.world_size:
         for scale in args.compute_scale:
             recs = [r for bps in args.bandwidth for r in run_cell(args, world, scale, bps)]
-            print_markdown(recs, ["link_Mbps", "aggregator", "variant", "iter_s", "aggregate_s", "comm_s",
-                                  "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
+            print_markdown([{**r, "iter_ci": _interval(r).text()} for r in recs],
+                           ["link_Mbps", "aggregator", "variant", "iter_s", "iter_ci", "aggregate_s", "comm_s",
+                            "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
                            f"N={world}, model={args.model}, input {'x'.join(map(str, input_shape(args)))}, "
-                           f"batch {args.batch_size}/rank, median of {args.iters} "
-                           f"iterations after {args.warmup} warm-up, compressed phase pinned")
+                           f"batch {args.batch_size}/rank, median of {args.iters} iterations after "
+                           f"{args.warmup} warm-up (iter_ci: {CONFIDENCE:.0%} bootstrap interval of the median), "
+                           "compressed phase pinned, garbage collected between iterations only")
             records += recs
     cells = cell_summary(records)
-    print_markdown(cells, ["N", "link_Mbps", "compute_scale", "alone_s", "winner", "winner_s", "fp16_overlap_s",
-                           "gain_over_fp16", "rar_exposed_s", "rar_bound_s", "rar_hides"],
-                   "per cell: the end-to-end winner, its gain over overlapped fp16 (virtual time), and whether "
-                   f"overlapped RAR's exposed communication <= its last bucket + {HIDE_SLACK:g} x compute, where "
-                   "post-backward RAR aggregates faster than backward alone runs")
+    print_markdown([cell_row(c) for c in cells],
+                   ["N", "link_Mbps", "compute_scale", "alone_s", "winner", "winner_s", "winner_ci",
+                    "fp16_overlap_s", "fp16_ci", "gain_over_fp16", "gain_range", "rar_exposed_s", "rar_bound_s",
+                    "rar_hides"],
+                   f"per cell: the end-to-end winner where its {CONFIDENCE:.0%} interval lies below every other "
+                   "mode's, else the tie (every mode whose interval overlaps the best's; winner_s: the best "
+                   "median), its gain over overlapped fp16 (the range the intervals allow; 'within noise' where "
+                   "they overlap), virtual time; and whether overlapped RAR's exposed communication <= its last "
+                   f"bucket + {HIDE_SLACK:g} x compute, where post-backward RAR aggregates faster than backward "
+                   "alone runs")
     return records, cells
+
+
+def cell_row(cell: dict) -> dict:
+    """One cell for the printed table: the intervals and the gain's range as text."""
+    best = Interval(cell["winner_s"], cell["winner_lo_s"], cell["winner_hi_s"])
+    row = {**cell, "winner_ci": best.text(), "fp16_ci": None, "gain_range": None}
+    if cell["fp16_overlap_s"] is not None:
+        row["fp16_ci"] = Interval(cell["fp16_overlap_s"], cell["fp16_lo_s"], cell["fp16_hi_s"]).text()
+        gain = Interval(cell["gain_over_fp16"], cell["gain_lo"], cell["gain_hi"]).text(".3g")
+        row["gain_range"] = gain + (" within noise" if cell["gain_within_noise"] else "")
+    return row
 
 
 def setting(args) -> dict:
@@ -147,6 +201,7 @@ def setting(args) -> dict:
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
             "num_classes": args.num_classes, "set": list(args.set),
             "per_option": {k: list(v) for k, v in SETTINGS.items()}, "iters": args.iters, "warmup": args.warmup,
+            "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
             "codec_scale": args.codec_scale, "clock": "virtual"}
 
 
@@ -175,7 +230,7 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for a peer")
     p.add_argument("--wall", action="store_true", help="the wall-clock loopback check vs torch DDP instead")
     p.add_argument("--out", type=Path, default=None, help="write the records as JSON")
-    add_workload_args(p, model="resnet32", iters=3)
+    add_workload_args(p, model="resnet32", iters=12)   # enough for an interval of the median
     p.set_defaults(warmup=1)
     args = p.parse_args(argv)
     if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
-                              make_aggregator, print_markdown, spawn_loopback)
+                              collections_untimed, make_aggregator, print_markdown, spawn_loopback)
 from gvq.comm import clock
 from gvq.run import train
 from gvq.run.rows import reduce_row
@@ -103,6 +103,24 @@ class _Mode:
         return [float(row.get(k, 0.0)) for k in COLS]
 
 
+def time_rounds(modes, x, y, warmup: int, iters: int) -> dict[str, list[list[float]]]:
+    """Every mode's rows of its timed iterations (after ``warmup``), each the maximum over ranks.  Modes
+    interleaved, so every mode sees the same load; garbage collected between iterations, outside every
+    timed span, never inside one (:func:`gvq.bench.common.collections_untimed`)."""
+    rows: dict[str, list[list[float]]] = {m.name: [] for m in modes}
+    with collections_untimed() as collect:
+        for it in range(warmup + iters):
+            for m in modes:
+                dist.barrier()
+                clock.sync()                           # virtual: every rank starts the iteration together
+                t = torch.tensor(m.iterate(x, y, it), dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if it >= warmup:
+                    rows[m.name].append(t.tolist())
+                collect()                              # untimed: after this mode's span, before the next
+    return rows
+
+
 def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     torch.set_num_threads(1)
     args = with_run_defaults(args)
@@ -121,15 +139,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         g = torch.Generator().manual_seed(rank)
         x = torch.randn(args.batch_size, *shape, generator=g).to(device)
         y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(device)
-        rows: dict[str, list[list[float]]] = {m.name: [] for m in modes}
-        for it in range(warmup + args.iters):
-            for m in modes:                            # interleaved: every mode sees the same load
-                dist.barrier()
-                clock.sync()                           # virtual: every rank starts the iteration together
-                t = torch.tensor(m.iterate(x, y, it), dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                if it >= warmup:
-                    rows[m.name].append(t.tolist())
+        rows = time_rounds(modes, x, y, warmup, args.iters)
         for m in modes:
             if m.agg is not None:
                 m.agg.close()

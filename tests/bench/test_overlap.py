@@ -46,10 +46,13 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
     assert len(records) == 2 * 2 * 3 and len(cells) == 4
 
 
-def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0, compute=None):
+def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0, compute=None,
+         spread=0.0):
+    """A mode's record; its interval of seconds per iteration is ``it`` +- ``spread``."""
     return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg, "variant": variant,
             "alone_s": 1.1, "backward_s": backward, "compute_s": backward if compute is None else compute,
-            "iter_s": it, "aggregate_s": aggregate, "comm_s": 0.0, "exposed_s": exposed, "last_bucket_s": last}
+            "iter_s": it, "iter_lo_s": it - spread, "iter_hi_s": it + spread, "aggregate_s": aggregate,
+            "comm_s": 0.0, "exposed_s": exposed, "last_bucket_s": last}
 
 
 def test_the_winner_and_its_gain_over_overlapped_fp16_per_cell():
@@ -103,3 +106,43 @@ def test_the_virtual_time_table_runs_end_to_end_with_one_timed_phase_at_a_time(c
         (a, v) for a in ("rar", "fp16") for v in ("post", "overlap", "overlap@0.001MB")}
     assert all(r["iter_s"] > 0 and r["comm_s"] >= r["exposed_s"] >= 0 for r in out["modes"])
     assert out["cells"][0]["winner"]
+
+
+def test_a_winner_is_named_only_where_its_interval_lies_below_every_other():
+    recs = [_rec("fp16", "overlap", 2.0, spread=0.1), _rec("qsgd", "overlap", 1.6, spread=0.1),
+            _rec("rar", "post", 3.0, spread=0.1)]
+    c = overlap.cell_summary(recs)[0]
+    assert c["winner"] == "qsgd (overlap)" and c["tied"] == ["qsgd (overlap)"]
+    assert (c["winner_lo_s"], c["winner_hi_s"]) == (pytest.approx(1.5), pytest.approx(1.7))
+    assert c["gain_lo"] == pytest.approx(1.9 / 1.7) and c["gain_hi"] == pytest.approx(2.1 / 1.5)
+    assert c["gain_within_noise"] is False
+    assert overlap.cell_row(c)["gain_range"] == "[1.12, 1.4]"
+
+
+def test_overlapping_intervals_make_the_cell_a_tie_listing_exactly_the_tied():
+    recs = [_rec("fp16", "overlap", 1.7, spread=0.15), _rec("qsgd", "overlap", 1.6, spread=0.1),
+            _rec("powersgd", "post", 1.85, spread=0.1), _rec("rar", "post", 3.0, spread=0.1)]
+    c = overlap.cell_summary(recs)[0]
+    # powersgd reaches fp16's interval (1.55-1.85) but not qsgd's (1.5-1.7): not tied with the best
+    assert c["tied"] == ["qsgd (overlap)", "fp16 (overlap)"]
+    assert c["winner"] == "tie: qsgd (overlap), fp16 (overlap)" and c["winner_s"] == 1.6
+    assert c["gain_over_fp16"] == pytest.approx(1.7 / 1.6) and c["gain_within_noise"] is True
+    assert overlap.cell_row(c)["gain_range"].endswith(" within noise")
+
+
+def test_each_mode_keeps_every_iteration_and_the_interval_of_its_median():
+    """Scripted rows (seconds per iteration first, as COLS): the record's median, its interval, the
+    iterations themselves; compute alone has its medians only."""
+    def rows(seconds):
+        return [[s] + [0.0] * (len(COLS) - 1) for s in seconds]
+    its = [0.50, 0.52, 0.49, 0.70, 0.51, 0.50, 0.48, 0.53, 0.50, 0.51, 0.49, 0.52]
+    raw = {"rows": {"local": rows([0.4] * 3), "rar|post|5e+07": rows(its)}}
+    [rec] = overlap.mode_records(raw, 4, 1.0)
+    assert rec["iters_s"] == its and rec["iter_s"] == pytest.approx(0.505) and rec["alone_s"] == 0.4
+    assert rec["iter_lo_s"] <= rec["iter_s"] <= rec["iter_hi_s"] < 0.70
+    assert overlap.mode_records(raw, 4, 1.0) == [rec]                  # the seed fixes the interval
+
+
+def test_the_default_takes_enough_iterations_for_an_interval_and_says_how_it_is_taken():
+    args = overlap.parse_args([])
+    assert args.iters >= 10 and "bootstrap" in overlap.setting(args)["interval"]

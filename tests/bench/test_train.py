@@ -1,8 +1,11 @@
 """python -m gvq.bench train: every mode timed through the runner's own per-iteration path."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from gvq.bench.__main__ import main as bench_main
 
@@ -50,3 +53,44 @@ def test_train_bench_times_gpu_iterations():
                        "--num-classes", "100", "--iters", "3", "--warmup", "2", "--aggregators", "rar", "qsgd",
                        "gradiveq", "powersgd", "--compressed-only", "--bandwidth", "1e9"])
     assert {r["device"] for r in recs} == {"cuda"} and all(r["iter_s"] >= r["compute_s"] > 0 for r in recs)
+
+
+class _Probe:
+    """A scripted mode: makes cyclic garbage enough for the interpreter to collect, inside its timed span,
+    and notes whether automatic collection was on there."""
+
+    def __init__(self, name: str, inside: list[bool]):
+        self.name, self.inside, self.enabled = name, inside, []
+
+    def iterate(self, x, y, it: int) -> list[float]:
+        from gvq.bench.train import COLS
+        self.inside[0] = True
+        for _ in range(10 * max(gc.get_threshold()[0], 1)):
+            cycle = []
+            cycle.append(cycle)
+        self.enabled.append(gc.isenabled())
+        self.inside[0] = False
+        return [float(it)] * len(COLS)
+
+
+def test_no_garbage_collection_runs_inside_a_timed_iteration_only_between(tmp_path):
+    """One rank (gloo, world size 1) through the bench's own loop: gc's callbacks see no collection start
+    inside a mode's span, and one after every span; collection is on again afterwards."""
+    from gvq.bench.train import COLS, time_rounds
+    inside, starts = [False], []
+
+    def seen(phase, info):
+        if phase == "start":
+            starts.append(inside[0])
+    probes = [_Probe("a", inside), _Probe("b", inside)]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    gc.callbacks.append(seen)
+    try:
+        rows = time_rounds(probes, None, None, warmup=1, iters=3)
+    finally:
+        gc.callbacks.remove(seen)
+        dist.destroy_process_group()
+    assert all(p.enabled == [False] * 4 for p in probes)
+    assert True not in starts and len(starts) >= 2 * 4                 # collected between spans only
+    assert rows == {p.name: [[float(it)] * len(COLS) for it in (1, 2, 3)] for p in probes}
+    assert gc.isenabled() and gc.get_freeze_count() == 0
