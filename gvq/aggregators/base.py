@@ -77,7 +77,13 @@ class Aggregator:
         return model
 
     def aggregate(self, iteration: int) -> dict:
-        """Replace every ``param.grad`` by the mean over ranks; return the iteration's measurements."""
+        """Replace every ``param.grad`` by the mean over ranks; return the iteration's measurements.
+
+        ``aggregate_s`` has one meaning for every aggregator and clock: what this rank waited, after its
+        backward produced the last gradient, until every gradient was averaged.  An aggregator
+        ``inside_backward`` also returns ``inside_compute_s``: the part of that wait its rank's clock
+        already counted in the compute phase (under the wall clock backward itself waits for the last
+        bucket), which the training loop takes out of ``compute_s``, so the two never count it twice."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -122,7 +122,9 @@ class DDPAggregator(Aggregator):
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
         return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "comm_s": comm,
                 "exposed_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
-                "phase": self.name if compressed else "allreduce", "aggregate_s": time.perf_counter() - t0}
+                "phase": self.name if compressed else "allreduce",
+                # backward returned only once every bucket was averaged: the wait is inside compute_s
+                "aggregate_s": time.perf_counter() - t0 + wait, "inside_compute_s": wait}
 
     def _powersgd_was_on(self) -> bool:
         # the hook counts iterations itself (incremented after the last bucket): ask it, not our counter

@@ -11,10 +11,10 @@ too, never wrapping: its caller's DDP is the wrapper) and is the one place that 
 registered, so each bucket is averaged by the wrapped aggregator's ring on this rank's communication
 thread while backward goes on.  Its columns (``comm_s``, ``exposed_s``, ``last_bucket_s``, ``straggle_s``,
 ``buckets``; the wrapped aggregator's codec, wire and byte counters over every bucket) are declared, with
-their reductions over ranks, in :mod:`gvq.schema.columns` (docs/columns.md).  Under ``net.clock=wall``
-``compute_s`` includes what backward waited for at its end, as with torch DDP; under ``net.clock=virtual``
-the compute lane is moved to the communication lane's finish in :meth:`Overlapped.aggregate`, so that
-wait is ``aggregate_s`` instead (docs/virtual-time.md).
+their reductions over ranks, in :mod:`gvq.schema.columns` (docs/columns.md).  What backward waited for at
+its end is ``aggregate_s`` on either clock: under ``net.clock=virtual`` :meth:`Overlapped.aggregate`
+moves the compute lane to the communication lane's finish (docs/virtual-time.md); under the wall clock
+backward itself waited, and the training loop moves that wait out of ``compute_s``.
 """
 from __future__ import annotations
 
@@ -86,10 +86,13 @@ class Overlapped(Aggregator):
         """The iteration's measurements (backward already averaged every bucket)."""
         if self.state is None:
             raise RuntimeError(f"{self.name}: the model was not wrapped (agg.wrap(model) after agg.setup)")
-        t0 = clock.now()
+        lane = clock.get()
+        t0 = lane.now()
         stats = self.state.iteration_stats()
-        clock.get().advance_to(stats.pop("t_done"))     # virtual: backward waited for the last bucket
-        return {**stats, "aggregate_s": clock.now() - t0}
+        lane.advance_to(stats.pop("t_done"))     # virtual: the compute lane waits here for the last bucket
+        # wall: backward itself waited (DDP's finalize waits on every bucket), so compute_s holds the wait
+        in_compute = 0.0 if lane.virtual else stats["exposed_s"]
+        return {**stats, "aggregate_s": lane.now() - t0 + in_compute, "inside_compute_s": in_compute}
 
     def close(self) -> None:
         if self.state is not None:

@@ -110,6 +110,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         opt.zero_grad(set_to_none=False)
         return {**row, **columns.skipped_row()}     # each column's declared value on a skipped step
     stats = agg.aggregate(it)
+    if agg.inside_backward:     # the wait backward already timed is aggregate_s's, not compute's
+        row["compute_s"] -= stats.pop("inside_compute_s")
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
     if not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)

@@ -44,10 +44,11 @@ COLUMNS = (
     Column("epoch", "", "rank0", "passes over the training set so far", base=True, wandb="train/epoch"),
     Column("phase", "", "rank0", "the aggregator's phase (gradiveq: warmup | sample | compress; ddp: allreduce or "
        "its hook's name; skipped)", skipped="skipped", base=True),
-    Column("compute_s", "s", "max", "forward + backward + optimizer step (with torch DDP or gvq's hook, what "
-       "backward waited for at its end too, as torch DDP measures it)", base=True, bench=True),
-    Column("aggregate_s", "s", "max", "the aggregation after backward returned, until the gradients are averaged",
-       skipped=0, base=True, bench=True),
+    Column("compute_s", "s", "max", "forward + backward + optimizer step, without waiting for the averaging "
+       "(with torch DDP or gvq's hook, backward's wait for its last bucket is aggregate_s's)", base=True, bench=True),
+    Column("aggregate_s", "s", "max", "what the rank waited, after its backward produced the last gradient, until "
+       "every gradient was averaged (post-backward: the whole aggregation; inside backward: the exposed "
+       "communication), on either clock", skipped=0, base=True, bench=True),
     Column("compress_s", "s", "max", "encoding payloads (inside aggregate_s, or inside backward when overlapped)",
        skipped=0, base=True),
     Column("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True),

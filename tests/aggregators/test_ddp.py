@@ -43,6 +43,8 @@ def test_ddp_leaves_the_mean_gradient_in_p_grad(tmp_path):
             numel = sum(m.numel() for m in means)
             assert stats["bytes_sent"] == numel * (4 if hook == "allreduce" else 2)   # 2(N-1)/N = 1
             assert stats["comm_s"] >= stats["exposed_s"] >= 0 and stats["comm_s"] > 0
+            # backward's wait for its last bucket is aggregate_s, and compute_s gives it back
+            assert stats["aggregate_s"] >= stats["inside_compute_s"] == stats["exposed_s"]
 
 
 def _bucket_counts(rank, world):

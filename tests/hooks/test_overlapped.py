@@ -65,6 +65,8 @@ def test_every_ring_aggregator_trains_overlapped(tmp_path, name, world):
     assert df.buckets.iloc[0] >= 1 and (df.buckets.iloc[1:] >= 2).all()      # DDP's rebuilt buckets
     assert (df.comm_s >= df.exposed_s).all() and (df.exposed_s >= 0).all()
     assert (df.bytes_sent > 0).all() == (world > 1)
+    # the wall clock timed backward's wait for its last bucket: it is aggregate_s, as under virtual time
+    assert (df.aggregate_s >= df.exposed_s).all() and (df.aggregate_s > 0).all()
 
 
 @pytest.mark.slow
