@@ -1,6 +1,7 @@
 """``python -m gvq.predict [flags]``: predicted aggregation and iteration times per aggregator.
 
     python -m gvq.predict calibrate [--model resnet32]       # once per machine: costs + ring structure
+    python -m gvq.predict calibrate-overlap [--model resnet32]   # then: backward profile + DDP's buckets
     python -m gvq.predict --world-size 6 16 --bandwidth 5e7 1e9 --compute-scale 0.16667
     python -m gvq.predict --validate                         # model vs virtual-time benchmarks
     python -m gvq.predict project                            # winners for N = 2..1024 x 1 Mbit/s..100 Gbit/s
@@ -61,9 +62,10 @@ def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("calibrate", "project"):
+    subcommands = {"calibrate": "calibrate", "calibrate-overlap": "buckets", "project": "project"}
+    if argv and argv[0] in subcommands:
         from importlib import import_module
-        return import_module(f"gvq.predict.{'calibrate' if argv[0] == 'calibrate' else 'project'}").main(argv[1:])
+        return import_module(f"gvq.predict.{subcommands[argv[0]]}").main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m gvq.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--bandwidth", type=float, nargs="+", default=[5e7, 2e8, 1e9], help="bit/s per rank")

@@ -43,7 +43,7 @@ class Calibrated:
         return sorted(int(n) for n in next(iter(self.struct["aggregators"].values())))
 
 
-def _cost(fit, values, scale: float) -> np.ndarray:
+def op_cost(fit, values, scale: float) -> np.ndarray:
     """Seconds of an operation on ``values``: a [fixed, per value] line, or a measured curve
     ({values, seconds}; linear between points, the end slopes beyond them)."""
     v = np.asarray(values, dtype=float)
@@ -80,15 +80,17 @@ def _piece_costs(rnd: dict, costs: dict, scale: float, present: np.ndarray):
             out = np.zeros(present.shape)
             out[present] = np.asarray(own, float) * scale
             return out
-        return _cost(costs[op], sizes, scale) * present
+        return op_cost(costs[op], sizes, scale) * present
     return cost
 
 
-def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
+def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
+    """One round of :func:`gvq.predict.structure.rounds` replayed from every rank's ``start``: each
+    rank's clock at its end."""
     kind, n = rnd["kind"], len(rnd["vals"])
     if kind == "plain":
         vals = np.array([sum(v) for v in rnd["vals"]], float)
-        return S.plain_ring(4.0 * vals, _cost(cal["vector"]["add"], vals, 1.0), link, start)
+        return S.plain_ring(4.0 * vals, op_cost(cal["vector"]["add"], vals, 1.0), link, start)
     costs = cal["codecs"][rnd["key"]]
     p = _pieces(rnd, costs, codec_scale)
     if kind == "additive":
@@ -100,7 +102,7 @@ def _ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.n
     gather = S.gather_ring if kind == "allgather" else S.through_server
     numel = float(rnd["vals"][0][0])
     return gather(float(p.nbytes[0, 0]), float(p.compress[0, 0]), float(p.decompress[0, 0]),
-                  float(_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
+                  float(op_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
 
 
 def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,
@@ -122,10 +124,10 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
     link = S.Link(bps, alpha, *cal["msg"])
     t = np.zeros(n)
     for rnd in per_n[str(n)]:
-        t = _ring(rnd, cal, link, codec_scale, t)
-    extra = float(_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
+        t = replay_ring(rnd, cal, link, codec_scale, t)
+    extra = float(op_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
     if name.startswith("powersgd"):                                    # M = g + e, two copies, e -= ...
-        extra += 4 * float(_cost(cal["vector"]["add"], numel, codec_scale))
+        extra += 4 * float(op_cost(cal["vector"]["add"], numel, codec_scale))
     return float(t.max()) + extra
 
 
@@ -156,7 +158,7 @@ def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, 
     aggregator's untimed measurement (both at scale 1), aggregation.  ``compute_s``: see
     :func:`compute_time`."""
     comp = (compute_time(m, n, compute_s) * compute_scale
-            + 2 * float(_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
+            + 2 * float(op_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
     meas = m.cal["measure"].get(name, 0.0)
     agg = aggregation(m, name, n, bps, alpha, codec_scale)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

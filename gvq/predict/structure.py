@@ -12,7 +12,7 @@ from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.aggregators.gradiveq_sync import payload_balanced_segments
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.base import split_on_cuts
-from gvq.compressors.powersgd import block_balanced_segments
+from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "gradiveq_bf16", "powersgd")
 SETTINGS = ["K=x1", "gradiveq_bf16:aggregator.compressor.pool=true",   # make bench's: K/d = 8, PowerSGD r6
@@ -24,15 +24,15 @@ def structure_ns() -> list[int]:
     return list(range(2, 17)) + [24, 32, 48, 64, 128, 256, 512, 1024]
 
 
-def build_on_one_rank(name: str, model: str, num_classes: int):
-    """The aggregator ``name`` (with SETTINGS) set up on one rank of ``model``'s gradient, GradiVeQ
-    fitted as ``gvq.bench`` fits it; returns (aggregator, numel)."""
+def build_on_one_rank(name: str, model: str, num_classes: int, settings=SETTINGS):
+    """The aggregator ``name`` (with ``settings``; make bench's by default) set up on one rank of
+    ``model``'s gradient, GradiVeQ fitted as ``gvq.bench`` fits it; returns (aggregator, numel)."""
     from gvq.bench.common import build_model, make_aggregator
     net = build_model(model, num_classes, 1 if model == "cnn" else 3)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
-    agg = make_aggregator(name, SETTINGS)
+    agg = make_aggregator(name, list(settings))
     agg.setup(params, RunContext(rank=0, world_size=1))
     agg.prepare_benchmark([p.grad.clone() for p in params])
     return agg, sum(p.numel() for p in params)
@@ -67,3 +67,19 @@ def rounds(name: str, agg, numel: int, n: int) -> list[dict]:
         kind = "additive" if agg.sum_hop else "reencode"
         return [_round(kind, name, comp, split_on_cuts(comp.cuts(numel), n))]
     return [_round("plain", name, None, equal_segments(numel, n))]
+
+
+def bucket_rounds(name: str, agg, params: list[int], n: int) -> list[dict]:
+    """The rings one DDP bucket holding ``params`` (positions in model order) runs at ``n`` ranks, as the
+    aggregator's per-bucket path builds them (the hook averages a bucket's parameters sorted)."""
+    params = sorted(params)
+    numel = sum(agg.params[i].numel() for i in params)
+    if isinstance(agg, GradiVeQAggregator):
+        codec = agg.compressor.restricted_to(params)
+        return [_round("additive", name, codec, payload_balanced_segments(codec, codec.layout.numel, n, agg.pieces))]
+    if isinstance(agg, PowerSGDAggregator):
+        low, by = PowerSGD([agg.params[i].shape for i in params], agg.rank, agg.min_compression_rate,
+                           agg.warm_start), block_balanced_segments
+        return [_round("additive", f"{name}-P", low.p_stage, by(low.blocks, lambda b: b.p_len, n)),
+                _round("additive", f"{name}-Q", low.q_stage, by(low.blocks, lambda b: b.q_len, n))]
+    return rounds(name, agg, numel, n)

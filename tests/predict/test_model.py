@@ -40,9 +40,9 @@ def test_missing_calibration_names_the_command(tmp_path):
 
 def test_cost_curves_interpolate_and_extrapolate_along_their_end_slopes():
     c = {"values": [100.0, 1000.0, 10000.0], "seconds": [1.0, 2.0, 20.0]}
-    got = M._cost(c, [100, 550, 1000, 20000, 50], 2.0)
+    got = M.op_cost(c, [100, 550, 1000, 20000, 50], 2.0)
     assert got == pytest.approx([2.0, 3.0, 4.0, 2 * (20.0 + 10000 * 18 / 9000), 2 * (1.0 - 50 / 900)])
-    assert M._cost([1e-5, 2e-9], [1000.0], 1.0) == pytest.approx([1e-5 + 2e-6])     # a [fixed, per] line
+    assert M.op_cost([1e-5, 2e-9], [1000.0], 1.0) == pytest.approx([1e-5 + 2e-6])     # a [fixed, per] line
 
 
 def test_an_iteration_waits_for_the_slowest_of_n_ranks():
@@ -70,7 +70,7 @@ def test_pieces_timed_at_an_n_are_used_as_timed_and_curves_elsewhere(calibrated)
         assert p.compress[p.present] == pytest.approx(2.0 * np.asarray(costs["pieces"]["4"]["compress"]))
         curve_only = M._pieces(rnd, {k: v for k, v in costs.items() if k != "pieces"}, 2.0)
         sizes = [v for seg in rnd["vals"] for v in seg]
-        assert curve_only.compress[p.present] == pytest.approx(M._cost(costs["compress"], sizes, 2.0))
+        assert curve_only.compress[p.present] == pytest.approx(M.op_cost(costs["compress"], sizes, 2.0))
         before = M.aggregation(m, name, 4, 1e9)             # a piece slower as timed: a slower ring
         for op in costs["pieces"]["4"].values():
             op[:] = [10 * t for t in op]
