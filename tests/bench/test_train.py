@@ -25,7 +25,8 @@ def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
         assert r["iter_s"] >= r["compute_s"]
     assert by["torch_ddp"]["over_ref"] == 1.0
     assert by["rar"]["aggregate_s"] > 0 and by["rar"]["MB_per_rank"] == 4 * 15_338 / 1e6
-    assert by["ddp"]["aggregate_s"] < by["rar"]["aggregate_s"]   # DDP communicates inside backward
+    # DDP communicates inside backward (its own lane), RAR after it: a fact of the path, not a race of times
+    assert by["ddp"]["comm_s"] > 0 and by["rar"]["comm_s"] == 0
     assert by["ddp_powersgd"]["MB_per_rank"] < by["ddp"]["MB_per_rank"]   # timed in its compressed phase
     assert by["local"]["MB_per_rank"] == 0
     assert all(r["device"] == "cpu" and r["plan"] is None for r in recs)
