@@ -4,6 +4,7 @@
     python -m gvq.predict calibrate-overlap [--model resnet32]   # then: backward profile + DDP's buckets
     python -m gvq.predict --world-size 6 16 --bandwidth 5e7 1e9 --compute-scale 0.16667
     python -m gvq.predict --validate                         # model vs virtual-time benchmarks
+    python -m gvq.predict --validate-overlap BENCH.json      # model vs gvq.bench overlap --out BENCH.json
     python -m gvq.predict project                            # winners for N = 2..1024 x 1 Mbit/s..100 Gbit/s
 
 Every figure is on the virtual clock's terms (CPU time of this machine x the scales, plus the link model),
@@ -80,7 +81,21 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=6, help="--validate: aggregation repetitions per cell")
     p.add_argument("--iters", type=int, default=4, help="--validate: timed iterations per cell")
     p.add_argument("--out", type=Path, default=None, help="--validate: also write the table as CSV here")
+    p.add_argument("--validate-overlap", type=Path, default=None, metavar="BENCH_JSON",
+                   help="model (calibrate + calibrate-overlap) vs a `gvq.bench overlap --out` JSON, per mode")
+    p.add_argument("--overlap-phases", choices=("bench", "calibration"), default="bench",
+                   help="--validate-overlap: compute phases from the benchmark's own compute-alone mode "
+                        "(measured beside every mode) or from the calibration")
+    p.add_argument("--comm-core", choices=("shared", "own"), default="shared",
+                   help="--validate-overlap: net.comm_core the benchmark ran with (gvq.bench: shared)")
     args = p.parse_args(argv)
+    if args.validate_overlap:
+        from gvq.predict import validate
+        try:
+            return validate.report_overlap_validation(args.calibration or ROOT_DIR / args.model,
+                                                      args.validate_overlap, args)
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"gvq.predict --validate-overlap: {e}") from None
     m = M.Calibrated.load(args.calibration or ROOT_DIR / args.model)
     if args.validate:
         from gvq.predict import validate

@@ -58,7 +58,7 @@ def replay_lanes(ph: Phases, ready: list[float], buckets: list[BucketCost], shar
     owed, pending, free = 0.0, [], -np.inf
     handed, done = [], []
     ready = np.maximum.accumulate(np.asarray(ready, float))
-    for r, b in zip(ready, buckets):
+    for r, b in zip(ready.tolist(), buckets):
         t = ph.forward + ph.backward * r + owed
         while shared and pending and pending[0][0] <= t:     # work begun before backward got here
             owed, t = owed + pending[0][1], t + pending[0][1]
@@ -71,7 +71,7 @@ def replay_lanes(ph: Phases, ready: list[float], buckets: list[BucketCost], shar
             pending.append((start, b.work))
     owed += sum(w for _, w in pending) if shared else 0.0
     backward_end = ph.forward + ph.backward + owed + finite
-    t_done = done[-1] if done else backward_end
+    t_done = float(done[-1]) if done else backward_end
     end = max(backward_end, t_done)
     return {"compute_s": ph.forward + ph.backward + owed, "aggregate_s": end - backward_end,
             "iter_s": end + ph.step, "exposed_s": max(0.0, t_done - handed[-1]) if handed else 0.0,

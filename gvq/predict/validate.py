@@ -90,3 +90,68 @@ def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
     if args.out:
         df.to_csv(args.out, index=False)
     return df
+
+
+def bench_phases(rec: dict):
+    """A ``gvq.bench overlap`` record's own compute-alone figures (the slowest rank, at the cell's compute
+    scale, measured in the same spawn, interleaved with every mode) as the model's phases: the host's
+    drift lands on the model and the measurement alike."""
+    from gvq.predict.overlap import Phases
+    return Phases(rec["compute_s"] - rec["backward_s"], rec["backward_s"], rec["alone_s"] - rec["compute_s"])
+
+
+def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True) -> pd.DataFrame:
+    """One row per record of a ``gvq.bench overlap --out`` JSON whose aggregator is calibrated: the
+    measured and the modelled ``iter_s``, ``aggregate_s``, ``exposed_s`` and the ratio model / measured
+    of ``iter_s``.  ``phases``: ``bench`` (the record's compute-alone mode) or ``calibration``."""
+    codec, rows = bench["setting"].get("codec_scale", 1.0), []
+    for r in bench["modes"]:
+        if r["aggregator"] not in ov.m.aggregators:
+            continue
+        ph = bench_phases(r) if phases == "bench" else None
+        args = (r["aggregator"], int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
+        if r["variant"] == "post":
+            got = ov.post_iteration(*args, phases=ph)
+        else:
+            cap = "default" if r["variant"] == "overlap" else r["variant"].split("@", 1)[1].removesuffix("MB")
+            got = ov.iteration(*args, cap=cap, shared=shared, phases=ph)
+        rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale", "aggregator", "variant", "iter_s",
+                                       "aggregate_s", "exposed_s")}
+                    | {f"model_{k}": got[k] for k in ("iter_s", "aggregate_s", "exposed_s")}
+                    | {"iter_ratio": got["iter_s"] / r["iter_s"]})
+    return pd.DataFrame(rows)
+
+
+def overlap_summary(df: pd.DataFrame) -> str:
+    """The share of (cell, aggregator, mode) whose modelled ``iter_s`` is within 10% of the measured,
+    those beyond 25%, and the worst."""
+    if df.empty:
+        return "0 cells: no calibrated aggregator in the benchmark's records"
+    off = (df["iter_ratio"] - 1).abs()
+    w = df.loc[off.idxmax()]
+    return (f"{len(df)} (cell, aggregator, mode): {int((off <= 0.10).sum())} within 10% ({(off <= 0.10).mean():.0%}), "
+            f"{int((off > 0.25).sum())} beyond 25%; worst: {w['aggregator']} {w['variant']} at N={w['N']}, "
+            f"{w['link_Mbps']:g} Mbit/s, compute x{w['compute_scale']:.3g}: ratio {w['iter_ratio']:.2f}")
+
+
+def report_overlap_validation(folder, bench_json, args) -> pd.DataFrame:
+    """``python -m gvq.predict --validate-overlap BENCH.json``: the table, the summary, ``--out`` CSV."""
+    import json
+
+    from gvq.predict.overlap import Overlap
+    ov, bench = Overlap.load(folder), json.loads(bench_json.read_text())
+    st = bench["setting"]
+    if (st["model"], st["batch_per_rank"], st["num_classes"]) != (ov.m.cal["model"], ov.m.cal["batch_size"],
+                                                                   ov.m.cal["num_classes"]):
+        raise ValueError(f"{bench_json}: measured on {st['model']}, batch {st['batch_per_rank']}, "
+                         f"{st['num_classes']} classes; the calibration is {ov.m.cal['model']}, batch "
+                         f"{ov.m.cal['batch_size']}, {ov.m.cal['num_classes']} classes")
+    df = overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared")
+    print(f"# model / gvq.bench overlap ({st['model']}, batch {st['batch_per_rank']}; phases from the "
+          f"{args.overlap_phases}; bench settings {st['set']} {st.get('per_option', {})}, calibration "
+          f"settings {ov.m.cal['settings']}; ratio 1 = exact)")
+    print(df.to_markdown(index=False, floatfmt=".4g"))
+    print(overlap_summary(df))
+    if args.out:
+        df.to_csv(args.out, index=False)
+    return df

@@ -38,3 +38,42 @@ def test_compute_is_re_timed_on_one_thread(calibrated, monkeypatch):
     before = torch.get_num_threads()
     m = M.Calibrated.load(calibrated)
     assert validate._compute_now(m.cal) == [0.5] and seen == [1] and torch.get_num_threads() == before
+
+
+class _ScriptedModel:
+    """Stands for :class:`gvq.predict.overlap.Overlap`: fixed predictions, the phases it was given kept."""
+    m = type("M", (), {"aggregators": ["rar", "fp16"]})()
+
+    def __init__(self):
+        self.seen = []
+
+    def post_iteration(self, name, n, bps, alpha, codec, compute, phases=None):
+        self.seen.append(("post", name, n, bps, phases))
+        return {"iter_s": 1.0, "aggregate_s": 0.5, "exposed_s": 0.5}
+
+    def iteration(self, name, n, bps, alpha, codec, compute, cap="default", shared=True, phases=None):
+        self.seen.append((cap, name, n, bps, phases))
+        return {"iter_s": 2.0, "aggregate_s": 0.1, "exposed_s": 0.2}
+
+
+def _record(agg, variant, iter_s):
+    return {"N": 8, "link_Mbps": 50.0, "compute_scale": 1.0, "aggregator": agg, "variant": variant,
+            "iter_s": iter_s, "aggregate_s": 0.4, "exposed_s": 0.3, "alone_s": 0.9, "compute_s": 0.8,
+            "backward_s": 0.5}
+
+
+def test_overlap_validation_pairs_each_mode_with_its_prediction():
+    bench = {"setting": {"codec_scale": 1.0}, "modes": [
+        _record("rar", "post", 1.05), _record("rar", "overlap", 2.5), _record("fp16", "overlap@0.25MB", 1.9),
+        _record("powersgd", "post", 1.0)]}                      # not calibrated: left out
+    model = _ScriptedModel()
+    df = validate.overlap_rows(model, bench)
+    assert list(df["aggregator"]) == ["rar", "rar", "fp16"]
+    assert df["iter_ratio"].tolist() == pytest.approx([1.0 / 1.05, 2.0 / 2.5, 2.0 / 1.9])
+    assert [s[0] for s in model.seen] == ["post", "default", "0.25"]
+    assert model.seen[0][3] == 5e7
+    ph = model.seen[0][4]                                       # the record's own compute-alone figures
+    assert (ph.forward, ph.backward, ph.step) == pytest.approx((0.3, 0.5, 0.1))
+    text = validate.overlap_summary(df)
+    assert text.startswith("3 (cell, aggregator, mode): 2 within 10% (67%), 0 beyond 25%")
+    assert "worst: rar overlap at N=8, 50 Mbit/s" in text and "ratio 0.80" in text
