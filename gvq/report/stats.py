@@ -6,10 +6,7 @@ import numpy as np
 import pandas as pd
 
 from gvq.report.runs import Group, Run, setting_key
-
-TIMES = ("compute_s", "aggregate_s", "compress_s", "wire_s", "decompress_s")
-#: overlapped runs (aggregator.overlap=true): communication launched -> done, and the part not hidden
-OVERLAP = ("comm_s", "exposed_s")
+from gvq.schema.columns import AMOUNTS
 
 
 # -- numbers -------------------------------------------------------------------------------------------
@@ -19,7 +16,7 @@ def run_stats(run: Run, target: float) -> dict:
     if m is None or m.empty:
         return {"final_acc": s.get("final_test_acc", np.nan),
                 "aggregate_s": s.get("mean_aggregate_s", np.nan)}
-    out = {k: m[k].mean() for k in TIMES + OVERLAP + ("bytes_sent",) if k in m}
+    out = {k: m[k].mean() for k in AMOUNTS if k in m}      # every declared time and byte count it logged
     out["iter_s"] = (m["compute_s"] + m["aggregate_s"]).mean()
     evals = m.dropna(subset=["test_acc"]) if "test_acc" in m else m.iloc[:0]
     out["final_acc"] = evals["test_acc"].iloc[-1] if len(evals) else np.nan

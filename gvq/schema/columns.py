@@ -1,7 +1,8 @@
 """Every per-iteration column gvq logs, declared once: its unit, how a row gets it from the ranks, its
 value on a skipped step, its wandb key and what it means.  ``metrics.csv``'s header
 (:mod:`gvq.run.logs`), the reduction over ranks (:mod:`gvq.run.rows`), the wandb keys, the training
-benchmark's columns (:mod:`gvq.bench.train`) and the column list in docs/columns.md all come from here;
+benchmark's columns (:mod:`gvq.bench.train`), the per-run means of the report (:mod:`gvq.report.stats`)
+and the column list in docs/columns.md all come from here;
 an aggregator's ``extra_fields`` must name columns declared here (tests/schema/test_columns.py).  Adding
 a column: one :class:`Column` below, and the code that computes it.
 
@@ -33,6 +34,7 @@ class Column:
     base: bool = False     # in every run's metrics.csv (the rest: when the aggregator or runner has it)
     bench: bool = False    # a column of ``python -m gvq.bench train``
     wandb: str = ""        # its wandb key ("": time/<name> for seconds, comm/<name> for the rest)
+    reading: bool = False  # a clock reading at the step's end, not an amount the step spent or sent
 
     @property
     def wandb_key(self) -> str:
@@ -59,11 +61,12 @@ COLUMNS = (
        base=True, wandb="train/loss"),
     Column("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),
     Column("lr", "", "rank0", "the learning rate of the step", base=True, wandb="train/lr"),
-    Column("wall_s", "s", "rank0", "the run's time at the end of the step (clock synchronised over ranks)", base=True),
+    Column("wall_s", "s", "rank0", "the run's time at the end of the step (clock synchronised over ranks)", base=True,
+       reading=True),
     Column("test_loss", "", "rank0", "test loss (evaluation rows only)", base=True, wandb="test/loss"),
     Column("test_acc", "", "rank0", "test accuracy (evaluation rows only)", base=True, wandb="test/acc"),
     Column("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
-    Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True),
+    Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True, reading=True),
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
     # overlapped communication (gvq's hook: aggregator.overlap=true; torch DDP's own)
     Column("buckets", "", "rank0", "DDP buckets averaged in the step"),
@@ -87,6 +90,8 @@ COLUMNS = (
 BY_NAME = {c.name: c for c in COLUMNS}
 BASE = tuple(c.name for c in COLUMNS if c.base)
 BENCH = tuple(c.name for c in COLUMNS if c.bench)
+#: what a step spent or sent (seconds, bytes): the columns whose mean over a run is a figure (gvq.report)
+AMOUNTS = tuple(c.name for c in COLUMNS if c.unit in ("s", "B") and not c.reading)
 
 
 def column(name: str) -> Column:
