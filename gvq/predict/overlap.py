@@ -122,9 +122,16 @@ class Overlap:
             extra = 4 * float(M.op_cost(cal["vector"]["add"], v, codec_scale)) if name.startswith("powersgd") else 0.0
             ready.append(max(self.ov["profile"]["ready"][i] for i in b["params"]))
             costs.append(BucketCost(self._ring(rnds, n, S.Link(bps, alpha, *cal["msg"]), codec_scale) + extra,
-                                    self._ring(rnds, n, S.Link(np.inf, 0.0, *cal["msg"]), codec_scale, True)
-                                    + extra, lane))
+                                    self._work(rnds, n, codec_scale, (name, cap, len(costs))) + extra, lane))
         return ready, costs
+
+    def _work(self, rnds: list[dict], n: int, codec_scale: float, which: tuple) -> float:
+        """A bucket's CPU work in its rings: the ranks' mean end on an infinitely fast link (the link
+        does not change it: kept per bucket, N and codec scale)."""
+        key = ("work", *which, n, codec_scale)
+        if key not in self.m.cache:
+            self.m.cache[key] = self._ring(rnds, n, S.Link(np.inf, 0.0, *self.m.cal["msg"]), codec_scale, True)
+        return self.m.cache[key]
 
     def _ring(self, rnds: list[dict], n: int, link: S.Link, codec_scale: float, mean: bool = False) -> float:
         """The bucket's rings back to back from a common start: the slowest rank's end (``mean``: the

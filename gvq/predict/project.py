@@ -108,8 +108,15 @@ def main(argv=None):
     p.add_argument("--calibration", type=Path, default=ROOT_DIR)
     p.add_argument("--max-world-size", type=int, default=1024)
     p.add_argument("--out", type=Path, default=Path("runs/predict"))
+    p.add_argument("--overlap", action="store_true", help="post-backward and overlapped modes (N >= 8, 50 "
+                   "Mbit/s..100 Gbit/s, compute x1 and x1/6) against overlapped fp16; needs calibrate-overlap")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.overlap:
+        try:
+            return project_overlap(args.models, args.calibration, args.out, args.max_world_size)
+        except FileNotFoundError as e:
+            raise SystemExit(f"gvq.predict project --overlap: {e}") from None
     frames = []
     for model in args.models:
         m = M.Calibrated.load(args.calibration / model)
@@ -130,3 +137,60 @@ def main(argv=None):
           "x1; NaN: never or always in the grid; every scale in crossovers.csv)")
     print(show.to_markdown(floatfmt=".3g"))
     return frames
+
+
+OVERLAP_LINKS = [5e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
+OVERLAP_SCALES = [1.0, 1 / 6]            # a CPU cluster; the GradiVeQ paper's GPUs
+
+
+def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared: bool = True) -> pd.DataFrame:
+    """Every (N, link, compute scale, aggregator, mode): post-backward and overlapped at DDP's default
+    buckets, seconds per iteration (the model of :mod:`gvq.predict.overlap`)."""
+    rows = []
+    for n in worlds:
+        for b in links:
+            for c in scales:
+                for a in ov.m.aggregators:
+                    post = ov.post_iteration(a, n, b, compute_scale=c)
+                    over = ov.iteration(a, n, b, compute_scale=c, shared=shared)
+                    rows += [{"N": n, "link_bps": b, "compute_scale": c, "aggregator": a, "mode": mode, **got}
+                             for mode, got in (("post", post), ("overlap", over))]
+    return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
+
+
+def overlap_winners(df: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the fastest (aggregator, mode), its gain over overlapped fp16 (``margin``: fp16
+    overlapped / the winner), the runner-up and GradiVeQ's best mode against RAR's best."""
+    out = []
+    for (n, b, c), g in df.groupby(["N", "link_bps", "compute_scale"]):
+        g = g.sort_values("iter_s")
+        fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["iter_s"]
+        best = g.groupby("aggregator")["iter_s"].min()
+        gv = next((a for a in best.index if a.startswith("gradiveq")), None)
+        out.append({"N": n, "link_bps": b, "compute_scale": c,
+                    "winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "winner_s": g["iter_s"].iloc[0],
+                    "runner_up": f"{g['aggregator'].iloc[1]} {g['mode'].iloc[1]}",
+                    "margin": fp16.iloc[0] / g["iter_s"].iloc[0] if len(fp16) else np.nan,
+                    "gradiveq_vs_rar": best["rar"] / best[gv] if gv and "rar" in best else np.nan})
+    return pd.DataFrame(out)
+
+
+def project_overlap(models, calibration: Path, out: Path, max_world: int) -> pd.DataFrame:
+    """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
+    (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16)."""
+    from gvq.predict.overlap import Overlap
+    frames = []
+    for model in models:
+        ov = Overlap.load(calibration / model)
+        worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
+        win = overlap_winners(overlap_grid(ov, worlds)).assign(model=model)
+        plot(win, f"{model} (post + overlapped; cell: gain over overlapped fp16)",
+             out / f"projection_overlap_{model}.png")
+        frames.append(win)
+    full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"], ascending=[True, False, True, True])
+    full.to_csv(out / "projection_overlap.csv", index=False)
+    show = full.assign(link=full["link_bps"].map(lambda b: f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M"))
+    print("# winner (aggregator, mode) per cell and its gain over overlapped fp16 (virtual-time terms)")
+    print(show[["model", "compute_scale", "N", "link", "winner", "margin", "runner_up"]].to_markdown(
+        index=False, floatfmt=".3g"))
+    return full

@@ -34,3 +34,30 @@ def test_crossing_is_interpolated_geometrically_between_links():
     assert project._last_crossing(r) == pytest.approx(10 ** (7 + 1 / 1.5))
     assert np.isnan(project._last_crossing(pd.Series([2.0, 1.5], index=[1e6, 1e7])))     # pays everywhere
     assert np.isnan(project._last_crossing(pd.Series([0.5, 0.2], index=[1e6, 1e7])))     # never
+
+
+class _ScriptedOverlap:
+    """Stands for :class:`gvq.predict.overlap.Overlap`: iteration seconds by (aggregator, mode), with
+    the link's speed-up on overlapped RAR only."""
+    m = type("M", (), {"aggregators": ["rar", "fp16", "gradiveq_bf16"], "cal": {"model": "scripted"}})()
+    POST = {"rar": 2.0, "fp16": 1.5, "gradiveq_bf16": 1.2}
+    OVER = {"rar": 1.6, "fp16": 1.0, "gradiveq_bf16": 1.1}
+
+    def post_iteration(self, name, n, bps, compute_scale=1.0):
+        return {"iter_s": self.POST[name] * compute_scale}
+
+    def iteration(self, name, n, bps, compute_scale=1.0, shared=True):
+        fast = 0.25 if name == "rar" and bps >= 1e9 else 1.0
+        return {"iter_s": self.OVER[name] * fast * compute_scale}
+
+
+def test_overlap_projection_names_the_winning_mode_and_its_gain_over_overlapped_fp16():
+    from gvq.predict.project import overlap_grid, overlap_winners
+    df = overlap_grid(_ScriptedOverlap(), [8, 16], links=[5e7, 1e10], scales=[1.0, 0.5])
+    assert len(df) == 2 * 2 * 2 * 3 * 2 and set(df["mode"]) == {"post", "overlap"}
+    win = overlap_winners(df).set_index(["N", "link_bps", "compute_scale"])
+    slow, fast = win.loc[(8, 5e7, 1.0)], win.loc[(16, 1e10, 0.5)]
+    assert (slow["winner"], slow["runner_up"]) == ("fp16 overlap", "gradiveq_bf16 overlap")
+    assert slow["margin"] == pytest.approx(1.0)
+    assert slow["gradiveq_vs_rar"] == pytest.approx(1.6 / 1.1)
+    assert fast["winner"] == "rar overlap" and fast["margin"] == pytest.approx(1.0 / 0.4)
