@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_structure_matches_each_aggregators_ring(calibrated):
     s = json.loads((calibrated / "structure.json").read_text())
@@ -21,3 +23,20 @@ def test_structure_matches_each_aggregators_ring(calibrated):
         assert max(len(seg) for seg in g["vals"]) <= 4                              # aggregator.pieces
         p, q2 = s["aggregators"]["powersgd"][n]
         assert (p["key"], q2["key"]) == ("powersgd-P", "powersgd-Q")
+
+
+def test_a_buckets_rings_are_the_aggregators_per_bucket_rings():
+    from gvq.predict.structure import bucket_rounds, build_on_one_rank, rounds
+    for name, kinds in (("gradiveq_bf16", ["additive"]), ("powersgd", ["additive", "additive"]),
+                        ("qsgd", ["reencode"])):
+        agg, numel = build_on_one_rank(name, "cnn", 10)
+        last = len(agg.params) - 1
+        halves = [list(range(last, last // 2, -1)), list(range(last // 2, -1, -1))]   # as DDP: last layer first
+        parts = [bucket_rounds(name, agg, b, 3) for b in halves]
+        assert [[r["kind"] for r in p] for p in parts] == [kinds, kinds]
+        assert all(len(r["vals"]) == 3 for p in parts for r in p)
+        values = [sum(map(sum, p[0]["vals"])) for p in parts]
+        assert sum(values) == numel or name == "powersgd"                       # P / Q: factors, not values
+        whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, numel, 3)]
+        for k, w in enumerate(whole):
+            assert sum(sum(map(sum, p[k]["bytes"])) for p in parts) == pytest.approx(w, rel=0.02)
