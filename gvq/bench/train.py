@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from gvq.aggregators.base import RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
                               collections_untimed, make_aggregator, print_markdown, spawn_loopback)
+from gvq.bench.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train
 from gvq.run.rows import reduce_row
@@ -164,21 +165,36 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
                "iters": len(its), "warmup": raw["warmup"]}
         if rate_bps:                                   # the link's bound on the bytes sent (if any)
             rec["bound_s"] = col["bytes_sent"][-1] * 8 / rate_bps if col["bytes_sent"][-1] else None
+        rec.update(iteration_intervals(col["iter_s"], [r[0] for r in rows[ref]] if ref else None))
         rec["ref"] = ref
-        rec["over_ref"] = (statistics.median(a / b for a, b in zip(col["iter_s"], [r[0] for r in rows[ref]]))
-                           if ref else None)
         out.append(rec)
     return out
 
 
+def iteration_intervals(seconds: list[float], ref_seconds: list[float] | None) -> dict:
+    """The bootstrap interval of the median seconds per iteration, and the median per-iteration ratio to
+    the reference mode with its own (the modes are interleaved, so iteration i of each saw the same load:
+    the ratio is paired)."""
+    ci = median_interval(seconds)
+    out = {"iter_lo_s": ci.lo, "iter_hi_s": ci.hi, "over_ref": None, "over_ref_lo": None, "over_ref_hi": None}
+    if ref_seconds:
+        ratio = median_interval([a / b for a, b in zip(seconds, ref_seconds)])
+        out.update(over_ref=ratio.median, over_ref_lo=ratio.lo, over_ref_hi=ratio.hi)
+    return out
+
+
 def print_iterations(records: list[dict], header: str) -> None:
-    cols = ["aggregator", "iter_s", "compute_s", "aggregate_s", "wire_s", "comm_s", "exposed_s",
-            "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref"]
+    cols = ["aggregator", "iter_s", "iter_ci", "compute_s", "aggregate_s", "wire_s", "comm_s", "exposed_s",
+            "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref", "over_ref_ci"]
     r0 = records[0]
     ref = f"over_ref = median per-iteration ratio to {r0['ref']}" if r0["ref"] else "no reference mode"
     where = f"cuda ({r0['plan']})" if r0.get("device") == "cuda" else "cpu, 1 thread/rank"
-    print_markdown(records, cols, f"{header}\n# model={r0['model']}, {where}, batch {r0['batch_per_rank']}/rank, "
-                   f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up, {ref}")
+    shown = [{**r, "iter_ci": Interval(r["iter_s"], r["iter_lo_s"], r["iter_hi_s"]).text(),
+              "over_ref_ci": Interval(r["over_ref"], r["over_ref_lo"], r["over_ref_hi"]).text(".3g")
+              if r["over_ref"] is not None else None} for r in records]
+    print_markdown(shown, cols, f"{header}\n# model={r0['model']}, {where}, batch {r0['batch_per_rank']}/rank, "
+                   f"modes interleaved, median of {r0['iters']} iterations after {r0['warmup']} warm-up "
+                   f"(_ci: {CONFIDENCE:.0%} bootstrap interval of the median), {ref}")
 
 
 def input_shape(args) -> tuple[int, int, int]:

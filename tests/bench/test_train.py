@@ -1,6 +1,7 @@
 """python -m gvq.bench train: every mode timed through the runner's own per-iteration path."""
 from __future__ import annotations
 
+import argparse
 import gc
 
 import pytest
@@ -95,3 +96,17 @@ def test_no_garbage_collection_runs_inside_a_timed_iteration_only_between(tmp_pa
     assert True not in starts and len(starts) >= 2 * 4                 # collected between spans only
     assert rows == {p.name: [[float(it)] * len(COLS) for it in (1, 2, 3)] for p in probes}
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_each_modes_seconds_and_its_paired_ratio_to_the_reference_carry_intervals():
+    """Scripted rows, seconds per iteration first (as COLS): the reference's ratio to itself is exactly 1;
+    a mode twice as slow in every iteration reads 2 with a point interval, whatever the load did."""
+    from gvq.bench.train import COLS, summarize_iterations
+    ddp = [0.10, 0.12, 0.11, 0.30, 0.10, 0.11]
+    rows = {"ddp": [[s] + [0.0] * (len(COLS) - 1) for s in ddp],
+            "rar": [[2 * s] + [0.0] * (len(COLS) - 1) for s in ddp]}
+    by = {r["aggregator"]: r for r in summarize_iterations({"rows": rows, "warmup": 1},
+                                                           argparse.Namespace(model="cnn", batch_size=4), 2, "x")}
+    assert by["ddp"]["ref"] == "ddp" and (by["ddp"]["over_ref_lo"], by["ddp"]["over_ref_hi"]) == (1.0, 1.0)
+    assert (by["rar"]["over_ref"], by["rar"]["over_ref_lo"], by["rar"]["over_ref_hi"]) == (2.0, 2.0, 2.0)
+    assert by["ddp"]["iter_lo_s"] <= by["ddp"]["iter_s"] <= by["ddp"]["iter_hi_s"] < 0.30
