@@ -5,7 +5,8 @@
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
 # make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; a long run, resumable)
-# make projection -> calibrate the cost model per model, then which aggregator wins at N x B (heatmaps)
+# make projection -> calibrate the cost model per model, then which aggregator (and mode: post-backward or
+#                   overlapped) wins at N x B (heatmaps)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -62,8 +63,10 @@ paper-time: $(STAMP)
 MODELS ?= cnn resnet20 resnet32 resnet110
 projection: $(STAMP)
 	for m in $(MODELS); do test -f runs/predict/$$m/calibration.json || \
-	    $(PY) -m gvq.predict calibrate --model $$m --num-classes $$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; done
+	    $(PY) -m gvq.predict calibrate --model $$m --num-classes $$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; \
+	    test -f runs/predict/$$m/overlap.json || $(PY) -m gvq.predict calibrate-overlap --model $$m || exit 1; done
 	$(PY) -m gvq.predict project --models $(MODELS)
+	$(PY) -m gvq.predict project --overlap --models $(MODELS)
 
 # make gpu-check -> on a CUDA machine: every CUDA test, gvq.bench codecs on the GPU, cli.py device=cuda for every
 # aggregator at world_size 1 and 3; one table (runs/gpucheck/gpucheck.md).  No venv needed (python3 with torch

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.comm.p2p import PeerLostError
+from gvq.run.errors import RunFailed
 
 log = logging.getLogger("gvq")
 STOP_EXIT = 4                       # a rank's exit code for a deliberate stop (its reason in the run dir)
@@ -20,11 +21,12 @@ class DeliberateStop(FloatingPointError):
     """A stop the user asked for (``nan_policy=error``): reported in one line, without a traceback."""
 
 
-def record_stop(run_dir: str, rank: int, e: DeliberateStop) -> SystemExit:
-    """Leave this rank's reason where the launcher reads it (:func:`recorded_stop`) and return the exit
-    to raise: every rank raises the same stop, and whichever exits first has written its reason."""
+def record_stop(run_dir: str, rank: int, e: DeliberateStop) -> RunFailed:
+    """Leave this rank's reason where the launcher reads it (:func:`recorded_stop`) and return the end
+    to raise (the rank process exits with its ``code``): every rank raises the same stop, and whichever
+    exits first has written its reason."""
     (Path(run_dir) / f".stopped-rank{rank}").write_text(str(e))
-    return SystemExit(STOP_EXIT)
+    return RunFailed(STOP_EXIT)
 
 
 def recorded_stop(run_dir: Path) -> str | None:

@@ -28,7 +28,7 @@ from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend
 from gvq.run.signals import Interrupted, die_with_parent, on_sigterm, signals_interrupt
 from gvq.run.guards import DeliberateStop, record_stop
-from gvq.run.errors import RunFailed, refuse
+from gvq.run.errors import RunEnded, RunFailed, refuse
 from gvq.run.restart import attempt_store, discard_rows, resume_point, torchrun_restart
 from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
@@ -200,9 +200,9 @@ def _torchrun_rank(plain: dict, meta: dict) -> dict | None:
     """This process is a rank of torchrun's; a rank that ends with an exit status (a deliberate stop, a
     signal) raises :class:`RunFailed` with it."""
     try:
-        return worker(int(os.environ["LOCAL_RANK"]), plain, meta, "env://", None, plain["resume"])
-    except SystemExit as e:
-        raise RunFailed(e.code if isinstance(e.code, int) else 1) from None
+        return run_rank(int(os.environ["LOCAL_RANK"]), plain, meta, "env://", None, plain["resume"])
+    except RunEnded as e:
+        raise RunFailed(e.code) from None
 
 
 def _fail_if_unlearned(summary: dict | None) -> dict | None:
@@ -243,10 +243,20 @@ def _adopt_rank0_run_dir(rank: int, meta: dict) -> dict:
 
 
 def worker(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict | None, resume: str | None):
-    """Entry of one rank (forked from the warm server, spawned, or the torchrun process itself); it ends
-    with the rank's exit status (``SystemExit``) on a deliberate stop or a signal.  ``env``: the
-    launcher's environment at launch, which a forked rank adopts (None: keep this one); ``resume``: the
-    checkpoint dir this attempt starts from (the config's, or a restart's run dir), None from scratch."""
+    """The entry function of a rank process (forked from the warm server, or spawned), as ``main`` is a
+    command's: a run that ends (a deliberate stop, a signal) ends the process with its status."""
+    try:
+        return run_rank(local_rank, cfg, meta, init_method, env, resume)
+    except RunEnded as e:
+        raise SystemExit(e.code) from None
+
+
+def run_rank(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict | None, resume: str | None):
+    """One rank (in a process of the launcher's, or the torchrun process itself); it raises
+    :class:`RunEnded` on a deliberate stop (:class:`RunFailed`) or a signal (:class:`Interrupted`).
+    ``env``: the launcher's environment at launch, which a forked rank adopts (None: keep this one);
+    ``resume``: the checkpoint dir this attempt starts from (the config's, or a restart's run dir), None
+    from scratch."""
     adopt_environment(env)
     torchrun = init_method == "env://"
     rank = int(os.environ["RANK"]) if torchrun else local_rank

@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+from gvq.run.signals import Interrupted
 from gvq.schema import columns
 
 BASE_FIELDS = columns.BASE      # every run's columns, in the CSV's order (gvq/schema/columns.py)
@@ -110,11 +111,9 @@ class RunLog:
     def failure(self, exc: BaseException) -> None:
         """``summary.json`` for a run that stopped early, written by rank 0 itself (under torchrun no
         launcher is there to write it): interrupted (a signal) or failed, why, the last complete row."""
-        stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
-        code = getattr(exc, "code", None)
+        stopped = isinstance(exc, KeyboardInterrupt)          # a signal (Interrupted) or Ctrl-C itself
         if stopped:
-            sig = code - 128 if isinstance(code, int) and code > 128 else None
-            reason = f"stopped by {signal.Signals(sig).name}" if sig in signal.valid_signals() else "stopped"
+            reason = f"stopped by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else "stopped"
         else:
             reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
         self.summary({"status": "interrupted" if stopped else "failed", "reason": reason,

@@ -121,7 +121,7 @@ def on_sigterm(signum, frame):
     interrupted the first's summary write; the watchdog's ``os._exit`` after the grace still ends it."""
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+    raise Interrupted(signum)
 
 
 def _root_cause(ctx, e: Exception) -> Exception:

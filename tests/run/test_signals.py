@@ -206,12 +206,12 @@ def test_a_frozen_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
 
 
 def test_a_second_sigterm_does_not_interrupt_the_first_ones_unwinding():
-    from gvq.run.signals import on_sigterm
+    from gvq.run.signals import Interrupted, on_sigterm
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for s in before:
             signal.signal(s, on_sigterm)
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(Interrupted) as e:
             on_sigterm(signal.SIGTERM, None)
         assert e.value.code == 128 + signal.SIGTERM
         assert all(signal.getsignal(s) == signal.SIG_IGN for s in before)
