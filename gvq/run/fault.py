@@ -104,20 +104,6 @@ class Kills:
                       f"{ENV})", file=sys.stderr, flush=True)
                 self.die()
 
-    def armed(self, agg, iteration: int):
-        """``agg``, or for an iteration with an ``aggregate`` kill ``agg`` passing that point first."""
-        return _BeforeAggregate(agg, self) if (iteration, "aggregate") in self.here else agg
-
-
-class _BeforeAggregate:
-    """An aggregator whose ``aggregate`` first reaches the ``aggregate`` point; all else is ``inner``'s."""
-
-    def __init__(self, inner, kills: Kills):
-        self.inner, self.kills = inner, kills
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def aggregate(self, iteration: int):
-        self.kills.at(iteration, "aggregate")
-        return self.inner.aggregate(iteration)
+    def before_aggregate(self, iteration: int) -> None:
+        """The ``aggregate`` point: the training step calls it between backward and the averaging."""
+        self.at(iteration, "aggregate")

@@ -96,7 +96,9 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
 
 
-def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
+def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", before_aggregate=None) -> dict:
+    """One iteration's row.  ``before_aggregate(it)``, when given, runs once the gradients are checked
+    and before they are averaged (the kill soak's ``aggregate`` point)."""
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
         out = model(x)
@@ -109,6 +111,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
         return {**row, **columns.skipped_row()}     # each column's declared value on a skipped step
+    if before_aggregate is not None:
+        before_aggregate(it)
     stats = agg.aggregate(it)
     if agg.inside_backward:     # the wait backward already timed is aggregate_s's, not compute's
         row["compute_s"] -= stats.pop("inside_compute_s")
@@ -216,7 +220,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict,
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, kills.armed(agg, it), x, y, it, cfg["nan_policy"])
+        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"], kills.before_aggregate)
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,

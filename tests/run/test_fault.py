@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
+import torch.distributed as dist
 
-from gvq.run import fault
+from gvq.aggregators.base import Aggregator
+from gvq.run import fault, train
 from gvq.run.fault import Kill, Kills
 from tests.helpers.launch import launch_job
 
@@ -53,21 +56,27 @@ def test_a_kill_fires_at_its_attempt_iteration_point_and_rank_only(capsys):
     assert fault.announced(capsys.readouterr().err) == plan               # each death said in one line
 
 
-class _Agg:
-    name, calls = "toy", []
+def test_an_aggregate_kill_comes_between_backward_and_the_averaging_and_nothing_else_changes(tmp_path):
+    order = []
 
-    def aggregate(self, it):
-        self.calls.append(it)
-        return {"bytes_sent": 1}
+    class Toy(Aggregator):
+        name = "toy"
 
+        def aggregate(self, it):
+            order.append(("aggregate", it))
+            return {"bytes_sent": 1}
 
-def test_an_aggregate_kill_comes_before_the_aggregate_and_nothing_else_changes():
-    agg, order = _Agg(), []
     kills = Kills([Kill(0, 2, 0, "aggregate")], 0, 0, meet=lambda: None, die=lambda: order.append("died"))
-    assert kills.armed(agg, 1) is agg                                     # no kill there: the aggregator
-    armed = kills.armed(agg, 2)
-    assert armed.name == "toy" and armed.aggregate(2) == {"bytes_sent": 1}
-    assert order == ["died"] and agg.calls == [2]
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    dist.init_process_group("gloo", init_method=(tmp_path / "rdv").as_uri(), rank=0, world_size=1)
+    try:
+        rows = [train.step(model, opt, Toy(), x, y, it, before_aggregate=kills.before_aggregate) for it in (1, 2)]
+    finally:
+        dist.destroy_process_group()
+    assert order == [("aggregate", 1), "died", ("aggregate", 2)]       # only iteration 2's, before averaging
+    assert all(r["bytes_sent"] == 1 and r["skipped"] == 0 for r in rows)
 
 
 RUN = ["logger=csv", "logger.progress=false", "iterations=12", "eval_every=4", "checkpoint.every=4",
