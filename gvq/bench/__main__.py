@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None):
     if not argv or argv[0] not in SUBCOMMANDS:
         print(f"usage: python -m gvq.bench {{{','.join(SUBCOMMANDS)}}} [--help]", file=sys.stderr)
         raise SystemExit(2)
-    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    from gvq.bench.common import BenchError
+    try:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    except BenchError as e:
+        raise SystemExit(str(e)) from None
 
 
 if __name__ == "__main__":

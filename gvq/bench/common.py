@@ -22,6 +22,10 @@ import torch.multiprocessing as mp
 from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
 
 
+class BenchError(Exception):
+    """A benchmark that cannot run or conclude as asked: one line, which ``python -m gvq.bench`` exits with."""
+
+
 def make_aggregator(name: str, overrides: list[str]):
     """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only.
     Built as the runner builds it: ``aggregator.overlap=true`` wraps it (DDP + the gvq hook)."""

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gvq.bench.common import BenchError
+
 ROOT = Path(__file__).resolve().parents[2]          # cli.py and conf/ (an editable install's checkout)
 METHODS = ("rar", "qsgd", "gradiveq", "gradiveq_pooled")
 #: the paper's table times a whole {L_t, L_c} cycle: GradiVeQ's monitor (on by default) must not cut the
@@ -47,7 +49,7 @@ def read_columns(run_dir: Path, skip: int = 2) -> dict[str, float]:
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))[skip:]
     if not rows:
-        raise SystemExit(f"gvq.bench paper: {run_dir}/metrics.csv has no row after the first {skip}")
+        raise BenchError(f"gvq.bench paper: {run_dir}/metrics.csv has no row after the first {skip}")
     return {k: statistics.median(float(r[k]) for r in rows) for k in ("compute_s", "aggregate_s", "bytes_sent")}
 
 
@@ -59,7 +61,7 @@ def solve_bandwidth(compute_s: float, aggregate_s: float, bytes_sent: float, bps
     other = max(aggregate_s - bits / bps, 0.0)
     budget = ratio * compute_s - other
     if budget <= 0:
-        raise SystemExit(f"gvq.bench paper: RAR's non-wire aggregation ({other:.3f} s) already exceeds "
+        raise BenchError(f"gvq.bench paper: RAR's non-wire aggregation ({other:.3f} s) already exceeds "
                          f"{ratio:.3f} x compute ({compute_s:.3f} s): no link gives the paper's ratio")
     return float(f"{bits / budget:.3g}")
 

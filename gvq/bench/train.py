@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
-from gvq.bench.common import (add_clock_args, add_timeout_arg, build_model, check_clock_args, clock_label,
-                              collections_untimed, make_aggregator, print_markdown, spawn_loopback)
+from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
+                              clock_label, collections_untimed, make_aggregator, print_markdown, spawn_loopback)
 from gvq.bench.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train
@@ -263,7 +263,7 @@ def _cuda_plan(args, world: int) -> str:
     try:
         return cuda_plan(world, ddp[0] if ddp else args.aggregators[0], bool(ddp))
     except ConfigError as e:
-        raise SystemExit(f"gvq.bench train --device cuda --world-size {world}: {e}") from None
+        raise BenchError(f"gvq.bench train --device cuda --world-size {world}: {e}") from None
 
 
 def run_iterations(args, world: int) -> dict:

@@ -62,7 +62,14 @@ def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """``python -m gvq.predict [subcommand] ...``; what it cannot answer ends it with one line."""
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except M.PredictError as e:
+        raise SystemExit(str(e)) from None
+
+
+def _main(argv: list[str]):
     subcommands = {"calibrate": "calibrate", "calibrate-overlap": "buckets", "project": "project"}
     if argv and argv[0] in subcommands:
         from importlib import import_module

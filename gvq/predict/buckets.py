@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gvq.predict.model import PredictError
+
 MIB = 1024 * 1024
 DEFAULT_CAP_MB = 25                      # torch DDP's bucket_cap_mb when unset
 PROFILE_REPS = 20
@@ -133,7 +135,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     folder = args.calibration or ROOT_DIR / args.model
     if not (folder / "calibration.json").exists():
-        raise SystemExit(f"gvq.predict calibrate-overlap: no {folder}/calibration.json: run "
+        raise PredictError(f"gvq.predict calibrate-overlap: no {folder}/calibration.json: run "
                          f"`python -m gvq.predict calibrate --model {args.model}` first")
     out = calibrate_overlap(folder, args.bucket_mb)
     prof = out["profile"]

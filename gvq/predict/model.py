@@ -19,6 +19,11 @@ import numpy as np
 from gvq.predict import schedule as S
 
 
+class PredictError(Exception):
+    """What the cost model cannot answer as asked (no calibration, an aggregator or N it was not
+    calibrated for): one line, which ``python -m gvq.predict`` exits with."""
+
+
 @dataclass
 class Calibrated:
     cal: dict
@@ -31,7 +36,7 @@ class Calibrated:
             return cls(json.loads((folder / "calibration.json").read_text()),
                        json.loads((folder / "structure.json").read_text()))
         except FileNotFoundError as e:
-            raise SystemExit(f"gvq.predict: {e.filename} missing: run `python -m gvq.predict calibrate` "
+            raise PredictError(f"gvq.predict: {e.filename} missing: run `python -m gvq.predict calibrate` "
                              f"first (--calibration {folder})") from None
 
     @property
@@ -117,9 +122,9 @@ def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0
 def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float) -> float:
     per_n = m.struct["aggregators"].get(name)
     if per_n is None:
-        raise SystemExit(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
+        raise PredictError(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
     if str(n) not in per_n:
-        raise SystemExit(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
+        raise PredictError(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
     cal, numel = m.cal, m.struct["numel"]
     link = S.Link(bps, alpha, *cal["msg"])
     t = np.zeros(n)

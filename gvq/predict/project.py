@@ -116,7 +116,7 @@ def main(argv=None):
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size)
         except FileNotFoundError as e:
-            raise SystemExit(f"gvq.predict project --overlap: {e}") from None
+            raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
     frames = []
     for model in args.models:
         m = M.Calibrated.load(args.calibration / model)

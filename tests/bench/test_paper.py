@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gvq.bench import paper
+from gvq.bench.common import BenchError
 
 
 def test_solve_bandwidth_puts_rar_aggregation_at_the_papers_ratio_of_compute():
@@ -15,7 +16,7 @@ def test_solve_bandwidth_puts_rar_aggregation_at_the_papers_ratio_of_compute():
 
 
 def test_solve_bandwidth_refuses_when_no_link_can_reach_the_ratio():
-    with pytest.raises(SystemExit, match="no link gives the paper's ratio"):
+    with pytest.raises(BenchError, match="no link gives the paper's ratio"):
         paper.solve_bandwidth(compute_s=0.1, aggregate_s=1.0, bytes_sent=1e3, bps=1e9)
 
 

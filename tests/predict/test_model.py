@@ -27,15 +27,18 @@ def test_slower_links_and_more_bytes_cost_more(calibrated):
 
 def test_unknown_world_size_or_aggregator_is_one_line(calibrated):
     m = M.Calibrated.load(calibrated)
-    with pytest.raises(SystemExit, match="N=2000 not in the calibrated structure"):
+    with pytest.raises(M.PredictError, match="N=2000 not in the calibrated structure"):
         M.aggregation(m, "rar", 2000, 1e9)
-    with pytest.raises(SystemExit, match="aggregator 'orq' not calibrated"):
+    with pytest.raises(M.PredictError, match="aggregator 'orq' not calibrated"):
         M.aggregation(m, "orq", 4, 1e9)
 
 
 def test_missing_calibration_names_the_command(tmp_path):
-    with pytest.raises(SystemExit, match="python -m gvq.predict calibrate"):
+    with pytest.raises(M.PredictError, match="python -m gvq.predict calibrate"):
         M.Calibrated.load(tmp_path)
+    from gvq.predict.__main__ import main           # the command ends with that one line
+    with pytest.raises(SystemExit, match="python -m gvq.predict calibrate"):
+        main(["--calibration", str(tmp_path)])
 
 
 def test_cost_curves_interpolate_and_extrapolate_along_their_end_slopes():

@@ -224,9 +224,6 @@ def plan_checks(part: str, args, gpus: int, out: Path) -> list[Check]:
         return tests_plan(out, args.k, args.file_timeout)
     if part == "codecs":
         return codecs_plan(out, args.codecs, args.reps, args.timeout)
-    unknown = sorted(set(args.aggregators or []) - set(aggregator_options()))
-    if unknown:
-        raise SystemExit(f"gpucheck: --aggregators {' '.join(unknown)}: not in conf/aggregator/")
     return cli_plan(out, gpus, args.world_sizes, args.aggregators, args.timeout)
 
 
@@ -239,6 +236,9 @@ def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: in
         if not gpus:
             print(f"gpucheck: no CUDA device is visible: {why}; run it on a CUDA machine", file=sys.stderr)
             raise SystemExit(2)
+    unknown = sorted(set(args.aggregators or []) - set(aggregator_options())) if "cli" in args.part else []
+    if unknown:
+        raise SystemExit(f"gpucheck: --aggregators {' '.join(unknown)}: not in conf/aggregator/")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     plans = {part: plan_checks(part, args, gpus, out) for part in args.part}     # a bad flag fails before any run
