@@ -88,8 +88,8 @@ def _main(argv: list[str]):
     p.add_argument("--reps", type=int, default=6, help="--validate: aggregation repetitions per cell")
     p.add_argument("--iters", type=int, default=4, help="--validate: timed iterations per cell")
     p.add_argument("--out", type=Path, default=None, help="--validate: also write the table as CSV here")
-    p.add_argument("--validate-overlap", type=Path, default=None, metavar="BENCH_JSON",
-                   help="model (calibrate + calibrate-overlap) vs a `gvq.bench overlap --out` JSON, per mode")
+    p.add_argument("--validate-overlap", type=Path, nargs="+", default=None, metavar="BENCH_JSON",
+                   help="model (calibrate + calibrate-overlap) vs `gvq.bench overlap --out` JSONs, per mode")
     p.add_argument("--overlap-phases", choices=("bench", "calibration"), default="bench",
                    help="--validate-overlap: compute phases from the benchmark's own compute-alone mode "
                         "(measured beside every mode) or from the calibration")

@@ -134,24 +134,31 @@ def overlap_summary(df: pd.DataFrame) -> str:
             f"{w['link_Mbps']:g} Mbit/s, compute x{w['compute_scale']:.3g}: ratio {w['iter_ratio']:.2f}")
 
 
-def report_overlap_validation(folder, bench_json, args) -> pd.DataFrame:
-    """``python -m gvq.predict --validate-overlap BENCH.json``: the table, the summary, ``--out`` CSV."""
-    import json
-
+def report_overlap_validation(folder, bench_jsons, args) -> pd.DataFrame:
+    """``python -m gvq.predict --validate-overlap BENCH.json ...``: the table over every file's records,
+    the summary, ``--out`` CSV."""
     from gvq.predict.overlap import Overlap
-    ov, bench = Overlap.load(folder), json.loads(bench_json.read_text())
+    ov = Overlap.load(folder)
+    frames = [_validated_file(ov, path, args) for path in bench_jsons]
+    df = pd.concat(frames, ignore_index=True)
+    print(df.to_markdown(index=False, floatfmt=".4g"))
+    print(overlap_summary(df))
+    if args.out:
+        df.to_csv(args.out, index=False)
+    return df
+
+
+def _validated_file(ov, bench_json, args) -> pd.DataFrame:
+    """One ``gvq.bench overlap --out`` file's rows, refused in one line if it measured another job."""
+    import json
+    bench = json.loads(bench_json.read_text())
     st = bench["setting"]
     if (st["model"], st["batch_per_rank"], st["num_classes"]) != (ov.m.cal["model"], ov.m.cal["batch_size"],
                                                                    ov.m.cal["num_classes"]):
         raise ValueError(f"{bench_json}: measured on {st['model']}, batch {st['batch_per_rank']}, "
                          f"{st['num_classes']} classes; the calibration is {ov.m.cal['model']}, batch "
                          f"{ov.m.cal['batch_size']}, {ov.m.cal['num_classes']} classes")
-    df = overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared")
-    print(f"# model / gvq.bench overlap ({st['model']}, batch {st['batch_per_rank']}; phases from the "
+    print(f"# model / {bench_json} ({st['model']}, batch {st['batch_per_rank']}; phases from the "
           f"{args.overlap_phases}; bench settings {st['set']} {st.get('per_option', {})}, calibration "
           f"settings {ov.m.cal['settings']}; ratio 1 = exact)")
-    print(df.to_markdown(index=False, floatfmt=".4g"))
-    print(overlap_summary(df))
-    if args.out:
-        df.to_csv(args.out, index=False)
-    return df
+    return overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared")

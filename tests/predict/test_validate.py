@@ -1,6 +1,10 @@
 """Validation table (gvq/predict/validate.py): ratios and the summary line, on given measurements."""
 from __future__ import annotations
 
+import argparse
+import json
+
+import pandas as pd
 import pytest
 
 from gvq.predict import model as M
@@ -77,3 +81,25 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
     text = validate.overlap_summary(df)
     assert text.startswith("3 (cell, aggregator, mode): 2 within 10% (67%), 0 beyond 25%")
     assert "worst: rar overlap at N=8, 50 Mbit/s" in text and "ratio 0.80" in text
+
+
+def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_path, monkeypatch, capsys):
+    model = _ScriptedModel()
+    model.m = type("M", (), {"aggregators": ["rar", "fp16"], "cal": {"model": "resnet32", "batch_size": 32,
+                                                                      "num_classes": 100, "settings": []}})()
+    monkeypatch.setattr("gvq.predict.overlap.Overlap.load", lambda folder: model)
+    setting = {"model": "resnet32", "batch_per_rank": 32, "num_classes": 100, "set": [], "codec_scale": 1.0}
+    files = []
+    for i, agg in enumerate(("rar", "fp16")):            # e.g. one spawn per aggregator at N = 32
+        files.append(tmp_path / f"n32_{agg}.json")
+        files[-1].write_text(json.dumps({"setting": setting, "modes": [_record(agg, "post", 1.0 + i)]}))
+    args = argparse.Namespace(overlap_phases="bench", comm_core="shared", out=tmp_path / "v.csv")
+    df = validate.report_overlap_validation(tmp_path, files, args)
+    assert list(df["aggregator"]) == ["rar", "fp16"] and df["iter_ratio"].tolist() == pytest.approx([1.0, 0.5])
+    assert "2 (cell, aggregator, mode): 1 within 10%" in capsys.readouterr().out
+    assert len(pd.read_csv(tmp_path / "v.csv")) == 2
+    other = tmp_path / "cnn.json"
+    other.write_text(json.dumps({"setting": {**setting, "model": "cnn"}, "modes": []}))
+    with pytest.raises(ValueError, match="cnn.json: measured on cnn, batch 32, 100 classes; the calibration is "
+                                         "resnet32"):
+        validate.report_overlap_validation(tmp_path, [files[0], other], args)
