@@ -110,11 +110,15 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=Path("runs/predict"))
     p.add_argument("--overlap", action="store_true", help="post-backward and overlapped modes (N >= 8, 50 "
                    "Mbit/s..100 Gbit/s, compute x1 and x1/6) against overlapped fp16; needs calibrate-overlap")
+    p.add_argument("--iterations-to-target", nargs="+", default=[], metavar="AGGREGATOR=ITERATIONS",
+                   help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 qsgd=113 (the time to "
+                        "accuracy table's mean iterations; aggregators without one are left out of that ranking)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.overlap:
         try:
-            return project_overlap(args.models, args.calibration, args.out, args.max_world_size)
+            return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
+                                   _iterations_to_target(p, args.iterations_to_target))
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
     frames = []
@@ -158,32 +162,53 @@ def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared:
     return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
 
 
-def overlap_winners(df: pd.DataFrame) -> pd.DataFrame:
+def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None) -> pd.DataFrame:
     """Per cell: the fastest (aggregator, mode), its gain over overlapped fp16 (``margin``: fp16
-    overlapped / the winner), the runner-up and GradiVeQ's best mode against RAR's best."""
+    overlapped / the winner), the runner-up and GradiVeQ's best mode against RAR's best; with ``iters``
+    (iterations to the target accuracy per aggregator) also the winner by time to accuracy."""
     out = []
     for (n, b, c), g in df.groupby(["N", "link_bps", "compute_scale"]):
-        g = g.sort_values("iter_s")
-        fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["iter_s"]
-        best = g.groupby("aggregator")["iter_s"].min()
-        gv = next((a for a in best.index if a.startswith("gradiveq")), None)
-        out.append({"N": n, "link_bps": b, "compute_scale": c,
-                    "winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "winner_s": g["iter_s"].iloc[0],
-                    "runner_up": f"{g['aggregator'].iloc[1]} {g['mode'].iloc[1]}",
-                    "margin": fp16.iloc[0] / g["iter_s"].iloc[0] if len(fp16) else np.nan,
-                    "gradiveq_vs_rar": best["rar"] / best[gv] if gv and "rar" in best else np.nan})
+        rec = _fastest(g)
+        if iters:
+            rec.update(_fastest_to_target(g, iters))
+        out.append({"N": n, "link_bps": b, "compute_scale": c, **rec})
     return pd.DataFrame(out)
 
 
-def project_overlap(models, calibration: Path, out: Path, max_world: int) -> pd.DataFrame:
+def _fastest(g: pd.DataFrame) -> dict:
+    g = g.sort_values("iter_s")
+    fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["iter_s"]
+    best = g.groupby("aggregator")["iter_s"].min()
+    gv = next((a for a in best.index if a.startswith("gradiveq")), None)
+    return {"winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "winner_s": g["iter_s"].iloc[0],
+            "runner_up": f"{g['aggregator'].iloc[1]} {g['mode'].iloc[1]}",
+            "margin": fp16.iloc[0] / g["iter_s"].iloc[0] if len(fp16) else np.nan,
+            "gradiveq_vs_rar": best["rar"] / best[gv] if gv and "rar" in best else np.nan}
+
+
+def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float]) -> dict:
+    """Seconds to the target = iterations to it x seconds per iteration, over the aggregators ``iters``
+    names; the gain over overlapped fp16's own time to the target."""
+    g = g[g["aggregator"].isin(iters)]
+    tta = (g["aggregator"].map(iters) * g["iter_s"]).rename("tta_s")
+    g = g.assign(tta_s=tta).sort_values("tta_s")
+    fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["tta_s"]
+    return {"tta_winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}" if len(g) else None,
+            "tta_s": g["tta_s"].iloc[0] if len(g) else np.nan,
+            "tta_margin": fp16.iloc[0] / g["tta_s"].iloc[0] if len(fp16) and len(g) else np.nan}
+
+
+def project_overlap(models, calibration: Path, out: Path, max_world: int,
+                    iters: dict[str, float] | None = None) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
-    (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16)."""
+    (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
+    ``iters``, the winners by time to accuracy too."""
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
         ov = Overlap.load(calibration / model)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
-        win = overlap_winners(overlap_grid(ov, worlds)).assign(model=model)
+        win = overlap_winners(overlap_grid(ov, worlds), iters).assign(model=model)
         plot(win, f"{model} (post + overlapped; cell: gain over overlapped fp16)",
              out / f"projection_overlap_{model}.png")
         frames.append(win)
@@ -191,6 +216,22 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int) -> pd.
     full.to_csv(out / "projection_overlap.csv", index=False)
     show = full.assign(link=full["link_bps"].map(lambda b: f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M"))
     print("# winner (aggregator, mode) per cell and its gain over overlapped fp16 (virtual-time terms)")
-    print(show[["model", "compute_scale", "N", "link", "winner", "margin", "runner_up"]].to_markdown(
-        index=False, floatfmt=".3g"))
+    cols = ["model", "compute_scale", "N", "link", "winner", "margin", "runner_up"]
+    if iters:          # an aggregator's iterations to the target taken as the same at every N and link
+        print(f"# time to accuracy: iterations to the target {iters} x seconds per iteration")
+        cols += ["tta_winner", "tta_margin"]
+    print(show[cols].to_markdown(index=False, floatfmt=".3g"))
     return full
+
+
+def _iterations_to_target(p: argparse.ArgumentParser, pairs: list[str]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            p.error(f"--iterations-to-target {pair!r}: expected AGGREGATOR=ITERATIONS (a number)")
+        if not out[name] > 0:
+            p.error(f"--iterations-to-target {pair!r}: iterations must be > 0")
+    return out

@@ -61,3 +61,24 @@ def test_overlap_projection_names_the_winning_mode_and_its_gain_over_overlapped_
     assert slow["margin"] == pytest.approx(1.0)
     assert slow["gradiveq_vs_rar"] == pytest.approx(1.6 / 1.1)
     assert fast["winner"] == "rar overlap" and fast["margin"] == pytest.approx(1.0 / 0.4)
+
+
+def test_overlap_projection_ranks_by_time_to_accuracy_where_iterations_are_given():
+    from gvq.predict.project import overlap_grid, overlap_winners
+    df = overlap_grid(_ScriptedOverlap(), [8], links=[5e7], scales=[1.0])
+    # fp16 overlapped is fastest per iteration (1.0 s) but needs 150 iterations; GradiVeQ 1.1 s x 100
+    win = overlap_winners(df, {"fp16": 150, "gradiveq_bf16": 100}).iloc[0]
+    assert win["winner"] == "fp16 overlap"
+    assert win["tta_winner"] == "gradiveq_bf16 overlap" and win["tta_s"] == pytest.approx(110.0)
+    assert win["tta_margin"] == pytest.approx(150.0 / 110.0)
+    assert "tta_winner" not in overlap_winners(df).columns            # no iterations: no such ranking
+
+
+@pytest.mark.parametrize("bad", ["rar", "rar=x", "rar=0"])
+def test_iterations_to_target_are_refused_in_one_line(bad, tmp_path, capsys):
+    from gvq.predict.project import main
+    with pytest.raises(SystemExit):
+        main(["--overlap", "--out", str(tmp_path), "--iterations-to-target", bad])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"--iterations-to-target {bad!r}: " + ("iterations must be > 0" if bad == "rar=0"
+                                                                     else "expected AGGREGATOR=ITERATIONS (a number)"))
