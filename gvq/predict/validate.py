@@ -118,8 +118,15 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True) ->
         rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale", "aggregator", "variant", "iter_s",
                                        "aggregate_s", "exposed_s")}
                     | {f"model_{k}": got[k] for k in ("iter_s", "aggregate_s", "exposed_s")}
-                    | {"iter_ratio": got["iter_s"] / r["iter_s"]})
+                    | {"iter_ratio": got["iter_s"] / r["iter_s"], "in_interval": _inside(got["iter_s"], r)})
     return pd.DataFrame(rows)
+
+
+def _inside(value: float, rec: dict) -> bool | None:
+    """Whether ``value`` lies in the record's 95% interval of its median seconds per iteration (None: the
+    record has none, e.g. written before the bench kept intervals)."""
+    lo, hi = rec.get("iter_lo_s"), rec.get("iter_hi_s")
+    return None if lo is None or hi is None else bool(lo <= value <= hi)
 
 
 def overlap_summary(df: pd.DataFrame) -> str:
@@ -129,9 +136,11 @@ def overlap_summary(df: pd.DataFrame) -> str:
         return "0 cells: no calibrated aggregator in the benchmark's records"
     off = (df["iter_ratio"] - 1).abs()
     w = df.loc[off.idxmax()]
+    known = df["in_interval"].dropna() if "in_interval" in df else pd.Series(dtype=bool)
+    inside = f"; {int(known.sum())} of {len(known)} inside the measured 95% interval" if len(known) else ""
     return (f"{len(df)} (cell, aggregator, mode): {int((off <= 0.10).sum())} within 10% ({(off <= 0.10).mean():.0%}), "
             f"{int((off > 0.25).sum())} beyond 25%; worst: {w['aggregator']} {w['variant']} at N={w['N']}, "
-            f"{w['link_Mbps']:g} Mbit/s, compute x{w['compute_scale']:.3g}: ratio {w['iter_ratio']:.2f}")
+            f"{w['link_Mbps']:g} Mbit/s, compute x{w['compute_scale']:.3g}: ratio {w['iter_ratio']:.2f}{inside}")
 
 
 def report_overlap_validation(folder, bench_jsons, args) -> pd.DataFrame:

@@ -81,6 +81,12 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
     text = validate.overlap_summary(df)
     assert text.startswith("3 (cell, aggregator, mode): 2 within 10% (67%), 0 beyond 25%")
     assert "worst: rar overlap at N=8, 50 Mbit/s" in text and "ratio 0.80" in text
+    assert "inside the measured" not in text                   # these records carry no interval
+    bench["modes"][0].update(iter_lo_s=1.01, iter_hi_s=1.10)   # the model's 1.0 s falls below it
+    bench["modes"][1].update(iter_lo_s=1.9, iter_hi_s=2.6)     # 2.0 s inside
+    df = validate.overlap_rows(_ScriptedModel(), bench)
+    assert df["in_interval"].tolist() == [False, True, None]
+    assert validate.overlap_summary(df).endswith("; 1 of 2 inside the measured 95% interval")
 
 
 def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_path, monkeypatch, capsys):
