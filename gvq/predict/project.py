@@ -209,7 +209,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         ov = Overlap.load(calibration / model)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
         win = overlap_winners(overlap_grid(ov, worlds), iters).assign(model=model)
-        plot(win, f"{model} (post + overlapped; cell: gain over overlapped fp16)",
+        plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
              out / f"projection_overlap_{model}.png")
         frames.append(win)
     full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"], ascending=[True, False, True, True])
