@@ -84,11 +84,11 @@ def mode_records(raw: dict, world: int, scale: float) -> list[dict]:
         rec = {"N": world, "compute_scale": scale, "link_Mbps": float(bps) / 1e6, "aggregator": agg,
                "variant": variant, "alone_s": alone["iter_s"], "compute_s": alone["compute_s"],
                "backward_s": alone["backward_s"]}
-        for k in ("iter_s", "aggregate_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"):
+        for k in ("aggregate_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"):
             rec[k] = _median(rows, k)
         every = _column(rows, "iter_s")
-        ci = median_interval(every)
-        rec.update(iter_lo_s=ci.lo, iter_hi_s=ci.hi, iters_s=every)
+        ci = median_interval(every)                 # its median is the record's iter_s
+        rec.update(iter_s=ci.median, iter_lo_s=ci.lo, iter_hi_s=ci.hi, iters_s=every)
         out.append(rec)
     return out
 

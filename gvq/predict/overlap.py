@@ -95,6 +95,11 @@ class Overlap:
                                             for k, v in m.cal["codecs"].items()}}
         return cls(m, ov)
 
+    @property
+    def finite_s(self) -> float:
+        """One non-finite check of the whole gradient (the guards' before / after aggregation)."""
+        return float(M.op_cost(self.m.cal["vector"]["finite"], self.m.struct["numel"], 1.0))
+
     def phases(self, n: int, compute_scale: float) -> Phases:
         """This machine's calibrated phases, the slowest of ``n`` ranks (as :func:`M.slowest`: each
         phase scaled by the slowest-of-N share of the whole compute), times ``compute_scale``."""
@@ -148,18 +153,17 @@ class Overlap:
         benchmark's own compute-alone mode) instead of the calibration's."""
         ph = phases or self.phases(n, compute_scale)
         ready, costs = self.bucket_costs(name, n, bps, alpha, codec_scale, cap)
-        finite = float(M.op_cost(self.m.cal["vector"]["finite"], self.m.struct["numel"], 1.0))
-        return replay_lanes(ph, ready, costs, shared, finite)
+        return replay_lanes(ph, ready, costs, shared, self.finite_s)
 
     def post_iteration(self, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
                        compute_scale: float = 1.0, phases: Phases | None = None) -> dict:
         """Today's post-backward model with the same phases: compute, two non-finite checks, the
         untimed measurement, aggregation."""
         ph = phases or self.phases(n, compute_scale)
-        finite = float(M.op_cost(self.m.cal["vector"]["finite"], self.m.struct["numel"], 1.0))
         agg = M.aggregation(self.m, name, n, bps, alpha, codec_scale)
         meas = self.m.cal["measure"].get(name, 0.0)
-        return {"compute_s": ph.forward + ph.backward, "aggregate_s": agg, "iter_s": ph.total + 2 * finite + meas + agg,
+        return {"compute_s": ph.forward + ph.backward, "aggregate_s": agg,
+                "iter_s": ph.total + 2 * self.finite_s + meas + agg,
                 "exposed_s": agg, "comm_s": agg, "buckets": 1}
 
 

@@ -176,6 +176,7 @@ def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None) -> 
 
 
 def _fastest(g: pd.DataFrame) -> dict:
+    """One cell's fastest (aggregator, mode) per iteration, runner-up, gain over overlapped fp16, GradiVeQ vs RAR."""
     g = g.sort_values("iter_s")
     fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["iter_s"]
     best = g.groupby("aggregator")["iter_s"].min()
