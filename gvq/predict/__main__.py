@@ -93,6 +93,9 @@ def _main(argv: list[str]):
     p.add_argument("--overlap-phases", choices=("bench", "calibration"), default="bench",
                    help="--validate-overlap: compute phases from the benchmark's own compute-alone mode "
                         "(measured beside every mode) or from the calibration")
+    p.add_argument("--overlap-msg", choices=("host", "calibration"), default="host",
+                   help="--validate-overlap: a message posted costs what N ranks sharing this host's cores "
+                        "pay (calibrate-overlap --host-ranks N), or the calibration's (a rank a core)")
     p.add_argument("--comm-core", choices=("shared", "own"), default="shared",
                    help="--validate-overlap: net.comm_core the benchmark ran with (gvq.bench: shared)")
     args = p.parse_args(argv)

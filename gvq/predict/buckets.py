@@ -8,12 +8,16 @@ writes ``overlap.json`` beside ``calibration.json``.
 * backward timed apart from forward and the optimizer step, and when, within backward, each
   parameter's gradient was produced (a hook per parameter, CPU time of the one thread): a bucket is
   ready when its last gradient is;
-* per bucket, its share of the whole gradient's values and of each ring's payload bytes, from the
-  aggregator's own per-bucket rings (:func:`gvq.predict.structure.bucket_rounds`): the model replays a
-  bucket as the whole gradient's ring at that N with its pieces scaled by these shares.
+* per bucket, its share of the whole gradient's values and its own rings at every stored N, as the
+  aggregator's per-bucket path builds them (:func:`gvq.predict.structure.bucket_rounds`): the model
+  replays a bucket's own pieces;
+* per bucket, ``codec_factor``: what its own codec costs over what the whole gradient's codec curves say
+  for pieces of its sizes (GradiVeQ restricts its bases to a bucket's layers, so a bucket's codec is not
+  the whole one at a smaller size; every other aggregator's bucket runs the whole codec: 1).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -85,22 +89,59 @@ def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFI
             "nbytes": [p.numel() * p.element_size() for p in params]}
 
 
-def bucket_shares(name: str, agg, buckets: list[list[int]], numel: int) -> list[dict]:
-    """Per bucket: ``values`` (its share of the gradient's values) and ``bytes`` (per ring, its share
-    of that ring's payload bytes), from the aggregator's per-bucket rings at two ranks."""
-    from gvq.predict.structure import bucket_rounds, rounds
-    whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, numel, 2)]
+def bucket_entries(name: str, agg, buckets: list[list[int]], numel: int, curves: dict | None = None,
+                   ns: list[int] | None = None) -> list[dict]:
+    """Per bucket: ``params``, ``values`` (its share of the gradient's values), ``rounds`` (its own rings
+    at every N of ``ns``, default the stored structure's, as the aggregator's per-bucket path builds
+    them: a bucket's pieces are not the whole gradient's scaled, e.g. GradiVeQ cuts fewer in a small
+    bucket) and ``codec_factor`` (:func:`codec_factor`; 1 without ``curves``, the calibration's codec
+    curves)."""
+    from gvq.predict.structure import bucket_rounds, stored, structure_ns
     out = []
     for b in buckets:
-        mine = [sum(map(sum, r["bytes"])) for r in bucket_rounds(name, agg, b, 2)]
         out.append({"params": b, "values": sum(agg.params[i].numel() for i in b) / numel,
-                    "bytes": [m / max(w, 1) for m, w in zip(mine, whole)]})
+                    "rounds": {str(n): stored(bucket_rounds(name, agg, b, n)) for n in ns or structure_ns()},
+                    "codec_factor": 1.0 if curves is None else codec_factor(name, agg, b, curves)})
     return out
 
 
-def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS) -> dict:
+def codec_factor(name: str, agg, params: list[int], curves: dict, reps: int = 3) -> float:
+    """A bucket's codec calls on its own 2-rank ring pieces (median of ``reps``, caches flushed as in
+    ``calibrate``), over the whole gradient's curves ``curves[name]`` at those calls' sizes.  Only
+    GradiVeQ's bucket has a codec of its own (its bases restricted to the bucket's layers: fewer
+    blocks, other shapes); every other aggregator's bucket runs the whole codec, whose curves hold."""
+    from gvq.aggregators.gradiveq import GradiVeQAggregator
+    from gvq.predict.calibrate import Evict, one_rank_ring
+    from gvq.predict.model import op_cost
+    from gvq.predict.structure import bucket_rounds
+    if not isinstance(agg, GradiVeQAggregator):
+        return 1.0
+    rnd = bucket_rounds(name, agg, params, 2)[0]
+    codec, pieces = rnd["codec"], [q for seg in rnd["segs"] for q in seg]
+    flat, evict = torch.randn(codec.layout.numel), Evict(True)
+    runs = [one_rank_ring(codec, flat, pieces, lambda f: _tracking(codec, f), False, evict)
+            for _ in range(reps + 1)][1:]            # the first pass untimed: plans, layouts
+    own = sum(statistics.median(r[op][k][1] for r in runs) for op in runs[0] for k in range(len(pieces)))
+    model = sum(float(op_cost(curves[name][op], size, 1.0)) for op in runs[0] for size, _ in runs[0][op])
+    return own / model if model > 0 else 1.0
+
+
+@contextlib.contextmanager
+def _tracking(codec, flat: torch.Tensor):
+    """GradiVeQ's Eq. 7 tracking on a bucket's vector, as its per-bucket path runs its codec."""
+    codec.track(flat)
+    try:
+        yield
+    finally:
+        codec.track(None)
+
+
+def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS, host_ranks=()) -> dict:
     """Profile backward and cut DDP's buckets for the model ``folder/calibration.json`` was made on,
-    with its aggregators and settings; write ``folder/overlap.json``."""
+    with its aggregators and settings; time messages with each of ``host_ranks`` ranks on this host
+    (``host_msg``: what validation against this host's N-rank benchmarks needs); write
+    ``folder/overlap.json``."""
+    from gvq.predict.calibrate import message_cost
     from gvq.predict.structure import build_on_one_rank
     cal = json.loads((folder / "calibration.json").read_text())
     names = list(json.loads((folder / "structure.json").read_text())["aggregators"])
@@ -108,10 +149,14 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS)
     torch.manual_seed(0)
     prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps)
     layouts = {cap_key(c): assign_buckets(prof["nbytes"], prof["order"], bucket_limits(c)) for c in [None, *caps]}
-    out = {"model": cal["model"], "profile": prof, "buckets": {}}
+    out = {"model": cal["model"], "profile": prof, "buckets": {}, "host_msg": {}}
+    for n in host_ranks:                        # fewer calls at large N: each posts 4 (N - 1) messages
+        out["host_msg"][str(n)] = message_cost(max(4, 80 // n), n)
+        print(f"gvq.predict calibrate-overlap: {n} ranks on this host: {out['host_msg'][str(n)][0] * 1e6:.1f} "
+              "us per message posted", flush=True)
     for name in names:
         agg, numel = build_on_one_rank(name, cal["model"], cal["num_classes"], cal["settings"])
-        out["buckets"][name] = {k: bucket_shares(name, agg, b, numel) for k, b in layouts.items()}
+        out["buckets"][name] = {k: bucket_entries(name, agg, b, numel, cal["codecs"]) for k, b in layouts.items()}
         print(f"gvq.predict calibrate-overlap: {name}: buckets {[len(b) for b in layouts.values()]}", flush=True)
     (folder / "overlap.json").write_text(json.dumps(out))
     return out
@@ -132,12 +177,15 @@ def main(argv=None):
     p.add_argument("--calibration", type=Path, default=None, help="calibrate's output folder, if elsewhere")
     p.add_argument("--bucket-mb", type=float, nargs="*", default=[0.25],
                    help="bucket sizes (MB) besides DDP's default, as gvq.bench overlap --bucket-mb")
+    p.add_argument("--host-ranks", type=int, nargs="*", default=[],
+                   help="world sizes whose per-message cost on this host (ranks sharing its cores) "
+                        "--validate-overlap needs: those of the benchmarks validated, e.g. 4 8 16 32")
     args = p.parse_args(argv)
     folder = args.calibration or ROOT_DIR / args.model
     if not (folder / "calibration.json").exists():
         raise PredictError(f"gvq.predict calibrate-overlap: no {folder}/calibration.json: run "
                          f"`python -m gvq.predict calibrate --model {args.model}` first")
-    out = calibrate_overlap(folder, args.bucket_mb)
+    out = calibrate_overlap(folder, args.bucket_mb, host_ranks=args.host_ranks)
     prof = out["profile"]
     print(f"gvq.predict calibrate-overlap: forward {statistics.median(prof['forward']) * 1e3:.1f} ms, backward "
           f"{statistics.median(prof['backward']) * 1e3:.1f} ms, step {statistics.median(prof['step']) * 1e3:.1f} "

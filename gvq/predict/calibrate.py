@@ -19,6 +19,7 @@ from gvq.predict.structure import (
     SETTINGS,
     build_on_one_rank,
     rounds,
+    stored,
     structure_ns,
 )
 
@@ -110,7 +111,7 @@ def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) ->
     each piece's own figure and the curve only in between."""
     points: dict[str, dict[str, list]] = {}
     exact: dict[str, dict[str, dict]] = {}
-    flat, evict = torch.randn(numel), _Evict(cold)
+    flat, evict = torch.randn(numel), Evict(cold)
     for n in CAL_NS:
         for rnd in rounds(name, agg, numel, n):
             if rnd["kind"] == "plain":
@@ -118,7 +119,8 @@ def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) ->
             every = [q for seg in rnd["segs"] for q in seg]
             pieces = every if len(every) <= EXACT_MAX else _sample(every)
             hop = rnd["kind"] == "reencode"
-            runs = [_one_rank_ring(rnd["codec"], flat, pieces, agg, hop, evict) for _ in range(reps + 1)][1:]
+            runs = [one_rank_ring(rnd["codec"], flat, pieces, agg.codec_session, hop, evict)
+                    for _ in range(reps + 1)][1:]
             meds = {op: [statistics.median(r[op][k][1] for r in runs) for k in range(len(pieces))] for op in runs[0]}
             got = points.setdefault(rnd["key"], {op: [] for op in runs[0]})
             for op in got:
@@ -135,7 +137,7 @@ def _sample(pieces: list) -> list:
     return [pieces[i] for i in sorted(set(idx))]
 
 
-class _Evict:
+class Evict:
     """Touches a buffer twice the last-level cache: what a cache looks like after a wait."""
 
     def __init__(self, on: bool):
@@ -155,12 +157,13 @@ def _llc_bytes() -> int:
     return max(sizes, default=64 << 20)
 
 
-def _one_rank_ring(comp, flat, pieces, agg, hop: bool, evict: _Evict) -> dict[str, list]:
-    """One rank's codec calls, each the ring's own statement: (values, seconds) per call, per op."""
+def one_rank_ring(comp, flat, pieces, session, hop: bool, evict: Evict) -> dict[str, list]:
+    """One rank's codec calls, each the ring's own statement: (values, seconds) per call, per op.
+    ``session(flat)``: the context the codec runs in (an aggregator's ``codec_session``)."""
     ops = ("compress", "decompress") + (("hop",) if hop else ("add",))   # payloads add only if additive
     got: dict[str, list] = {op: [] for op in ops}
     # as the aggregator's own rings: PowerSGD starts a P / Q iteration, GradiVeQ tracks its Eq. 7 loss
-    with agg.codec_session(flat):
+    with session(flat):
         payloads = [_time_call(got["compress"], q, evict, lambda: comp.compress(flat[q], q)) for q in pieces]
         for q, pl in zip(pieces, payloads):
             inbox = comp.empty_payload(q, flat.device)
@@ -188,18 +191,21 @@ def _time_call(into: list, q: slice, evict, fn, size: int | None = None):
     return out
 
 
-MSG_VALUES = (64, 131072)                # 2-rank rings: segments of 128 B and 256 KB
+MSG_SEGMENTS = (32, 65536)               # ring segments of 128 B and 256 KB
 
 
-def message_cost(reps: int = 40) -> list[float]:
-    """[fixed, per byte] CPU seconds the virtual clock counts per posted send or receive, from 2-rank
-    virtual-time rings of two sizes (everything but the blocked waits, less the ring's own add)."""
+def message_cost(reps: int = 40, world: int = 2) -> list[float]:
+    """[fixed, per byte] CPU seconds the virtual clock counts per posted send or receive, from
+    virtual-time rings of ``world`` ranks on this host, of two sizes (everything but the blocked waits,
+    less the ring's own adds).  ``world`` 2: a rank a core here, the cluster the model projects to;
+    more: ranks sharing this host's cores, as its N-rank benchmarks run them (a rank woken after others
+    ran on its core pays more per message: ``calibrate-overlap --host-ranks``)."""
     from gvq.bench.common import spawn_loopback
-    per_post = spawn_loopback(_message_rank, 2, reps)["per_post"]
-    return linear([(v // 2 * 4, t) for v, t in zip(MSG_VALUES, per_post)])
+    per_post = spawn_loopback(_message_rank, world, world, reps)["per_post"]
+    return linear([(v * 4, t) for v, t in zip(MSG_SEGMENTS, per_post)])
 
 
-def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
+def _message_rank(rank: int, world: int, reps: int, init: str, out: str) -> None:
     import torch.distributed as dist
 
     from gvq.aggregators.base import equal_segments
@@ -207,11 +213,11 @@ def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
     from gvq.comm.p2p import P2P
     torch.set_num_threads(1)
     clock.configure("virtual", exclusive=True)   # as the benchmarks: the ring timed alone
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        p2p, per_post = P2P(rank, 2, 60.0, 1e15), []
-        for values in MSG_VALUES:
-            x, segs = torch.zeros(values), equal_segments(values, 2)
+        p2p, per_post = P2P(rank, world, 600.0, 1e15), []
+        for seg in MSG_SEGMENTS:
+            x, segs = torch.zeros(seg * world), equal_segments(seg * world, world)
             ring.allreduce_(x, segs, p2p)
             blocks = []
             for _ in range(5):                  # median of blocks: one hiccup of the host is not a cost
@@ -220,9 +226,10 @@ def _message_rank(rank: int, reps: int, init: str, out: str) -> None:
                     ring.allreduce_(x, segs, p2p)
                 blocks.append((clock.sync() - t0) / reps)
             per_call = statistics.median(blocks)
-            half, buf = x[segs[0]], torch.zeros(segs[0].stop)
-            add = statistics.median(_cpu_seconds(lambda: half.__iadd__(buf)) for _ in range(reps))
-            per_post.append((per_call - add) / 4)  # 2 steps x (1 receive + 1 send) posted per call
+            part, buf = x[segs[0]], torch.zeros(seg)
+            add = statistics.median(_cpu_seconds(lambda: part.__iadd__(buf)) for _ in range(reps))
+            # 2 (N - 1) steps, each a receive and a send posted; N - 1 of them add
+            per_post.append((per_call - (world - 1) * add) / (4 * (world - 1)))
         if rank == 0:
             Path(out).write_text(json.dumps({"per_post": per_post}))
     finally:
@@ -258,8 +265,7 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel
-        struct["aggregators"][name] = {str(n): [{k: v for k, v in r.items() if k not in ("codec", "segs")}
-                                                for r in rounds(name, agg, numel, n)] for n in structure_ns()}
+        struct["aggregators"][name] = {str(n): stored(rounds(name, agg, numel, n)) for n in structure_ns()}
         print(f"gvq.predict calibrate: {name} measured", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(cal, indent=1))

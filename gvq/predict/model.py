@@ -111,22 +111,24 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
 
 
 def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,
-                codec_scale: float = 1.0) -> float:
-    """Seconds of one aggregation (the slowest rank), as the virtual clock would time it."""
-    key = (name, n, bps, alpha, codec_scale)
+                codec_scale: float = 1.0, msg: tuple[float, float] | None = None) -> float:
+    """Seconds of one aggregation (the slowest rank), as the virtual clock would time it.  ``msg``: the
+    [fixed, per byte] cost of posting a message, if not the calibration's (a rank a core)."""
+    key = (name, n, bps, alpha, codec_scale, msg)
     if key not in m.cache:
-        m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale)
+        m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale, msg or tuple(m.cal["msg"]))
     return m.cache[key]
 
 
-def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float) -> float:
+def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float,
+                          msg: tuple[float, float]) -> float:
     per_n = m.struct["aggregators"].get(name)
     if per_n is None:
         raise PredictError(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
     if str(n) not in per_n:
         raise PredictError(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
     cal, numel = m.cal, m.struct["numel"]
-    link = S.Link(bps, alpha, *cal["msg"])
+    link = S.Link(bps, alpha, *msg)
     t = np.zeros(n)
     for rnd in per_n[str(n)]:
         t = replay_ring(rnd, cal, link, codec_scale, t)

@@ -13,8 +13,9 @@ non-finite check, the wait for the last bucket (``aggregate_s``) and the optimiz
 ``exposed_s`` = last bucket averaged - backward produced it; ``comm_s`` = first bucket handed over ->
 last averaged.
 
-A bucket's ring is the whole gradient's ring at that N with its pieces' values and bytes scaled by the
-bucket's shares (``overlap.json``), costs read off the calibration's curves at those sizes.
+A bucket's rings are its own at that N (``overlap.json``: as the aggregator's per-bucket path cuts
+them), costs read off the calibration's curves at its pieces' sizes, its codec's times its
+``codec_factor`` (GradiVeQ's bucket codec is its own: see :mod:`gvq.predict.buckets`).
 """
 from __future__ import annotations
 
@@ -91,6 +92,9 @@ class Overlap:
         if not path.exists():
             raise FileNotFoundError(f"{path}: run `python -m gvq.predict calibrate-overlap --calibration {folder}`")
         ov = json.loads(path.read_text())
+        if any("rounds" not in b for caps in ov["buckets"].values() for bs in caps.values() for b in bs):
+            raise M.PredictError(f"{path}: written before buckets kept their own rings: run `python -m "
+                                 f"gvq.predict calibrate-overlap --calibration {folder}` again")
         ov["curves"] = {**m.cal, "codecs": {k: {op: c for op, c in v.items() if op != "pieces"}
                                             for k, v in m.cal["codecs"].items()}}
         return cls(m, ov)
@@ -108,34 +112,51 @@ class Overlap:
         q = M.compute_time(self.m, n) / float(np.median(self.m.cal.get("compute_samples") or [self.m.cal["compute_s"]]))
         return Phases(*(med[k] * q * compute_scale for k in ("forward", "backward", "step")))
 
+    def msg(self, n: int, host: bool) -> tuple[float, float]:
+        """[fixed, per byte] seconds to post a message: with ``host``, as ``n`` ranks sharing this host's
+        cores pay it (``calibrate-overlap --host-ranks``: what its virtual-time benchmarks measure),
+        else the calibration's (a rank a core: the clusters projected to)."""
+        if not host:
+            return tuple(self.m.cal["msg"])
+        got = self.ov.get("host_msg", {}).get(str(n))
+        if got is None:
+            raise M.PredictError(f"gvq.predict: no message cost of {n} ranks on this host: run `python -m "
+                                 f"gvq.predict calibrate-overlap --host-ranks {n}` (have "
+                                 f"{', '.join(self.ov.get('host_msg', {})) or 'none'})")
+        return tuple(got)
+
     def bucket_costs(self, name: str, n: int, bps: float, alpha: float, codec_scale: float,
-                     cap: str = "default") -> tuple[list[float], list[BucketCost]]:
-        """(ready share, cost) per bucket of aggregator ``name`` at bucket size ``cap``."""
-        key = ("overlap", name, n, bps, alpha, codec_scale, cap)
+                     cap: str = "default", host: bool = False) -> tuple[list[float], list[BucketCost]]:
+        """(ready share, cost) per bucket of aggregator ``name`` at bucket size ``cap`` (``host``: see
+        :meth:`msg`)."""
+        key = ("overlap", name, n, bps, alpha, codec_scale, cap, host)
         if key not in self.m.cache:
-            self.m.cache[key] = self._bucket_costs(name, n, bps, alpha, codec_scale, cap)
+            self.m.cache[key] = self._bucket_costs(name, n, bps, alpha, codec_scale, cap, self.msg(n, host))
         return self.m.cache[key]
 
-    def _bucket_costs(self, name, n, bps, alpha, codec_scale, cap):
+    def _bucket_costs(self, name, n, bps, alpha, codec_scale, cap, msg):
         cal, numel = self.m.cal, self.m.struct["numel"]
-        whole = self.m.struct["aggregators"][name][str(n)]
         ready, costs = [], []
         for b in self.ov["buckets"][name][cap]:
+            rnds = b["rounds"].get(str(n))
+            if rnds is None:
+                raise M.PredictError(f"gvq.predict: N={n} not in overlap.json's bucket structure (have "
+                                     f"{', '.join(sorted(b['rounds'], key=int))})")
             v = b["values"] * numel
-            rnds = [_scaled(r, b["values"], share) for r, share in zip(whole, b["bytes"])]
             lane = (float(M.op_cost(cal["vector"]["div"], v, 1.0)) + cal["measure"].get(name, 0.0) * b["values"])
             extra = 4 * float(M.op_cost(cal["vector"]["add"], v, codec_scale)) if name.startswith("powersgd") else 0.0
+            scale = codec_scale * b["codec_factor"]          # the bucket's own codec (GradiVeQ's restricted)
             ready.append(max(self.ov["profile"]["ready"][i] for i in b["params"]))
-            costs.append(BucketCost(self._ring(rnds, n, S.Link(bps, alpha, *cal["msg"]), codec_scale) + extra,
-                                    self._work(rnds, n, codec_scale, (name, cap, len(costs))) + extra, lane))
+            costs.append(BucketCost(self._ring(rnds, n, S.Link(bps, alpha, *msg), scale) + extra,
+                                    self._work(rnds, n, scale, msg, (name, cap, len(costs))) + extra, lane))
         return ready, costs
 
-    def _work(self, rnds: list[dict], n: int, codec_scale: float, which: tuple) -> float:
+    def _work(self, rnds: list[dict], n: int, codec_scale: float, msg: tuple, which: tuple) -> float:
         """A bucket's CPU work in its rings: the ranks' mean end on an infinitely fast link (the link
-        does not change it: kept per bucket, N and codec scale)."""
-        key = ("work", *which, n, codec_scale)
+        does not change it: kept per bucket, N, codec scale and message cost)."""
+        key = ("work", *which, n, codec_scale, msg)
         if key not in self.m.cache:
-            self.m.cache[key] = self._ring(rnds, n, S.Link(np.inf, 0.0, *self.m.cal["msg"]), codec_scale, True)
+            self.m.cache[key] = self._ring(rnds, n, S.Link(np.inf, 0.0, *msg), codec_scale, True)
         return self.m.cache[key]
 
     def _ring(self, rnds: list[dict], n: int, link: S.Link, codec_scale: float, mean: bool = False) -> float:
@@ -148,26 +169,21 @@ class Overlap:
 
     def iteration(self, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
                   compute_scale: float = 1.0, cap: str = "default", shared: bool = True,
-                  phases: Phases | None = None) -> dict:
+                  phases: Phases | None = None, host: bool = False) -> dict:
         """One overlapped iteration (see the module docstring); ``phases``: measured ones (e.g. the
-        benchmark's own compute-alone mode) instead of the calibration's."""
+        benchmark's own compute-alone mode) instead of the calibration's; ``host``: see :meth:`msg`."""
         ph = phases or self.phases(n, compute_scale)
-        ready, costs = self.bucket_costs(name, n, bps, alpha, codec_scale, cap)
+        ready, costs = self.bucket_costs(name, n, bps, alpha, codec_scale, cap, host)
         return replay_lanes(ph, ready, costs, shared, self.finite_s)
 
     def post_iteration(self, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-                       compute_scale: float = 1.0, phases: Phases | None = None) -> dict:
+                       compute_scale: float = 1.0, phases: Phases | None = None, host: bool = False) -> dict:
         """Today's post-backward model with the same phases: compute, two non-finite checks, the
         untimed measurement, aggregation."""
         ph = phases or self.phases(n, compute_scale)
-        agg = M.aggregation(self.m, name, n, bps, alpha, codec_scale)
+        agg = M.aggregation(self.m, name, n, bps, alpha, codec_scale, self.msg(n, host))
         meas = self.m.cal["measure"].get(name, 0.0)
         return {"compute_s": ph.forward + ph.backward, "aggregate_s": agg,
                 "iter_s": ph.total + 2 * self.finite_s + meas + agg,
                 "exposed_s": agg, "comm_s": agg, "buckets": 1}
 
-
-def _scaled(rnd: dict, values: float, nbytes: float) -> dict:
-    """A whole-gradient round with every piece's values and payload bytes scaled to one bucket's share."""
-    return {**rnd, "vals": [[v * values for v in seg] for seg in rnd["vals"]],
-            "bytes": [[b * nbytes for b in seg] for seg in rnd["bytes"]]}

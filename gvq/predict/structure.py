@@ -50,6 +50,11 @@ def _round(kind: str, key: str, comp, segs: list) -> dict:
             "bytes": [[(q.stop - q.start) * 4 if comp is None else _nbytes(comp, q) for q in seg] for seg in segs]}
 
 
+def stored(rnds: list[dict]) -> list[dict]:
+    """Rounds as ``structure.json`` and ``overlap.json`` keep them: without the codec and the slices."""
+    return [{k: v for k, v in r.items() if k not in ("codec", "segs")} for r in rnds]
+
+
 def rounds(name: str, agg, numel: int, n: int) -> list[dict]:
     """The rings aggregator option ``name`` runs at ``n`` ranks, in order (see the module docstring);
     each round's ``key`` names its codec's costs in the calibration."""

@@ -100,10 +100,11 @@ def bench_phases(rec: dict):
     return Phases(rec["compute_s"] - rec["backward_s"], rec["backward_s"], rec["alone_s"] - rec["compute_s"])
 
 
-def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True) -> pd.DataFrame:
+def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, host: bool = True) -> pd.DataFrame:
     """One row per record of a ``gvq.bench overlap --out`` JSON whose aggregator is calibrated: the
     measured and the modelled ``iter_s``, ``aggregate_s``, ``exposed_s`` and the ratio model / measured
-    of ``iter_s``.  ``phases``: ``bench`` (the record's compute-alone mode) or ``calibration``."""
+    of ``iter_s``.  ``phases``: ``bench`` (the record's compute-alone mode) or ``calibration``;
+    ``host``: messages cost what N ranks sharing this host's cores pay (the benchmark's ranks did)."""
     codec, rows = bench["setting"].get("codec_scale", 1.0), []
     for r in bench["modes"]:
         if r["aggregator"] not in ov.m.aggregators:
@@ -111,10 +112,10 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True) ->
         ph = bench_phases(r) if phases == "bench" else None
         args = (r["aggregator"], int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
         if r["variant"] == "post":
-            got = ov.post_iteration(*args, phases=ph)
+            got = ov.post_iteration(*args, phases=ph, host=host)
         else:
             cap = "default" if r["variant"] == "overlap" else r["variant"].split("@", 1)[1].removesuffix("MB")
-            got = ov.iteration(*args, cap=cap, shared=shared, phases=ph)
+            got = ov.iteration(*args, cap=cap, shared=shared, phases=ph, host=host)
         rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale", "aggregator", "variant", "iter_s",
                                        "aggregate_s", "exposed_s")}
                     | {f"model_{k}": got[k] for k in ("iter_s", "aggregate_s", "exposed_s")}
@@ -168,6 +169,6 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
                          f"{st['num_classes']} classes; the calibration is {ov.m.cal['model']}, batch "
                          f"{ov.m.cal['batch_size']}, {ov.m.cal['num_classes']} classes")
     print(f"# model / {bench_json} ({st['model']}, batch {st['batch_per_rank']}; phases from the "
-          f"{args.overlap_phases}; bench settings {st['set']} {st.get('per_option', {})}, calibration "
+          f"{args.overlap_phases}; messages at the {args.overlap_msg}'s cost; bench settings {st['set']} {st.get('per_option', {})}, calibration "
           f"settings {ov.m.cal['settings']}; ratio 1 = exact)")
-    return overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared")
+    return overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared", args.overlap_msg == "host")

@@ -52,14 +52,40 @@ def test_backward_profile_orders_gradients_last_layer_first():
     assert all(len(prof[k]) == 2 for k in ("forward", "backward", "step"))
 
 
-def test_bucket_shares_add_up_to_the_whole_gradient():
-    from gvq.predict.structure import build_on_one_rank
+def test_bucket_entries_hold_each_buckets_own_rings_adding_up_to_the_whole():
+    from gvq.predict.structure import build_on_one_rank, rounds
     for name in ("rar", "fp16", "powersgd"):
         agg, numel = build_on_one_rank(name, "cnn", 10)
         nbytes = [p.numel() * 4 for p in agg.params]
         layout = B.assign_buckets(nbytes, list(reversed(range(len(nbytes)))), [2048])
-        shares = B.bucket_shares(name, agg, layout, numel)
-        assert len(shares) == len(layout) > 1
-        assert sum(s["values"] for s in shares) == pytest.approx(1.0)
-        for k in range(len(shares[0]["bytes"])):                # every ring's payload, bucket by bucket
-            assert sum(s["bytes"][k] for s in shares) == pytest.approx(1.0, rel=0.02)
+        entries = B.bucket_entries(name, agg, layout, numel, ns=[2, 5])
+        assert len(entries) == len(layout) > 1
+        assert sum(e["values"] for e in entries) == pytest.approx(1.0)
+        assert all(e["codec_factor"] == 1.0 and set(e["rounds"]) == {"2", "5"} for e in entries)
+        for n in (2, 5):
+            for e in entries:                                   # a bucket's rings average its own values
+                for rnd in e["rounds"][str(n)]:
+                    assert len(rnd["vals"]) == n and "codec" not in rnd
+                    if name != "powersgd":                      # PowerSGD's rings carry P and Q, not values
+                        assert sum(map(sum, rnd["vals"])) == round(e["values"] * numel)
+            whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, numel, n)]
+            for k, w in enumerate(whole):                       # every ring's payload, bucket by bucket
+                assert sum(sum(map(sum, e["rounds"][str(n)][k]["bytes"])) for e in entries) == pytest.approx(w, rel=0.02)
+
+
+def test_a_gradiveq_bucket_is_cut_into_its_own_pieces_and_its_codec_timed():
+    """A small GradiVeQ bucket has fewer pieces than the whole gradient's ring scaled down would give
+    it (what the model replayed before), and its codec's own cost is measured against the curves."""
+    from gvq.predict.calibrate import codec_costs
+    from gvq.predict.structure import build_on_one_rank, rounds
+    agg, numel = build_on_one_rank("gradiveq_bf16", "cnn", 10)
+    nbytes = [p.numel() * 4 for p in agg.params]
+    layout = B.assign_buckets(nbytes, list(reversed(range(len(nbytes)))), [1024])
+    curves = codec_costs("gradiveq_bf16", agg, numel, reps=1)
+    entries = B.bucket_entries("gradiveq_bf16", agg, layout, numel, curves, ns=[2])
+    whole = rounds("gradiveq_bf16", agg, numel, 2)[0]
+    pieces = [sum(len(s) for s in e["rounds"]["2"][0]["vals"]) for e in entries]
+    assert min(pieces) < sum(len(s) for s in whole["vals"])
+    factors = [e["codec_factor"] for e in entries]               # measured ratios (this CNN's calls are
+    assert all(0 < f < float("inf") for f in factors)            # too small for their size to tell)
+    assert any(f != 1.0 for f in factors)

@@ -1,4 +1,5 @@
-"""The overlap model's lane arithmetic on scripted costs (gvq/predict/overlap.py): no timing."""
+"""The overlap model (gvq/predict/overlap.py): its lane arithmetic on scripted costs (no timing), and
+one real calibration priced end to end."""
 from __future__ import annotations
 
 import pytest
@@ -63,3 +64,37 @@ def test_the_finite_check_precedes_the_wait_for_the_last_bucket():
     out = replay_lanes(PH, [1.0], [BucketCost(1.0, 0.0)], shared=False, finite=0.25)
     assert out["aggregate_s"] == pytest.approx(0.75)
     assert out["iter_s"] == pytest.approx(6.0 + 0.5)
+
+
+def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messages(calibrated, tmp_path):
+    """calibrate-overlap on a real calibration: every aggregator's buckets priced from their own rings,
+    at N ranks sharing this host's cores (``--host-ranks``) and at a rank a core; an N not calibrated
+    for the host, and an overlap.json from before buckets kept their rings, refused in one line."""
+    import json
+    import shutil
+
+    from gvq.predict.buckets import calibrate_overlap
+    from gvq.predict.model import PredictError
+    from gvq.predict.overlap import Overlap
+    calibrate_overlap(calibrated, [0.01], reps=2, host_ranks=[3])
+    ov = Overlap.load(calibrated)
+    host, own = ov.msg(3, True), ov.msg(3, False)
+    assert host[0] > 0 and own == tuple(ov.m.cal["msg"])
+    for name in ov.m.aggregators:
+        for cap in ("default", "0.01"):
+            got = ov.iteration(name, 3, 1e9, cap=cap, host=True)
+            assert 0 < got["iter_s"] < 10 and got["buckets"] == len(ov.ov["buckets"][name][cap])
+        post = ov.post_iteration(name, 3, 1e9, host=True)
+        assert post["iter_s"] > ov.phases(3, 1.0).total
+    with pytest.raises(PredictError, match="no message cost of 5 ranks on this host: run .*--host-ranks 5"):
+        ov.iteration("rar", 5, 1e9, host=True)
+    stale = json.loads((calibrated / "overlap.json").read_text())
+    for caps in stale["buckets"].values():
+        for bs in caps.values():
+            for b in bs:
+                del b["rounds"]
+    for f in ("calibration.json", "structure.json"):
+        shutil.copy(calibrated / f, tmp_path / f)
+    (tmp_path / "overlap.json").write_text(json.dumps(stale))
+    with pytest.raises(PredictError, match="written before buckets kept their own rings"):
+        Overlap.load(tmp_path)

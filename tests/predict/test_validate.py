@@ -51,12 +51,12 @@ class _ScriptedModel:
     def __init__(self):
         self.seen = []
 
-    def post_iteration(self, name, n, bps, alpha, codec, compute, phases=None):
-        self.seen.append(("post", name, n, bps, phases))
+    def post_iteration(self, name, n, bps, alpha, codec, compute, phases=None, host=False):
+        self.seen.append(("post", name, n, bps, phases, host))
         return {"iter_s": 1.0, "aggregate_s": 0.5, "exposed_s": 0.5}
 
-    def iteration(self, name, n, bps, alpha, codec, compute, cap="default", shared=True, phases=None):
-        self.seen.append((cap, name, n, bps, phases))
+    def iteration(self, name, n, bps, alpha, codec, compute, cap="default", shared=True, phases=None, host=False):
+        self.seen.append((cap, name, n, bps, phases, host))
         return {"iter_s": 2.0, "aggregate_s": 0.1, "exposed_s": 0.2}
 
 
@@ -76,6 +76,7 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
     assert df["iter_ratio"].tolist() == pytest.approx([1.0 / 1.05, 2.0 / 2.5, 2.0 / 1.9])
     assert [s[0] for s in model.seen] == ["post", "default", "0.25"]
     assert model.seen[0][3] == 5e7
+    assert all(s[5] for s in model.seen)                       # the benchmark's ranks shared this host
     ph = model.seen[0][4]                                       # the record's own compute-alone figures
     assert (ph.forward, ph.backward, ph.step) == pytest.approx((0.3, 0.5, 0.1))
     text = validate.overlap_summary(df)
@@ -99,7 +100,7 @@ def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_pat
     for i, agg in enumerate(("rar", "fp16")):            # e.g. one spawn per aggregator at N = 32
         files.append(tmp_path / f"n32_{agg}.json")
         files[-1].write_text(json.dumps({"setting": setting, "modes": [_record(agg, "post", 1.0 + i)]}))
-    args = argparse.Namespace(overlap_phases="bench", comm_core="shared", out=tmp_path / "v.csv")
+    args = argparse.Namespace(overlap_phases="bench", overlap_msg="host", comm_core="shared", out=tmp_path / "v.csv")
     df = validate.report_overlap_validation(tmp_path, files, args)
     assert list(df["aggregator"]) == ["rar", "fp16"] and df["iter_ratio"].tolist() == pytest.approx([1.0, 0.5])
     assert "2 (cell, aggregator, mode): 1 within 10%" in capsys.readouterr().out
