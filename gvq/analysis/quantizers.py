@@ -68,10 +68,13 @@ def quantizer_error_table(grads: list[torch.Tensor], bucket: int | None = 2048) 
     return pd.DataFrame(out)
 
 
+FITTED = (Linear, ORQ, BinGradB, BinGradPB)     # the quantizers that fit their levels (a ``fit`` setting)
+
+
 def sorted_fit_error(comp, grads: list[torch.Tensor]) -> float:
     """Mean error of ``comp``'s twin with ``fit: sorted``, same seed (common random numbers: the gap is
     the fits', not the draws'); NaN for a method without a fit."""
-    if getattr(comp, "fit", None) != "histogram":
+    if not isinstance(comp, FITTED) or comp.fit != "histogram":
         return float("nan")
     twin = copy.deepcopy(comp)
     twin.fit = "sorted"
