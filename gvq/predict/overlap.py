@@ -118,11 +118,11 @@ class Overlap:
         else the calibration's (a rank a core: the clusters projected to)."""
         if not host:
             return tuple(self.m.cal["msg"])
-        got = self.ov.get("host_msg", {}).get(str(n))
+        got = self.ov["host_msg"].get(str(n))
         if got is None:
             raise M.PredictError(f"gvq.predict: no message cost of {n} ranks on this host: run `python -m "
                                  f"gvq.predict calibrate-overlap --host-ranks {n}` (have "
-                                 f"{', '.join(self.ov.get('host_msg', {})) or 'none'})")
+                                 f"{', '.join(self.ov['host_msg']) or 'none'})")
         return tuple(got)
 
     def bucket_costs(self, name: str, n: int, bps: float, alpha: float, codec_scale: float,
