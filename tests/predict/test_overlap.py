@@ -86,6 +86,9 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
             assert 0 < got["iter_s"] < 10 and got["buckets"] == len(ov.ov["buckets"][name][cap])
         post = ov.post_iteration(name, 3, 1e9, host=True)
         assert post["iter_s"] > ov.phases(3, 1.0).total
+    ov.ov["host_msg"]["3"] = [10 * own[0], own[1]]               # dearer messages: dearer rings
+    for price in (ov.iteration, ov.post_iteration):
+        assert price("rar", 3, 1e9, host=True)["iter_s"] > price("rar", 3, 1e9, host=False)["iter_s"]
     with pytest.raises(PredictError, match="no message cost of 5 ranks on this host: run .*--host-ranks 5"):
         ov.iteration("rar", 5, 1e9, host=True)
     stale = json.loads((calibrated / "overlap.json").read_text())
