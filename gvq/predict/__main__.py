@@ -2,6 +2,7 @@
 
     python -m gvq.predict calibrate [--model resnet32]       # once per machine: costs + ring structure
     python -m gvq.predict calibrate-overlap [--model resnet32]   # then: backward profile + DDP's buckets
+    python -m gvq.predict calibrate-overlap --host-ranks 4 8     # ... + messages as N ranks here pay them
     python -m gvq.predict --world-size 6 16 --bandwidth 5e7 1e9 --compute-scale 0.16667
     python -m gvq.predict --validate                         # model vs virtual-time benchmarks
     python -m gvq.predict --validate-overlap BENCH.json      # model vs gvq.bench overlap --out BENCH.json
