@@ -169,6 +169,6 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
                          f"{st['num_classes']} classes; the calibration is {ov.m.cal['model']}, batch "
                          f"{ov.m.cal['batch_size']}, {ov.m.cal['num_classes']} classes")
     print(f"# model / {bench_json} ({st['model']}, batch {st['batch_per_rank']}; phases from the "
-          f"{args.overlap_phases}; messages at the {args.overlap_msg}'s cost; bench settings {st['set']} {st.get('per_option', {})}, calibration "
-          f"settings {ov.m.cal['settings']}; ratio 1 = exact)")
+          f"{args.overlap_phases}; messages at the {args.overlap_msg}'s cost; bench settings {st['set']} "
+          f"{st.get('per_option', {})}, calibration settings {ov.m.cal['settings']}; ratio 1 = exact)")
     return overlap_rows(ov, bench, args.overlap_phases, args.comm_core == "shared", args.overlap_msg == "host")
