@@ -129,9 +129,10 @@ class Overlap:
                      cap: str = "default", host: bool = False) -> tuple[list[float], list[BucketCost]]:
         """(ready share, cost) per bucket of aggregator ``name`` at bucket size ``cap`` (``host``: see
         :meth:`msg`)."""
-        key = ("overlap", name, n, bps, alpha, codec_scale, cap, host)
+        msg = self.msg(n, host)
+        key = ("overlap", name, n, bps, alpha, codec_scale, cap, msg)     # keyed by the cost, not the flag
         if key not in self.m.cache:
-            self.m.cache[key] = self._bucket_costs(name, n, bps, alpha, codec_scale, cap, self.msg(n, host))
+            self.m.cache[key] = self._bucket_costs(name, n, bps, alpha, codec_scale, cap, msg)
         return self.m.cache[key]
 
     def _bucket_costs(self, name, n, bps, alpha, codec_scale, cap, msg):

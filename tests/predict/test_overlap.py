@@ -79,14 +79,14 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
     calibrate_overlap(calibrated, [0.01], reps=2, host_ranks=[3])
     ov = Overlap.load(calibrated)
     host, own = ov.msg(3, True), ov.msg(3, False)
-    assert host[0] > 0 and own == tuple(ov.m.cal["msg"])
+    assert min(host) >= 0 and sum(host) > 0 and own == tuple(ov.m.cal["msg"])   # a fit may put all in one term
     for name in ov.m.aggregators:
         for cap in ("default", "0.01"):
             got = ov.iteration(name, 3, 1e9, cap=cap, host=True)
             assert 0 < got["iter_s"] < 10 and got["buckets"] == len(ov.ov["buckets"][name][cap])
         post = ov.post_iteration(name, 3, 1e9, host=True)
         assert post["iter_s"] > ov.phases(3, 1.0).total
-    ov.ov["host_msg"]["3"] = [10 * own[0], own[1]]               # dearer messages: dearer rings
+    ov.ov["host_msg"]["3"] = [own[0] + 1e-3, own[1]]             # dearer messages: dearer rings
     for price in (ov.iteration, ov.post_iteration):
         assert price("rar", 3, 1e9, host=True)["iter_s"] > price("rar", 3, 1e9, host=False)["iter_s"]
     with pytest.raises(PredictError, match="no message cost of 5 ranks on this host: run .*--host-ranks 5"):
