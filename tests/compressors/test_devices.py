@@ -110,3 +110,32 @@ def test_state_resumed_on_the_host_follows_the_data_to_its_device(device):
     assert out.device.type == torch.device(device).type
     if torch.device(device).type != "meta":               # meta tensors draw nothing: no lanes moved
         assert resumed.lanes.state.device.type == torch.device(device).type
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["fit", "resume", "restricted"])
+def test_gradiveq_fitted_on_the_host_follows_the_gradient_to_its_device(device, path):
+    """A fit relayed through the host, a checkpoint loaded on the CPU, a bucket's restricted codec, then a
+    gradient on ``device``: every tensor the codec holds moves there before it mixes with the gradient
+    (on meta, a host tensor left behind raises, as a host mean added to a CUDA gradient did)."""
+    host = GradiVeQ(K="auto", world_size=2)
+    host.bind(SHAPES)
+    n = host.layout.numel
+    host.fit(torch.randn(6, n))
+    codec = host
+    if path == "resume":
+        codec = GradiVeQ(K="auto", world_size=2)
+        codec.load_state_dict(host.state_dict())
+    elif path == "restricted":
+        codec = host.restricted_to([2, 3])
+        n = codec.layout.numel
+    g, seg = _data(device, n), slice(0, n)
+    codec.track(g)
+    payload = codec.compress(g, seg)
+    out = codec.decompress(payload, seg)
+    assert {d.type for d in codec.devices()} == {torch.device(device).type}
+    assert payload.device.type == out.device.type == torch.device(device).type
+    if device != "meta":
+        torch.testing.assert_close(out.cpu(), host.restricted_to([2, 3]).decompress(
+            host.restricted_to([2, 3]).compress(g.cpu(), seg), seg) if path == "restricted"
+            else host.decompress(host.compress(g.cpu(), seg), seg), rtol=1e-4, atol=1e-5)

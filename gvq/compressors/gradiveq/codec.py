@@ -148,8 +148,10 @@ class GradiVeQ(Compressor):
         self._muU, self._Uc, self._Ud, self._fold = muU, Uc, Ud, fold
         # mu where compressed, 0 on raw values; on the device the fit ran on (the gradient's)
         self._mu_flat = torch.zeros(self.layout.numel, device=pca.device)
+        self._grouped = torch.zeros(self.layout.numel, device=pca.device)    # 1 on compressed slices
         for g, m in zip(self.groups, pca.mu):
             self._mu_flat[g.start: g.stop] = m.reshape(-1)
+            self._grouped[g.start: g.stop] = 1.0
         self.pca, self._plans = pca, {}
         return self
 
@@ -169,6 +171,20 @@ class GradiVeQ(Compressor):
             raise ValueError("gradiveq: a bucket's groups differ from the whole codec's")
         forms = ([form[j] for j in gids] for form in (self._muU, self._Uc, self._Ud, self._fold))
         return sub._adopt(self.pca.subset(gids), *forms)
+
+    def follow(self, t: Tensor) -> None:
+        """Move the fitted state and every form derived from it to ``t``'s device if it lives elsewhere
+        (a fit relayed through the host, a checkpoint loaded on the CPU, a bench that fits on the host):
+        a Python comparison per call, a copy only when the device changes."""
+        if self.pca is not None and self._mu_flat.device != t.device:
+            self.load_pca(self.pca.to(t.device))
+
+    def devices(self) -> set[torch.device]:
+        """The devices of every tensor this codec holds (the fitted state and its derived forms)."""
+        if self.pca is None:
+            return set()
+        held = [*self.pca.U, *self.pca.mu, *self._muU, *self._Uc, *self._Ud, self._mu_flat, self._grouped]
+        return {t.device for t in held}
 
     @property
     def fitted(self) -> bool:
@@ -221,6 +237,7 @@ class GradiVeQ(Compressor):
         return torch.float32, self._plan(seg)[1]
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
+        self.follow(x)
         plan, total = self._plan(seg)
         x = x.reshape(-1).to(torch.float32)
         if x.numel() != seg.stop - seg.start:
@@ -240,10 +257,11 @@ class GradiVeQ(Compressor):
             else:                           # bf16 GEMM (linear's layout suits bf16 kernels better), mu in fp32
                 o.copy_(torch.nn.functional.linear(X.to(self._dt), Uc)).add_(muU, alpha=beta)
         if self._track is not None:                     # whole payload, raw values included (see track)
-            self._track[1] += float(out.dot(out))
+            self._track[1].add_(out.dot(out))
         return out
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        self.follow(payload)
         plan, total = self._plan(seg)
         if payload.numel() != total:
             raise ValueError(f"GradiVeQ.decompress: payload of {payload.numel()} for {total} expected")
@@ -271,32 +289,38 @@ class GradiVeQ(Compressor):
     # With basis_dtype=bfloat16 the payload is rounded, so the loss is good to ~1e-3 absolute.
     def track(self, g_flat: Tensor | None) -> None:
         """Start measuring Eq. 7 on ``g_flat`` (this rank's gradient, which the following
-        :meth:`compress` calls must cover exactly once, as the ring does); ``None`` stops."""
+        :meth:`compress` calls must cover exactly once, as the ring does); ``None`` stops.  The sums stay
+        on the gradient's device until :meth:`tracked_sums` reads them: no host sync inside a codec call."""
         if g_flat is None:
             self._track = None
             return
         self._need_fit()
+        self.follow(g_flat)
         g_flat = g_flat.reshape(-1).to(torch.float32)
         c = torch.add(g_flat, self._mu_flat, alpha=-1.0 / self.world_size)
-        compressed2 = sum((g_flat[g.start: g.stop].pow(2).sum() for g in self.groups), g_flat.new_zeros(()))
-        self._track = [float(c.dot(c)), 0.0, float(compressed2)]
+        # ||g||^2 over compressed slices: the squared gradient weighted by the mask of grouped positions
+        compressed2 = torch.dot(g_flat * g_flat, self._grouped)
+        self._track = torch.stack([c.dot(c), torch.zeros_like(compressed2), compressed2])
 
-    _track: list[float] | None = None
+    _track: Tensor | None = None
 
     def tracked_loss(self) -> float:
         """||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2 over compressed slices, from :meth:`track` on."""
-        if self._track is None:
-            raise RuntimeError("GradiVeQ.tracked_loss: call track(g) and compress g first")
-        c2, p2, g2 = self._track
+        c2, p2, g2 = self.tracked_sums()
         return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
 
     def tracked_sums(self) -> tuple[float, float, float]:
-        """The three sums :meth:`tracked_loss` divides; summed over DDP buckets, the loss of their union."""
-        c2, p2, g2 = self._track
+        """The three sums :meth:`tracked_loss` divides; summed over DDP buckets, the loss of their union.
+        Reads them back to the host: once per iteration, after the ring."""
+        if self._track is None:
+            raise RuntimeError("GradiVeQ.tracked_loss: call track(g) and compress g first")
+        c2, p2, g2 = self._track.tolist()
         return c2, p2, g2
 
     def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
-        pca = self._need_fit()
+        self._need_fit()
+        self.follow(g_flat)
+        pca = self.pca
         g_flat = g_flat.reshape(-1).to(torch.float32)
         scale = 1.0 if aggregate else 1.0 / self.world_size
         err = den = 0.0

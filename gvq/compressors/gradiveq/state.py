@@ -36,6 +36,15 @@ class PCAState:
         return PCAState(tuple(self.U[j] for j in gids), tuple(self.mu[j] for j in gids),
                         tuple(self.energy[j] for j in gids), self.device)
 
+    def to(self, device) -> "PCAState":
+        """This state on ``device`` (itself if already there): the codec follows its gradient's device,
+        whichever device the fit ran on or a checkpoint was loaded to."""
+        device = torch.device(device)
+        if all(t.device == device for t in (*self.U, *self.mu)):
+            return self
+        return PCAState(tuple(u.to(device) for u in self.U), tuple(m.to(device) for m in self.mu),
+                        self.energy, device)
+
     @property
     def ds(self) -> list[int]:
         """d of every group."""
