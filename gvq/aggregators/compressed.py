@@ -59,11 +59,15 @@ class CompressedAggregator(FlatAggregator):
             ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
         else:
             ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
+        # the codec's NaN/Inf/range watch, read once the ring is done: every rank finishes the ring (a rank
+        # raising mid-ring would leave its peers waiting), then each one that saw garbage raises
+        comp.check_health()
 
     def local_error(self, flat: torch.Tensor) -> float:
         """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""
         whole = slice(0, flat.numel())
         with torch.no_grad():
             q = self.compressor.decompress(self.compressor.compress(flat, whole), whole)
+            self.compressor.check_health()
             denom = float(flat.pow(2).sum())
             return float((q - flat).pow(2).sum()) / denom if denom > 0 else 0.0

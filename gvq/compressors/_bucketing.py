@@ -14,9 +14,9 @@ from torch import Tensor
 
 from gvq.compressors import _fused as fused
 from gvq.compressors._dither import DitherLanes
-from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401 (re-exported)
-                                      unpack, word_format)
-from gvq.compressors.base import Compressor
+from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, pack_rows,  # noqa: F401
+                                      split_rows, unpack, unpack_digits, word_format)
+from gvq.compressors.base import Compressor, Health
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
@@ -72,9 +72,13 @@ def max_abs_rows(rows: Tensor) -> Tensor:
     return torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
 
 
-def clip_rows(rows: Tensor, c: float) -> Tensor:
-    """TernGrad clipping, per bucket: clamp to +-c * RMS(bucket).  Returns a new tensor."""
-    lim = c * rows.pow(2).mean(dim=1, keepdim=True).sqrt_()
+def clip_rows(rows: Tensor, c: float, inv_count: Tensor | None = None) -> Tensor:
+    """TernGrad clipping, per bucket: clamp to +-c * RMS(bucket).  Returns a new tensor.  ``inv_count``
+    (m, 1): 1 / values per row where rows are zero-padded (the padding adds nothing to the squares)."""
+    if inv_count is None:
+        lim = c * rows.pow(2).mean(dim=1, keepdim=True).sqrt_()
+    else:
+        lim = torch.linalg.vector_norm(rows, dim=1, keepdim=True).mul_(inv_count.sqrt() * c)
     return torch.clamp(rows, -lim, lim)
 
 
@@ -92,15 +96,26 @@ class BucketQuantizer(Compressor):
     #: True where a NaN/Inf input always makes the side info NaN/Inf (norms, means, maxima): the input
     #: check then runs only when the side info is bad (saves a pass over the data)
     side_flags_nonfinite: bool = False
+    #: the encoder's statistics ignore zero padding (norms, maxima; means through ``inv_count``), so off
+    #: the fused host path every bucket, the ragged last one included, is one zero-padded (m, bucket)
+    #: batch: a fixed few whole-tensor ops a call.  The fitted quantizers' levels would see the zeros.
+    pads: bool = False
 
     def __init__(self, bucket: int | None = 2048, clip: float | None = None):
         self.bucket = check_bucket(bucket)
         self.clip = check_clip(clip)
+        self.health = Health("sum")    # side info (or inputs) since the last check: NaN/Inf stay so
         self.reseed(0)
+
+    def check_health(self) -> None:
+        bad = self.health.read()
+        if bad is not None and not math.isfinite(bad):
+            raise ValueError(f"{self.name}: input gradient has NaN or Inf values, or bucket statistics "
+                             "overflow float32 (|values| too large); refusing to quantize garbage")
 
     def __getstate__(self):       # scratch buffers are not state (the dither lanes are: checkpoints
         # resume bitwise); the generator and lanes travel as bytes,
-        return {**self.__dict__, "_ws": {}, "gen": self.gen.get_state().numpy().tobytes(),
+        return {**self.__dict__, "_ws": {}, "_dgen": None, "gen": self.gen.get_state().numpy().tobytes(),
                 "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
 
     def __setstate__(self, state):  # not as tensors (spawn would share them through a file descriptor,
@@ -112,11 +127,13 @@ class BucketQuantizer(Compressor):
         self.__dict__.update(state, gen=gen, lanes=lanes)
 
     def state_dict(self) -> dict:
-        """The dither generator and lanes (a bitwise resume draws the same uniforms next)."""
-        return {"gen": self.gen.get_state(), **self.lanes.state_dict()}
+        """The dither generators and lanes (a bitwise resume draws the same uniforms next)."""
+        device = {} if self._dgen is None else {"device_gen": self._dgen.get_state()}
+        return {"gen": self.gen.get_state(), **self.lanes.state_dict(), **device}
 
     def load_state_dict(self, state: dict) -> None:
         self.gen.set_state(state["gen"])
+        self._dgen, self._dgen_state = None, state.get("device_gen")
         self._ws = {}
         self.lanes = DitherLanes()
         if "lanes" in state:
@@ -138,6 +155,7 @@ class BucketQuantizer(Compressor):
     def reseed(self, seed: int) -> None:
         """Seed the dither (the engine calls this per rank); deterministic methods ignore it."""
         self.gen = torch.Generator().manual_seed(int(seed))
+        self._dgen = self._dgen_state = None          # a device's generator is seeded from gen anew
         self._ws = {}                                 # and new lanes: same seed, same draws
         self.lanes = DitherLanes()
 
@@ -158,24 +176,60 @@ class BucketQuantizer(Compressor):
         return torch.uint8, self.layout(seg.stop - seg.start).nbytes
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
-        x = x.reshape(-1).to(torch.float32)
+        x = (x if x.dim() == 1 else x.reshape(-1)).to(torch.float32)
         lay = self.layout(x.numel())
+        if self.pads and not fused.enabled(x) and lay.numel:
+            return self._compress_batch(x, lay)
         if not self.side_flags_nonfinite:
-            check_finite(x, self.name)
+            self.health.note(x)
         out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
         parts = [self._encode(clip_rows(rows, self.clip) if self.clip else rows)
                  for rows in split_rows(x, self.bucket)]
         if not parts:
             return out
         side = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        if has_data(side) and not bool(torch.isfinite(side).all()):
-            check_finite(x, self.name)                # the diagnosis names NaN/Inf inputs
-            raise ValueError(f"{self.name}: bucket statistics overflow float32 (|values| too large)")
+        if self.side_flags_nonfinite:
+            self.health.note(side)
         out[: lay.side_bytes].view(torch.float32).copy_(side.reshape(-1))
         stream = self._code_stream(parts, lay)
         work = self.scratch("pack", stream.shape, torch.float64, x.device) if lay.per_word > 8 else None
         pack(stream, lay, out[lay.side_bytes:], work)
         return out
+
+    def _encode_padded(self, rows: Tensor, inv_count: Tensor | None):
+        """``_encode`` on zero-padded rows; ``inv_count`` (m, 1): 1 / real values per row.  A quantizer
+        whose statistics count values (a mean) overrides it."""
+        return self._encode(rows)
+
+    def _batch_shape(self, lay: Layout) -> tuple[int, int]:
+        """(m, width) of the zero-padded batch: m buckets of ``bucket`` values, or one row of all."""
+        if lay.bucket == 0 or lay.bucket >= lay.numel:
+            return 1, lay.numel
+        return lay.n_buckets, lay.bucket
+
+    def inv_count(self, lay: Layout, device) -> Tensor:
+        """(m, 1): 1 / real values per row of the padded batch (only the last row is short)."""
+        m, width = self._batch_shape(lay)
+        key = ("inv_count", lay.numel, lay.bucket, torch.device(device))
+        if key not in self._ws:
+            counts = torch.full((m, 1), float(width), device=device)
+            counts[-1] = lay.numel - (m - 1) * width
+            self._ws[key] = counts.reciprocal_()
+        return self._ws[key]
+
+    def _compress_batch(self, x: Tensor, lay: Layout) -> Tensor:
+        """Every bucket as one batch: pad, encode, note the side info, pack; no host reads, no Python
+        loop over buckets (the device path, ``pads``)."""
+        m, width = self._batch_shape(lay)
+        pad = m * width - lay.numel
+        rows = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(m, width)
+        inv_count = self.inv_count(lay, x.device)
+        if self.clip:
+            rows = clip_rows(rows, self.clip, inv_count)
+        codes, side = self._encode_padded(rows, inv_count)
+        self.health.note(side)
+        words = pack_rows(codes, lay)
+        return torch.cat([side.view(-1).view(torch.uint8), words])
 
     def _code_stream(self, parts, lay: Layout) -> Tensor:
         """All codes in value order, zero-padded to whole words (one copy, none if already so)."""
@@ -197,6 +251,8 @@ class BucketQuantizer(Compressor):
                              f"of {lay.numel} values; expected {lay.nbytes} uint8")
         if payload.storage_offset() % 4:              # float32 views need 4-byte alignment
             payload = payload.clone()
+        if self.pads and not fused.enabled(payload) and lay.numel:
+            return self._decompress_batch(payload, lay)
         out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)
         side = payload[: lay.side_bytes].view(torch.float32).view(-1, self.n_side)
         codes = unpack(payload[lay.side_bytes:], lay)
@@ -208,6 +264,20 @@ class BucketQuantizer(Compressor):
             first += m
         return out
 
+    def _decompress_batch(self, payload: Tensor, lay: Layout) -> Tensor:
+        """Every bucket as one batch, as :meth:`_compress_batch` made it; the padding decoded and dropped."""
+        m, width = self._batch_shape(lay)
+        side = payload[: lay.side_bytes].view(torch.float32).view(m, self.n_side)
+        codes = unpack_digits(payload[lay.side_bytes:], lay, m * width).view(m, width)
+        out = self._decode_batch(codes, side).view(-1)
+        return out[: lay.numel] if out.numel() > lay.numel else out
+
+    def _decode_batch(self, codes: Tensor, side: Tensor) -> Tensor:
+        """``_decode`` into a fresh (m, width) tensor; quantizers with a one-op formula override it."""
+        out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+        self._decode(codes, side, out)
+        return out
+
     # -- helpers for subclasses ---------------------------------------------------------------
     @property
     def dither_shift(self) -> float:
@@ -217,9 +287,9 @@ class BucketQuantizer(Compressor):
 
     def dither_floor_(self, y: Tensor, shifted: bool = False, scale: Tensor | None = None) -> Tensor:
         """Unbiased stochastic rounding, in place: integer codes ``floor(y + base + u)`` clamped to
-        [0, levels), u fresh from the lanes (``base`` = ``self.dither_base``); ``shifted``: y already
-        holds + ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not written), on the host in
-        one fused pass (``_fused.scale_dither_floor``, the torch ops' floats)."""
+        [0, levels), u fresh (``base`` = ``self.dither_base``); ``shifted``: y already holds +
+        ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not written), on the host in one fused
+        pass (``_fused.scale_dither_floor``, with the lanes' uniforms)."""
         codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
         if scale is not None and not shifted and fused.enabled(y) \
                 and y.is_contiguous() and y.dtype == torch.float32 and y.dim() == 2:
@@ -227,14 +297,53 @@ class BucketQuantizer(Compressor):
             fused.scale_dither_floor(y.numpy(), scale.reshape(-1).contiguous().numpy(), self.dither_shift,
                                      u.numpy(), codes.numpy(), self.levels - 1)
             return codes
-        if scale is not None:
-            y = torch.mul(y, scale, out=self.scratch_like("y", y))
-        u = self.scratch("u", y.shape, torch.float32, y.device)
-        u.copy_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape))
-        y.add_(u, alpha=2.0 ** -16)
-        if not shifted:
-            y.add_(self.dither_shift)
-        return codes.copy_(y).clamp_(max=self.levels - 1)             # float -> int truncates = floor
+        # the device path: a fresh uniform in [base, base + 1) from the device's own generator (one
+        # kernel), floor(y + u) unbiased; fmin, not clamp: a NaN (a NaN/Inf input, which the side info
+        # flags) becomes the top code, never an out-of-range integer
+        u = self.uniform(y, -DITHER_OFFSET if shifted else self.dither_base)
+        return self.floor_codes(torch.addcmul(u, y, scale, out=u) if scale is not None else u.add_(y))
+
+    def dither_div(self, y: Tensor, divisor: Tensor, value: float = 1.0) -> Tensor:
+        """The device path's ``dither_floor_(y, scale=value / divisor)`` in one op less: a zero divisor
+        (an all-zero bucket) gives NaN, the top code, which its zero side info decodes to 0."""
+        u = self.uniform(y, self.dither_base)
+        return self.floor_codes(torch.addcdiv(u, y, divisor, value=value, out=u))
+
+    def uniform(self, like: Tensor, lo: float) -> Tensor:
+        """A scratch of ``like``'s shape filled with fresh uniforms in [lo, lo + 1) from the device's own
+        generator: one kernel, floor(y + u) unbiased."""
+        u = self.scratch("u", like.shape, torch.float32, like.device)
+        return u.uniform_(lo, lo + 1.0, generator=self.generator_on(like.device))
+
+    def floor_codes(self, y: Tensor) -> Tensor:
+        """Integer codes of y >= 0 (the cast floors), capped at the top level by fmin, not clamp: a NaN (a
+        NaN/Inf input, which the side info flags) becomes the top code, never an out-of-range integer."""
+        torch.fmin(y, self._const("top", float(self.levels - 1), y.device), out=y)
+        return self.scratch("codes", y.shape, digit_dtype(self.levels), y.device).copy_(y)
+
+    def generator_on(self, device) -> torch.Generator:
+        """The dither's generator for ``device``: the seeded host one, or one on the device seeded from it
+        on first use there (its state travels in :meth:`state_dict`)."""
+        device = torch.device(device)
+        if device.type in ("cpu", "meta"):
+            return self.gen
+        if self._dgen is None or self._dgen.device != device:
+            state, self._dgen = self._dgen_state, torch.Generator(device=device)
+            if state is not None:
+                self._dgen.set_state(state)
+            else:
+                self._dgen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
+        return self._dgen
+
+    _dgen: torch.Generator | None = None
+    _dgen_state: Tensor | None = None
+
+    def _const(self, tag: str, value: float, device) -> Tensor:
+        """A cached 0-d float32 ``value`` on ``device`` (an op's operand without a host-to-device copy)."""
+        key = (tag, value, torch.device(device))
+        if key not in self._ws:
+            self._ws[key] = torch.tensor(value, dtype=torch.float32, device=device)
+        return self._ws[key]
 
     def round_to_levels(self, rows: Tensor, levels: Tensor) -> Tensor:
         """Eq. (7): random rounding of each value to one of its two neighbouring levels, unbiased.

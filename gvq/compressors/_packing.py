@@ -119,9 +119,9 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
 
 
 @functools.lru_cache(maxsize=None)
-def _powers(radix: int, k: int, device: torch.device) -> Tensor:
-    """radix**j for j < k, float64 (exact: words < 2**48), on ``device``."""
-    return torch.tensor([float(radix ** j) for j in range(k)], dtype=torch.float64, device=device)
+def _powers(radix: int, k: int, device: torch.device, dtype: torch.dtype = torch.float64) -> Tensor:
+    """radix**j for j < k, float64 (exact: words < 2**48) unless asked, on ``device``."""
+    return torch.tensor([float(radix ** j) for j in range(k)], dtype=dtype, device=device)
 
 
 def digit_dtype(radix: int) -> torch.dtype:
@@ -177,3 +177,55 @@ def unpack(data: Tensor, lay: Layout) -> Tensor:
         digits = torch.index_select(table, 0, piece).view(dtype)
         out[:, start: start + cc] = digits.view(nw, table.element_size() // out.element_size())[:, :cc]
     return out.view(-1)[: lay.numel]
+
+
+# ---- whole-batch packing (the device path: a fixed few ops, any number of buckets) ----------------
+def pack_rows(codes: Tensor, lay: Layout) -> Tensor:
+    """Integer codes (m, width), in value order (any beyond ``numel`` are padding) -> the packed words,
+    uint8 (n_words * word_bytes,), the format :func:`pack` writes except that padding codes need not be
+    zero (decoders drop them).  Words as one product with the radix's powers and one sum, in uint8 where
+    a word is one byte (exact: a word < 256), in int64 beyond; whole rows at once where words divide them."""
+    k, nw, wb = lay.per_word, lay.n_words, lay.word_bytes
+    if codes.shape[-1] % k == 0:
+        c = codes.view(-1, k)
+    elif codes.numel() >= nw * k:                      # the batch's own padding fills the last word
+        c = codes.view(-1)[: nw * k].view(nw, k)
+    else:
+        c = torch.nn.functional.pad(codes.view(-1), (0, nw * k - codes.numel())).view(nw, k)
+    dtype = torch.uint8 if wb == 1 else torch.int64
+    if c.dtype != dtype:
+        c = c.to(dtype)
+    word = c.view(-1) if k == 1 else torch.mul(c, _int_powers(lay.radix, k, c.device, dtype)).sum(1, dtype=dtype)
+    if word.numel() > nw:                              # whole padding words past the last real one
+        word = word[:nw]
+    if wb == 1:
+        return word
+    return word.view(torch.uint8).view(nw, 8)[:, :wb].reshape(-1)
+
+
+def unpack_digits(data: Tensor, lay: Layout, count: int) -> Tensor:
+    """Inverse of :func:`pack_rows`: ``count`` codes (the padded batch's, ``count`` >= numel; zeros past
+    the words), integer digits by floor division and remainder on whole words: no table, so any byte
+    decodes in range."""
+    k, nw, wb, radix = lay.per_word, lay.n_words, lay.word_bytes, lay.radix
+    if wb == 1:
+        word = data
+    else:                                              # zero-extend to int64 words
+        buf = torch.zeros(nw, 8, dtype=torch.uint8, device=data.device)
+        buf[:, :wb] = data.view(nw, wb)
+        word = buf.view(torch.int64).view(nw)
+    if count % k == 0 and count // k > nw:             # pad whole words: cheaper than padding digits
+        word = torch.nn.functional.pad(word, (0, count // k - nw))
+    if k == 1:
+        return word
+    digits = torch.remainder(torch.floor_divide(word.view(-1, 1), _int_powers(radix, k, word.device, word.dtype)),
+                             radix).view(-1)
+    have = digits.numel()
+    return digits[:count] if have > count else torch.nn.functional.pad(digits, (0, count - have)) \
+        if have < count else digits
+
+
+@functools.lru_cache(maxsize=None)
+def _int_powers(radix: int, k: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """radix**j for j < k in the words' integer dtype, on ``device``."""
+    return torch.tensor([radix ** j for j in range(k)], dtype=dtype, device=device)

@@ -10,6 +10,42 @@ from torch import Tensor
 from gvq.compressors._segments import balanced_segments
 
 
+class Health:
+    """A watch over what a codec was given, read once per iteration (``Compressor.check_health``) instead
+    of inside every call: a host read inside a call would make the host wait for the device on every
+    bucket.  ``mode="sum"``: the sum of what :meth:`note` was shown (NaN/Inf, or a sum past float32,
+    make it non-finite); ``mode="max"``: the largest |value| shown."""
+
+    def __init__(self, mode: str = "sum"):
+        self.mode, self.seen = mode, []
+
+    def __getstate__(self):          # what was seen is per process (never shared through spawn)
+        return {**self.__dict__, "seen": []}
+
+    def note(self, t: Tensor) -> None:
+        """Keep ``t`` (a fresh tensor its codec will not write again: side info, a reduction) for the next
+        :meth:`read`: no op on the device, no host read.  Folded into one tensor every ``FOLD`` notes, so
+        a caller that never reads keeps a bounded list."""
+        self.seen.append(t)
+        if len(self.seen) >= self.FOLD:
+            self.seen = [self._fold()]
+
+    FOLD = 256
+
+    def _fold(self) -> Tensor:
+        both = torch.cat([t.reshape(-1).to(torch.float32) for t in self.seen])
+        return (both.sum() if self.mode == "sum" else torch.linalg.vector_norm(both, ord=float("inf"))).reshape(1)
+
+    def read(self) -> float | None:
+        """The sum (or max |value|) of everything noted since the last read, None where nothing was (or
+        shapes only, on meta); then start again.  The one host read, once per iteration."""
+        if not self.seen or self.seen[0].device.type == "meta":
+            self.seen = []
+            return None
+        value, self.seen = self._fold(), []
+        return float(value)
+
+
 class Compressor:
     """Base class; subclasses override ``compress`` / ``decompress`` / ``payload_spec``.  Every
     attribute an aggregator, benchmark or tool reads on a codec is declared here with its default; see
@@ -28,6 +64,11 @@ class Compressor:
     #: compression ratio of the format alone on a long vector (bits per value, side information
     #: amortised); NaN where it depends on a fit (GradiVeQ) or a layout (PowerSGD)
     ideal_ratio: float = float("nan")
+
+    def check_health(self) -> None:
+        """Raise ``ValueError`` (one line) if a call since the last check was given values it cannot
+        carry (NaN/Inf, statistics past float32, fp16's range).  Aggregators call it once per iteration,
+        after the ring; codec calls never read a device value back.  Default: nothing watched."""
 
     def reseed(self, seed: int) -> None:
         """Restart the codec's random stream from ``seed`` (the aggregator passes one per rank at

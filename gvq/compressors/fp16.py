@@ -2,7 +2,7 @@
 
 Not additive in our protocol (like the quantizers, a ring hop decodes, adds in float32, re-encodes: summing
 float16 payloads would round each partial sum to 11 bits and can overflow).  Values beyond float16's range
-(|v| > 65504) raise ``ValueError`` rather than travel as Inf; magnitudes under 6e-8 flush to zero and
+(|v| > 65504) raise ``ValueError`` at the iteration's check (``check_health``) rather than pass unseen; magnitudes under 6e-8 flush to zero and
 under 6e-5 lose precision (subnormals) -- the real cost of a 16-bit wire.  NaN/Inf inputs raise.
 """
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gvq.compressors._bucketing import check_finite, has_data
-from gvq.compressors.base import Compressor
+from gvq.compressors.base import Compressor, Health
 
 FP16_MAX = 65504.0
 
@@ -23,17 +22,23 @@ class FP16(Compressor):
     ideal_ratio = 2.0
     max_abs = FP16_MAX
 
+    def __init__(self):
+        self.health = Health("max")       # the largest |value| sent since the last check
+
+    def check_health(self) -> None:
+        peak = self.health.read()
+        if peak is not None and not peak <= FP16_MAX:
+            what = "NaN or Inf values" if peak != peak or peak == float("inf") else f"|value| {peak:.4g}"
+            raise ValueError(f"{self.name}: input gradient has {what}, beyond float16's range ({FP16_MAX:g}); "
+                             "scale the gradient (e.g. divide by the world size) before sending")
+
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
         return torch.uint8, 2 * (seg.stop - seg.start)
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
-        x = x.reshape(-1)
-        if x.numel() and has_data(x):                   # (meta: shapes only, no values to check)
-            peak = float(x.abs().max())                 # NaN propagates: one pass checks both
-            if not peak <= FP16_MAX:
-                check_finite(x, self.name)
-                raise ValueError(f"{self.name}: |value| {peak:.4g} exceeds float16's range ({FP16_MAX:g}); "
-                                 "scale the gradient (e.g. divide by the world size) before sending")
+        x = x if x.dim() == 1 else x.reshape(-1)
+        if x.numel():                                   # NaN propagates: one reduction checks both
+            self.health.note(torch.linalg.vector_norm(x, ord=float("inf")))
         return x.to(torch.float16).view(torch.uint8)
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:

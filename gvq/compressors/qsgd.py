@@ -14,7 +14,8 @@ class QSGD(BucketQuantizer):
     name = "qsgd"
     stochastic = True
     n_side = 1
-    side_flags_nonfinite = True   # the L2 norm is NaN/Inf if any value is
+    side_flags_nonfinite = True
+    pads = True                    # norms / maxima: zero padding changes nothing   # the L2 norm is NaN/Inf if any value is
 
     def __init__(self, bits: int | None = 4,        # fewer => more compression, more error
                  levels: int | None = None,         # QSGD-s by level count (odd >= 3); overrides bits
@@ -42,6 +43,16 @@ class QSGD(BucketQuantizer):
             norm = max_abs_rows(rows)
         scale = torch.where(norm > 0, self.half / norm, 0.0)     # all-zero bucket -> every code is 0
         return self.dither_floor_(rows, scale=scale), norm      # rows * scale in [-L, L]; + L in the dither
+
+    def _encode_padded(self, rows, inv_count):
+        if self.norm == "l2":
+            norm = torch.linalg.vector_norm(rows, ord=2, dim=1, keepdim=True)
+        else:
+            norm = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
+        return self.dither_div(rows, norm, value=float(self.half)), norm     # L v / norm, + L in the dither
+
+    def _decode_batch(self, codes, side):
+        return torch.addcmul(side.neg(), codes, side * (1.0 / self.half))   # (code - L) * norm / L
 
     def _decode(self, codes, side, out):
         step = side / self.half

@@ -19,7 +19,8 @@ class TernGrad(BucketQuantizer):
     levels = 3
     n_side = 1
     dither_base = 1.0              # code = level index + 1, in {0, 1, 2}
-    side_flags_nonfinite = True    # max|v| is NaN/Inf if any value is
+    side_flags_nonfinite = True
+    pads = True                    # norms / maxima: zero padding changes nothing    # max|v| is NaN/Inf if any value is
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, larger s_t, more error
                  clip: float | None = None):      # c: clip to +-c*RMS first; smaller => more bias
@@ -28,6 +29,14 @@ class TernGrad(BucketQuantizer):
     def _encode(self, rows):
         st = max_abs_rows(rows)
         return self.dither_floor_(rows, scale=torch.where(st > 0, 1.0 / st, 0.0)), st
+
+    def _encode_padded(self, rows, inv_count):
+        """One reduction for s_t and one op for v / s_t + dither (``dither_div``)."""
+        st = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
+        return self.dither_div(rows, st), st
+
+    def _decode_batch(self, codes, side):
+        return torch.addcmul(side.neg(), codes, side)                         # (code - 1) * s_t
 
     def _decode(self, codes, side, out):
         torch.mul(codes, side, out=out).sub_(side)
