@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+#: the issue-48 budget: ops per compress / decompress / add at most, by codec family (0 host syncs for all)
+BUDGET = {"fp16": 16, "qsgd": 16, "terngrad": 16, "signsgd": 16,
+          "orq": 32, "linear": 32, "bingrad_b": 32, "bingrad_pb": 32, "gradiveq": 32, "powersgd": 32}
+
 #: aten ops that read a device value back to the host (the caller waits for every queued kernel)
 SYNC_OPS = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
                       "aten.is_nonzero.default", "aten.masked_select.default", "aten.unique_consecutive.default",
@@ -49,3 +53,12 @@ def count_ops():
     tally = OpCount()
     with _Counting(tally):
         yield tally
+
+
+def count_call(fn) -> OpCount:
+    """Ops and syncs of one ``fn()``; a first, uncounted call warms caches (scratch, plans, generators),
+    which a codec builds once, not per call."""
+    fn()
+    with count_ops() as tally:
+        fn()
+    return tally

@@ -11,7 +11,8 @@ from gvq.bench.__main__ import main as bench_main
 pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
 
 
-def test_codecs_rows_carry_times_floor_and_ratio(capsys, tmp_path):
+def test_codecs_rows_carry_times_floor_ratio_and_ops(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GVQ_FUSED", "0")             # the device path's ops, counted on the host
     out = tmp_path / "c.json"
     rows = bench_main(["codecs", "--model", "cnn", "--num-classes", "10", "--reps", "1", "--codecs", "qsgd",
                        "gradiveq_pooled_bf16", "powersgd", "--out", str(out)])
@@ -25,4 +26,7 @@ def test_codecs_rows_carry_times_floor_and_ratio(capsys, tmp_path):
     assert by["gradiveq_pooled_bf16"]["dtype"] == "bfloat16"                    # the override applied
     saved = json.loads(out.read_text())
     assert set(saved["ceilings"]) == {"gemm_gflops_float32", "gemm_gflops_bfloat16", "mem_gbps"}
-    assert "floor of compress from gemm_gflops_float32" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "floor of compress from gemm_gflops_float32" in printed and "compress_ops" in printed
+    for r in rows:                                     # the GPU cost proxy beside the times
+        assert r["compress_ops"] > 0 and r["decompress_ops"] > 0 and r["compress_syncs"] >= 0
