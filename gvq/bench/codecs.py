@@ -56,7 +56,7 @@ def ceilings(device: torch.device, reps: int = 5) -> dict:
     return out
 
 
-def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
+def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100):
     """The fitted compressor, its multiply-adds and streamed bytes per call, its dtype, and the fit's
     own time (a PCA refresh: seconds, median of 3, after one warm-up fit)."""
     comp = make_aggregator(*GRADIVEQ[label]).compressor
@@ -73,7 +73,7 @@ def _gradiveq(label: str, shapes, device: torch.device, L: int = 100):
     return comp, macs, streamed, comp.basis_dtype, fit_s
 
 
-def _powersgd(shapes, device: torch.device):
+def powersgd_state(shapes, device: torch.device):
     from gvq.compressors.powersgd import PowerSGD
     agg = make_aggregator("powersgd", [])
     state = PowerSGD(shapes, agg.rank, agg.min_compression_rate)
@@ -90,9 +90,9 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     x = laplace_vector(numel).to(device)
     seg, macs, streamed, dtype, fit_s = slice(0, numel), 0, 0, "float32", float("nan")
     if name in GRADIVEQ:
-        comp, macs, streamed, dtype, fit_s = _gradiveq(name, shapes, device)
+        comp, macs, streamed, dtype, fit_s = fitted_gradiveq(name, shapes, device)
     elif name == "powersgd":
-        state, macs, streamed = _powersgd(shapes, device)
+        state, macs, streamed = powersgd_state(shapes, device)
         state.begin()
         comp = state.p_stage                   # pass P (M Q): the larger product; pass Q's is the same size
     else:

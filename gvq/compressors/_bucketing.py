@@ -300,6 +300,14 @@ class BucketQuantizer(Compressor):
         # the device path: a fresh uniform in [base, base + 1) from the device's own generator (one
         # kernel), floor(y + u) unbiased; fmin, not clamp: a NaN (a NaN/Inf input, which the side info
         # flags) becomes the top code, never an out-of-range integer
+        if fused.enabled(y):       # the host: the lanes' uniforms, so every host path (the fused kernels,
+            # a sorted fit beside them) draws the same numbers: common random numbers for comparisons
+            if scale is not None:
+                y = torch.mul(y, scale, out=self.scratch_like("y", y))
+            y.add_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape), alpha=2.0 ** -16)
+            if not shifted:
+                y.add_(self.dither_shift)
+            return codes.copy_(y).clamp_(max=self.levels - 1)          # float -> int truncates = floor
         u = self.uniform(y, -DITHER_OFFSET if shifted else self.dither_base)
         return self.floor_codes(torch.addcmul(u, y, scale, out=u) if scale is not None else u.add_(y))
 

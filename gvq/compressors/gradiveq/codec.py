@@ -9,7 +9,9 @@ import copy
 import torch
 from torch import Tensor
 
+from gvq.compressors import _fused as fused
 from gvq.compressors.base import Compressor, check_int
+from gvq.compressors.gradiveq.batched import BatchedPlan
 from gvq.compressors.gradiveq.layout import (GradLayout, Group, build_groups, check_config, cuts, layer_groups,
                                               parse_K, pieces)
 from gvq.compressors.gradiveq.pca import principal_subspace
@@ -70,7 +72,7 @@ class GradiVeQ(Compressor):
         self.groups = build_groups(self.layout, self._K_spec, self.K, self.s)
         self._starts = [g.start for g in self.groups]
         self._cuts: list[int] | None = None
-        self.pca, self._plans = None, {}
+        self.pca, self._plans, self._batched = None, {}, {}
         return self
 
     def _need_layout(self) -> GradLayout:
@@ -152,7 +154,7 @@ class GradiVeQ(Compressor):
         for g, m in zip(self.groups, pca.mu):
             self._mu_flat[g.start: g.stop] = m.reshape(-1)
             self._grouped[g.start: g.stop] = 1.0
-        self.pca, self._plans = pca, {}
+        self.pca, self._plans, self._batched = pca, {}, {}
         return self
 
     def restricted_to(self, layers: list[int]) -> "GradiVeQ":
@@ -236,12 +238,28 @@ class GradiVeQ(Compressor):
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
         return torch.float32, self._plan(seg)[1]
 
+    def _batched_plan(self, seg: slice, device) -> BatchedPlan:
+        """The device path's plan of ``seg`` (``batched``), built once per segment and fit."""
+        key = (seg.start, seg.stop, device)
+        if key not in self._batched:
+            plan, total = self._plan(seg)
+            if len(self._batched) > 64:                        # plans hold buffers: keep few
+                self._batched.clear()
+            self._batched[key] = BatchedPlan(plan, total, seg, self.pca.U, self.pca.mu, self._muU,
+                                             self.world_size, self._dt, device)
+        return self._batched[key]
+
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         self.follow(x)
         plan, total = self._plan(seg)
         x = x.reshape(-1).to(torch.float32)
         if x.numel() != seg.stop - seg.start:
             raise ValueError(f"GradiVeQ.compress: {x.numel()} values for segment {seg}")
+        if not fused.enabled(x):                        # the device path: a fixed few ops (batched.py)
+            out = self._batched_plan(seg, x.device).compress(x)
+            if self._track is not None:
+                self._track[1].add_(out.dot(out))
+            return out
         out, beta = torch.empty(total, dtype=torch.float32, device=x.device), -1.0 / self.world_size
         for p, off in plan:
             a, b = p.start - seg.start, p.stop - seg.start
@@ -266,6 +284,8 @@ class GradiVeQ(Compressor):
         if payload.numel() != total:
             raise ValueError(f"GradiVeQ.decompress: payload of {payload.numel()} for {total} expected")
         payload = payload.reshape(-1).to(torch.float32)
+        if not fused.enabled(payload):
+            return self._batched_plan(seg, payload.device).decompress(payload)
         out = torch.empty(seg.stop - seg.start, dtype=torch.float32, device=payload.device)
         for p, off in plan:
             a, b = p.start - seg.start, p.stop - seg.start
