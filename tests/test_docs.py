@@ -122,7 +122,7 @@ def test_readme_is_a_guide():
     assert len(lines) <= 250, f"README.md has {len(lines)} lines (at most 250: long sections go to docs/)"
     first_screen = "\n".join(lines[:15])
     assert "make run" in first_screen and "make test" in first_screen
-    assert "**CUDA status.**" in text and "make gpu-check" in text and "has not yet run on a GPU" in text
+    assert "**CUDA status.**" in text and "make gpu-check" in text and "ran on one H100" in text
     assert "constraints-cpu.txt" in text and "make test-fast" in text
 
 

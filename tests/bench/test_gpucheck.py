@@ -191,3 +191,30 @@ def test_every_test_that_skips_without_cuda_is_in_the_tests_part(tmp_path):
     checks = gpucheck.tests_plan(tmp_path, k="resume")
     assert [c.argv[c.argv.index("-k") - 1] for c in checks] == files
     assert all({"-m", "cuda"} <= set(c.argv) and c.path.startswith(str(tmp_path)) for c in checks)
+
+
+def test_checks_run_several_at_a_time_and_keep_plan_order(tmp_path):
+    """--jobs: checks overlap (the whole check fits one bounded command), rows and the table keep plan order."""
+    import threading
+    import time as _time
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def slow(check):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        _time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return _stand_in(check)
+
+    argv = ["--part", "cli", "--out", str(tmp_path), "--jobs", "4", "--aggregators", "rar", "qsgd", "fp16"]
+    with pytest.raises(SystemExit):                      # the stand-in fails some checks on purpose
+        gpucheck.main(argv, runner=slow, gpus=1)
+    serial = tmp_path / "serial"
+    with pytest.raises(SystemExit):
+        gpucheck.main(["--part", "cli", "--out", str(serial), "--jobs", "1", "--aggregators", "rar", "qsgd", "fp16"],
+                      runner=_stand_in, gpus=1)
+    assert peak[0] > 1
+    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    assert [r["setting"] for r in rows] == [r["setting"] for r in json.loads((serial / "gpucheck.json").read_text())["rows"]]

@@ -8,8 +8,9 @@ On a CUDA machine (``make gpu-check`` runs every part):
   than GPUs: the shared plan), a few iterations each.  Passed: completed with identical replicas on the
   expected plan; torch DDP on shared GPUs: refused in one line, as the placement rules require.
 
-Each check is a subprocess with a time limit (its process group is killed there); where the whole check
-does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
+Each check is a subprocess with a time limit (its process group is killed there), ``--jobs`` of them at a
+time (half the CPUs, at most 8: on a 16-core GPU machine the whole check in one command of a few
+minutes); where it still does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
 ``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``parts/<part>-<command>.json`` as each
 check ends, then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there (a check's newest
 row wins; delete the folder to start over), each part headed by its date, commit, machine and command (for
@@ -29,7 +30,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -189,20 +192,33 @@ def write_results(out: Path) -> str:
     return table
 
 
-def run_part(checks: list[Check], runner: Callable, meta: dict, path: Path) -> list[dict]:
-    """Every check in turn, the rows saved as each ends (a session killed at its limit keeps them)."""
-    rows = []
-    for i, check in enumerate(checks, 1):
+def run_part(checks: list[Check], runner: Callable, meta: dict, path: Path, jobs: int = 1) -> list[dict]:
+    """Every check, ``jobs`` at a time (each is a subprocess; the GPU and the host's cores are shared), the
+    rows saved as each ends (a session killed at its limit keeps them) and returned in plan order."""
+    done: dict[int, list[dict]] = {}
+    lock = threading.Lock()
+
+    def one(i: int, check: Check) -> None:
         try:
             outcomes = runner(check)
         except Exception as e:     # a judge that cannot read a result fails that check, not the rest
             outcomes = [outcome(check, "failed", 0.0, f"gpucheck: {e!r}"[:200])]
-        rows += outcomes
-        path.write_text(json.dumps({"meta": meta, "written": time.time(), "rows": rows}, indent=1))
-        for o in outcomes:
-            print(f"[{i}/{len(checks)}] {o['check']} {o['setting']}: {o['result']} ({o['seconds']:.1f} s)"
-                  + (f" {o['detail']}" if o["result"] != "passed" else ""), flush=True)
-    return rows
+        with lock:
+            done[i] = outcomes
+            rows = [r for j in sorted(done) for r in done[j]]
+            path.write_text(json.dumps({"meta": meta, "written": time.time(), "rows": rows}, indent=1))
+            for o in outcomes:
+                print(f"[{len(done)}/{len(checks)}] {o['check']} {o['setting']}: {o['result']} "
+                      f"({o['seconds']:.1f} s)" + (f" {o['detail']}" if o["result"] != "passed" else ""), flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(lambda ic: one(*ic), enumerate(checks)))
+    return [r for j in sorted(done) for r in done[j]]
+
+
+def default_jobs() -> int:
+    """Checks at a time: half the host's cores, at most 8 (a run's ranks and pytest need cores of their own)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _gpucheck_parser() -> argparse.ArgumentParser:
@@ -216,6 +232,8 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=3, help="codecs: timed calls per codec")
     p.add_argument("--aggregators", nargs="+", help="cli: options of conf/aggregator/ (default: every one)")
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1, 3], help="cli: ranks per run")
+    p.add_argument("--jobs", type=int, default=default_jobs(),
+                   help="checks run at a time (default: half the CPUs, at most 8); more => sooner, more contention")
     return p
 
 
@@ -245,7 +263,8 @@ def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: in
     (out / "parts").mkdir(exist_ok=True)
     tag = hashlib.sha1(shlex.join(argv).encode()).hexdigest()[:8]     # the same command again replaces its file
     rows = [r for part, checks in plans.items() for r in run_part(
-        checks, runner or run_check, machine_meta(part, argv, gpus), out / "parts" / f"{part}-{tag}.json")]
+        checks, runner or run_check, machine_meta(part, argv, gpus), out / "parts" / f"{part}-{tag}.json",
+        args.jobs)]
     print(write_results(out), flush=True)
     if any(r["result"] in ("failed", "timeout") for r in rows):
         raise SystemExit(1)
