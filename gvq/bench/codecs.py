@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -84,21 +85,44 @@ def powersgd_state(shapes, device: torch.device):
     return state, macs, streamed
 
 
+def build_codec(name: str, shapes, device: torch.device):
+    """The codec a row times, ready to call on the whole gradient: (codec, multiply-adds, streamed bytes,
+    dtype, fit seconds)."""
+    if name in GRADIVEQ:
+        return fitted_gradiveq(name, shapes, device)
+    if name == "powersgd":
+        state, macs, streamed = powersgd_state(shapes, device)
+        state.begin()
+        return state.p_stage, macs, streamed, "float32", float("nan")  # pass P (M Q): the larger product
+    return make_aggregator(name, []).compressor, 0, 0, "float32", float("nan")
+
+
+def codec_ops(name: str, shapes) -> tuple[int, int]:
+    """(compress ops, decompress ops) of one call on the whole gradient, on the device path (host tensors,
+    the fused host kernels off): what a GPU launches."""
+    old = os.environ.get("GVQ_FUSED")
+    os.environ["GVQ_FUSED"] = "0"
+    try:
+        comp = build_codec(name, shapes, torch.device("cpu"))[0]
+        numel = sum(int(torch.Size(s).numel()) for s in shapes)
+        x, seg = laplace_vector(numel), slice(0, numel)
+        payload = comp.compress(x, seg)
+        return (count_call(lambda: comp.compress(x, seg)).ops, count_call(lambda: comp.decompress(payload, seg)).ops)
+    finally:
+        if old is None:
+            del os.environ["GVQ_FUSED"]
+        else:
+            os.environ["GVQ_FUSED"] = old
+
+
 def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:
     """One codec's row: per-call times, the floor of its compress, and time / floor."""
     numel = sum(int(torch.Size(s).numel()) for s in shapes)
     x = laplace_vector(numel).to(device)
-    seg, macs, streamed, dtype, fit_s = slice(0, numel), 0, 0, "float32", float("nan")
-    if name in GRADIVEQ:
-        comp, macs, streamed, dtype, fit_s = fitted_gradiveq(name, shapes, device)
-    elif name == "powersgd":
-        state, macs, streamed = powersgd_state(shapes, device)
-        state.begin()
-        comp = state.p_stage                   # pass P (M Q): the larger product; pass Q's is the same size
-    else:
-        comp = make_aggregator(name, []).compressor
+    seg = slice(0, numel)
+    comp, macs, streamed, dtype, fit_s = build_codec(name, shapes, device)
     payload = comp.compress(x, seg)
-    row = {"codec": name, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
+    row = {"codec": name, "numel": numel, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
            "compress_ms": 1e3 * median_seconds(lambda: comp.compress(x, seg), reps, device),
            "decompress_ms": 1e3 * median_seconds(lambda: comp.decompress(payload, seg), reps, device)}
     row["add_ms"] = 1e3 * median_seconds(lambda: payload + payload, reps, device) if comp.additive else float("nan")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gvq.predict import codec_costs
 from gvq.predict import model as M
 
 ROOT_DIR = Path("runs/predict")          # calibrate writes <ROOT_DIR>/<model>/
@@ -97,6 +98,7 @@ def _main(argv: list[str]):
     p.add_argument("--overlap-msg", choices=("host", "calibration"), default="host",
                    help="--validate-overlap: a message posted costs what N ranks sharing this host's cores "
                         "pay (calibrate-overlap --host-ranks N), or the calibration's (a rank a core)")
+    codec_costs.add_arguments(p)
     p.add_argument("--comm-core", choices=("shared", "own"), default="shared",
                    help="--validate-overlap: net.comm_core the benchmark ran with (gvq.bench: shared)")
     args = p.parse_args(argv)
@@ -111,10 +113,11 @@ def _main(argv: list[str]):
     if args.validate:
         from gvq.predict import validate
         return validate.report_validation(m, args)
+    m, priced = codec_costs.apply(m, args, args.aggregators)
     df = table(m, args.aggregators or m.aggregators, args.world_size, args.bandwidth, args.latency,
                args.codec_scale, args.compute_scale)
     print(f"# predicted, virtual-time terms ({m.cal['model']}, batch {m.cal['batch_size']}, codec "
-          f"x{args.codec_scale:g}, alpha {args.latency:g} s; calibrated on {m.cal['host']})")
+          f"x{args.codec_scale:g}, alpha {args.latency:g} s; calibrated on {m.cal['host']}; {priced})")
     print(df.to_markdown(index=False, floatfmt=".4g"))
     return df
 

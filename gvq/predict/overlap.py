@@ -86,8 +86,12 @@ class Overlap:
     ov: dict
 
     @classmethod
-    def load(cls, folder: Path) -> Overlap:
+    def load(cls, folder: Path, pricing=None) -> Overlap:
+        """``pricing``: Calibrated -> (Calibrated, how), the codec costs' override (``codec_costs.apply``)."""
         m = M.Calibrated.load(folder)
+        if pricing is not None:
+            m, how = pricing(m)
+            print(f"gvq.predict: {folder.name}: {how}", flush=True)
         path = folder / "overlap.json"
         if not path.exists():
             raise FileNotFoundError(f"{path}: run `python -m gvq.predict calibrate-overlap --calibration {folder}`")

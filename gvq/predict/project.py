@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gvq.predict import codec_costs
 from gvq.predict import model as M
 from gvq.predict.__main__ import ROOT_DIR, row
 
@@ -113,17 +114,21 @@ def main(argv=None):
     p.add_argument("--iterations-to-target", nargs="+", default=[], metavar="AGGREGATOR=ITERATIONS",
                    help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 qsgd=113 (the time to "
                         "accuracy table's mean iterations; aggregators without one are left out of that ranking)")
+    p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
+    codec_costs.add_arguments(p)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    pricing = lambda m: codec_costs.apply(m, args, args.aggregators)      # noqa: E731
     if args.overlap:
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
-                                   _iterations_to_target(p, args.iterations_to_target))
+                                   _iterations_to_target(p, args.iterations_to_target), pricing)
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
     frames = []
     for model in args.models:
-        m = M.Calibrated.load(args.calibration / model)
+        m, how = pricing(M.Calibrated.load(args.calibration / model))
+        print(f"gvq.predict project: {model}: {how}", flush=True)
         worlds = [n for n in m.world_sizes if n & (n - 1) == 0 and n <= args.max_world_size]
         df = grid(m, worlds, LINKS, SCALES)
         win = winners(df).assign(model=model)
@@ -200,14 +205,14 @@ def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float]) -> dict:
 
 
 def project_overlap(models, calibration: Path, out: Path, max_world: int,
-                    iters: dict[str, float] | None = None) -> pd.DataFrame:
+                    iters: dict[str, float] | None = None, pricing=None) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
-    ``iters``, the winners by time to accuracy too."""
+    ``iters``, the winners by time to accuracy too; ``pricing``: the codec costs (``codec_costs.apply``)."""
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
-        ov = Overlap.load(calibration / model)
+        ov = Overlap.load(calibration / model, pricing)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
         win = overlap_winners(overlap_grid(ov, worlds), iters).assign(model=model)
         plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
