@@ -4,7 +4,7 @@ make the host wait for the device (a value read back: ``.item()``, ``bool(t)``, 
 
 On a GPU each op is a kernel launch plus Python dispatch, about the same few microseconds whatever its
 size on a gradient-sized call, so the count is a proxy for a codec's GPU cost that any machine can measure
-(``gvq.bench codecs`` prints it beside the times; ``tests/compressors/test_op_budget.py`` holds the budget).
+(``gvq.bench codecs`` prints it beside the times; ``tests/bench/test_opcount.py`` holds the budget).
 """
 from __future__ import annotations
 

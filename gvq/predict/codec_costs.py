@@ -60,7 +60,7 @@ def line(row: dict, op: str) -> list[float] | None:
     return [(ms - floor) / 1e3, floor / 1e3 / max(row["numel"], 1)]
 
 
-def priced(m: Calibrated, rows: dict[str, dict], names: list[str], mapping: dict[str, str] | None = None
+def priced_model(m: Calibrated, rows: dict[str, dict], names: list[str], mapping: dict[str, str] | None = None
            ) -> tuple[Calibrated, dict[str, str]]:
     """A copy of ``m`` whose codec calls for aggregators ``names`` cost what ``rows`` say; returns it and
     {calibration key: label} of what was priced.  Every codec those aggregators run must have a row:
@@ -157,7 +157,7 @@ def apply(m: Calibrated, args, names: list[str] | None = None) -> tuple[Calibrat
         shapes = model_shapes(m.cal["model"], m.cal["num_classes"])
         rows = implied_rows(rows, {label: codec_ops(label, shapes) for label in rows}, args.codec_ops_us)
         how = f"implied: device-path ops x {args.codec_ops_us:g} us + floor"
-    out, used = priced(m, rows, names, parse_map(args.codec_map))
+    out, used = priced_model(m, rows, names, parse_map(args.codec_map))
     sources = sorted({rows[label]["source"] for label in used.values()})
     return out, (f"codecs priced from --codec-costs ({how}): "
                  + ", ".join(f"{k}={v}" for k, v in sorted(used.items())) + f" [{'; '.join(sources)[:300]}]")

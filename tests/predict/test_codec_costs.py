@@ -59,7 +59,7 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
     keeps the aggregators asked for only, and refuses a codec with no measurement in one line."""
     m = M.Calibrated.load(calibrated)
     rows = C.load_rows([H100], RESNET32)
-    priced, used = C.priced(m, rows, ["rar", "fp16", "qsgd"])
+    priced, used = C.priced_model(m, rows, ["rar", "fp16", "qsgd"])
     assert used == {"fp16": "fp16", "qsgd": "qsgd"} and priced.aggregators == ["rar", "fp16", "qsgd"]
     numel = m.struct["numel"]
     assert M.op_cost(priced.cal["codecs"]["qsgd"]["compress"], numel, 1.0) == pytest.approx(
@@ -67,10 +67,10 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
     assert M.aggregation(priced, "rar", 4, 1e9) == M.aggregation(m, "rar", 4, 1e9)      # nothing to price
     assert M.aggregation(priced, "qsgd", 4, 1e9) != M.aggregation(m, "qsgd", 4, 1e9)
     slow = {k: {**r, "compress_ms": 50.0, "floor_ms": 0.0} for k, r in rows.items()}
-    assert M.aggregation(C.priced(m, slow, ["qsgd"])[0], "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
+    assert M.aggregation(C.priced_model(m, slow, ["qsgd"])[0], "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
     with pytest.raises(M.PredictError, match="--codec-map powersgd-P=LABEL"):
-        C.priced(m, rows, ["powersgd"])
-    assert "gradiveq_bf16" in C.priced(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0].aggregators
+        C.priced_model(m, rows, ["powersgd"])
+    assert "gradiveq_bf16" in C.priced_model(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0].aggregators
 
 
 def test_the_commands_take_the_codec_costs(calibrated, tmp_path, capsys):

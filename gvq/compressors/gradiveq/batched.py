@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gvq.compressors._graphs import Graphed
+
 
 class _Class:
     """One slice size's pieces as a batch: (B, n, K) slices against (B, K, d) bases."""
@@ -85,6 +87,9 @@ class BatchedPlan:
         self.pay_idx, self.out_idx = pay_idx.to(device), out_idx.to(device)
         self.x_idx, self.p_idx = self.x_idx.to(device), self.p_idx.to(device)
         self._buffers(coded, values, length, device)
+        # fixed shapes and buffers until the next refit, no randomness: each call one CUDA graph replay
+        self.compress = Graphed(self._compress, "gradiveq compress")
+        self.decompress = Graphed(self._decompress, "gradiveq decompress")
 
     def _buffers(self, coded: int, values: int, length: int, device) -> None:
         """Work buffers and their per-class views, made once: a call dispatches no view."""
@@ -111,7 +116,7 @@ class BatchedPlan:
             self.muU_flat = torch.cat([c.muU.view(-1) for c in self.classes] or none)
             self.mu_flat = torch.cat([c.mu.view(-1) for c in self.classes] or none)
 
-    def compress(self, x: Tensor) -> Tensor:
+    def _compress(self, x: Tensor) -> Tensor:
         low = self.dtype != torch.float32
         torch.index_select(x.to(self.dtype) if low else x, 0, self.x_idx, out=self.xbuf)
         for c, (X, R, _, _, _) in zip(self.classes, self.views):
@@ -124,7 +129,7 @@ class BatchedPlan:
         self.src_x.copy_(x)
         return self.src.index_select(0, self.pay_idx)
 
-    def decompress(self, payload: Tensor) -> Tensor:
+    def _decompress(self, payload: Tensor) -> Tensor:
         low = self.dtype != torch.float32
         torch.index_select(payload.to(self.dtype) if low else payload, 0, self.p_idx, out=self.pbuf)
         for c, (_, _, P, Y, Ut) in zip(self.classes, self.views):
