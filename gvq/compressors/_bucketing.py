@@ -12,45 +12,18 @@ import sys
 import torch
 from torch import Tensor
 
+from gvq.compressors import _batch
 from gvq.compressors import _fused as fused
 from gvq.compressors._dither import DitherLanes
-from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, pack_rows,  # noqa: F401
-                                      split_rows, unpack, unpack_digits, word_format)
-from gvq.compressors.base import Compressor, Health
+from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401
+                                      unpack, word_format)
+from gvq.compressors.base import Compressor, Health, check_bucket, check_clip
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
-
-
-# ---- config checks: one line naming the key and what is allowed ---------------------------------
-def check_bucket(bucket) -> int:
-    """Returns the bucket size, 0 standing for "one bucket per segment" (``None``)."""
-    if bucket is None:
-        return 0
-    ok = isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 1
-    if not ok:
-        raise ValueError(f"bucket={bucket!r}: must be a positive int (values per bucket) "
-                         "or null (one bucket per segment)")
-    return bucket
-
-
-def check_clip(clip) -> float | None:
-    ok = clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool)
-                          and math.isfinite(clip) and clip > 0)
-    if not ok:
-        raise ValueError(f"clip={clip!r}: must be null (no clipping) or a factor > 0 "
-                         "(values clipped to +-clip*RMS of their bucket; TernGrad uses 2.5)")
-    return None if clip is None else float(clip)
-
-
-def check_choice(key: str, value, choices: tuple[str, ...], why: str) -> str:
-    """``value`` if it is one of ``choices``, else a ValueError naming the key, the choices and ``why``."""
-    if value not in choices:
-        raise ValueError(f"{key}={value!r}: must be one of {', '.join(choices)} ({why})")
-    return value
 
 
 def has_data(x: Tensor) -> bool:
@@ -179,7 +152,7 @@ class BucketQuantizer(Compressor):
         x = (x if x.dim() == 1 else x.reshape(-1)).to(torch.float32)
         lay = self.layout(x.numel())
         if self.pads and not fused.enabled(x) and lay.numel:
-            return self._compress_batch(x, lay)
+            return _batch.compress_batch(self, x, lay, clip_rows)
         if not self.side_flags_nonfinite:
             self.health.note(x)
         out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
@@ -195,41 +168,6 @@ class BucketQuantizer(Compressor):
         work = self.scratch("pack", stream.shape, torch.float64, x.device) if lay.per_word > 8 else None
         pack(stream, lay, out[lay.side_bytes:], work)
         return out
-
-    def _encode_padded(self, rows: Tensor, inv_count: Tensor | None):
-        """``_encode`` on zero-padded rows; ``inv_count`` (m, 1): 1 / real values per row.  A quantizer
-        whose statistics count values (a mean) overrides it."""
-        return self._encode(rows)
-
-    def _batch_shape(self, lay: Layout) -> tuple[int, int]:
-        """(m, width) of the zero-padded batch: m buckets of ``bucket`` values, or one row of all."""
-        if lay.bucket == 0 or lay.bucket >= lay.numel:
-            return 1, lay.numel
-        return lay.n_buckets, lay.bucket
-
-    def inv_count(self, lay: Layout, device) -> Tensor:
-        """(m, 1): 1 / real values per row of the padded batch (only the last row is short)."""
-        m, width = self._batch_shape(lay)
-        key = ("inv_count", lay.numel, lay.bucket, torch.device(device))
-        if key not in self._ws:
-            counts = torch.full((m, 1), float(width), device=device)
-            counts[-1] = lay.numel - (m - 1) * width
-            self._ws[key] = counts.reciprocal_()
-        return self._ws[key]
-
-    def _compress_batch(self, x: Tensor, lay: Layout) -> Tensor:
-        """Every bucket as one batch: pad, encode, note the side info, pack; no host reads, no Python
-        loop over buckets (the device path, ``pads``)."""
-        m, width = self._batch_shape(lay)
-        pad = m * width - lay.numel
-        rows = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(m, width)
-        inv_count = self.inv_count(lay, x.device)
-        if self.clip:
-            rows = clip_rows(rows, self.clip, inv_count)
-        codes, side = self._encode_padded(rows, inv_count)
-        self.health.note(side)
-        words = pack_rows(codes, lay)
-        return torch.cat([side.view(-1).view(torch.uint8), words])
 
     def _code_stream(self, parts, lay: Layout) -> Tensor:
         """All codes in value order, zero-padded to whole words (one copy, none if already so)."""
@@ -252,7 +190,7 @@ class BucketQuantizer(Compressor):
         if payload.storage_offset() % 4:              # float32 views need 4-byte alignment
             payload = payload.clone()
         if self.pads and not fused.enabled(payload) and lay.numel:
-            return self._decompress_batch(payload, lay)
+            return _batch.decompress_batch(self, payload, lay)
         out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)
         side = payload[: lay.side_bytes].view(torch.float32).view(-1, self.n_side)
         codes = unpack(payload[lay.side_bytes:], lay)
@@ -264,15 +202,13 @@ class BucketQuantizer(Compressor):
             first += m
         return out
 
-    def _decompress_batch(self, payload: Tensor, lay: Layout) -> Tensor:
-        """Every bucket as one batch, as :meth:`_compress_batch` made it; the padding decoded and dropped."""
-        m, width = self._batch_shape(lay)
-        side = payload[: lay.side_bytes].view(torch.float32).view(m, self.n_side)
-        codes = unpack_digits(payload[lay.side_bytes:], lay, m * width).view(m, width)
-        out = self._decode_batch(codes, side).view(-1)
-        return out[: lay.numel] if out.numel() > lay.numel else out
+    # -- the device path's hooks (gvq.compressors._batch) ----------------------------------------------
+    def encode_padded(self, rows: Tensor, inv_count: Tensor):
+        """``_encode`` on zero-padded rows; ``inv_count`` (m, 1): 1 / real values per row.  A quantizer
+        whose statistics count values (a mean) overrides it."""
+        return self._encode(rows)
 
-    def _decode_batch(self, codes: Tensor, side: Tensor) -> Tensor:
+    def decode_batch(self, codes: Tensor, side: Tensor) -> Tensor:
         """``_decode`` into a fresh (m, width) tensor; quantizers with a one-op formula override it."""
         out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
         self._decode(codes, side, out)

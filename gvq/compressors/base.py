@@ -4,6 +4,8 @@ See docs/design.md#gvqcompressorsbasepy for how it works and why.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -127,4 +129,31 @@ def check_int(key: str, value, lo: int, hi: int | None = None, hint: str = "") -
     if not ok:
         allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ValueError(f"{key}={value!r}: must be an integer {allowed}{hint}")
+    return value
+
+
+def check_bucket(bucket) -> int:
+    """Returns the bucket size, 0 standing for "one bucket per segment" (``None``)."""
+    if bucket is None:
+        return 0
+    ok = isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 1
+    if not ok:
+        raise ValueError(f"bucket={bucket!r}: must be a positive int (values per bucket) "
+                         "or null (one bucket per segment)")
+    return bucket
+
+
+def check_clip(clip) -> float | None:
+    ok = clip is None or (isinstance(clip, (int, float)) and not isinstance(clip, bool)
+                          and math.isfinite(clip) and clip > 0)
+    if not ok:
+        raise ValueError(f"clip={clip!r}: must be null (no clipping) or a factor > 0 "
+                         "(values clipped to +-clip*RMS of their bucket; TernGrad uses 2.5)")
+    return None if clip is None else float(clip)
+
+
+def check_choice(key: str, value, choices: tuple[str, ...], why: str) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError naming the key, the choices and ``why``."""
+    if value not in choices:
+        raise ValueError(f"{key}={value!r}: must be one of {', '.join(choices)} ({why})")
     return value

@@ -44,14 +44,14 @@ class QSGD(BucketQuantizer):
         scale = torch.where(norm > 0, self.half / norm, 0.0)     # all-zero bucket -> every code is 0
         return self.dither_floor_(rows, scale=scale), norm      # rows * scale in [-L, L]; + L in the dither
 
-    def _encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count):
         if self.norm == "l2":
             norm = torch.linalg.vector_norm(rows, ord=2, dim=1, keepdim=True)
         else:
             norm = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
         return self.dither_div(rows, norm, value=float(self.half)), norm     # L v / norm, + L in the dither
 
-    def _decode_batch(self, codes, side):
+    def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side * (1.0 / self.half))   # (code - L) * norm / L
 
     def _decode(self, codes, side, out):

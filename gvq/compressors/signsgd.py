@@ -18,7 +18,7 @@ class ScaledSignSGD(BucketQuantizer):
     levels = 2
     n_side = 1
     side_flags_nonfinite = True    # mean|v| is NaN/Inf if any value is
-    pads = True                    # the mean counts real values only (_encode_padded)
+    pads = True                    # the mean counts real values only (encode_padded)
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one scale for more values
                  clip: float | None = None):       # c: clip to +-c*RMS first (lowers the scale)
@@ -29,12 +29,12 @@ class ScaledSignSGD(BucketQuantizer):
         codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale
 
-    def _encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count):
         scale = torch.linalg.vector_norm(rows, ord=1, dim=1, keepdim=True).mul_(inv_count)
         codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale
 
-    def _decode_batch(self, codes, side):
+    def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side * 2)                       # +-scale
 
     def _decode(self, codes, side, out):

@@ -30,12 +30,12 @@ class TernGrad(BucketQuantizer):
         st = max_abs_rows(rows)
         return self.dither_floor_(rows, scale=torch.where(st > 0, 1.0 / st, 0.0)), st
 
-    def _encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count):
         """One reduction for s_t and one op for v / s_t + dither (``dither_div``)."""
         st = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
         return self.dither_div(rows, st), st
 
-    def _decode_batch(self, codes, side):
+    def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side)                         # (code - 1) * s_t
 
     def _decode(self, codes, side, out):
