@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import BucketQuantizer, check_finite, digit_dtype, has_data
+from gvq.compressors._bucketing import BucketQuantizer, check_finite, digit_dtype
 from gvq.compressors.base import check_choice
 
 FITS = ("histogram", "sorted")
@@ -31,31 +31,37 @@ def bins_for(n: int) -> int:
 
 
 def grid_coords(rows: Tensor, lo: Tensor | None, hi: Tensor, bins: int, t_out: Tensor, idx_out: Tensor,
-                who: str) -> Tensor:
+                health) -> Tensor:
     """t = (rows - lo) * sc into ``t_out`` (float32; ``lo`` None: 0, no subtraction) and the flat bin
-    index of every value into ``idx_out`` (int32: floor(t) + row * bins, for one ``bincount`` over all
-    buckets).  sc = bins * (1 - 2**-20) / (hi - lo): the max lands just below ``bins`` (float32 round-off
-    is ~2**-23), so no clamp pass.  A bucket with hi == lo (or a range too small to scale) has sc = 0:
-    everything in bin 0.  Returns sc (m, 1), the scale levels are mapped back with.  A NaN/Inf value
-    makes a bound non-finite (min/max propagate them): raised here, before it could cast to a bad index."""
-    if has_data(hi) and not bool(torch.isfinite(hi).all() & (lo is None or torch.isfinite(lo).all())):
-        check_finite(rows, who)
+    index of every value into ``idx_out`` (int32: floor(t) + row * bins, for one count over all buckets).
+    sc = bins * (1 - 2**-20) / (hi - lo): the max lands just below ``bins`` (float32 round-off is ~2**-23).
+    A bucket with hi == lo (or a range too small to scale) has sc = 0: everything in bin 0.  Returns sc
+    (m, 1), the scale levels are mapped back with.  A NaN/Inf value makes a bound non-finite (min/max
+    propagate them): the span goes to ``health`` (the quantizer's watch, read once an iteration), and the
+    indices are clamped into the grid so a garbage value still counts inside its bucket's histogram."""
     span = hi if lo is None else hi - lo
+    health.note(span)
     sc = (bins * (1 - 2.0 ** -20)) / span
     sc = torch.where(torch.isfinite(sc) & (span > 0), sc, 0.0)
     t = torch.mul(rows, sc, out=t_out) if lo is None else torch.sub(rows, lo, out=t_out).mul_(sc)
-    idx_out.copy_(t)                                            # t >= 0: the cast floors
-    idx_out.add_(torch.arange(0, rows.shape[0] * bins, bins, dtype=torch.int32, device=rows.device)[:, None])
+    idx_out.copy_(t).clamp_(0, bins - 1)                        # t >= 0: the cast floors
+    idx_out.add_(_row_offsets(rows.shape[0], bins, rows.device))
     return sc
+
+
+def _row_offsets(m: int, bins: int, device) -> Tensor:
+    """(m, 1) int32: row * bins, each row's first bin in the flat counts."""
+    return torch.arange(0, m * bins, bins, dtype=torch.int32, device=device)[:, None]
 
 
 def bin_counts(idx: Tensor, m: int, bins: int) -> Tensor:
     """(m, bins) counts of the flat bin indices, float32 where every prefix sum the fits take is an exact
-    float32 (counts times bin centres below 2**23), float64 otherwise."""
+    float32 (counts times bin centres below 2**23), float64 otherwise.  A scatter-add into a fixed-size
+    tensor, not ``bincount`` (whose CUDA kernel reads the largest index back to the host)."""
     dtype = torch.float32 if idx.shape[-1] * bins < 1 << 23 else torch.float64
-    if not has_data(idx):                                       # meta: shapes only
-        return torch.empty(m, bins, dtype=dtype, device=idx.device)
-    return torch.bincount(idx.reshape(-1), minlength=m * bins).view(m, bins).to(dtype)
+    counts = torch.zeros(m * bins, dtype=dtype, device=idx.device)
+    flat = idx.reshape(-1)
+    return counts.index_add_(0, flat, torch.ones((), dtype=dtype, device=idx.device).expand(flat.shape)).view(m, bins)
 
 
 def cumulative(counts: Tensor, moments_only: bool = False):
@@ -122,7 +128,7 @@ def encode_on_grid(q, rows: Tensor, fit_edges) -> tuple[Tensor, Tensor]:
     bins = bins_for(n)
     lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
     idx, t = q.scratch_like("idx", rows, torch.int32), q.scratch_like("y", rows)
-    sc = grid_coords(rows, lo, hi, bins, t, idx, q.name)
+    sc = grid_coords(rows, lo, hi, bins, t, idx, q.health)
     edges = fit_edges(bin_counts(idx, m, bins))
     table = rounding_table(edges, bins, q.dither_shift)
     y = round_on_grid(t, idx, table, q.scratch_like("pairs", rows, torch.int64))

@@ -88,7 +88,7 @@ class BinGradB(HistogramQuantizer):
         bins = bins_for(n)
         lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
         idx = self.scratch_like("idx", rows, torch.int32)
-        sc = grid_coords(rows, lo, hi, bins, self.scratch_like("y", rows), idx, self.name)
+        sc = grid_coords(rows, lo, hi, bins, self.scratch_like("y", rows), idx, self.health)
         return self._split_at(rows, edge_values(lloyd_edge(bin_counts(idx, m, bins)), lo, hi, sc, bins))
 
     def _split_at(self, rows, b0):

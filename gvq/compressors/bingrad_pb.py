@@ -30,7 +30,7 @@ def pb_level_grid(q, rows: torch.Tensor) -> torch.Tensor:
     t = torch.abs(rows, out=q.scratch_like("y", rows))
     top = t.amax(dim=1, keepdim=True)
     idx = q.scratch_like("idx", rows, torch.int32)
-    sc = grid_coords(t, None, top, bins, t, idx, q.name)              # t = |v| * sc, in bin units
+    sc = grid_coords(t, None, top, bins, t, idx, q.health)             # t = |v| * sc, in bin units
     mom = cumulative(bin_counts(idx, m, bins), moments_only=True)
     edge = torch.arange(bins + 1, dtype=mom.dtype, device=rows.device)
     f = torch.sub(mom, mom[:, -1:]).mul_(1.0 / n).add_(edge)    # f at every edge

@@ -62,8 +62,8 @@ def test_codec_calls_are_a_fixed_few_ops_without_host_syncs(name, shapes):
 
 
 @pytest.mark.parametrize("name", PENDING)
-@pytest.mark.xfail(strict=True, reason="issue 48: the fitted quantizers still loop (histogram rounds, "
-                   "Lloyd steps) and read bucket bounds back to the host")
+@pytest.mark.xfail(strict=True, reason="issue 48: the fitted quantizers still loop (histogram rounds, ragged tails, "
+                   "Lloyd steps; BinGrad-b reads its convergence back to the host)")
 def test_fitted_quantizers_within_the_budget(name, shapes):
     _check(name, shapes)
 
