@@ -154,7 +154,7 @@ class BucketQuantizer(Compressor):
         if self.pads and not fused.enabled(x) and lay.numel:
             return _batch.compress_batch(self, x, lay, clip_rows)
         if not self.side_flags_nonfinite:
-            self.health.note(x)
+            self.health.note(x.sum(dtype=torch.float32))   # not x: the ring may write it before the check
         out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
         parts = [self._encode(clip_rows(rows, self.clip) if self.clip else rows)
                  for rows in split_rows(x, self.bucket)]

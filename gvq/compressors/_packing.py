@@ -188,10 +188,8 @@ def pack_rows(codes: Tensor, lay: Layout) -> Tensor:
     k, nw, wb = lay.per_word, lay.n_words, lay.word_bytes
     if codes.shape[-1] % k == 0:
         c = codes.view(-1, k)
-    elif codes.numel() >= nw * k:                      # the batch's own padding fills the last word
-        c = codes.view(-1)[: nw * k].view(nw, k)
-    else:
-        c = torch.nn.functional.pad(codes.view(-1), (0, nw * k - codes.numel())).view(nw, k)
+    else:                                             # the batch's own padding fills the last word, or zeros
+        c = _to_length(codes.view(-1), nw * k).view(nw, k)
     dtype = torch.uint8 if wb == 1 else torch.int64
     if c.dtype != dtype:
         c = c.to(dtype)
@@ -220,9 +218,15 @@ def unpack_digits(data: Tensor, lay: Layout, count: int) -> Tensor:
         return word
     digits = torch.remainder(torch.floor_divide(word.view(-1, 1), _int_powers(radix, k, word.device, word.dtype)),
                              radix).view(-1)
-    have = digits.numel()
-    return digits[:count] if have > count else torch.nn.functional.pad(digits, (0, count - have)) \
-        if have < count else digits
+    return _to_length(digits, count)
+
+
+def _to_length(flat: Tensor, count: int) -> Tensor:
+    """``flat`` cut or zero-padded to ``count`` values (itself if it has as many)."""
+    have = flat.numel()
+    if have > count:
+        return flat[:count]
+    return torch.nn.functional.pad(flat, (0, count - have)) if have < count else flat
 
 
 @functools.lru_cache(maxsize=None)

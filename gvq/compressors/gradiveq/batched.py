@@ -18,6 +18,10 @@ from torch import Tensor
 
 from gvq.compressors._graphs import Graphed
 
+#: where a plan's index bookkeeping is built (once per segment and fit, element by element), before its
+#: finished indices move to the gradient's device in one copy each
+HOST = torch.device("cpu")
+
 
 class _Class:
     """One slice size's pieces as a batch: (B, n, K) slices against (B, K, d) bases."""
@@ -31,16 +35,16 @@ class _Class:
         self.U = torch.zeros(B, K, d, dtype=dtype, device=device)
         self.mu = torch.zeros(B, n, K, device=device)
         self.muU = torch.zeros(B, n, d, device=device)
-        self.x_at = torch.zeros(B, n, K, dtype=torch.int64)        # where each slice value sits in x
-        self.p_at = torch.zeros(B, n, d, dtype=torch.int64)        # where each payload value sits
+        self.x_at = torch.zeros(B, n, K, dtype=torch.int64, device=HOST)   # where each slice value sits in x
+        self.p_at = torch.zeros(B, n, d, dtype=torch.int64, device=HOST)   # where each payload value sits
         self.sizes = [(p.i1 - p.i0, U[p.gid].shape[1]) for p, _ in pieces]
         for b, (p, off) in enumerate(pieces):
             m, dg = self.sizes[b]
             self.U[b, :, :dg] = U[p.gid].to(device=device, dtype=dtype)
             self.mu[b, :m] = mu[p.gid][p.i0: p.i1].to(device)
             self.muU[b, :m, :dg] = muU[p.gid][p.i0: p.i1].to(device)
-            self.x_at[b, :m] = (p.start - seg_start) + torch.arange(m * K).view(m, K)
-            self.p_at[b, :m, :dg] = off + torch.arange(m * dg).view(m, dg)
+            self.x_at[b, :m] = (p.start - seg_start) + torch.arange(m * K, device=HOST).view(m, K)
+            self.p_at[b, :m, :dg] = off + torch.arange(m * dg, device=HOST).view(m, dg)
 
     @property
     def coded(self) -> int:
@@ -67,14 +71,14 @@ class BatchedPlan:
         # compress: x's slices gathered into one buffer; the GEMMs write a source [results | x] that one
         # gather lays out as the payload.  decompress: the payload's codes gathered; the GEMMs write a
         # source [reconstructions | payload] that one gather lays out as the gradient.
-        self.x_idx = torch.cat([c.x_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64)])
-        self.p_idx = torch.cat([c.p_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64)])
-        pay_idx = torch.empty(total, dtype=torch.int64)
-        out_idx = torch.empty(length, dtype=torch.int64)
+        self.x_idx = torch.cat([c.x_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64, device=HOST)])
+        self.p_idx = torch.cat([c.p_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64, device=HOST)])
+        pay_idx = torch.empty(total, dtype=torch.int64, device=HOST)
+        out_idx = torch.empty(length, dtype=torch.int64, device=HOST)
         at_r, at_y = 0, 0
         for c in self.classes:
-            r = at_r + torch.arange(c.coded).view(c.B, c.n, c.d)
-            y = at_y + torch.arange(c.values).view(c.B, c.n, c.K)
+            r = at_r + torch.arange(c.coded, device=HOST).view(c.B, c.n, c.d)
+            y = at_y + torch.arange(c.values, device=HOST).view(c.B, c.n, c.K)
             for b, (m, dg) in enumerate(c.sizes):                # real slices and codes of piece b
                 pay_idx[c.p_at[b, :m, :dg].reshape(-1)] = r[b, :m, :dg].reshape(-1)
                 out_idx[c.x_at[b, :m].reshape(-1)] = y[b, :m].reshape(-1)
@@ -82,8 +86,8 @@ class BatchedPlan:
         for p, off in plan:
             if p.gid < 0:
                 a, w = p.start - seg.start, p.stop - p.start
-                pay_idx[off: off + w] = coded + a + torch.arange(w)
-                out_idx[a: a + w] = values + off + torch.arange(w)
+                pay_idx[off: off + w] = coded + a + torch.arange(w, device=HOST)
+                out_idx[a: a + w] = values + off + torch.arange(w, device=HOST)
         self.pay_idx, self.out_idx = pay_idx.to(device), out_idx.to(device)
         self.x_idx, self.p_idx = self.x_idx.to(device), self.p_idx.to(device)
         self._buffers(coded, values, length, device)
