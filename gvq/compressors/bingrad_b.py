@@ -18,7 +18,7 @@ from gvq.compressors._histogram import (
     grid_coords,
 )
 
-MAX_LLOYD = 1000                   # rounds are O(log n) on the sorted bucket: the cap is never the cost
+MAX_LLOYD = 1000                   # sorted fit's rounds are O(log n) on the sorted bucket: the cap is never the cost
 
 
 def split_means(csum: torch.Tensor, below: torch.Tensor, n: int):
@@ -35,19 +35,21 @@ def split_means(csum: torch.Tensor, below: torch.Tensor, n: int):
 
 def lloyd_edge(counts: torch.Tensor) -> torch.Tensor:
     """Lloyd rounds on bucket histograms (m, bins), t in bin units (a bin's values at its centre): the
-    edge (m, 1) splitting the two groups, from the mean, until no bucket's edge moves."""
+    edge (m, 1) splitting the two groups, from the mean, until it stops moving.  A round is a map f of
+    the edge; f is tabulated at every edge at once and composed with itself by pointer doubling (f^2,
+    f^4, ... one gather each), so the fixed point the rounds reach is read in a fixed count of ops and no
+    host read (a loop would ask the device "did it move?" every round).  A path through bins + 1 edges
+    that reaches a fixed point does so within bins rounds, and 2^k >= bins + 1 compositions pass it."""
+    m, bins = counts.shape
     cum, mom = cumulative(counts)
     n, total = cum[:, -1:], mom[:, -1:]
-    edge = (total / n.clamp(min=1)).round().long()
-    for _ in range(MAX_LLOYD):
-        below, s_lo = cum.gather(1, edge), mom.gather(1, edge)
-        lo = torch.where(below > 0, s_lo / below.clamp(min=1), total / n)
-        hi = torch.where(below < n, (total - s_lo) / (n - below).clamp(min=1), lo)
-        again = ((lo + hi) / 2).round().long()
-        if not has_data(edge) or torch.equal(again, edge):
-            break
-        edge = again
-    return edge
+    mean = total / n.clamp(min=1)
+    lo = torch.where(cum > 0, mom / cum.clamp(min=1), mean)          # f's two means at every edge
+    hi = torch.where(cum < n, (total - mom) / (n - cum).clamp(min=1), lo)
+    step = lo.add_(hi).mul_(0.5).round_().clamp_(0, bins).long()
+    for _ in range(bins.bit_length()):                              # 2^k >= bins + 1 rounds
+        step = step.gather(1, step)
+    return step.gather(1, mean.round().long())
 
 
 def side_means(rows: torch.Tensor, above: torch.Tensor, y: torch.Tensor):
