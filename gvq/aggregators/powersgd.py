@@ -123,24 +123,17 @@ class PowerSGDAggregator(FlatAggregator):
         return super().allreduce_mean_(flat, iteration)
 
     def allreduce_bucket_(self, flat, params, iteration):
-        """One DDP bucket: its parameters' blocks (Q keyed by parameter) and error memory."""
+        """One DDP bucket: its parameters' blocks (their Q and P^ are the whole plan's, shared) and error
+        memory."""
         plan = self._buckets.get(tuple(params))
         if plan is None:                    # same shapes, same rule: the same blocks as the whole plan
-            plan = self._plan(PowerSGD([self.params[i].shape for i in params], self.rank,
-                                       self.min_compression_rate, self.warm_start,
-                                       dtype=self.compute_dtype([flat])))
-            self._buckets[tuple(params)] = plan
-        lr, whole = plan.low_rank, self.low_rank
-        lr.q_local = []
-        lr.q = {j: whole.q[i] for j, i in enumerate(params) if j in lr.q}
+            plan = self._buckets[tuple(params)] = self._plan(self.low_rank.subset(list(params)))
+        plan.low_rank.q_local = []
         self._current = (plan, self.gather(self.error, params))
         try:
             return super().allreduce_mean_(flat, iteration)
         finally:
-            for j, i in enumerate(params):
-                if j in lr.q:
-                    whole.q[i] = lr.q[j]
-            whole.q_local.extend(lr.q_local)
+            self.low_rank.q_local.extend(plan.low_rank.q_local)
             self.scatter_(self.error, params, self._current[1])
             self._current = None
 

@@ -78,8 +78,7 @@ def powersgd_state(shapes, device: torch.device):
     from gvq.compressors.powersgd import PowerSGD
     agg = make_aggregator("powersgd", [])
     state = PowerSGD(shapes, agg.rank, agg.min_compression_rate)
-    for i in state.q:
-        state.q_on(i, device)
+    state.to(device)
     macs = sum(b.rows * b.cols * b.rank for b in state.blocks if b.rank)        # per pass
     streamed = 4 * sum((b.rows + b.cols) * b.rank for b in state.blocks if b.rank)
     return state, macs, streamed

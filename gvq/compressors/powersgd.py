@@ -6,31 +6,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from gvq.compressors._lowrank import Block, SegLayout, Store
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
-
-
-@dataclass(frozen=True)
-class Block:
-    """One parameter's span of the flat gradient and how it travels."""
-    start: int
-    stop: int
-    rows: int
-    cols: int
-    rank: int            # 0: sent raw (uncompressed) in pass P
-
-    @property
-    def p_len(self) -> int:
-        return self.rows * self.rank if self.rank else self.stop - self.start
-
-    @property
-    def q_len(self) -> int:
-        return self.cols * self.rank
 
 
 def low_rank(shape, rank: int, min_compression_rate: float) -> int:
@@ -68,7 +50,8 @@ def orthogonalize(a: Tensor) -> Tensor:
 
 
 class PowerSGD:
-    """State shared by the two passes: the layout, Q (warm start), and this iteration's P^ and raw sums."""
+    """State shared by the two passes: the layout, Q (warm start), and this iteration's P^ and raw sums,
+    kept in a :class:`Store` (shared with the DDP buckets' plans, :meth:`subset`)."""
 
     def __init__(self, shapes, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True,
                  seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -77,32 +60,71 @@ class PowerSGD:
         self.numel = self.blocks[-1].stop if self.blocks else 0
         self.warm_start = warm_start
         self.gen = torch.Generator().manual_seed(int(seed))   # same seed on all ranks: same Q
-        self.q = self._random_q()
-        self.phat: dict[int, Tensor] = {}
-        self.raw: dict[int, Tensor] = {}
+        self.store = Store(self.blocks, dtype)
+        self.ids = list(range(len(self.blocks)))   # each block's index in the store's (whole-model) plan
+        self._draw_q()
+        self._setup()
+
+    def _setup(self) -> None:
         self.q_local: list[Tensor] = []          # this rank's own pass-Q payloads (for the error metric)
         self._starts = [b.start for b in self.blocks]
         self._in: dict[tuple[int, int], list[tuple[int, Block]]] = {}
+        self._layouts: dict = {}
         self.p_stage, self.q_stage = PStage(self), QStage(self)
 
-    def _random_q(self) -> dict[int, Tensor]:
-        """Drawn on the host on purpose: the seeded host generator gives every rank the same Q whatever
-        its device (a CUDA generator's stream differs); ``q_on`` moves each block once, to the gradient."""
-        return {i: orthogonalize(torch.randn(b.cols, b.rank, generator=self.gen, device="cpu"))
-                for i, b in enumerate(self.blocks) if b.rank}
+    def subset(self, ids: list[int]) -> "PowerSGD":
+        """The plan of the vector of whole-plan blocks ``ids`` laid end to end (a DDP bucket), sharing
+        this plan's store: Q and P^ are each block's, whichever vector it is averaged in."""
+        sub = object.__new__(PowerSGD)
+        sub.dtype, sub.warm_start, sub.gen, sub.store = self.dtype, self.warm_start, self.gen, self.store
+        sub.blocks, at = [], 0
+        for i in ids:
+            b = self.blocks[i]
+            sub.blocks.append(Block(at, at + b.stop - b.start, b.rows, b.cols, b.rank))
+            at += b.stop - b.start
+        sub.numel, sub.ids = at, list(ids)
+        sub._setup()
+        return sub
 
-    def q_on(self, i: int, device: torch.device) -> Tensor:
-        """Block ``i``'s Q on the gradient's device, in its dtype (drawn by the seeded host generator in
-        float32, moved and cast once)."""
-        if self.q[i].device != device or self.q[i].dtype != self.dtype:
-            self.q[i] = self.q[i].to(device=device, dtype=self.dtype)
-        return self.q[i]
+    def _draw_q(self) -> None:
+        """A random orthonormal Q per block, drawn on the host on purpose: the seeded host generator gives
+        every rank the same Q whatever its device (a CUDA generator's stream differs); one draw and one
+        batched QR per class."""
+        for c, (_, cols, r) in enumerate(self.store.keys):
+            fresh = orthogonalize(torch.randn(self.store.counts[c], cols, r, generator=self.gen, device="cpu"))
+            self.store.q[c].copy_(fresh)
 
     def begin(self) -> None:
         """Start an iteration: without warm start, a fresh random Q (drawn identically on all ranks)."""
         self.q_local = []
         if not self.warm_start:
-            self.q = self._random_q()
+            self._draw_q()
+
+    def to(self, device: torch.device) -> None:
+        """Move the state (Q, P^, raw sums) to ``device``; a pass does it on first use anyway."""
+        self.store.to(torch.device(device))
+
+    def layout(self, seg: slice, device: torch.device) -> SegLayout:
+        """Segment ``seg``'s :class:`SegLayout` on ``device`` (the store moves there on first use)."""
+        self.store.to(device)
+        key = (seg.start, seg.stop)
+        lay = self._layouts.get(key)
+        if lay is None or lay.version != self.store.version or lay.g.device != device:
+            lay = self._layouts[key] = SegLayout(self, seg, device)
+        return lay
+
+    @property
+    def q(self) -> dict[int, Tensor]:
+        """Each low-rank block's Q (views of the store), by block."""
+        return {j: self.store.q[c][k] for j, (c, k) in self._slots()}
+
+    @property
+    def phat(self) -> dict[int, Tensor]:
+        """Each low-rank block's P^ of the last pass P (views of the store), by block."""
+        return {j: self.store.phat[c][k] for j, (c, k) in self._slots()}
+
+    def _slots(self):
+        return [(j, self.store.slot[i]) for j, i in enumerate(self.ids) if i in self.store.slot]
 
     def cuts(self) -> list[int]:
         return [0] + [b.stop for b in self.blocks]
@@ -129,9 +151,12 @@ class PowerSGD:
         return {"q": {i: q.clone() for i, q in self.q.items()}, "gen": self.gen.get_state()}
 
     def load_state_dict(self, sd: dict) -> None:
-        if set(sd["q"]) != set(self.q):
+        mine = self.q
+        if set(int(i) for i in sd["q"]) != set(mine) or any(
+                tuple(q.shape) != tuple(mine[int(i)].shape) for i, q in sd["q"].items()):
             raise ValueError("powersgd.load_state_dict: the checkpoint's matrices differ from this model's")
-        self.q = {int(i): q.clone() for i, q in sd["q"].items()}
+        for i, q in sd["q"].items():
+            mine[int(i)].copy_(q)
         self.gen.set_state(sd["gen"])
 
 
@@ -157,30 +182,20 @@ class PStage(_Stage):
     name = "powersgd-P"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1], dtype=self.s.dtype, device=x.device)
-        off = 0
-        for i, b in self.s.blocks_in(seg):
-            piece, n = x[b.start - seg.start: b.stop - seg.start].to(self.s.dtype), b.p_len
-            if b.rank:
-                torch.mm(piece.view(b.rows, b.cols), self.s.q_on(i, x.device),
-                         out=out[off: off + n].view(b.rows, b.rank))
-            else:
-                out[off: off + n] = piece
-            off += n
-        return out
+        lay = self.s.layout(seg, x.device)
+        torch.index_select(x.to(self.s.dtype), 0, lay.perm, out=lay.g)      # class-major, raw last
+        for g in lay.groups:
+            torch.bmm(g.m, g.q, out=g.p)
+        return torch.cat([lay.p_low, lay.g_raw])         # fresh: the ring may still be sending the last one
 
     def decompress(self, payload, seg):
-        off = 0
-        for i, b in self.s.blocks_in(seg):
-            n = b.p_len
-            piece = payload[off: off + n]
-            if b.rank:
-                self.s.phat[i] = orthogonalize(piece.view(b.rows, b.rank))
-            else:
-                self.s.raw[i] = piece          # the ring never writes a payload it has decoded
-            off += n
+        lay = self.s.layout(seg, payload.device)
+        lay.p.copy_(payload)
+        for g in lay.groups:
+            torch.linalg.qr(g.p, out=(g.phat, g.r))
+        lay.put_raws(lay.p_raw)                           # the raw sums, for pass Q to write back
         # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
-        return torch.zeros((), dtype=payload.dtype, device=payload.device).expand(seg.stop - seg.start)
+        return lay.zeros
 
 
 class QStage(_Stage):
@@ -191,27 +206,20 @@ class QStage(_Stage):
     length = "q_len"
 
     def compress(self, x, seg):
-        out = torch.empty(self.payload_spec(seg)[1], dtype=self.s.dtype, device=x.device)
-        off = 0
-        for i, b in self.s.blocks_in(seg):
-            if b.rank:
-                m = x[b.start - seg.start: b.stop - seg.start].to(self.s.dtype).view(b.rows, b.cols)
-                torch.mm(m.t(), self.s.phat[i], out=out[off: off + b.q_len].view(b.cols, b.rank))
-                off += b.q_len
-        self.s.q_local.append(out)             # not a copy: the ring only reads what it sends
+        lay = self.s.layout(seg, x.device)
+        torch.index_select(x.to(self.s.dtype), 0, lay.perm, out=lay.g)
+        for g in lay.groups:
+            torch.bmm(g.mt, g.phat, out=g.qb)
+        out = lay.qb.clone()                              # fresh: the ring may still be sending the last one
+        self.s.q_local.append(out)                        # not a copy: the ring only reads what it sends
         return out
 
     def decompress(self, payload, seg):
-        out = torch.empty(seg.stop - seg.start, dtype=payload.dtype, device=payload.device)
-        off = 0
-        for i, b in self.s.blocks_in(seg):
-            dst = out[b.start - seg.start: b.stop - seg.start]
-            if not b.rank:
-                dst.copy_(self.s.raw[i])
-                continue
-            qsum = payload[off: off + b.q_len].view(b.cols, b.rank)
-            torch.mm(self.s.phat[i], qsum.t(), out=dst.view(b.rows, b.cols))
-            if self.s.warm_start:              # scale-free: P^ = orth(M Q) ignores Q's scale
-                self.s.q[i] = orthogonalize(qsum)
-            off += b.q_len
-        return out
+        lay = self.s.layout(seg, payload.device)
+        lay.qb.copy_(payload)
+        for g in lay.groups:
+            torch.bmm(g.phat, g.qbt, out=g.o)
+            if self.s.warm_start:                         # scale-free: P^ = orth(M Q) ignores Q's scale
+                torch.linalg.qr(g.qb, out=(g.q, g.r))
+        lay.take_raws(lay.o_raw)
+        return lay.o.index_select(0, lay.inv)            # back to the segment's order

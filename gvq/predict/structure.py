@@ -12,7 +12,7 @@ from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.aggregators.gradiveq_sync import payload_balanced_segments
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.base import split_on_cuts
-from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
+from gvq.compressors.powersgd import block_balanced_segments
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "gradiveq_bf16", "powersgd")
 SETTINGS = ["K=x1", "gradiveq_bf16:aggregator.compressor.pool=true",   # make bench's: K/d = 8, PowerSGD r6
@@ -83,8 +83,7 @@ def bucket_rounds(name: str, agg, params: list[int], n: int) -> list[dict]:
         codec = agg.compressor.restricted_to(params)
         return [_round("additive", name, codec, payload_balanced_segments(codec, codec.layout.numel, n, agg.pieces))]
     if isinstance(agg, PowerSGDAggregator):
-        low, by = PowerSGD([agg.params[i].shape for i in params], agg.rank, agg.min_compression_rate,
-                           agg.warm_start), block_balanced_segments
+        low, by = agg.low_rank.subset(params), block_balanced_segments
         return [_round("additive", f"{name}-P", low.p_stage, by(low.blocks, lambda b: b.p_len, n)),
                 _round("additive", f"{name}-Q", low.q_stage, by(low.blocks, lambda b: b.q_len, n))]
     return rounds(name, agg, numel, n)
