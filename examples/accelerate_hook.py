@@ -1,9 +1,15 @@
 """Train a small CNN with accelerate and a gvq communication hook, checkpointing every rank's hook state:
 
     torchrun --standalone --nproc-per-node 2 examples/accelerate_hook.py qsgd
-    accelerate launch --cpu --num_processes 2 examples/accelerate_hook.py qsgd     # the same (port 29500)
-    ... examples/accelerate_hook.py qsgd --save ckpt --stop-at 15     # save_state after 15 steps, stop
-    ... examples/accelerate_hook.py qsgd --resume ckpt                # load_state, run steps 15..29
+    accelerate launch --multi_gpu --num_processes 2 --main_process_port 0 examples/accelerate_hook.py qsgd
+    torchrun --standalone --nproc-per-node 2 examples/accelerate_hook.py qsgd --stop-at 15 --save ckpt
+    torchrun --standalone --nproc-per-node 2 examples/accelerate_hook.py qsgd --resume ckpt
+
+The second line is the first through accelerate's launcher: ``--multi_gpu`` starts the processes through
+torchrun on any machine (``Accelerator(cpu=True)`` keeps them on the CPU), ``--main_process_port 0`` takes
+a free port.  (``accelerate launch --cpu --num_processes 2`` starts ONE process: accelerate's simple
+launcher ignores ``--num_processes`` on the CPU.)  The last two lines save after 15 steps and resume: the
+resumed run ends where the uninterrupted one ends.
 
 ``accelerator.prepare`` wraps the model in DDP (on more than one process); the hook is registered on that
 wrapper.  accelerate writes one checkpoint from rank 0, so the hook's per-rank state (error memory, dither,
@@ -35,8 +41,9 @@ def main(args) -> None:
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(8 * 6 * 6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
-    state = GvqHookState.from_config(args.option, net.parameters())
-    model.register_comm_hook(state, gvq_hook)      # after prepare: the model is DDP now
+    # after prepare the model is DDP: hand the state the wrapper, whose process group it averages over
+    state = GvqHookState.from_config(args.option, model)
+    model.register_comm_hook(state, gvq_hook)
     acc.register_for_checkpointing(AllRanks(state))
     start = 0
     if args.resume:

@@ -49,7 +49,7 @@ def run(rank: int, option: str, mode: str, init: str | None) -> None:
     else:
         model = DistributedDataParallel(net)       # bucket_cap_mb=... for smaller buckets
     if mode == "hook":                             # the hook: averaged inside backward
-        agg = GvqHookState.from_config(option, net.parameters())
+        agg = GvqHookState.from_config(option, model)   # the DDP wrapper: its process group is averaged over
         model.register_comm_hook(agg, gvq_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     for it in range(ITERATIONS):

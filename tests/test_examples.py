@@ -1,13 +1,17 @@
 """The scripts under examples/ run as a user runs them (a subprocess: plain python, torchrun) and do what
 their docstrings say: examples/ddp_hook.py trains on 2 gloo ranks through DDP + the gvq hook, with the
 loss of post-backward aggregation (the same aggregator after backward) over its 30 iterations, and the
-same under torchrun; examples/accelerate_hook.py stopped, saved and resumed ends where the uninterrupted
-run ends; examples/lightning_hook.py learns through the callback."""
+same under torchrun; examples/accelerate_hook.py under accelerate's launcher is the same run as under
+torchrun, and stopped, saved and resumed ends where the uninterrupted run ends; examples/lightning_hook.py
+learns through the callback.  Every launch line an example's docstring gives is run as written."""
 from __future__ import annotations
 
+import ast
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,24 +21,51 @@ from tests.helpers.dist import env_without_hydra
 
 pytestmark = pytest.mark.slow
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+def documented(script: str) -> list[str]:
+    """The launch lines ``examples/<script>``'s docstring gives (indented lines starting with a launcher),
+    without their comments: the tests below run exactly these."""
+    doc = ast.get_docstring(ast.parse((ROOT / "examples" / script).read_text()))
+    lines = [ln.split("  #")[0].strip() for ln in doc.splitlines() if ln.startswith("    ")]
+    return [ln for ln in lines if ln.split()[0] in ("python", "torchrun", "accelerate")]
 
 
-def _run(script: str, *args: str, launcher=(sys.executable,)) -> str:
-    out = subprocess.run([*launcher, str(ROOT / "examples" / script), *args], cwd=ROOT,
-                         env=env_without_hydra(), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+def _argv(line: str) -> list[str]:
+    """A documented line as this interpreter runs it: ``python``, ``torchrun``, ``accelerate`` of this
+    environment; an ``examples/`` path from the repository (the command may run in another directory)."""
+    head, *rest = shlex.split(line)
+    launcher = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+                "accelerate": [str(Path(sys.executable).parent / "accelerate")]}[head]
+    return launcher + [str(ROOT / a) if a.startswith("examples/") else a for a in rest]
+
+
+def _run(line: str, cwd=ROOT) -> str:
+    out = subprocess.run(_argv(line), cwd=cwd, env=env_without_hydra(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, f"{line}\n{out.stderr[-3000:]}"
     return out.stdout
 
 
-def _losses(*args: str, script="ddp_hook.py", launcher=(sys.executable,)) -> list[float]:
-    return [float(v) for v in re.findall(r"^(?:iteration|epoch) \d+ loss (\S+)$",
-                                         _run(script, *args, launcher=launcher), re.M)]
+def _losses(line: str) -> list[float]:
+    return [float(v) for v in re.findall(r"^(?:iteration|epoch) \d+ loss (\S+)$", _run(line), re.M)]
+
+
+#: how many launch lines each example documents; every one is run below (a new line needs a test here)
+RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 4, "lightning_hook.py": 2}
+DDP = documented("ddp_hook.py")       # qsgd, --post-backward, --no-hook, torchrun
+
+
+def _with(line: str, option: str) -> str:
+    return line.replace(" qsgd", f" {option}")
+
+
+def test_every_documented_launch_line_is_one_these_tests_run():
+    for script, n in RUN_HERE.items():
+        assert len(documented(script)) == n, f"examples/{script}: {documented(script)}"
 
 
 @pytest.mark.parametrize("option", ["rar", "qsgd", "gradiveq"])
 def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
-    hooked, post = _losses(option), _losses(option, "--post-backward")
+    hooked, post = _losses(_with(DDP[0], option)), _losses(_with(DDP[1], option))
     assert len(hooked) == len(post) == 30
     # one DDP bucket holds this model, in the aggregator's parameter order: the same vector is summed
     # (and the same random draws made) as after backward; only the ring's addition order may differ
@@ -44,20 +75,24 @@ def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
 
 @pytest.mark.parametrize("option", ["qsgd", "powersgd", "gradiveq"])
 def test_ddp_hook_example_under_torchrun_trains_as_spawned(option):
-    torchrun = _losses(option, launcher=TORCHRUN)
+    torchrun = _losses(_with(DDP[3], option))
     assert len(torchrun) == 30 and sum(torchrun[-5:]) < sum(torchrun[:5])
-    torch.testing.assert_close(torch.tensor(torchrun), torch.tensor(_losses(option)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(torchrun), torch.tensor(_losses(_with(DDP[0], option))),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_ddp_hook_example_rar_under_torchrun_is_ddps_own_all_reduce_bitwise():
     # 2 ranks: a + b in either order, halved exactly; the checksum's 12 decimals and every loss agree
-    assert _run("ddp_hook.py", "rar", launcher=TORCHRUN) == _run("ddp_hook.py", "--no-hook", launcher=TORCHRUN)
+    assert _run(_with(DDP[3], "rar")) == _run(DDP[3].replace(" qsgd", " --no-hook"))
+    assert _run(DDP[2]).splitlines()[-1] == _run(_with(DDP[3], "rar")).splitlines()[-1]   # spawned, the same
 
 
 def test_accelerate_example_resumed_ends_where_the_uninterrupted_run_ends(tmp_path):
-    whole = _run("accelerate_hook.py", "qsgd", launcher=TORCHRUN)
-    _run("accelerate_hook.py", "qsgd", "--stop-at", "15", "--save", str(tmp_path / "ckpt"), launcher=TORCHRUN)
-    resumed = _run("accelerate_hook.py", "qsgd", "--resume", str(tmp_path / "ckpt"), launcher=TORCHRUN)
+    whole_line, accelerate_line, stop_line, resume_line = documented("accelerate_hook.py")
+    whole = _run(whole_line)
+    assert _run(accelerate_line) == whole              # accelerate's launcher: the same two processes
+    _run(stop_line, cwd=tmp_path)
+    resumed = _run(resume_line, cwd=tmp_path)
     tail = re.findall(r"^iteration (\d+) loss (\S+)$", resumed, re.M)
     assert [int(i) for i, _ in tail] == list(range(15, 30))
     expected = dict(re.findall(r"^iteration (\d+) loss (\S+)$", whole, re.M))
@@ -68,5 +103,8 @@ def test_accelerate_example_resumed_ends_where_the_uninterrupted_run_ends(tmp_pa
 
 
 def test_lightning_example_learns_through_the_callback():
-    losses = _losses("qsgd", "--epochs", "3", script="lightning_hook.py")
+    hooked, plain = documented("lightning_hook.py")
+    losses = _losses(hooked + " --epochs 3")
     assert len(losses) == 3 and losses[-1] < 0.7 * losses[0]
+    baseline = _losses(plain + " --epochs 3")
+    assert len(baseline) == 3 and baseline[-1] < 0.7 * baseline[0]

@@ -11,7 +11,6 @@ import logging
 import math
 
 import torch
-import torch.distributed as dist
 
 from gvq.aggregators.gradiveq_bucket import PerBucket
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
@@ -145,7 +144,7 @@ class GradiVeQAggregator(FlatAggregator):
     def _majority_above(self, loss: float) -> bool:
         votes = torch.tensor([int(loss > self.monitor_threshold)], dtype=torch.int64)
         if self.ctx.world_size > 1:
-            dist.all_reduce(votes)                         # 8 bytes: every rank learns the count
+            self.p2p.all_reduce(votes)                     # 8 bytes: every rank learns the count
         return 2 * int(votes) > self.ctx.world_size      # strict majority
 
     def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:

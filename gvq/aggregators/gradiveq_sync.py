@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gvq.comm import clock
 from gvq.comm.p2p import P2P
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.gradiveq.codec import GradiVeQ
@@ -60,8 +59,7 @@ def fit_everywhere(comp: GradiVeQ, samples: torch.Tensor, p2p: P2P) -> bool:
         return False
     h = comp.pca.digest
     both = torch.tensor([h, -h], dtype=torch.int64)
-    with clock.get().blocked():                             # inside the fit's codec phase: a wait
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)         # max == -min  <=>  all digests equal
+    p2p.all_reduce(both, op=dist.ReduceOp.MAX)              # max == -min  <=>  all digests equal
     if int(both[0]) == -int(both[1]):
         return False
     log.warning("gradiveq: PCA state differs between ranks after a local fit; relaying rank 0's")

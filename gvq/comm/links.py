@@ -43,9 +43,10 @@ class _Emulated:
 class EmulatedLink:
     """One rank's outgoing link: FIFO, serialisation at ``bandwidth_bps``, then ``latency_s``."""
 
-    def __init__(self, bandwidth_bps: float, latency_s: float = 0.0):
+    def __init__(self, bandwidth_bps: float, latency_s: float = 0.0, group=None):
         self.bandwidth_bps = float(bandwidth_bps)
         self.latency_s = float(latency_s)
+        self.group = group          # the process group it sends on (None: the default); ``dst`` is global
         self.free_at = 0.0
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="gvq-link")
@@ -69,7 +70,7 @@ class EmulatedLink:
             if delay > 0:
                 time.sleep(delay)
             try:
-                dist.send(tensor, dst, tag=tag)
+                dist.send(tensor, dst, group=self.group, tag=tag)
             except BaseException as e:  # surfaced to the main thread on wait()
                 handle.error = e
             handle.event.set()

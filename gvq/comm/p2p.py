@@ -83,15 +83,23 @@ class P2P:
 
     def __init__(self, rank: int, world_size: int, timeout_s: float | None = None,
                  bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None,
-                 batch: bool | None = None):
-        self.rank, self.world_size = rank, world_size
+                 batch: bool | None = None, group=None):
+        self.rank, self.world_size = rank, world_size     # in ``group``: its ring runs among its ranks only
+        self.group = group                                # None: the default process group
+        self._peers = None if group is None else dist.get_process_group_ranks(group)   # group -> global
+        if self._peers is not None and len(self._peers) != world_size:
+            raise ValueError(f"P2P: a group of {len(self._peers)} ranks for a ring of {world_size}")
         self._timeout_s = timeout_s             # None: the process group's (read at use: it may come later)
         self._timeout: timedelta | None = None
         if clock.get().virtual and not bandwidth_bps:
             raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
         # the clock is read at every use, not kept: a hook's communication thread runs on its own lane
-        link = VirtualLink if clock.get().virtual else EmulatedLink
-        self.link = link(bandwidth_bps, latency_s) if bandwidth_bps else None
+        if not bandwidth_bps:
+            self.link = None
+        elif clock.get().virtual:
+            self.link = VirtualLink(bandwidth_bps, latency_s)
+        else:
+            self.link = EmulatedLink(bandwidth_bps, latency_s, group)
         self.stage, self._stage_all = HostStage(), stage is True
         self._stage_device = stage is None and (not nccl_group() or self.link is not None)
         self.batched = (nccl_group() if batch is None else batch) and self.link is None and not self._stage_all
@@ -107,6 +115,16 @@ class P2P:
                 self._timeout = resolved
             return resolved
         return self._timeout
+
+    def peer(self, r: int) -> int:
+        """Rank ``r`` of the ring (of ``group``) as the global rank torch's point-to-point calls take."""
+        return r if self._peers is None else self._peers[r]
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        """``t`` reduced over the ring's ranks in place (its group, never another's), waiting inside the
+        clock's ``blocked`` (a wait, not work)."""
+        with clock.get().blocked():
+            dist.all_reduce(t, op=op, group=self.group)
 
     @property
     def right(self) -> int:
@@ -141,11 +159,11 @@ class P2P:
         if clock.get().virtual:
             arrival = self.link.arrival(nbytes, clock.get().now())
             header = torch.tensor([arrival], dtype=torch.float64)
-            return _VirtualMessage(header, [dist.isend(header, dst, tag=tag), dist.isend(tensor, dst, tag=tag)],
-                                   arrival)
+            return _VirtualMessage(header, [dist.isend(header, self.peer(dst), self.group, tag),
+                                            dist.isend(tensor, self.peer(dst), self.group, tag)], arrival)
         if self.link is not None:
-            return _All([self.link.submit(c, dst, tag) for c in chunks(tensor)])
-        return dist.isend(tensor, dst, tag=tag)
+            return _All([self.link.submit(c, self.peer(dst), tag) for c in chunks(tensor)])
+        return dist.isend(tensor, self.peer(dst), self.group, tag)
 
     def exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, tag: int = 0):
         """One ring step: ``recv`` from ``src`` and ``send`` to ``dst``; (receive handle, send handle)
@@ -158,8 +176,8 @@ class P2P:
         message; batched, every receive handle waits for the whole batch and the send handles are done."""
         if not self.batched or self._stage_device and any(t.device.type != "cpu" for t in sends + recvs):
             return [self.irecv(t, src, tag) for t in recvs], [self.isend(t, dst, tag) for t in sends]
-        ops = [dist.P2POp(dist.irecv, t, src, tag=tag) for t in recvs if t.numel()]
-        ops += [dist.P2POp(dist.isend, t, dst, tag=tag) for t in sends if t.numel()]
+        ops = [dist.P2POp(dist.irecv, t, self.peer(src), self.group, tag) for t in recvs if t.numel()]
+        ops += [dist.P2POp(dist.isend, t, self.peer(dst), self.group, tag) for t in sends if t.numel()]
         self.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
         both = _All(dist.batch_isend_irecv(ops) if ops else [])
         return [both] * len(recvs), [_Done()] * len(sends)
@@ -175,10 +193,11 @@ class P2P:
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int):
         if clock.get().virtual:
             header = torch.empty(1, dtype=torch.float64)
-            return _VirtualMessage(header, [dist.irecv(header, src, tag=tag), dist.irecv(tensor, src, tag=tag)])
+            return _VirtualMessage(header, [dist.irecv(header, self.peer(src), self.group, tag),
+                                            dist.irecv(tensor, self.peer(src), self.group, tag)])
         if self.link is not None:
-            return _All([dist.irecv(c, src, tag=tag) for c in chunks(tensor)])
-        return dist.irecv(tensor, src, tag=tag)
+            return _All([dist.irecv(c, self.peer(src), self.group, tag) for c in chunks(tensor)])
+        return dist.irecv(tensor, self.peer(src), self.group, tag)
 
     def done(self, handle) -> bool:
         """Has ``handle`` finished?  Wall: never blocks (errors surface in :meth:`wait`).  Virtual: done
@@ -211,9 +230,9 @@ class P2P:
             with clock.get().blocked():
                 handle.wait(timeout=self.timeout, **kw)
         except Exception as e:
-            who = f"rank {peer}" if peer is not None else "a peer"
+            who = f"rank {self.peer(peer)}" if peer is not None else "a peer"
             raise PeerLostError(
-                self.rank, f"lost {who} (no answer within {self.timeout.total_seconds():g}s "
+                self.peer(self.rank), f"lost {who} (no answer within {self.timeout.total_seconds():g}s "
                 f"or connection closed): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             ) from e
 

@@ -2,8 +2,8 @@
 ``PowerSGDState`` + ``powerSGD_hook``)::
 
     from gvq.hooks import GvqHookState, gvq_hook
-    ddp = DistributedDataParallel(model)
-    state = GvqHookState.from_config("qsgd", model.parameters())      # any conf/aggregator ring option
+    ddp = DistributedDataParallel(model)                 # process_group=... : that group is averaged over
+    state = GvqHookState.from_config("qsgd", ddp)        # any conf/aggregator ring option
     # or with overrides, the command line's keys: {"compressor.bits": 2}, {"lambda": 0.05, "L_t": 50}
     ddp.register_comm_hook(state, gvq_hook)
     ...                                                                # train as usual

@@ -23,10 +23,11 @@ class AllRanks:
         self.state = state
 
     def state_dict(self) -> dict:
-        """Every rank's ``state.state_dict()``, in rank order (collective over the default group)."""
+        """Every rank's ``state.state_dict()``, in rank order (a collective over the ranks the state
+        averages among, on its own process group)."""
         mine = self.state.state_dict()
         ranks = [None] * mine["world_size"]
-        dist.all_gather_object(ranks, mine)
+        dist.all_gather_object(ranks, mine, group=self.state.group)
         return {"world_size": mine["world_size"], "ranks": ranks}
 
     def load_state_dict(self, saved: dict) -> None:

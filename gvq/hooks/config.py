@@ -18,13 +18,14 @@ import difflib
 import functools
 import numbers
 import re
+from collections.abc import Mapping
 
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from gvq.aggregators.base import Aggregator, FlatAggregator
 from gvq.schema.compose import compose, conf_dir
 from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
-from gvq.schema.errors import ConfigError, keys_of, no_such_option, unknown_key
+from gvq.schema.errors import ConfigError, instantiation_line, keys_of, no_such_option, unknown_key
 from gvq.schema.options import WRAPPING_KEYS
 
 HOOK_ROOTS = (*KNOBS, "aggregator")    # the run config's keys a hook's overrides may reach
@@ -46,6 +47,9 @@ def build_aggregator(config, **overrides) -> FlatAggregator:
     unless it sums through gvq's ring (torch DDP's own options are not aggregators a hook can run).
     Never wrapped: the caller's DDP is its wrapper (``overlap`` and ``bucket_cap_mb`` are dropped)."""
     from omegaconf import OmegaConf
+    if not isinstance(config, (str, Mapping)):
+        raise ConfigError(f"gvq hook: config={config!r}: give an option name ({', '.join(hook_options()[:4])}, "
+                          "...) or a dict with a _target_")
     if isinstance(config, str):
         node = option_config(config, overrides)
         if not wrappable(node):
@@ -67,10 +71,24 @@ def instantiate_aggregator(node, **kwargs) -> tuple[Aggregator, dict]:
     :func:`gvq.hooks.overlapped.aggregator_from` decides the wrapping.  ``kwargs``: instantiate's."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
+    from hydra.errors import InstantiationException
     node = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
     keep = () if wrappable(node) else ("bucket_cap_mb",)     # torch DDP's options size their own buckets
     run = {k: node.pop(k) for k in WRAPPING_KEYS if k in node and k not in keep}
-    return instantiate(node, **{"_convert_": "object", **kwargs}), run
+    try:
+        return instantiate(node, **{"_convert_": "object", **kwargs}), run
+    except (ValueError, TypeError, InstantiationException) as e:      # a knob out of range: its one line
+        raise ConfigError(instantiation_line("aggregator", node, e)) from e
+
+
+def check_overrides(overrides) -> dict:
+    """A hook's ``overrides``: a dict of the command line's keys (None: none)."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"gvq hook: overrides={overrides!r}: give a dict of the command line's keys, "
+                          "e.g. {'compressor.bits': 2} or {'lambda': 0.05}")
+    return dict(overrides)
 
 
 def wrappable(node) -> bool:
@@ -136,4 +154,21 @@ def _hook_line(e: ConfigError, name: str, overrides: dict) -> str:
         allowed = sorted({*KNOBS, *keys_of(cause.object_type)})
         if set(difflib.get_close_matches(bare, allowed, n=1)) & set(KNOBS):
             return unknown_key(bare, allowed)
+        deeper = nested_key(compose([f"aggregator={name}"]).aggregator, bare)
+        if deeper:                      # {"bits": 2} for qsgd: the knob is the compressor's
+            return f"{bare}: not a key of aggregator={name} itself; did you mean {deeper}?"
     return str(e)
+
+
+def nested_key(node, key: str, prefix: str = "") -> str | None:
+    """The dotted path of ``key`` inside one of ``node``'s sub-nodes (``compressor.bits``), or None."""
+    from omegaconf import DictConfig
+    for k in node:
+        child = node._get_node(k)
+        if isinstance(child, DictConfig):
+            if key in child:
+                return f"{prefix}{k}.{key}"
+            found = nested_key(child, key, f"{prefix}{k}.")
+            if found:
+                return found
+    return None

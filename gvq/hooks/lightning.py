@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy
 
 from gvq.hooks.checkpoint import AllRanks
+from gvq.hooks.config import build_aggregator, check_overrides
 from gvq.hooks.state import GvqHookState, gvq_hook
 
 
@@ -26,6 +27,7 @@ class GvqHook(pl.Callback):
     :meth:`GvqHookState.from_config`; ``context``: its :class:`RunContext` fields, e.g. ``seed``)."""
 
     def __init__(self, config, overrides=None, **context):
+        build_aggregator(config, **check_overrides(overrides))   # a bad name or knob: one line, before any rank starts
         self.config, self.overrides, self.context = config, overrides, context
         self.state: GvqHookState | None = None
         self._restored: dict | None = None       # a checkpoint's state, loaded before the model is wrapped
@@ -35,8 +37,8 @@ class GvqHook(pl.Callback):
         if not isinstance(strategy, DDPStrategy):
             raise ValueError(f"GvqHook: Lightning strategy {type(strategy).__name__} is not DDP: the gvq "
                              "hook averages DDP's buckets (use strategy='ddp', 'ddp_spawn' or DDPStrategy)")
-        self.state = GvqHookState.from_config(self.config, pl_module.parameters(), self.overrides,
-                                              **self.context)
+        # the DDP wrapper, not the module's parameters: its process group is the one averaged over
+        self.state = GvqHookState.from_config(self.config, strategy.model, self.overrides, **self.context)
         if self._restored is not None:
             AllRanks(self.state).load_state_dict(self._restored)
             self._restored = None

@@ -20,6 +20,7 @@ from gvq.aggregators.base import FlatAggregator, RunContext
 from gvq.comm import clock
 from gvq.comm.errors import RankError
 from gvq.comm.p2p import P2P, peer_timeout_s
+from gvq.hooks.group import check_registered, ddp_group, hook_parameters, own_group, place_in, ring_ranks
 from gvq.hooks.layout import reduce_bucket
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
@@ -38,12 +39,15 @@ class GvqHookState:
     """State of :func:`gvq_hook`: the aggregator, the communication thread and the last iteration's
     measurements (:meth:`iteration_stats`)."""
 
-    def __init__(self, aggregator: FlatAggregator, lanes: clock.Lanes | None = None):
+    def __init__(self, aggregator: FlatAggregator, lanes: clock.Lanes | None = None, group=None):
         """``aggregator``: a gvq ring aggregator bound to this rank's parameters, its gradients left to
-        DDP (``agg.bind(params, ctx)``: what :meth:`from_config` does).  ``lanes``: the clock lanes it
-        times on (default: its own wall-clock pair; the runner passes the process's, virtual time
-        included).  Peers are waited for as long as the aggregator's ``RunContext.timeout_s`` says, by
-        default the process group's timeout."""
+        DDP (``agg.bind(params, ctx)``: what :meth:`from_config` does), ``ctx`` giving this process's
+        place in ``group``.  ``lanes``: the clock lanes it times on (default: its own wall-clock pair;
+        the runner passes the process's, virtual time included).  ``group``: the process group DDP
+        averages over (``DistributedDataParallel(..., process_group=...)``; None: the default group);
+        the state runs its ring among those ranks, on a process group of its own over them
+        (:mod:`gvq.hooks.group`).  Peers are waited for as long as the aggregator's
+        ``RunContext.timeout_s`` says, by default the process group's timeout."""
         require_hookable(aggregator)
         if aggregator.params is None or aggregator.bucket is not None:
             raise ValueError(f"gvq hook: {aggregator.name!r} must be bound to this rank's parameters with "
@@ -56,7 +60,21 @@ class GvqHookState:
         self._resumed: list[list[int]] | None = None   # a checkpoint's layout, for the next iteration
         self._positions = {id(p): i for i, p in enumerate(aggregator.params)}
         self._by_ptr = {p.data_ptr(): i for i, p in enumerate(aggregator.params) if p.numel()}
+        ctx = aggregator.ctx
+        #: the global ranks of the ring (None: no process group, a state never run)
+        self.ranks = ring_ranks(ddp_group(aggregator.params, group))
+        place_in(self.ranks, ctx.rank, ctx.world_size)
         self._transient()
+        self._connect()
+
+    def _connect(self) -> None:
+        """The aggregator's transport on a process group of this state's own (its messages never meet
+        another state's), made once per process: again after unpickling, at first use."""
+        agg, c = self.aggregator, self.aggregator.ctx
+        self.group = own_group(self.ranks, self.timeout_s)
+        if agg.p2p is not None:
+            agg.p2p.close()
+        agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s, group=self.group)
 
     @property
     def timeout_s(self) -> float:
@@ -73,19 +91,27 @@ class GvqHookState:
 
     @classmethod
     def from_config(cls, config, params, overrides: dict | None = None, lanes: clock.Lanes | None = None,
-                    **context) -> "GvqHookState":
+                    group=None, **context) -> "GvqHookState":
         """A state around ``config`` (an option name such as ``"qsgd"``, or a dict with ``_target_``;
-        ``overrides`` merged into it), built and set up on ``params`` for this rank (``context``:
-        :class:`RunContext` fields; rank and world size default to the process group's, ``timeout_s`` to
-        its timeout; ``lanes`` as in the constructor)."""
-        from gvq.hooks.config import build_aggregator
-        agg = build_aggregator(config, **(overrides or {}))
-        # the process group is asked only for what the caller did not give (none is needed when both are)
-        rank = context.pop("rank") if "rank" in context else dist.get_rank()
-        world = context.pop("world_size") if "world_size" in context else dist.get_world_size()
-        ctx = RunContext(rank, world, **context)
-        agg.bind(list(params), ctx)              # DDP owns the gradient buffers
-        return cls(agg, lanes)
+        ``overrides`` merged into it), built and bound on ``params``: the model's parameters, the model,
+        or best its ``DistributedDataParallel`` wrapper, whose process group is then the one averaged
+        over (else ``group``, else the default group).  ``context``: :class:`RunContext` fields; rank and
+        world size are this process's place in that group (given without a process group only),
+        ``timeout_s`` defaults to its timeout; ``lanes`` as in the constructor."""
+        from gvq.hooks.config import build_aggregator, check_overrides
+        params, wrapper_group = hook_parameters(params)
+        if group is not None and wrapper_group is not None and group is not wrapper_group:
+            raise ValueError("gvq hook: group= differs from the DistributedDataParallel's own process group")
+        group = ddp_group(params, group if group is not None else wrapper_group)
+        agg = build_aggregator(config, **check_overrides(overrides))
+        rank, world = place_in(ring_ranks(group), context.pop("rank", None), context.pop("world_size", None))
+        try:
+            ctx = RunContext(rank, world, **context)
+        except TypeError:
+            raise ValueError(f"gvq hook: {sorted(context)}: RunContext takes {list(RunContext.__dataclass_fields__)}; "
+                             "an option's keys go in overrides ({'compressor.bits': 2})") from None
+        agg.bind(params, ctx)              # DDP owns the gradient buffers
+        return cls(agg, lanes, group)
 
     # -- the hook's side (autograd thread) ------------------------------------------------------------
     def positions(self, params) -> list[int]:
@@ -100,14 +126,14 @@ class GvqHookState:
 
     def submit(self, job: BucketJob) -> None:
         if self._thread is None:
+            check_registered(self.ranks, self.aggregator.params[job.params[0]])
             self._start()
         self._thread.submit(job)
 
     def _start(self) -> None:
         agg = self.aggregator
-        if agg.p2p is None:                       # unpickled: its transport was left behind
-            c = agg.ctx
-            agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s)
+        if agg.p2p is None:                       # unpickled: its transport and group were left behind
+            self._connect()
         self._thread = CommThread(self._reduce, name=f"gvq-comm-rank{agg.ctx.rank}",
                                   label=f"rank {agg.ctx.rank}: gvq hook", lanes=self.lanes)
 
@@ -145,6 +171,8 @@ class GvqHookState:
         ``aggregate_s`` (the buckets' own times), the codec / wire / byte counters, ``t_done`` (the
         communication lane's clock), and the aggregator's columns (docs/columns.md).  A
         :class:`RankError` when none finishes within the peer timeout."""
+        if self._thread is None and self._last is None:
+            raise ValueError("gvq hook: no iteration has run yet: iteration_stats() answers after a backward")
         if not self._finished.wait(self.timeout_s):
             self.raise_failure()
             raise RankError(self.aggregator.ctx.rank, f"gvq hook: no iteration finished within {self.timeout_s:g}s")
@@ -184,7 +212,9 @@ class GvqHookState:
         theirs = (state.get("rank", ctx.rank), state.get("world_size", ctx.world_size))
         if theirs != mine:
             raise ValueError(f"GvqHookState.load_state_dict: the state of rank {theirs[0]} of {theirs[1]}, "
-                             f"not this rank's ({mine[0]} of {mine[1]}): save and load each rank's own state")
+                             f"not this rank's ({mine[0]} of {mine[1]}): save and load each rank's own state "
+                             "(where a framework writes rank 0's file only, checkpoint "
+                             "gvq.hooks.checkpoint.AllRanks(state) instead)")
         self.iteration = int(state["iteration"])
         self._resumed = [list(g) for g in state.get("layout", [])] or None
         self.layout = self._resumed or []
@@ -194,11 +224,11 @@ class GvqHookState:
         """Without the thread or the lanes (fresh wall lanes); the aggregator pickles itself without its
         transport (``FlatAggregator.__getstate__``), which :meth:`_start` opens again on first use."""
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("lanes", "_thread", "_open", "_layout", "_last", "_finished")}
+                if k not in ("lanes", "group", "_thread", "_open", "_layout", "_last", "_finished")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.lanes = clock.Lanes()
+        self.lanes, self.group = clock.Lanes(), None
         self._transient()
 
 

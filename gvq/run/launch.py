@@ -33,6 +33,7 @@ from gvq.run.restart import attempt_store, discard_rows, resume_point, torchrun_
 from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
+from gvq.schema.errors import instantiation_line
 
 
 def config_error(msg: str) -> NoReturn:
@@ -126,12 +127,7 @@ def _try_instantiate(group: str, node, build=instantiate, **kwargs):
     try:
         return build(node, **kwargs)
     except (ValueError, TypeError, FileNotFoundError, InstantiationException) as e:
-        inner = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
-        text = (str(inner).strip() or type(inner).__name__).splitlines()
-        if isinstance(inner, TypeError):   # an unknown kwarg, e.g. aggregator.foo=1
-            keys = ", ".join(k for k in node if k != "_target_")
-            config_error(f"{group}: {text[-1]} (keys given: {keys or 'none'}; see conf/{group}/)")
-        config_error(text[0])
+        config_error(instantiation_line(group, node, e))
 
 
 def run_meta(cfg: DictConfig) -> dict:

@@ -91,3 +91,17 @@ def keys_of(object_type) -> list[str]:
 def first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     return lines[0] if lines else type(e).__name__
+
+
+def instantiation_line(group: str, node, e: BaseException) -> str:
+    """One line for an option that composed but refused to be built (Hydra wraps the constructor's
+    ValueError in a several-line ``InstantiationException``): the constructor's own first line (it names
+    the key: ``aggregator.rank=-1: must be >= 1``), or, for an unknown keyword, the keys given."""
+    from hydra.errors import InstantiationException
+    inner = e.__cause__ if isinstance(e, InstantiationException) and e.__cause__ else e
+    text = (str(inner).strip() or type(inner).__name__).splitlines()
+    if isinstance(inner, TypeError):   # an unknown kwarg, e.g. aggregator.foo=1
+        keys = ", ".join(k for k in node if k != "_target_")
+        return f"{group}: {text[-1]} (keys given: {keys or 'none'}; see conf/{group}/)"
+    return text[0]
+

@@ -5,6 +5,7 @@ options a hook runs."""
 from __future__ import annotations
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from gvq.hooks.config import build_aggregator, hook_options, option_config
@@ -114,3 +115,53 @@ def test_a_callers_own_hydra_keeps_its_state():
         assert build_aggregator("qsgd").name == "qsgd"
         assert GlobalHydra.instance().hydra is outer
         assert compose("config", overrides=["aggregator=rar"]).aggregator._target_.endswith("RingAllReduce")
+
+
+# -- misuse through a hook: the CLI's one line, before anything runs ----------------------------------
+
+OUT_OF_RANGE = [("qsgd", {"compressor.bits": 0}, "bits=0: must be an integer in [2, 16]"),
+                ("powersgd", {"rank": -1}, "aggregator.rank=-1: must be an integer >= 1"),
+                ("orq", {"compressor.levels": 4}, "levels=4: ORQ needs levels = 2^K + 1"),
+                ("gradiveq", {"lambda": -1}, "lambda=-1.0: must be in [0, 1)"),
+                ("gradiveq", {"L_t": 0}, "L_t=0: must be an integer >= 2")]
+
+
+@pytest.mark.parametrize("name,overrides,says", OUT_OF_RANGE)
+def test_an_out_of_range_knob_is_the_clis_one_line_config_error(name, overrides, says):
+    assert _refusal(name, **overrides).startswith(says)
+
+
+def test_the_hook_and_the_cli_print_the_same_line_for_a_bad_value():
+    from tests.helpers.cli import cli
+    out = cli("aggregator=qsgd", "aggregator.compressor.bits=0", "iterations=1")
+    assert out.returncode != 0 and _refusal("qsgd", **{"compressor.bits": 0}) in out.stderr
+
+
+@pytest.mark.parametrize("call,says", [
+    (lambda p: _state(None, p), "config=None: give an option name"),
+    (lambda p: _state("qsgd", p, {"bits": 2}), "bits: not a key of aggregator=qsgd itself; did you mean compressor.bits?"),
+    (lambda p: _state("qsgd", p, None, bits=2), "an option's keys go in overrides"),
+    (lambda p: _state("qsgd", p, [("compressor.bits", 2)]), "overrides=.*give a dict"),
+    (lambda p: _state("qsgd", torch.nn.Linear(2, 2).weight), "params=Parameter: pass the model's parameters"),
+    (lambda p: _state("qsgd", p, rank=2, world_size=2), "rank=2, world_size=2: need world_size >= 1"),
+    (lambda p: _state("qsgd", p, rank=0, world_size=0), "rank=0, world_size=0"),
+])
+def test_a_hooks_misuse_is_one_line_naming_what_to_pass(call, says):
+    with pytest.raises(ValueError, match=says) as e:
+        call(torch.nn.Linear(3, 2).parameters())
+    assert "\n" not in str(e.value)
+
+
+def _state(config, params, overrides=None, rank=0, world_size=1, **context):
+    from gvq.hooks import GvqHookState
+    return GvqHookState.from_config(config, params, overrides, rank=rank, world_size=world_size, **context)
+
+
+def test_the_lightning_callback_checks_its_option_when_built():
+    pytest.importorskip("lightning")
+    from gvq.hooks.lightning import GvqHook
+    with pytest.raises(ConfigError, match=r"^aggregator=qsdg: no such option; did you mean aggregator=qsgd\?") as e:
+        GvqHook("qsdg")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="bits=0"):
+        GvqHook("qsgd", {"compressor.bits": 0})

@@ -394,9 +394,23 @@ def test_a_paused_rank_is_waited_for_as_long_as_the_process_group_says(tmp_path)
     assert len(errors) == 1 and "rank 1: lost rank 0" in errors[0]
 
 
-def test_no_iteration_within_the_timeout_is_a_rank_error_naming_the_rank():
+def test_stats_before_any_iteration_answer_at_once_and_a_stalled_one_is_a_rank_error():
+    """Before any backward: a one-line answer at once, not a wait for the peer timeout.  An iteration
+    whose last bucket never comes: a RankError naming the rank once the timeout passes."""
     from gvq.comm.errors import RankError
-    with GvqHookState.from_config("rar", _net().parameters(), rank=1, world_size=2, timeout_s=0.01) as state:
-        with pytest.raises(RankError, match=r"^rank 1: gvq hook: no iteration finished within 0.01s$") as e:
+    from gvq.hooks.thread import BucketJob
+    net = _net()
+    with GvqHookState.from_config("rar", net.parameters(), rank=0, world_size=1, timeout_s=5.0) as state:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=r"^gvq hook: no iteration has run yet"):
             state.iteration_stats()
-    assert e.value.rank == 1
+        assert time.monotonic() - t0 < 2.0
+    params = list(net.parameters())
+    with GvqHookState.from_config("rar", params, rank=0, world_size=1, timeout_s=0.01) as state:
+        fut = torch.futures.Future()
+        flat = torch.zeros(sum(p.numel() for p in params))
+        state.submit(BucketJob(fut, flat, list(range(len(params))), 0, False, 0.0))   # not the last bucket
+        fut.wait()
+        with pytest.raises(RankError, match=r"^rank 0: gvq hook: no iteration finished within 0.01s$") as e:
+            state.iteration_stats()
+    assert e.value.rank == 0
