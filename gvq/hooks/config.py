@@ -3,7 +3,7 @@
 one-line errors (gvq/schema/), then instantiated::
 
     build_aggregator("qsgd", **{"compressor.bits": 2})
-    GvqHookState.from_config("gradiveq", model.parameters(), {"lambda": 0.05, "compressor.pool": True})
+    GvqHookState.from_config("gradiveq", ddp, {"lambda": 0.05, "compressor.pool": True})
 
 Overrides are ``{key: value}`` with the command line's keys: the knobs conf/config.yaml interpolates
 into option files (``lambda``, ``K``, ``s``, ``L_t``, ``L_c``, ``warmup``) and the option's own keys,
