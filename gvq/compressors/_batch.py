@@ -1,7 +1,8 @@
 """The scalar quantizers' device path: every bucket of a segment, the ragged last one included, as ONE
-zero-padded (m, bucket) batch, so a call is a fixed few whole-tensor ops with no host read, whatever the
-number of buckets (``BucketQuantizer.compress`` takes it off the fused host path for quantizers whose
-statistics ignore zero padding: ``pads``).  The wire format is the split path's (``_packing.Layout``).
+padded (m, bucket) batch, so a call is a fixed few whole-tensor ops with no host read, whatever the number
+of buckets (``BucketQuantizer.compress`` takes it off the fused host path for quantizers that declare
+``pads``: zeros where the statistics ignore them, a repeated real value with per-value weights for the
+fitted quantizers, whose bounds and histograms must not see zeros).  The wire format is the split path's (``_packing.Layout``).
 
 See docs/design.md#gvqcompressors_bucketingpy for how it works and why.
 """
@@ -32,16 +33,42 @@ def inv_count(numel: int, bucket: int, device: torch.device) -> Tensor:
     return counts.reciprocal_()
 
 
+@functools.lru_cache(maxsize=256)
+def repeat_index(numel: int, bucket: int, device: torch.device) -> Tensor:
+    """(m * width,) gather index of the padded batch where the padding repeats the last row's first
+    value (a bucket's min and max stay its own), made once."""
+    m, width = batch_shape(Layout(numel, bucket, 1, 2, 1, 1))
+    idx = torch.arange(m * width, device=device)
+    idx[numel:] = (m - 1) * width
+    return idx
+
+
+@functools.lru_cache(maxsize=256)
+def pad_weights(numel: int, bucket: int, device: torch.device) -> Tensor:
+    """(m, width) float32: 1 for a real value of the padded batch, 0 for padding, made once."""
+    m, width = batch_shape(Layout(numel, bucket, 1, 2, 1, 1))
+    w = torch.ones(m * width, device=device)
+    w[numel:] = 0
+    return w.view(m, width)
+
+
 def compress_batch(q, x: Tensor, lay: Layout, clip_rows) -> Tensor:
-    """Quantizer ``q``'s payload of ``x``: pad, clip (``clip_rows``), encode, note the side info for the
-    iteration's check, pack, one ``cat`` with the side bytes."""
+    """Quantizer ``q``'s payload of ``x``: pad (zeros, or ``q.pad_repeat``: a real value, each value then
+    weighted 1 / padding 0), clip (``clip_rows``), encode, note the side info for the iteration's check,
+    pack, one ``cat`` with the side bytes."""
     m, width = batch_shape(lay)
-    pad = m * width - lay.numel
-    rows = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(m, width)
+    pad, weights = m * width - lay.numel, None
+    if not pad:
+        rows = x.view(m, width)
+    elif q.pad_repeat:
+        rows = x[repeat_index(lay.numel, lay.bucket, x.device)].view(m, width)
+        weights = pad_weights(lay.numel, lay.bucket, x.device)
+    else:
+        rows = torch.nn.functional.pad(x, (0, pad)).view(m, width)
     counts = inv_count(lay.numel, lay.bucket, x.device)
     if q.clip:
-        rows = clip_rows(rows, q.clip, counts)
-    codes, side = q.encode_padded(rows, counts)
+        rows = clip_rows(rows, q.clip, counts, weights)
+    codes, side = q.encode_padded(rows, counts, weights)
     q.health.note(side)
     return torch.cat([side.view(-1).view(torch.uint8), pack_rows(codes, lay)])
 

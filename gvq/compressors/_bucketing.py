@@ -45,13 +45,15 @@ def max_abs_rows(rows: Tensor) -> Tensor:
     return torch.maximum(rows.amax(dim=1, keepdim=True), rows.amin(dim=1, keepdim=True).neg_())
 
 
-def clip_rows(rows: Tensor, c: float, inv_count: Tensor | None = None) -> Tensor:
+def clip_rows(rows: Tensor, c: float, inv_count: Tensor | None = None, weights: Tensor | None = None) -> Tensor:
     """TernGrad clipping, per bucket: clamp to +-c * RMS(bucket).  Returns a new tensor.  ``inv_count``
-    (m, 1): 1 / values per row where rows are zero-padded (the padding adds nothing to the squares)."""
+    (m, 1): 1 / values per row where rows are padded (zeros add nothing to the squares; ``weights``, 0 on
+    padding that repeats a value, take it out)."""
     if inv_count is None:
         lim = c * rows.pow(2).mean(dim=1, keepdim=True).sqrt_()
     else:
-        lim = torch.linalg.vector_norm(rows, dim=1, keepdim=True).mul_(inv_count.sqrt() * c)
+        real = rows if weights is None else rows * weights
+        lim = torch.linalg.vector_norm(real, dim=1, keepdim=True).mul_(inv_count.sqrt() * c)
     return torch.clamp(rows, -lim, lim)
 
 
@@ -69,10 +71,12 @@ class BucketQuantizer(Compressor):
     #: True where a NaN/Inf input always makes the side info NaN/Inf (norms, means, maxima): the input
     #: check then runs only when the side info is bad (saves a pass over the data)
     side_flags_nonfinite: bool = False
-    #: the encoder's statistics ignore zero padding (norms, maxima; means through ``inv_count``), so off
-    #: the fused host path every bucket, the ragged last one included, is one zero-padded (m, bucket)
-    #: batch: a fixed few whole-tensor ops a call.  The fitted quantizers' levels would see the zeros.
+    #: off the fused host path every bucket, the ragged last one included, is one padded (m, bucket)
+    #: batch (``encode_padded``): a fixed few whole-tensor ops a call.  Zero padding where the encoder's
+    #: statistics ignore it (norms, maxima; means through ``inv_count``); ``pad_repeat``: a real value
+    #: repeated, weighted 0 (the fitted quantizers: zeros would move their bounds and histograms)
     pads: bool = False
+    pad_repeat: bool = False
 
     def __init__(self, bucket: int | None = 2048, clip: float | None = None):
         self.bucket = check_bucket(bucket)
@@ -203,9 +207,10 @@ class BucketQuantizer(Compressor):
         return out
 
     # -- the device path's hooks (gvq.compressors._batch) ----------------------------------------------
-    def encode_padded(self, rows: Tensor, inv_count: Tensor):
-        """``_encode`` on zero-padded rows; ``inv_count`` (m, 1): 1 / real values per row.  A quantizer
-        whose statistics count values (a mean) overrides it."""
+    def encode_padded(self, rows: Tensor, inv_count: Tensor, weights: Tensor | None = None):
+        """``_encode`` on padded rows; ``inv_count`` (m, 1): 1 / real values per row; ``weights`` (m,
+        width): 0 on padding (``pad_repeat`` only; None where no row is padded).  A quantizer whose
+        statistics count values (a mean) overrides it."""
         return self._encode(rows)
 
     def decode_batch(self, codes: Tensor, side: Tensor) -> Tensor:

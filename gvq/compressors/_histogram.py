@@ -54,14 +54,17 @@ def _row_offsets(m: int, bins: int, device) -> Tensor:
     return torch.arange(0, m * bins, bins, dtype=torch.int32, device=device)[:, None]
 
 
-def bin_counts(idx: Tensor, m: int, bins: int) -> Tensor:
-    """(m, bins) counts of the flat bin indices, float32 where every prefix sum the fits take is an exact
-    float32 (counts times bin centres below 2**23), float64 otherwise.  A scatter-add into a fixed-size
-    tensor, not ``bincount`` (whose CUDA kernel reads the largest index back to the host)."""
+def bin_counts(idx: Tensor, m: int, bins: int, weights: Tensor | None = None) -> Tensor:
+    """(m, bins) counts of the flat bin indices (``weights``: each index's, 0 for padding; else 1),
+    float32 where every prefix sum the fits take is an exact float32 (counts times bin centres below
+    2**23), float64 otherwise.  A scatter-add into a fixed-size tensor, not ``bincount`` (whose CUDA
+    kernel reads the largest index back to the host)."""
     dtype = torch.float32 if idx.shape[-1] * bins < 1 << 23 else torch.float64
     counts = torch.zeros(m * bins, dtype=dtype, device=idx.device)
     flat = idx.reshape(-1)
-    return counts.index_add_(0, flat, torch.ones((), dtype=dtype, device=idx.device).expand(flat.shape)).view(m, bins)
+    if weights is None:
+        weights = torch.ones((), dtype=dtype, device=idx.device).expand(flat.shape)
+    return counts.index_add_(0, flat, weights.reshape(-1).to(dtype)).view(m, bins)
 
 
 def cumulative(counts: Tensor, moments_only: bool = False):
@@ -120,16 +123,16 @@ def round_on_grid(t: Tensor, idx: Tensor, table: Tensor, pairs: Tensor) -> Tenso
     return torch.addcmul(ca[..., 0], t, ca[..., 1], out=t)
 
 
-def encode_on_grid(q, rows: Tensor, fit_edges) -> tuple[Tensor, Tensor]:
+def encode_on_grid(q, rows: Tensor, fit_edges, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """ORQ's and Linear's encode: bounds, grid, counts, integer level edges ``fit_edges(counts)`` (m, s),
     Eq. (7) rounding by table; returns (codes, level values (m, s)).  ``q``: the BucketQuantizer (its
-    scratch buffers and dither)."""
+    scratch buffers and dither); ``weights``: 0 on a padded batch's padding (it counts for nothing)."""
     m, n = rows.shape
     bins = bins_for(n)
-    lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
+    lo, hi = torch.aminmax(rows, dim=1, keepdim=True)
     idx, t = q.scratch_like("idx", rows, torch.int32), q.scratch_like("y", rows)
     sc = grid_coords(rows, lo, hi, bins, t, idx, q.health)
-    edges = fit_edges(bin_counts(idx, m, bins))
+    edges = fit_edges(bin_counts(idx, m, bins, weights))
     table = rounding_table(edges, bins, q.dither_shift)
     y = round_on_grid(t, idx, table, q.scratch_like("pairs", rows, torch.int64))
     return q.dither_floor_(y, shifted=True), edge_values(edges, lo, hi, sc, bins)
@@ -175,10 +178,19 @@ class HistogramQuantizer(BucketQuantizer):
     returning ``(codes, side)`` as ``_encode`` does."""
 
     absolute: bool = False     # the fused kernel's grid: (min, max) of a bucket, or (0, max|v|)
+    pad_repeat = True          # padding repeats a real value, weighted 0: bounds and counts stay real
 
     def __init__(self, bucket: int | None, clip: float | None, fit: str):
         super().__init__(bucket, clip)
         self.fit = check_fit(fit)
+
+    @property
+    def pads(self) -> bool:
+        """The histogram fits take a padded batch (one batch a call off the host); a sort would not."""
+        return self.fit == "histogram"
+
+    def encode_padded(self, rows, inv_count, weights=None):
+        return self._encode_histogram(rows, inv_count, weights)
 
     def fused_kernel(self):
         """The ``_fused`` entry point that encodes these buckets, or None where it has none."""
@@ -190,7 +202,9 @@ class HistogramQuantizer(BucketQuantizer):
             return encode_fused(self, rows, kernel, absolute=self.absolute)
         return self._encode_sorted(rows) if self.fit == "sorted" else self._encode_histogram(rows)
 
-    def _encode_histogram(self, rows):
+    def _encode_histogram(self, rows, inv_count=None, weights=None):
+        """(codes, side) of buckets ``rows``; on a padded batch ``inv_count`` (m, 1) is 1 / real values
+        a row and ``weights`` 0 on padding (None where no row is padded)."""
         raise NotImplementedError
 
     def _encode_sorted(self, rows):
@@ -215,8 +229,8 @@ class LevelQuantizer(HistogramQuantizer):
     def fused_kernel(self):
         return self.level_fit.kernel
 
-    def _encode_histogram(self, rows):
-        return encode_on_grid(self, rows, self._grid_edges)
+    def _encode_histogram(self, rows, inv_count=None, weights=None):
+        return encode_on_grid(self, rows, self._grid_edges, weights)
 
     def _grid_edges(self, counts: Tensor) -> Tensor:
         return self.level_fit.grid_edges(counts, self.levels)

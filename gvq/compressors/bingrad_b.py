@@ -52,14 +52,18 @@ def lloyd_edge(counts: torch.Tensor) -> torch.Tensor:
     return step.gather(1, mean.round().long())
 
 
-def side_means(rows: torch.Tensor, above: torch.Tensor, y: torch.Tensor):
+def side_means(rows: torch.Tensor, above: torch.Tensor, y: torch.Tensor, inv_count=None, weights=None):
     """Exact means (m, 1) of each bucket's values below and at-or-above the threshold (``above``: a
     float 0/1 mask; ``y``: a float scratch); an empty side gets the other side's mean.  float32 sums
-    (torch reduces pairwise: ~1e-7 relative at 2048 values), float64 arithmetic on the sums."""
-    n = rows.shape[1]
+    (torch reduces pairwise: ~1e-7 relative at 2048 values), float64 arithmetic on the sums.  A padded
+    batch: ``inv_count`` (m, 1) 1 / real values a row, ``weights`` 0 on padding (``above`` is zeroed there)."""
+    if weights is None:
+        n, total = rows.shape[1], rows.sum(dim=1, keepdim=True).double()
+    else:
+        above.mul_(weights)
+        n, total = inv_count.double().reciprocal_(), torch.mul(rows, weights, out=y).sum(dim=1, keepdim=True).double()
     n_hi = above.sum(dim=1, keepdim=True).double()
     s_hi = torch.mul(rows, above, out=y).sum(dim=1, keepdim=True).double()
-    total = rows.sum(dim=1, keepdim=True).double()
     hi = s_hi / n_hi.clamp(min=1)
     lo = torch.where(n_hi < n, (total - s_hi) / (n - n_hi).clamp(min=1), hi)
     return lo.float(), torch.where(n_hi > 0, hi, lo).float()
@@ -82,21 +86,24 @@ class BinGradB(HistogramQuantizer):
     def fused_kernel(self):
         return fused.encode_bingrad_b if self.threshold == "lloyd" else None
 
-    def _encode_histogram(self, rows):
+    def _encode_histogram(self, rows, inv_count=None, weights=None):
         """Lloyd on the bucket's histogram (a threshold on a bin edge), then the exact side means."""
         if self.threshold == "mean":
-            return self._split_at(rows, rows.mean(dim=1, keepdim=True))
+            real = rows if weights is None else rows * weights
+            mean = real.mean(dim=1, keepdim=True) if inv_count is None else real.sum(dim=1, keepdim=True) * inv_count
+            return self._split_at(rows, mean, inv_count, weights)
         m, n = rows.shape
         bins = bins_for(n)
-        lo, hi = rows.amin(dim=1, keepdim=True), rows.amax(dim=1, keepdim=True)
+        lo, hi = torch.aminmax(rows, dim=1, keepdim=True)
         idx = self.scratch_like("idx", rows, torch.int32)
         sc = grid_coords(rows, lo, hi, bins, self.scratch_like("y", rows), idx, self.health)
-        return self._split_at(rows, edge_values(lloyd_edge(bin_counts(idx, m, bins)), lo, hi, sc, bins))
+        b0 = edge_values(lloyd_edge(bin_counts(idx, m, bins, weights)), lo, hi, sc, bins)
+        return self._split_at(rows, b0, inv_count, weights)
 
-    def _split_at(self, rows, b0):
+    def _split_at(self, rows, b0, inv_count=None, weights=None):
         """Codes 1 at or above the threshold b0 (m, 1), side (m, 2) the exact means of both sides."""
         above = torch.ge(rows, b0, out=self.scratch_like("above", rows))   # float: bool ops are slower
-        lo, hi = side_means(rows, above, self.scratch_like("y", rows))
+        lo, hi = side_means(rows, above, self.scratch_like("y", rows), inv_count, weights)
         codes = self.scratch_like("codes", rows, torch.uint8).copy_(above)
         return codes, torch.cat([lo, hi], dim=1)
 

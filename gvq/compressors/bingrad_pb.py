@@ -21,34 +21,37 @@ def pb_level(rows: torch.Tensor) -> torch.Tensor:
     return best.gather(1, k).float()
 
 
-def pb_level_grid(q, rows: torch.Tensor) -> torch.Tensor:
+def pb_level_grid(q, rows: torch.Tensor, inv_count=None, weights=None) -> torch.Tensor:
     """b1 (m, 1) from a histogram of |v| over [0, max|v|] (``q``: the quantizer, for scratch): the root of
     f(b) = b - sum_{|v| >= b} |v| / n, increasing, interpolated inside the bin where it turns >= 0, then
-    one exact step on the values (``pb_refine``)."""
+    one exact step on the values (``pb_refine``).  A padded batch: ``inv_count`` (m, 1) is 1 / n a row,
+    ``weights`` 0 on padding."""
     m, n = rows.shape
     bins = bins_for(n)
     t = torch.abs(rows, out=q.scratch_like("y", rows))
     top = t.amax(dim=1, keepdim=True)
     idx = q.scratch_like("idx", rows, torch.int32)
     sc = grid_coords(t, None, top, bins, t, idx, q.health)             # t = |v| * sc, in bin units
-    mom = cumulative(bin_counts(idx, m, bins), moments_only=True)
+    mom = cumulative(bin_counts(idx, m, bins, weights), moments_only=True)
     edge = torch.arange(bins + 1, dtype=mom.dtype, device=rows.device)
-    f = torch.sub(mom, mom[:, -1:]).mul_(1.0 / n).add_(edge)    # f at every edge
+    f = torch.sub(mom, mom[:, -1:]).mul_(1.0 / n if inv_count is None else inv_count).add_(edge)   # f at every edge
     e = torch.searchsorted(f, torch.zeros(m, 1, dtype=f.dtype, device=f.device)).clamp_(1, bins)
     f0, f1 = f.gather(1, e - 1), f.gather(1, e)
     b_t = (e - 1) + (-f0 / torch.where(f1 > f0, f1 - f0, 1.0)).clamp_(0.0, 1.0)
-    return pb_refine(q, t, b_t.float(), sc, top)
+    return pb_refine(q, t, b_t.float(), sc, top, inv_count, weights)
 
 
-def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.Tensor, inv_count=None,
+              weights=None) -> torch.Tensor:
     """One exact step from the estimate b (t units): r = sum_{t >= b} t / n is the root of f if no value
     lies in [b, r) (it holds on that piece), else the minimiser is at a jump of f, at the first value
     above b: b1 = min(r, that value).  Exact for constant and sparse buckets.  Float 0/1 masks: bool ops
-    are slower."""
-    n = t.shape[1]
+    are slower.  (Padding repeats a real value: the minimum ignores it, the sum weighs it 0.)"""
     below = torch.lt(t, b, out=q.scratch_like("below", t))
     first_above = torch.add(t, below, alpha=2.0 ** 30, out=q.scratch_like("z", t)).amin(dim=1, keepdim=True)
-    r = (t.sum(dim=1, keepdim=True) - below.mul_(t).sum(dim=1, keepdim=True)) / n
+    tw = t if weights is None else t * weights
+    r = tw.sum(dim=1, keepdim=True) - below.mul_(tw).sum(dim=1, keepdim=True)
+    r = r / t.shape[1] if inv_count is None else r * inv_count
     b1 = torch.minimum(r, first_above)
     return torch.where(sc > 0, b1 / sc, top)                  # back from bin units (top: an all-zero bucket)
 
@@ -70,8 +73,8 @@ class BinGradPB(HistogramQuantizer):
     def fused_kernel(self):
         return fused.encode_bingrad_pb
 
-    def _encode_histogram(self, rows):
-        return self._round_at(rows, pb_level_grid(self, rows))
+    def _encode_histogram(self, rows, inv_count=None, weights=None):
+        return self._round_at(rows, pb_level_grid(self, rows, inv_count, weights))
 
     def _encode_sorted(self, rows):
         return self._round_at(rows, pb_level(rows))

@@ -44,7 +44,7 @@ class QSGD(BucketQuantizer):
         scale = torch.where(norm > 0, self.half / norm, 0.0)     # all-zero bucket -> every code is 0
         return self.dither_floor_(rows, scale=scale), norm      # rows * scale in [-L, L]; + L in the dither
 
-    def encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count, weights=None):
         if self.norm == "l2":
             norm = torch.linalg.vector_norm(rows, ord=2, dim=1, keepdim=True)
         else:

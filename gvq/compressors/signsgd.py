@@ -29,7 +29,7 @@ class ScaledSignSGD(BucketQuantizer):
         codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale
 
-    def encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count, weights=None):
         scale = torch.linalg.vector_norm(rows, ord=1, dim=1, keepdim=True).mul_(inv_count)
         codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale

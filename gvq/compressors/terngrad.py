@@ -30,7 +30,7 @@ class TernGrad(BucketQuantizer):
         st = max_abs_rows(rows)
         return self.dither_floor_(rows, scale=torch.where(st > 0, 1.0 / st, 0.0)), st
 
-    def encode_padded(self, rows, inv_count):
+    def encode_padded(self, rows, inv_count, weights=None):
         """One reduction for s_t and one op for v / s_t + dither (``dither_div``)."""
         st = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
         return self.dither_div(rows, st), st

@@ -73,7 +73,8 @@ class Overlapped(Aggregator):
         if self.bucket_cap_mb is not None:        # unset: DDP's defaults, its small first bucket included
             kw["bucket_cap_mb"] = self.bucket_cap_mb
         ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
-        self.state = GvqHookState(self.inner, lanes=clock.lanes())   # the run's lanes: virtual time included
+        # the run's lanes (virtual time included); DDP's group, named: nothing to infer
+        self.state = GvqHookState(self.inner, lanes=clock.lanes(), group=ddp.process_group)
         ddp.register_comm_hook(self.state, gvq_hook)
         # DDP's forward opens with collectives (its bucket rebuild after the first backward) that wait for
         # peers' forwards: the host's clock lock (net.exclusive) is given up for them, or the rank holding

@@ -63,6 +63,7 @@ class GvqHookState:
         ctx = aggregator.ctx
         #: the global ranks of the ring (None: no process group, a state never run)
         self.ranks = ring_ranks(ddp_group(aggregator.params, group))
+        self._check_at_first_bucket = group is None     # inferred: the DDP it is registered on must agree
         place_in(self.ranks, ctx.rank, ctx.world_size)
         self._transient()
         self._connect()
@@ -102,9 +103,10 @@ class GvqHookState:
         params, wrapper_group = hook_parameters(params)
         if group is not None and wrapper_group is not None and group is not wrapper_group:
             raise ValueError("gvq hook: group= differs from the DistributedDataParallel's own process group")
-        group = ddp_group(params, group if group is not None else wrapper_group)
+        group = group if group is not None else wrapper_group     # None: inferred (again) by the state
         agg = build_aggregator(config, **check_overrides(overrides))
-        rank, world = place_in(ring_ranks(group), context.pop("rank", None), context.pop("world_size", None))
+        rank, world = place_in(ring_ranks(ddp_group(params, group)), context.pop("rank", None),
+                               context.pop("world_size", None))
         try:
             ctx = RunContext(rank, world, **context)
         except TypeError:
@@ -126,7 +128,9 @@ class GvqHookState:
 
     def submit(self, job: BucketJob) -> None:
         if self._thread is None:
-            check_registered(self.ranks, self.aggregator.params[job.params[0]])
+            if self._check_at_first_bucket:
+                check_registered(self.ranks, self.aggregator.params[job.params[0]])
+                self._check_at_first_bucket = False
             self._start()
         self._thread.submit(job)
 
