@@ -4,6 +4,7 @@ See docs/design.md#gvqcommp2ppy for how it works and why.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -148,10 +149,26 @@ class P2P:
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
-        if self._staged(tensor):                   # gloo must never see a device tensor
-            buf = self.stage.outgoing(tensor)
-            return Staged(self._isend(buf, dst, tag), self.stage, buf)
-        return self._isend(tensor, dst, tag)
+        with self._posting(dst):
+            if self._staged(tensor):                   # gloo must never see a device tensor
+                buf = self.stage.outgoing(tensor)
+                return Staged(self._isend(buf, dst, tag), self.stage, buf)
+            return self._isend(tensor, dst, tag)
+
+    @contextmanager
+    def _posting(self, peer: int):
+        """A message posted to a peer whose connection is already gone fails as a lost peer, as a wait
+        for it does (gloo refuses the post at once when the peer closed its side)."""
+        try:
+            yield
+        except RuntimeError as e:
+            raise self._lost(peer, e) from e
+
+    def _lost(self, peer: int | None, e: BaseException) -> PeerLostError:
+        who = f"rank {self.peer(peer)}" if peer is not None else "a peer"
+        return PeerLostError(
+            self.peer(self.rank), f"lost {who} (no answer within {self.timeout.total_seconds():g}s "
+            f"or connection closed): {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int):
         nbytes = tensor.numel() * tensor.element_size()
@@ -179,16 +196,18 @@ class P2P:
         ops = [dist.P2POp(dist.irecv, t, self.peer(src), self.group, tag) for t in recvs if t.numel()]
         ops += [dist.P2POp(dist.isend, t, self.peer(dst), self.group, tag) for t in sends if t.numel()]
         self.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
-        both = _All(dist.batch_isend_irecv(ops) if ops else [])
+        with self._posting(src):
+            both = _All(dist.batch_isend_irecv(ops) if ops else [])
         return [both] * len(recvs), [_Done()] * len(sends)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
-        if self._staged(tensor):
-            buf = self.stage.acquire(tensor)
-            return Staged(self._irecv(buf, src, tag), self.stage, buf, dst=tensor)
-        return self._irecv(tensor, src, tag)
+        with self._posting(src):
+            if self._staged(tensor):
+                buf = self.stage.acquire(tensor)
+                return Staged(self._irecv(buf, src, tag), self.stage, buf, dst=tensor)
+            return self._irecv(tensor, src, tag)
 
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int):
         if clock.get().virtual:
@@ -230,11 +249,7 @@ class P2P:
             with clock.get().blocked():
                 handle.wait(timeout=self.timeout, **kw)
         except Exception as e:
-            who = f"rank {self.peer(peer)}" if peer is not None else "a peer"
-            raise PeerLostError(
-                self.peer(self.rank), f"lost {who} (no answer within {self.timeout.total_seconds():g}s "
-                f"or connection closed): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            ) from e
+            raise self._lost(peer, e) from e
 
     def close(self):
         if self.link is not None:

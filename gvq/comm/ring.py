@@ -5,6 +5,7 @@ See docs/design.md#gvqcommringpy for how it works and why.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -48,17 +49,20 @@ def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
         p2p.wait(send, p2p.right)
 
 
-_SCRATCH: dict = {}
+#: per thread: two hook states (two models in one backward) run their rings at once on their own threads,
+#: and buffers shared between them would receive each other's segments
+_SCRATCH = threading.local()
 
 
 def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
-    """Receive buffers per segment start, reused across calls (segment-sized allocations cost page faults)."""
+    """Receive buffers per segment start, reused across this thread's calls (segment-sized allocations
+    cost page faults)."""
     key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
-    if key not in _SCRATCH:
-        _SCRATCH.clear()
-        _SCRATCH[key] = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device)
+    if getattr(_SCRATCH, "key", None) != key:
+        _SCRATCH.key = key
+        _SCRATCH.bufs = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device)
                          for s in segs}
-    return _SCRATCH[key]
+    return _SCRATCH.bufs
 
 
 @_timed_alone

@@ -114,7 +114,10 @@ def _two_models(rank, world, option, joint, repeat):
     out = []
     for _ in range(repeat):
         nets = [_net(0), _net(1)]
-        ddps = [DistributedDataParallel(n, bucket_cap_mb=0.001) for n in nets]
+        # without the hook each DDP gets a group of its own too: on one shared group two reducers' own
+        # all-reduces, launched in whatever order backward readies their buckets, could meet each other
+        groups = [dist.new_group([0, 1]) if option is None else None for _ in nets]
+        ddps = [DistributedDataParallel(n, bucket_cap_mb=0.001, process_group=g) for n, g in zip(nets, groups)]
         states = []
         if option is not None:
             for ddp in ddps:
