@@ -67,6 +67,7 @@ def run(rank: int, option: str, mode: str, init: str | None) -> None:
         print(f"checksum {sum(p.double().sum().item() for p in net.parameters()):.12f}", flush=True)
     if agg is not None:
         agg.close()                                # stops the hook's communication thread
+    dist.barrier()      # every rank done before any tears the group down under a peer's last messages
     dist.destroy_process_group()
 
 
