@@ -20,7 +20,6 @@ def _entry(rank, fn, world, init, out_dir, args):
     try:
         result = fn(rank, world, *args)
         torch.save(result, Path(out_dir) / f"{rank}.pt")
-        dist.barrier()  # every rank done before any tears the group down under a peer's last messages
     finally:
         dist.destroy_process_group()
 
