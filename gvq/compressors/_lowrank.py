@@ -34,7 +34,7 @@ class Store:
     one (count, ., .) tensor, so a pass runs one batched GEMM / QR per class, not one per parameter.  A
     DDP bucket's plan (:meth:`PowerSGD.subset`) shares it: each block's state lives in one place."""
 
-    def __init__(self, blocks: list[Block], dtype: torch.dtype):
+    def __init__(self, blocks: list[Block], dtype: torch.dtype, device: torch.device = torch.device("cpu")):
         self.keys: list[tuple[int, int, int]] = []      # (rows, cols, rank) per class
         self.slot: dict[int, tuple[int, int]] = {}      # block -> (class, place in the class)
         self.raw_at: dict[int, int] = {}                # raw block -> its first value in ``raw``
@@ -52,9 +52,9 @@ class Store:
                 self.raw_at[i] = n_raw
                 n_raw += b.stop - b.start
         self.counts = counts
-        self.q = [torch.zeros(n, cols, r, dtype=dtype) for (_, cols, r), n in zip(self.keys, counts)]
-        self.phat = [torch.zeros(n, rows, r, dtype=dtype) for (rows, _, r), n in zip(self.keys, counts)]
-        self.raw = torch.zeros(n_raw, dtype=dtype)
+        self.q = [torch.zeros(n, cols, r, dtype=dtype, device=device) for (_, cols, r), n in zip(self.keys, counts)]
+        self.phat = [torch.zeros(n, rows, r, dtype=dtype, device=device) for (rows, _, r), n in zip(self.keys, counts)]
+        self.raw = torch.zeros(n_raw, dtype=dtype, device=device)   # a pass moves it to its input's device (to)
         self.version = 0                               # bumped when the tensors move: views are rebuilt
 
     def to(self, device: torch.device) -> None:

@@ -400,11 +400,10 @@ def test_stats_before_any_iteration_answer_at_once_and_a_stalled_one_is_a_rank_e
     from gvq.comm.errors import RankError
     from gvq.hooks.thread import BucketJob
     net = _net()
+    # a wait would end in a RankError after the timeout; the answer is a ValueError, without waiting
     with GvqHookState.from_config("rar", net.parameters(), rank=0, world_size=1, timeout_s=5.0) as state:
-        t0 = time.monotonic()
         with pytest.raises(ValueError, match=r"^gvq hook: no iteration has run yet"):
             state.iteration_stats()
-        assert time.monotonic() - t0 < 2.0
     params = list(net.parameters())
     with GvqHookState.from_config("rar", params, rank=0, world_size=1, timeout_s=0.01) as state:
         fut = torch.futures.Future()
