@@ -8,16 +8,38 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from gvq.aggregators.dtypes import refuse_dtypes
 from gvq.comm import clock
 from gvq.comm.p2p import P2P
+from gvq.comm.ring import Ring
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
 from gvq.compressors.base import check_int  # noqa: F401 (the one integer-argument check; re-exported)
+
+
+def check_bucket_cap(value) -> float | None:
+    """``aggregator.bucket_cap_mb`` (torch DDP's and the gvq hook's bucket size, MiB): > 0, or None for
+    DDP's defaults (its small first bucket included; torch drops it when a size is passed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"aggregator.bucket_cap_mb={value!r}: must be > 0 (or unset)")
+    return float(value)
+
+
+@dataclass
+class Bucket:
+    """One vector an aggregator averages (:meth:`FlatAggregator.average`): one DDP bucket, or
+    post-backward the whole gradient, with its parameters' share of the per-parameter state."""
+    flat: torch.Tensor                 # this rank's gradients of ``params``, concatenated; becomes their mean
+    params: tuple[int, ...]            # positions in the aggregator's ``params``, in ``flat``'s order
+    iteration: int
+    state: dict[str, torch.Tensor]     # ``per_parameter``'s shares, laid out as ``flat``
+    notes: dict = field(default_factory=dict)   # what :meth:`measure` leaves for :meth:`measure_after`
 
 
 @dataclass
@@ -39,7 +61,7 @@ class Aggregator:
     right for an aggregator without that feature.  Call order: ``preflight`` (launcher, before ranks
     start; optional), ``setup``, ``wrap``, then per iteration ``aggregate``; ``state_dict`` /
     ``load_state_dict`` around checkpoints (after ``wrap``); ``summary`` and ``close`` at the end.
-    Whether it runs inside backward instead is not its business: :func:`gvq.hooks.overlapped.aggregator_from`
+    Whether it runs inside backward instead is not its business: :func:`gvq.hooks.builder.aggregator_from`
     decides, and wraps it.
     """
 
@@ -55,9 +77,13 @@ class Aggregator:
     #: after :meth:`setup`, the one flat buffer every ``param.grad`` is a view of (the guards check it
     #: with one reduction); None where gradients live elsewhere (torch DDP: one check per parameter)
     bucket: torch.Tensor | None = None
+    #: inside backward only, set by each :meth:`aggregate`: the part of its ``aggregate_s`` this rank's
+    #: clock already counted in the compute phase (under the wall clock backward itself waits for the
+    #: last bucket), which the training loop takes out of ``compute_s``, so the two never count it twice
+    inside_compute_s: float = 0.0
     #: the codec, for aggregators built around one (the benchmarks time it alone); None: none
     compressor: Compressor | None = None
-    #: it can average any one DDP gradient bucket (:meth:`FlatAggregator.allreduce_bucket_`, per-parameter
+    #: it can average any one DDP gradient bucket (:meth:`FlatAggregator.average_bucket_`, per-parameter
     #: state included), so :mod:`gvq.hooks` can run it inside backward; False: torch DDP's own options
     #: (they overlap by themselves).  The one declaration of that capability
     any_bucket: bool = False
@@ -81,9 +107,7 @@ class Aggregator:
 
         ``aggregate_s`` has one meaning for every aggregator and clock: what this rank waited, after its
         backward produced the last gradient, until every gradient was averaged.  An aggregator
-        ``inside_backward`` also returns ``inside_compute_s``: the part of that wait its rank's clock
-        already counted in the compute phase (under the wall clock backward itself waits for the last
-        bucket), which the training loop takes out of ``compute_s``, so the two never count it twice."""
+        ``inside_backward`` also sets :attr:`inside_compute_s`."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -96,15 +120,21 @@ class Aggregator:
         iteration where world_size x max|g| exceeds it, before a partial sum can overflow mid-ring."""
         return math.inf if self.compressor is None else self.compressor.max_abs
 
-    def measure(self, flat: torch.Tensor) -> dict:
-        """Untimed measurements on this rank's own flat gradient, before it is summed (e.g. the
+    def measure(self, bucket: Bucket) -> dict:
+        """Untimed measurements on this rank's own gradient ``bucket.flat``, before it is summed (e.g. the
         compression error); every rank pays them, so none waits for rank 0.  Default: none."""
         return {}
 
-    def measure_after(self, flat: torch.Tensor) -> dict:
-        """Untimed measurements once ``flat`` holds the mean, from what the sum left behind (PowerSGD's
-        and error feedback's compression error).  Default: none."""
+    def measure_after(self, bucket: Bucket) -> dict:
+        """Untimed measurements once ``bucket.flat`` holds the mean, from what the sum left behind
+        (PowerSGD's and error feedback's compression error).  Default: none."""
         return {}
+
+    def rings(self, params: tuple[int, ...], n: int) -> list[Ring] | None:
+        """The rings :meth:`FlatAggregator.average` runs, in order, on a vector of ``params`` (positions,
+        in the vector's order) at ``n`` ranks in its present phase: what :mod:`gvq.predict` prices.
+        None: none declared (torch DDP's own collectives), and the cost model refuses to price it."""
+        return None
 
     def summary(self) -> dict:
         """Run-level figures for ``summary.json``'s ``aggregator`` (GradiVeQ: refreshes, relays).
@@ -139,15 +169,21 @@ class Aggregator:
 
 
 class FlatAggregator(Aggregator):
-    """The shared implementation: flatten grads into one bucket, average it with
-    :meth:`allreduce_mean_` (a sum over ranks by :meth:`allreduce_`, through
-    :class:`gvq.comm.p2p.P2P`, then a division by N), write back.  Subclasses implement
-    :meth:`allreduce_` and, if they measure something untimed, :meth:`measure` / :meth:`measure_after`."""
+    """The shared implementation: every aggregator is written once, as :meth:`average` of one
+    :class:`Bucket` (by default the sum over its declared :meth:`rings`, through
+    :class:`gvq.comm.p2p.P2P`, divided by N).  Post-backward, :meth:`aggregate` averages the whole-model
+    bucket; :mod:`gvq.hooks` calls :meth:`average_bucket_` per DDP bucket, between
+    :meth:`start_iteration` and :meth:`finish_iteration` as :meth:`aggregate` does.  Subclasses
+    declare :meth:`rings` (and :meth:`average` where a ring is not all), and if they measure something
+    untimed, :meth:`measure` / :meth:`measure_after`."""
 
     #: all its traffic goes through P2P, so net.clock=virtual can time it
     virtual_time = True
-    #: every one averages a DDP bucket (:meth:`allreduce_bucket_`; stateful ones override it)
+    #: every one averages any DDP bucket (:meth:`average_bucket_`)
     any_bucket = True
+    #: attributes holding per-parameter state laid out as the whole flat gradient (error memory): a
+    #: bucket sees its parameters' share as ``bucket.state[name]``, written back after :meth:`average`
+    per_parameter: tuple[str, ...] = ()
     #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
     #: see :meth:`__getstate__`)
     params: list[torch.nn.Parameter] | None = None
@@ -222,34 +258,61 @@ class FlatAggregator(Aggregator):
             p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
             offset += n
 
-    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict | None:
-        """Overwrite ``flat`` with its **sum** over ranks; return extra columns (or None)."""
-        raise NotImplementedError
+    # -- one vector: the whole gradient after backward, or one DDP bucket (gvq.hooks) --------------------
+    @property
+    def everything(self) -> tuple[int, ...]:
+        """Every parameter's position: the whole-model bucket post-backward aggregation averages."""
+        return tuple(range(len(self.params)))
 
-    def allreduce_mean_(self, flat: torch.Tensor, iteration: int) -> dict:
-        """Average ``flat`` over ranks in place: :meth:`measure` (untimed), the sum, the division by N,
-        :meth:`measure_after` (untimed).  Returns the measurements and ``aggregate_s`` (the sum and the
-        division).  Bytes and codec times accumulate in :meth:`counters` until :meth:`reset_counters`."""
-        extra = self.measure(flat)
+    def numel_of(self, params: tuple[int, ...]) -> int:
+        return sum(self.offsets[i + 1] - self.offsets[i] for i in params)
+
+    def memo(self, key, build):
+        """``build()``, kept under ``key`` until :meth:`forget` (per-bucket plans and ring segments: a
+        bucket's parameters come back every iteration)."""
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            memo[key] = build()
+        return memo[key]
+
+    def forget(self) -> None:
+        """Drop :meth:`memo`'s plans (GradiVeQ: a refit makes new bases)."""
+        self.__dict__.get("_memo", {}).clear()
+
+    def start_iteration(self, iteration: int) -> None:
+        """Before the iteration's first vector: per-iteration decisions every vector shares (GradiVeQ's
+        schedule phase, PowerSGD's fresh Q).  Default: none."""
+
+    def average_bucket_(self, flat: torch.Tensor, params, iteration: int) -> dict:
+        """Average one vector in place: ``flat`` is the concatenated gradients of ``self.params[i]`` for
+        ``i`` in ``params``, in that order (post-backward: every parameter; the hook: a DDP bucket).  The
+        per-parameter state's share (:attr:`per_parameter`) is gathered into the :class:`Bucket`, then
+        :meth:`measure` (untimed), :meth:`average` (``aggregate_s``), :meth:`measure_after` (untimed),
+        and the share is scattered back: so a bucket rebuild loses nothing.  Returns the measurements."""
+        params = tuple(params)
+        whole = params == self.everything
+        state = {k: getattr(self, k) if whole else self.gather(getattr(self, k), params) for k in self.per_parameter}
+        bucket = Bucket(flat, params, iteration, state)
+        extra = self.measure(bucket)
         t0 = clock.now()
-        extra.update(self.allreduce_(flat, iteration) or {})
-        flat.div_(self.ctx.world_size)
+        extra.update(self.average(bucket) or {})
         extra["aggregate_s"] = clock.now() - t0
-        extra.update(self.measure_after(flat))
+        extra.update(self.measure_after(bucket))
+        if not whole:
+            for k in self.per_parameter:
+                self.scatter_(getattr(self, k), params, state[k])
         return extra
 
-    # -- one DDP bucket at a time (gvq.hooks), on the communication thread, in DDP's bucket order ------
-    def start_iteration(self, iteration: int) -> None:
-        """Before the iteration's first bucket: per-iteration decisions that must be the same for every
-        bucket (GradiVeQ's schedule phase).  Default: none."""
-
-    def allreduce_bucket_(self, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-        """Average one DDP bucket in place: ``flat`` is the concatenated gradients of ``self.params[i]``
-        for ``i`` in ``params``, in that order.  Per-parameter state (error memory, PCA bases, PowerSGD's
-        P / Q) is read and written for those parameters only, so a bucket rebuild loses nothing.
-        Returns measurements as :meth:`allreduce_mean_`.  Default (no per-parameter state):
-        :meth:`allreduce_mean_`."""
-        return self.allreduce_mean_(flat, iteration)
+    def average(self, bucket: Bucket) -> dict | None:
+        """Overwrite ``bucket.flat`` with its mean over ranks; return extra columns (or None): the one
+        method an aggregator writes.  Default: the sum over its declared :meth:`rings`, divided by N."""
+        rings = self.rings(bucket.params, self.ctx.world_size)
+        if rings is None:
+            raise NotImplementedError(f"{type(self).__name__}: declares neither rings() nor average()")
+        for r in rings:
+            r.run_(bucket.flat, self.p2p, self.stopwatch)
+        bucket.flat.div_(self.ctx.world_size)
+        return None
 
     def gather(self, whole: torch.Tensor, params: list[int]) -> torch.Tensor:
         """The values of ``whole`` (laid out as the whole flat gradient) for ``params``, concatenated in
@@ -281,14 +344,17 @@ class FlatAggregator(Aggregator):
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
 
     def aggregate(self, iteration: int) -> dict:
-        """Replace every grad by the mean over ranks: one :meth:`allreduce_mean_` on the whole bucket;
-        ``aggregate_s`` adds flatten / unflatten and excludes the untimed measurements."""
+        """Replace every grad by the mean over ranks: the whole-model bucket, between
+        :meth:`start_iteration` and :meth:`finish_iteration` as the hook runs its buckets;
+        ``aggregate_s`` adds flatten / unflatten and the finish (a refit), not the untimed measurements."""
         self.reset_counters()
+        self.start_iteration(iteration)
         t0 = clock.now()
         flat = self.flatten()
         t_flat = clock.now() - t0
-        stats = self.allreduce_mean_(flat, iteration)
+        stats = self.average_bucket_(flat, self.everything, iteration)
         t0 = clock.now()
+        stats.update(self.finish_iteration(iteration))
         self.unflatten(flat)
         return {**stats, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0, **self.counters()}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.base import FlatAggregator
-from gvq.comm import ring
+from gvq.comm.ring import Ring
 from gvq.compressors.base import Compressor, split_on_cuts
 
 
@@ -32,7 +32,6 @@ class CompressedAggregator(FlatAggregator):
     def bind(self, params, ctx):
         super().bind(params, ctx)
         self.compressor.reseed(ctx.seed * 1000 + ctx.rank)       # per-rank dither (a no-op if none)
-        self._segs: tuple[int, list[slice]] | None = None
 
     def state_dict(self) -> dict:
         # the compressor's own state (dither generator and lanes, learned bases) as tensors: a checkpoint
@@ -42,26 +41,25 @@ class CompressedAggregator(FlatAggregator):
     def load_state_dict(self, state: dict) -> None:
         self.compressor.load_state_dict(state["compressor"])
 
-    def segments(self, numel: int) -> list[slice]:
-        if self._segs is None or self._segs[0] != numel:
-            self._segs = (numel, split_on_cuts(self.compressor.cuts(numel), self.ctx.world_size))
-        return self._segs[1]
+    def segments(self, numel: int, n: int) -> list[slice]:
+        """The ring's N segments of a vector of ``numel`` values, on the compressor's cuts."""
+        return self.memo(("segments", numel, n), lambda: split_on_cuts(self.compressor.cuts(numel), n))
 
-    def measure(self, flat):
-        # every rank pays the same cost, so no rank waits for rank 0's measurement
-        return {"compression_error": self.local_error(flat)}
-
-    def allreduce_(self, flat, iteration):
-        comp = self.compressor
+    def rings(self, params, n):
+        numel = self.numel_of(params)
         if self.topology != "ring":
-            ring.gather_allreduce_(flat, comp, self.p2p, self.stopwatch, self.topology)
-        elif self.sum_hop:
-            ring.additive_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
-        else:
-            ring.reencode_allreduce_(flat, self.segments(flat.numel()), comp, self.p2p, self.stopwatch)
+            return [Ring(self.topology, [[slice(0, numel)]], self.compressor)]
+        return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), self.compressor)]
+
+    def measure(self, bucket):
+        # every rank pays the same cost, so no rank waits for rank 0's measurement
+        return {"compression_error": self.local_error(bucket.flat)}
+
+    def average(self, bucket):
+        super().average(bucket)
         # the codec's NaN/Inf/range watch, read once the ring is done: every rank finishes the ring (a rank
         # raising mid-ring would leave its peers waiting), then each one that saw garbage raises
-        comp.check_health()
+        self.compressor.check_health()
 
     def local_error(self, flat: torch.Tensor) -> float:
         """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""

@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators import ddp_memory
-from gvq.aggregators.base import Aggregator, check_int
+from gvq.aggregators.base import Aggregator, check_bucket_cap, check_int
 from gvq.compressors.powersgd import low_rank
 
 log = logging.getLogger("gvq")
@@ -70,12 +70,10 @@ class DDPAggregator(Aggregator):
         check_int("aggregator.start_iter", start_iter, 2)
         if not min_compression_rate > 0:
             raise ValueError(f"aggregator.min_compression_rate={min_compression_rate!r}: must be > 0")
-        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
-            raise ValueError(f"aggregator.bucket_cap_mb={bucket_cap_mb!r}: must be > 0 (or unset)")
         self.hook, self.rank, self.start_iter = hook, rank, start_iter
         self.min_compression_rate = float(min_compression_rate)
         # None: DDP's own defaults, including its small first bucket (torch drops it when a size is passed)
-        self.bucket_cap_mb = None if bucket_cap_mb is None else float(bucket_cap_mb)
+        self.bucket_cap_mb = check_bucket_cap(bucket_cap_mb)
         self.name = "ddp" if hook == "allreduce" else f"ddp_{hook}"
         self.timing: _Timing | None = None
 
@@ -119,12 +117,13 @@ class DDPAggregator(Aggregator):
         tm = self.timing
         comm = max(tm.done) - min(tm.launched) if tm.done else 0.0
         wait = max(0.0, max(tm.done) - max(tm.launched)) if tm.done else 0.0
+        self.inside_compute_s = wait
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
         return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "comm_s": comm,
                 "exposed_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
                 "phase": self.name if compressed else "allreduce",
                 # backward returned only once every bucket was averaged: the wait is inside compute_s
-                "aggregate_s": time.perf_counter() - t0 + wait, "inside_compute_s": wait}
+                "aggregate_s": time.perf_counter() - t0 + wait}
 
     def _powersgd_was_on(self) -> bool:
         # the hook counts iterations itself (incremented after the last bucket): ask it, not our counter

@@ -23,6 +23,13 @@ def feed_back(comp, flat: torch.Tensor, error: torch.Tensor, transmitted: torch.
     torch.sub(flat, transmitted, out=error)
 
 
+def fed_back_error(error: torch.Tensor, transmitted: torch.Tensor) -> float:
+    """||g' - Q(g')||^2 / ||g'||^2 of the last vector fed back, with g' = t + e (untimed)."""
+    lost = float(error.pow(2).sum())
+    whole = float((transmitted + error).pow(2).sum())
+    return lost / whole if whole > 0 else 0.0
+
+
 class ErrorFeedbackAggregator(CompressedAggregator):
     """:class:`CompressedAggregator` whose ranks feed back what their compressor lost."""
 
@@ -41,38 +48,22 @@ class ErrorFeedbackAggregator(CompressedAggregator):
         dtype = widest_dtype((p.dtype for p in self.params), at_least=torch.float32)
         self.error = torch.zeros(self.offsets[-1], dtype=dtype, device=device)
         self.transmitted = torch.zeros_like(self.error)      # this rank's last t = Q(g')
-        self._memory = (self.error, self.transmitted)         # what the next allreduce_ feeds back
 
-    def measure(self, flat):
-        return {}          # the error of g' falls out of feed_back for free (see aggregate)
+    #: error memory and this rank's last transmitted Q(g'), per parameter: a bucket feeds back its share
+    per_parameter = ("error", "transmitted")
 
-    def allreduce_(self, flat, iteration):
-        error, transmitted = self._memory
-        segs = self.segments(flat.numel()) if self.topology == "ring" else [slice(0, flat.numel())]
-        feed_back(self.compressor, flat, error, transmitted, segs, self.stopwatch)
-        return super().allreduce_(flat, iteration)
+    def measure(self, bucket):
+        return {}          # the error of g' falls out of feed_back for free (see measure_after)
 
-    def allreduce_bucket_(self, flat, params, iteration):
-        """One DDP bucket: its parameters' error memory gathered, fed back, and scattered back."""
-        self._memory = (self.gather(self.error, params), self.gather(self.transmitted, params))
-        try:
-            return self.allreduce_mean_(flat, iteration)
-        finally:
-            self.scatter_(self.error, params, self._memory[0])
-            self.scatter_(self.transmitted, params, self._memory[1])
-            self._memory = (self.error, self.transmitted)
+    def average(self, bucket):
+        n, flat = self.ctx.world_size, bucket.flat
+        segs = self.segments(flat.numel(), n) if self.topology == "ring" else [slice(0, flat.numel())]
+        feed_back(self.compressor, flat, bucket.state["error"], bucket.state["transmitted"], segs,
+                  self.stopwatch)
+        return super().average(bucket)
 
-    def measure_after(self, flat):
-        return {"compression_error": self.relative_error(*self._memory)}
-
-    def relative_error(self, error=None, transmitted=None) -> float:
-        """||g' - Q(g')||^2 / ||g'||^2 of this rank's last iteration (or bucket), with g' = t + e
-        (untimed)."""
-        error = self.error if error is None else error
-        transmitted = self.transmitted if transmitted is None else transmitted
-        lost = float(error.pow(2).sum())
-        whole = float((transmitted + error).pow(2).sum())
-        return lost / whole if whole > 0 else 0.0
+    def measure_after(self, bucket):
+        return {"compression_error": fed_back_error(bucket.state["error"], bucket.state["transmitted"])}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "error": self.error.clone()}

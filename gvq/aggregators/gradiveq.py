@@ -7,21 +7,54 @@ See docs/design.md#gvqaggregatorsgradiveqpy for how it works and why.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from gvq.aggregators.gradiveq_bucket import PerBucket
 from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
-from gvq.aggregators.gradiveq_sync import fit_everywhere, payload_balanced_segments, write_layer_stats
-from gvq.comm import clock, ring
+from gvq.aggregators.gradiveq_relay import fit_everywhere
+from gvq.comm import clock
+from gvq.comm.ring import Ring
 from gvq.compressors.base import split_on_cuts
-from gvq.compressors.gradiveq.codec import GradiVeQ
+from gvq.compressors.gradiveq.codec import GradiVeQ, relative_loss
+from gvq.compressors.gradiveq.segments import payload_balanced_segments
 from gvq.compressors.qsgd import QSGD
 
 log = logging.getLogger("gvq")
 NAN = float("nan")
+
+
+@dataclass
+class Totals:
+    """One iteration's vectors, summed: values averaged, payload values sent, the Eq. 7 sums."""
+    phase: str
+    numel: int = 0
+    payload: float = 0.0
+    sums: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def add(self, sums) -> None:
+        self.sums = tuple(a + b for a, b in zip(self.sums, sums))
+
+    def loss(self) -> float:
+        return relative_loss(*self.sums)
+
+    def ratio(self) -> float:
+        """The iteration's ``compression_ratio``: values averaged over payload values sent."""
+        return self.numel / self.payload if self.payload > 0 else NAN
+
+
+def write_layer_stats(run_dir: str | None, comp: GradiVeQ, extra: dict) -> None:
+    """Append one JSON line per compressor group (layer, K, d, K/d, energy, ...) to
+    ``<run_dir>/gradiveq_layers.jsonl``; no run dir (tests, library use) -> nothing written."""
+    if run_dir is None:
+        return
+    with open(Path(run_dir) / "gradiveq_layers.jsonl", "a") as f:
+        for st in comp.layer_stats():
+            f.write(json.dumps({**extra, **st, "shape": list(st["shape"])}) + "\n")
 
 
 class GradiVeQAggregator(FlatAggregator):
@@ -68,53 +101,80 @@ class GradiVeQAggregator(FlatAggregator):
         comp, n = self.compressor, ctx.world_size
         comp.world_size = n
         comp.bind([tuple(p.shape) for p in self.params])
-        numel = comp.layout.numel
         self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
         self._device = self.params[0].device if self.params else torch.device("cpu")
-        self._flat = torch.empty(numel, dtype=torch.float32, device=self._device)
-        self._raw_segs = equal_segments(numel, n)
-        self._q_segs = split_on_cuts(self.qsgd.cuts(numel), n)
-        self._q_ratio = self.qsgd.ratio(numel) if self.sampling == "qsgd" else 1.0
-        self._c_segs: list[list[slice]] = []
         self._c_ratio = NAN
-        self._per_bucket = PerBucket(self)                  # aggregator.overlap's buckets
 
-    def flatten(self) -> torch.Tensor:
-        # the paper's conv layout (Fig. 3a); one persistent buffer (samples are copied out of it)
-        return self.compressor.flatten([p.grad for p in self.params], out=self._flat)
-
-    def unflatten(self, flat: torch.Tensor) -> None:
-        self.compressor.unflatten(flat, [p.grad for p in self.params])
-
-    # -- one DDP bucket at a time (aggregator.overlap): the schedule here, the buckets in gradiveq_bucket --
+    # -- one vector: the whole gradient after backward, or one DDP bucket ------------------------------
     def start_iteration(self, iteration: int) -> None:
-        """The iteration's phase, decided before its first bucket: every bucket is averaged in it."""
-        self._per_bucket.begin(self._enter(iteration))
+        """The iteration's phase, decided before its first vector (the warm-up ends here): every vector
+        of the iteration is averaged in it."""
+        self._totals = Totals(self._enter(iteration))
 
-    def allreduce_bucket_(self, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-        return self._per_bucket.average(flat, params)
+    def codec(self, params: tuple[int, ...]) -> GradiVeQ:
+        """The codec of a vector of ``params``: the whole one, or one sharing its layers' PCA state (a
+        layer's basis is the layer's, whatever bucket it lands in); kept until the next fit."""
+        if params == self.everything:
+            return self.compressor
+        return self.memo(("codec", params), lambda: self.compressor.restricted_to(list(params)))
+
+    def rings(self, params, n):
+        codec = self.codec(params)
+        numel = codec.layout.numel
+        if self.phase == "compress":
+            segs = self.memo(("segs", params, n),
+                             lambda: payload_balanced_segments(codec, numel, n, self.pieces))
+            return [Ring("additive", segs, codec)]
+        if self.phase == "sample" and self.sampling == "qsgd":
+            return [Ring("reencode", split_on_cuts(self.qsgd.cuts(numel), n), self.qsgd)]
+        return [Ring("plain", equal_segments(numel, n))]
+
+    def average(self, bucket) -> None:
+        """Average in the iteration's phase, in the paper's conv layout (Fig. 3a), in float32 (16-bit
+        sums unrounded); a sampling iteration's sum goes to the PCA samples at its layers' places."""
+        codec, n, tot, params = self.codec(bucket.params), self.ctx.world_size, self._totals, bucket.params
+        views = [v.view(self.params[i].shape) for i, v in
+                 zip(params, bucket.flat.split([self.params[i].numel() for i in params]))]
+        x = codec.flatten(views, out=torch.empty(bucket.flat.numel(), dtype=torch.float32,
+                                                 device=bucket.flat.device))
+        (ring,) = self.rings(params, n)
+        tot.numel += x.numel()
+        if tot.phase == "compress":
+            codec.track(x)                       # Eq. 7's sums, read off this rank's own payloads
+            try:
+                ring.run_(x, self.p2p, self.stopwatch)
+                tot.add(codec.tracked_sums())
+            finally:
+                codec.track(None)
+            tot.payload += codec.payload_spec(slice(0, x.numel()))[1]
+        else:
+            ring.run_(x, self.p2p, self.stopwatch)
+            tot.payload += x.numel() / (self.qsgd.ratio(x.numel()) if ring.kind == "reencode" else 1.0)
+        if tot.phase == "sample":
+            self._keep_sample(x, params)
+        x.div_(n)
+        codec.unflatten(x, views)
+
+    def _keep_sample(self, x: torch.Tensor, params: tuple[int, ...]) -> None:
+        """A vector's sum into this sampling iteration's row, at its layers' places in the whole layout."""
+        offsets, row, off = self.compressor.layout.offsets, self.sample_row(x.device), 0
+        for i in params:
+            k = self.params[i].numel()
+            row[offsets[i]: offsets[i] + k].copy_(x[off: off + k])
+            off += k
 
     def finish_iteration(self, iteration: int) -> dict:
-        """After the last bucket, the iteration counts in the schedule (monitor vote, refit) as a
-        post-backward one does after its ring; its run-level columns."""
-        tot = self._per_bucket.end()
+        """After the last vector, the iteration counts in the schedule (monitor vote, refit); its columns."""
+        tot = self._totals
         out = {"phase": tot.phase, "compression_error": NAN, "fit_s": NAN, "monitor_s": NAN,
                "compression_ratio": tot.ratio()}
         if tot.phase == "compress":
             out["compression_error"] = loss = tot.loss()
             out["monitor_s"] = self._after_compressed(loss)
         elif tot.phase == "sample":
-            out["fit_s"] = self._after_sample()
+            self.count += 1
+            out["fit_s"] = self._refresh() if self.count >= self.L_t else NAN
         return out
-
-    # -- one iteration -------------------------------------------------------------------------------
-    def aggregate(self, iteration: int) -> dict:
-        self._it = iteration                               # measure() needs it for the warm-up edge
-        return super().aggregate(iteration)
-
-    def measure(self, flat: torch.Tensor) -> dict:
-        """Phase of this iteration (the warm-up ends here, before its ring)."""
-        return {"phase": self._enter(self._it), "compression_error": NAN, "monitor_s": NAN}
 
     def _enter(self, iteration: int) -> str:
         """The phase ``iteration`` runs in: the warm-up ends before the first ring of iteration ``warmup``."""
@@ -124,9 +184,9 @@ class GradiVeQAggregator(FlatAggregator):
         return self.phase
 
     def _after_compressed(self, loss: float) -> float:
-        """Count a compressed iteration; the monitor (Eq. 7) votes on its loss, read off this rank's own
-        payloads during the ring (no second projection), so a stop applies from the next iteration on, as
-        in the per-bucket path.  Returns the vote's seconds (NaN with the monitor off)."""
+        """Count a compressed iteration; the monitor (Eq. 7) votes on its loss, read off the ranks' own
+        payloads during the ring (no second projection), so a stop applies from the next iteration on.
+        Returns the vote's seconds (NaN with the monitor off)."""
         self.count += 1
         monitor_s = NAN
         if self.monitor_threshold is not None:
@@ -146,34 +206,6 @@ class GradiVeQAggregator(FlatAggregator):
         if self.ctx.world_size > 1:
             self.p2p.all_reduce(votes)                     # 8 bytes: every rank learns the count
         return 2 * int(votes) > self.ctx.world_size      # strict majority
-
-    def allreduce_(self, flat: torch.Tensor, iteration: int) -> dict:
-        if self.phase == "compress":
-            loss = self._compressed_ring(flat)
-            return {"compression_ratio": self._c_ratio, "fit_s": NAN, "compression_error": loss,
-                    "monitor_s": self._after_compressed(loss)}
-        if self.phase == "sample" and self.sampling == "qsgd":
-            ring.reencode_allreduce_(flat, self._q_segs, self.qsgd, self.p2p, self.stopwatch)
-            ratio = self._q_ratio
-        else:
-            ring.allreduce_(flat, self._raw_segs, self.p2p)
-            ratio = 1.0
-        fit_s = self._add_sample(flat) if self.phase == "sample" else NAN
-        return {"compression_ratio": ratio, "fit_s": fit_s}
-
-    def _compressed_ring(self, flat: torch.Tensor) -> float:
-        """Algorithm 1; returns this rank's Eq. 7 loss, read off its own payloads as they are made."""
-        comp = self.compressor
-        with self.codec_session(flat):
-            if self.ctx.world_size == 1:                   # no ring: compress and decompress locally
-                whole = slice(0, flat.numel())
-                with self.stopwatch("compress"):
-                    payload = comp.compress(flat, whole)
-                with self.stopwatch("decompress"):
-                    flat.copy_(comp.decompress(payload, whole))
-            else:
-                ring.additive_allreduce_(flat, self._c_segs, comp, self.p2p, self.stopwatch)
-            return comp.tracked_loss()
 
     @contextlib.contextmanager
     def codec_session(self, flat: torch.Tensor):
@@ -197,16 +229,6 @@ class GradiVeQAggregator(FlatAggregator):
                                         device=device)
         return self._samples[self.count]
 
-    def _add_sample(self, flat: torch.Tensor) -> float:
-        self.sample_row(flat.device).copy_(flat)
-        return self._after_sample()
-
-    def _after_sample(self) -> float:
-        """Count a sampling iteration whose sum is stored; after the L_t-th, refresh the compressor
-        (returns fit_s or NaN)."""
-        self.count += 1
-        return self._refresh() if self.count >= self.L_t else NAN
-
     def _refresh(self) -> float:
         t0 = clock.now()
         with clock.phase("codec"):                         # PCA; the relay's waits are the link's
@@ -225,9 +247,8 @@ class GradiVeQAggregator(FlatAggregator):
         return fit_s
 
     def _after_fit(self) -> None:
-        numel = self.compressor.layout.numel
-        self._c_segs = payload_balanced_segments(self.compressor, numel, self.ctx.world_size, self.pieces)
-        self._c_ratio = self.compressor.wire_ratio(numel)
+        self.forget()                                       # every bucket's codec and segments are stale
+        self._c_ratio = self.compressor.wire_ratio(self.compressor.layout.numel)
 
     def prepare_benchmark(self, grads: list[torch.Tensor], args=None) -> None:
         """For ``gvq.bench``: fit on L_t isotropic random samples -- d = L_t - 1 per layer at lambda 0.01,

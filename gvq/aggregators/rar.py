@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gvq.aggregators.base import FlatAggregator, equal_segments
-from gvq.comm import ring
+from gvq.comm.ring import Ring
 
 
 class RingAllReduce(FlatAggregator):
@@ -11,5 +11,5 @@ class RingAllReduce(FlatAggregator):
 
     name = "rar"
 
-    def allreduce_(self, flat, iteration):
-        ring.allreduce_(flat, equal_segments(flat.numel(), self.ctx.world_size), self.p2p)
+    def rings(self, params, n):
+        return [Ring("plain", equal_segments(self.numel_of(params), n))]

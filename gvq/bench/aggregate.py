@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
-from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, make_aggregator,
+from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, configure_clock, make_aggregator,
                               model_shapes, print_markdown, spawn_loopback)
 from gvq.comm import clock
 
@@ -80,7 +80,7 @@ BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these t
 
 def aggregation_rank(rank, args, init, out):
     torch.set_num_threads(1)
-    clock.configure(args.clock, args.compute_scale, args.codec_scale, True)     # virtual: one timed phase at a time
+    configure_clock(args.net)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
                             timeout=timedelta(seconds=args.timeout))
     try:
@@ -93,7 +93,7 @@ def aggregation_rank(rank, args, init, out):
         ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency)
         records = []
         for name in args.aggregators:
-            if name == "allreduce" and (args.bandwidth or args.clock == "virtual"):
+            if name == "allreduce" and (args.bandwidth or args.net["clock"] == "virtual"):
                 continue                      # gloo's collective cannot be shaped in-process, nor timed virtually
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
             records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
@@ -114,7 +114,7 @@ def run_aggregation(args) -> list[dict]:
     for r in records:
         r["ratio_to_rar"] = r["median_s"] / base["median_s"] if base else None
         r["byte_ratio"] = base["bytes_per_rank"] / r["bytes_per_rank"] if base and r["bytes_per_rank"] else None
-        r["model"], r["latency_s"], r["clock"] = args.model, args.latency, clock_label(args)
+        r["model"], r["latency_s"], r["clock"] = args.model, args.latency, clock_label(args.net)
     return records
 
 

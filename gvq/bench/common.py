@@ -9,6 +9,7 @@ no cycle (tests/test_layout.py checks).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import statistics
@@ -20,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
+from gvq.schema.errors import ConfigError
 
 
 class BenchError(Exception):
@@ -29,7 +31,7 @@ class BenchError(Exception):
 def make_aggregator(name: str, overrides: list[str]):
     """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only.
     Built as the runner builds it: ``aggregator.overlap=true`` wraps it (DDP + the gvq hook)."""
-    from gvq.hooks.overlapped import aggregator_from
+    from gvq.hooks.builder import aggregator_from
     mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
             if ":" not in o.split("=", 1)[0] or o.split(":", 1)[0] == name]
     cfg = compose([f"aggregator={name}", *mine])
@@ -125,17 +127,60 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
 
 
 def add_clock_args(p) -> None:
-    """``--clock wall|virtual --compute-scale X --codec-scale Y`` (as ``net.clock`` etc. in a run)."""
+    """``--clock wall|virtual --compute-scale X --codec-scale Y``: shorthands of ``--set net.clock=...``
+    etc. (a run's ``net.*``); every other ``net`` key through ``--set net.KEY=VALUE`` (``exclusive``,
+    ``comm_core``).  Unset, the schema's default (:class:`gvq.schema.options.NetSchema`)."""
     from gvq.schema.options import Clock
-    p.add_argument("--clock", choices=list(Clock), default="wall",
-                   help="virtual: each rank's CPU time x the scales + the link model, nothing slept")
-    p.add_argument("--compute-scale", type=float, default=1.0, help="virtual: forward/backward CPU time x this")
-    p.add_argument("--codec-scale", type=float, default=1.0, help="virtual: compress/decompress CPU time x this")
+    p.add_argument("--clock", choices=list(Clock), default=None,
+                   help="virtual: each rank's CPU time x the scales + the link model, nothing slept (default wall)")
+    p.add_argument("--compute-scale", type=float, default=None, help="virtual: forward/backward CPU time x this")
+    p.add_argument("--codec-scale", type=float, default=None, help="virtual: compress/decompress CPU time x this")
 
 
 #: the clock flags' spelling in gvq.run.validate.check_clock's messages
 BENCH_CLOCK_FLAGS = {"clock": "--clock", "compute_scale": "--compute-scale", "codec_scale": "--codec-scale",
                      "link": "--bandwidth"}
+#: net keys a benchmark sets otherwise: its links are ``--bandwidth`` (per mode or cell) and ``--latency``
+LINK_KEYS = ("bandwidth_bps", "latency_s")
+
+
+def net_defaults() -> dict:
+    """The ``net`` node's defaults, read off its schema (their one home), as plain values."""
+    from gvq.schema.options import NetSchema
+    return {f.name: getattr(v, "value", v) for f in dataclasses.fields(NetSchema)
+            for v in [getattr(NetSchema(), f.name)]}
+
+
+def net_node(overrides) -> dict:
+    """The run's ``net`` node with ``overrides`` (``net.KEY=VALUE``), composed through its schema as a
+    run composes it; :class:`gvq.schema.errors.ConfigError` (one line naming the key) for an unknown or
+    ill-typed key."""
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(compose(["net=none", *overrides]).net, resolve=True, enum_to_str=True)
+
+
+def net_settings(settings) -> list[str]:
+    """The ``net.*`` items of a ``--set`` list (the rest are the aggregators')."""
+    return [o for o in settings if o.startswith("net.")]
+
+
+def resolve_net(p, args) -> None:
+    """``args.net``: the ``net`` node the benchmark's ranks configure their clock from: the schema's
+    defaults, the clock flags, ``--set net.KEY=VALUE``; ``p.error`` (one line) on an unknown key, a flag
+    and a ``--set`` naming the same key, or a link key (``--bandwidth`` sets those)."""
+    flags = {k: getattr(args, k) for k in ("clock", "compute_scale", "codec_scale") if getattr(args, k) is not None}
+    sets = net_settings(args.set)
+    keys = [o.split("=", 1)[0][len("net."):] for o in sets]
+    twice = sorted(set(keys) & set(flags))
+    if twice:
+        p.error(f"--set net.{twice[0]}: given by its flag {BENCH_CLOCK_FLAGS[twice[0]]} too")
+    link = sorted(set(keys) & set(LINK_KEYS))
+    if link:
+        p.error(f"--set net.{link[0]}: a benchmark's link is --bandwidth (and --latency where it has one)")
+    try:
+        args.net = net_node([f"net.{k}={v}" for k, v in flags.items()] + sets)
+    except ConfigError as e:
+        p.error(str(e))
 
 
 def add_timeout_arg(p) -> None:
@@ -144,18 +189,29 @@ def add_timeout_arg(p) -> None:
 
 
 def check_clock_args(p, args, bandwidths: list) -> None:
-    """The run's clock rules (:func:`gvq.run.validate.check_clock`) for benchmark flags; ``p.error`` on a
-    bad combination."""
-    from gvq.run.validate import ConfigError, check_clock
+    """:func:`resolve_net`, then the run's clock rules (:func:`gvq.run.validate.check_clock`) on it;
+    ``p.error`` on a bad combination."""
+    from gvq.run.validate import check_clock
+    resolve_net(p, args)
+    net = args.net
     try:
-        check_clock(args.clock, args.compute_scale, args.codec_scale, all(b is not None for b in bandwidths),
+        check_clock(net["clock"], net["compute_scale"], net["codec_scale"], all(b is not None for b in bandwidths),
                     BENCH_CLOCK_FLAGS)
     except ConfigError as e:
         p.error(str(e))
 
 
-def clock_label(args) -> str:
+def configure_clock(net: dict, device: str = "cpu"):
+    """This rank's clock from a benchmark's ``net`` node (as a run's ranks configure theirs)."""
+    from gvq.comm import clock
+    return clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net["exclusive"], device,
+                           net["comm_core"])
+
+
+def clock_label(net: dict) -> str:
     """The clock a table's times are on, for its header (a figure never travels without its clock)."""
-    if args.clock == "wall":
+    if net["clock"] == "wall":
         return "wall clock"
-    return f"virtual time (compute x{args.compute_scale:g}, codec x{args.codec_scale:g})"
+    extra = "" if (net["exclusive"], net["comm_core"]) == (True, "shared") else \
+        f", exclusive {str(net['exclusive']).lower()}, comm_core {net['comm_core']}"
+    return f"virtual time (compute x{net['compute_scale']:g}, codec x{net['codec_scale']:g}{extra})"

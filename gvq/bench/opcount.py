@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from gvq.internals import torch_dispatch_mode
 
 #: the issue-48 budget: ops per compress / decompress / add at most, by codec family (0 host syncs for all)
 BUDGET = {"fp16": 16, "qsgd": 16, "terngrad": 16, "signsgd": 16,
@@ -34,7 +35,7 @@ class OpCount:
     by_name: Counter = field(default_factory=Counter)
 
 
-class _Counting(TorchDispatchMode):
+class _Counting(torch_dispatch_mode()):
     def __init__(self, tally: OpCount):
         super().__init__()
         self.tally = tally

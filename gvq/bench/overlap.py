@@ -25,7 +25,8 @@ import json
 import statistics
 from pathlib import Path
 
-from gvq.bench.common import print_markdown
+from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
+from gvq.schema.errors import ConfigError
 from gvq.bench.intervals import CONFIDENCE, SEED, Interval, median_interval, ratio_range, tied_with_best
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
@@ -149,7 +150,7 @@ def rar_hiding(recs: list[dict]) -> dict:
 
 def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
     """One spawn for one cell: its ranks hold only this link's aggregators (memory, see the docstring)."""
-    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "virtual", "compute_scale": scale,
+    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "net": {**args.net, "compute_scale": scale},
                                 "compressed_only": True, "bandwidth": bps,
                                 "specs": cell_specs([bps], args.aggregators, args.bucket_mb, args.variants,
                                                     tuple(args.set))})
@@ -202,15 +203,15 @@ def setting(args) -> dict:
             "num_classes": args.num_classes, "set": list(args.set),
             "per_option": {k: list(v) for k, v in SETTINGS.items()}, "iters": args.iters, "warmup": args.warmup,
             "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
-            "codec_scale": args.codec_scale, "clock": "virtual"}
+            "codec_scale": args.codec_scale, "clock": "virtual", "net": args.net}
 
 
 def run_wall(args) -> list[dict]:
     """Overlapped gvq RAR vs torch DDP, default buckets, wall clock, unshaped loopback."""
     from gvq.bench.train import print_iterations, summarize_iterations
     specs = [ModeSpec("torch_ddp", "torch_ddp"), ModeSpec("rar_overlap", "rar", OVERLAP)]
-    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "clock": "wall", "compute_scale": 1.0,
-                                "bandwidth": None, "specs": specs})
+    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "net": net_node([]), "bandwidth": None,
+                                "specs": specs})
     world = args.world_size[0]
     recs = summarize_iterations(run_iterations(run, world), run, world, "unshaped loopback")
     print_iterations(recs, f"overlapped gvq RAR vs torch DDP on DDP's default buckets, N={world}, wall clock")
@@ -235,6 +236,16 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
         p.error("--world-size >= 1; --bandwidth, --compute-scale and --bucket-mb > 0")
+    # every cell on virtual time at --codec-scale, each at its --compute-scale; the other net keys
+    # (net.exclusive, net.comm_core) through --set, typed by the run's schema
+    sets = net_settings(args.set)
+    own = [o for o in sets if o.split("=", 1)[0][len("net."):] in ("clock", "compute_scale", "codec_scale", *LINK_KEYS)]
+    if own:
+        p.error(f"--set {own[0]}: this benchmark sets it (virtual time; --compute-scale, --codec-scale, --bandwidth)")
+    try:
+        args.net = net_node(["net.clock=virtual", f"net.codec_scale={args.codec_scale}", *sets])
+    except ConfigError as e:
+        p.error(str(e))
     return args
 
 

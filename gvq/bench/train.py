@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
 from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
-                              clock_label, collections_untimed, make_aggregator, print_markdown, spawn_loopback)
+                              clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
 from gvq.bench.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train
@@ -32,8 +32,7 @@ DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
 #: what an iteration run reads beyond the workload flags (:func:`add_workload_args`), for callers whose
 #: parser has only those (``gvq.bench netns train``): no link, the wall clock, the host, no GPU plan
 RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "device": "cpu", "plan": None,
-                "clock": "wall", "compute_scale": 1.0, "codec_scale": 1.0, "specs": None,
-                "input_shape": None}
+                "net": net_defaults(), "specs": None, "input_shape": None}
 
 
 def with_run_defaults(args) -> argparse.Namespace:
@@ -129,8 +128,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
     if args.device == "cuda":                                 # a GPU per rank, or shared round-robin
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    # virtual clock: one phase at a time (exclusive)
-    clock.configure(args.clock, args.compute_scale, args.codec_scale, True, device.type)
+    configure_clock(args.net, device.type)
     dist.init_process_group(group_backend(args.plan), init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))
     try:
@@ -251,7 +249,7 @@ def parse_iteration_args(argv):
         p.error("--bandwidth must be > 0")
     check_clock_args(p, args, [args.bandwidth])
     unseen = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]
-    if args.clock == "virtual" and unseen:
+    if args.net["clock"] == "virtual" and unseen:
         p.error(f"--clock virtual: {', '.join(unseen)} communicate outside gvq's P2P (torch DDP); "
                 "time them with --clock wall (kernel shaping: python -m gvq.bench netns train)")
     return args
@@ -287,7 +285,7 @@ def main(argv: list[str]) -> list[dict]:
     for world in args.world_size:
         args.plan = _cuda_plan(args, world) if args.device == "cuda" else None
         recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=args.bandwidth)
-        print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args)}")
+        print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args.net)}")
         records += recs
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))

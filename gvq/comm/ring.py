@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,27 @@ from gvq.comm.p2p import P2P
 from gvq.comm.ring_batched import additive_steps_
 from gvq.comm.ring_steps import add_own_share, decompress_into
 from gvq.compressors.base import Compressor
+
+
+@dataclass
+class Ring:
+    """One ring an aggregator's ``average`` runs on a vector at N ranks: what it runs, and what the cost
+    model (:mod:`gvq.predict`) prices, declared once (``Aggregator.rings``)."""
+    kind: str                          # plain | additive | reencode | allgather | ps (the functions below)
+    segs: list                         # per rank: a slice of the vector, or a list of pieces (slices)
+    codec: Compressor | None = None    # None: plain values
+    label: str = ""                    # names this ring's codec costs beside the option's ("P", "Q")
+
+    def run_(self, flat: torch.Tensor, p2p: P2P, stopwatch: Stopwatch) -> None:
+        """Overwrite ``flat`` with its sum over the ranks, on this ring."""
+        if self.kind == "plain":
+            allreduce_(flat, self.segs, p2p)
+        elif self.kind == "additive":
+            additive_allreduce_(flat, self.segs, self.codec, p2p, stopwatch)
+        elif self.kind == "reencode":
+            reencode_allreduce_(flat, self.segs, self.codec, p2p, stopwatch)
+        else:
+            gather_allreduce_(flat, self.codec, p2p, stopwatch, self.kind)
 
 
 def _timed_alone(fn):

@@ -2,7 +2,7 @@
 about equal weight.  Every caller is a thin wrapper: the ring's plain segments
 (``aggregators.base.equal_segments``), a codec's segments on whole compression units
 (``compressors.base.split_on_cuts``), GradiVeQ's payload-balanced segments and pieces
-(``aggregators.gradiveq_sync``), PowerSGD's whole-block passes (``compressors.powersgd``).
+(``compressors.gradiveq.segments``), PowerSGD's whole-block passes (``compressors.powersgd``).
 """
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def instantiate_aggregator(node, **kwargs) -> tuple[Aggregator, dict]:
     """An ``aggregator`` config node (a DictConfig, resolved here, or a dict) instantiated without the
     run's keys (:data:`gvq.schema.options.WRAPPING_KEYS`: they never reach a ring aggregator's
     constructor; torch DDP's options keep ``bucket_cap_mb``, their own), and those keys, from which
-    :func:`gvq.hooks.overlapped.aggregator_from` decides the wrapping.  ``kwargs``: instantiate's."""
+    :func:`gvq.hooks.builder.aggregator_from` decides the wrapping.  ``kwargs``: instantiate's."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from hydra.errors import InstantiationException

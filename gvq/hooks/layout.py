@@ -33,19 +33,15 @@ def reduce_bucket(agg: FlatAggregator, flat: torch.Tensor, params: list[int], it
     one ``(group, numel, measurements)`` per vector averaged."""
     parts = groups(params, layout)
     if len(parts) == 1 and params == sorted(params):
-        return [(params, flat.numel(), bucket_mean_(agg, flat, params, iteration))]
+        return [(params, flat.numel(), agg.average_bucket_(flat, params, iteration))]
     views = dict(zip(params, flat.split([agg.params[i].numel() for i in params])))
     out = []
     for group in parts:
         ordered = sorted(group)
         vec = torch.cat([views[i] for i in ordered])
-        stats = bucket_mean_(agg, vec, ordered, iteration)
+        stats = agg.average_bucket_(vec, ordered, iteration)
         for i, piece in zip(ordered, vec.split([views[i].numel() for i in ordered])):
             views[i].copy_(piece)
         out.append((group, vec.numel(), stats))
     return out
 
-
-def bucket_mean_(agg: FlatAggregator, flat: torch.Tensor, params: list[int], iteration: int) -> dict:
-    """The aggregator's per-bucket average, with its measurements."""
-    return agg.allreduce_bucket_(flat, params, iteration) or {}

@@ -2,10 +2,8 @@
 (``aggregator.bucket_cap_mb=0.5`` for smaller buckets; unset: DDP's defaults, its 1 MiB first bucket
 included).
 
-Those two keys are the run's, not the aggregator's: :func:`aggregator_from` (the runner, the launcher's
-checks and the benchmarks build an aggregator with it) takes them out of the config node, instantiates
-the rest (:func:`gvq.hooks.config.instantiate_aggregator`, which the hook's ``build_aggregator`` calls
-too, never wrapping: its caller's DDP is the wrapper) and is the one place that decides to wrap.
+Those two keys are the run's, not the aggregator's: :func:`gvq.hooks.builder.aggregator_from` takes
+them out of the config node and is the one place that decides to wrap.
 
 :class:`Overlapped` wraps the model in torch's ``DistributedDataParallel`` with :func:`gvq.hooks.gvq_hook`
 registered, so each bucket is averaged by the wrapped aggregator's ring on this rank's communication
@@ -23,21 +21,11 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gvq.aggregators.base import Aggregator, FlatAggregator
+from gvq.aggregators.base import Aggregator, FlatAggregator, check_bucket_cap
 from gvq.comm import clock
-from gvq.hooks.config import instantiate_aggregator
 from gvq.hooks.state import GvqHookState, gvq_hook, require_hookable
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
-
-
-def aggregator_from(node, **kwargs) -> Aggregator:
-    """The aggregator an ``aggregator`` config node builds (a DictConfig or a dict), and the one decision
-    where it averages: ``overlap: true`` wraps it in :class:`Overlapped` (inside backward, in DDP's
-    buckets of ``bucket_cap_mb``), else it is returned as built (after backward).  ``kwargs`` go to
-    ``hydra.utils.instantiate``.  A one-line ValueError where it cannot be wrapped."""
-    agg, run = instantiate_aggregator(node, **kwargs)
-    return Overlapped(agg, run.get("bucket_cap_mb")) if run.get("overlap") else agg
 
 
 class Overlapped(Aggregator):
@@ -50,11 +38,9 @@ class Overlapped(Aggregator):
         """``bucket_cap_mb``: DDP's bucket size; None: DDP's defaults (its small first bucket too)."""
         require_hookable(inner, "aggregator.overlap=true")
         self.inner = inner
-        self.bucket_cap_mb = bucket_cap_mb
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise ValueError(f"aggregator.bucket_cap_mb={self.bucket_cap_mb!r}: must be > 0 (or unset)")
+        self.bucket_cap_mb = check_bucket_cap(bucket_cap_mb)
         self.name = inner.name
-        self.extra_fields = (("buckets", "comm_s", "exposed_s", "last_bucket_s", "straggle_s")
+        self.extra_fields = (("buckets", "comm_s", "exposed_s", "last_bucket_s", "averaging_s", "straggle_s")
                              + tuple(inner.extra_fields))
         self.virtual_time = inner.virtual_time
         self.compressor = inner.compressor
@@ -90,10 +76,10 @@ class Overlapped(Aggregator):
         lane = clock.get()
         t0 = lane.now()
         stats = self.state.iteration_stats()
-        lane.advance_to(stats.pop("t_done"))     # virtual: the compute lane waits here for the last bucket
+        lane.advance_to(self.state.t_done)       # virtual: the compute lane waits here for the last bucket
         # wall: backward itself waited (DDP's finalize waits on every bucket), so compute_s holds the wait
-        in_compute = 0.0 if lane.virtual else stats["exposed_s"]
-        return {**stats, "aggregate_s": lane.now() - t0 + in_compute, "inside_compute_s": in_compute}
+        self.inside_compute_s = 0.0 if lane.virtual else stats["exposed_s"]
+        return {**stats, "aggregate_s": lane.now() - t0 + self.inside_compute_s}
 
     def close(self) -> None:
         if self.state is not None:

@@ -3,7 +3,7 @@
 
 The state owns one set-up gvq ring aggregator (``conf/aggregator/`` options that sum through gvq's P2P)
 and a per-rank :class:`gvq.hooks.thread.CommThread`.  Per iteration, on that thread, in DDP's bucket
-order: ``start_iteration(it)`` before the first bucket, ``allreduce_bucket_(flat, params, it)`` per
+order: ``start_iteration(it)`` before the first bucket, ``average_bucket_(flat, params, it)`` per
 bucket (per-parameter state, so DDP's bucket rebuild after the first iteration loses nothing),
 ``finish_iteration(it)`` after the last.
 
@@ -88,6 +88,9 @@ class GvqHookState:
         self._open: IterationRecord | None = None
         self._layout: list[list[int]] = []
         self._last: dict | None = None
+        #: when the last finished iteration's last bucket was averaged, on the communication lane's clock
+        #: (the runner's compute lane waits until then under virtual time)
+        self.t_done = 0.0
         self._finished = threading.Event()
 
     @classmethod
@@ -162,7 +165,7 @@ class GvqHookState:
     def _close_iteration(self) -> None:
         agg, rec = self.aggregator, self._open
         extra = agg.finish_iteration(rec.iteration) or {}
-        rec.t_done = self.lanes.comm.now()
+        rec.t_done = self.t_done = self.lanes.comm.now()
         self._last = {**rec.result(), **agg.counters(), **extra}
         self._open, self.iteration = None, self.iteration + 1
         self.layout, self._layout, self._resumed = self._layout, [], None
@@ -170,11 +173,11 @@ class GvqHookState:
 
     # -- the training loop's side -------------------------------------------------------------------
     def iteration_stats(self) -> dict:
-        """The last finished iteration's measurements: ``buckets``, ``comm_s`` (first bucket launched
-        -> last averaged), ``exposed_s`` (last averaged - backward produced the last bucket),
-        ``aggregate_s`` (the buckets' own times), the codec / wire / byte counters, ``t_done`` (the
-        communication lane's clock), and the aggregator's columns (docs/columns.md).  A
-        :class:`RankError` when none finishes within the peer timeout."""
+        """The last finished iteration's measurements, declared columns only (docs/columns.md):
+        ``buckets``, ``comm_s`` (first bucket launched -> last averaged), ``exposed_s`` (last averaged -
+        backward produced the last bucket), ``last_bucket_s``, ``averaging_s`` (the buckets' own times,
+        summed), the codec / wire / byte counters and the aggregator's columns; :attr:`t_done` says
+        when it finished.  A :class:`RankError` when none finishes within the peer timeout."""
         if self._thread is None and self._last is None:
             raise ValueError("gvq hook: no iteration has run yet: iteration_stats() answers after a backward")
         if not self._finished.wait(self.timeout_s):

@@ -20,6 +20,7 @@ import torch
 
 from gvq.comm import clock
 from gvq.comm.errors import RankError
+from gvq.schema.columns import column
 
 
 @dataclass
@@ -42,30 +43,37 @@ class IterationRecord:
     t_ready_last: float = 0.0     # backward produced the last bucket
     t_done: float = 0.0           # last bucket averaged
     t_start_last: float = 0.0     # the communication lane took up the last bucket
+    averaging_s: float = 0.0      # the vectors' own averaging (each one's ``aggregate_s``), summed
     sums: dict = field(default_factory=dict)
     weighted: dict = field(default_factory=dict)
     numel: int = 0
 
     def add(self, t_ready: float, n: int, stats: dict) -> None:
-        """One vector of ``n`` values averaged: times add up over buckets; any other column is the mean
-        weighted by bucket size."""
+        """One vector of ``n`` values averaged (``stats``: its ``average_bucket_`` measurements): its
+        ``aggregate_s`` adds to ``averaging_s``; another amount (a declared column in seconds or bytes)
+        adds up over buckets; any other number is the mean weighted by bucket size; labels are the
+        aggregator's ``finish_iteration``'s to give."""
         self.buckets += 1
         self.t_first = t_ready if self.t_first is None else self.t_first
         self.t_ready_last = t_ready
         self.numel += n
+        self.averaging_s += float(stats["aggregate_s"])
         for k, v in stats.items():
-            if k.endswith("_s"):
+            if k == "aggregate_s" or isinstance(v, str):
+                continue
+            if column(k).unit in ("s", "B"):
                 self.sums[k] = self.sums.get(k, 0.0) + float(v)
-            elif isinstance(v, (int, float)):
+            else:
                 self.weighted[k] = self.weighted.get(k, 0.0) + float(v) * n
 
     def result(self) -> dict:
+        """The iteration's declared columns (docs/columns.md)."""
         out = {k: v / max(self.numel, 1) for k, v in self.weighted.items()}
         out.update(self.sums)
         comm = self.t_done - self.t_first if self.t_first is not None else 0.0
-        return {**out, "buckets": self.buckets, "comm_s": comm,
+        return {**out, "buckets": self.buckets, "comm_s": comm, "averaging_s": self.averaging_s,
                 "exposed_s": max(0.0, self.t_done - self.t_ready_last),
-                "last_bucket_s": max(0.0, self.t_done - self.t_start_last), "t_done": self.t_done}
+                "last_bucket_s": max(0.0, self.t_done - self.t_start_last)}
 
 
 class CommThread:

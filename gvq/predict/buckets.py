@@ -2,7 +2,7 @@
 writes ``overlap.json`` beside ``calibration.json``.
 
 * DDP's buckets, formed as torch forms them when it rebuilds its buckets after the first iteration:
-  parameters in the order backward produced their gradients, cut at ``dist._DEFAULT_FIRST_BUCKET_BYTES``
+  parameters in the order backward produced their gradients, cut at DDP's default first bucket (:func:`gvq.internals.ddp_first_bucket_bytes`)
   for the first bucket and ``bucket_cap_mb`` after it (no small first bucket once ``bucket_cap_mb`` is
   set, as ``aggregator.bucket_cap_mb`` sets it);
 * backward timed apart from forward and the optimizer step, and when, within backward, each
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gvq.internals import ddp_first_bucket_bytes
 from gvq.predict.model import PredictError
 
 MIB = 1024 * 1024
@@ -36,12 +37,12 @@ PROFILE_REPS = 20
 def bucket_limits(cap_mb: float | None) -> list[int]:
     """DDP's bucket size limits in bytes: unset, a small first bucket then 25 MiB; set, that size."""
     if cap_mb is None:
-        return [dist._DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_CAP_MB * MIB]
+        return [ddp_first_bucket_bytes(), DEFAULT_CAP_MB * MIB]
     return [int(cap_mb * MIB)]
 
 
 def assign_buckets(nbytes: list[int], order: list[int], limits: list[int]) -> list[list[int]]:
-    """Positions into ``nbytes`` grouped into buckets as ``dist._compute_bucket_assignment_by_size``
+    """Positions into ``nbytes`` grouped into buckets as DDP's (private) bucket assignment by size
     groups dense tensors of one dtype: taken in ``order``, a bucket closes once it holds at least its
     limit (the k-th bucket's limit is ``limits[k]``, the last limit for every later one)."""
     out, cur, size = [], [], 0

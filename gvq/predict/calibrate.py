@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gvq.aggregators.base import Bucket
 from gvq.predict.structure import (
     AGGREGATORS,
     SETTINGS,
@@ -113,7 +114,7 @@ def codec_costs(name: str, agg, numel: int, reps: int = 3, cold: bool = True) ->
     exact: dict[str, dict[str, dict]] = {}
     flat, evict = torch.randn(numel), Evict(cold)
     for n in CAL_NS:
-        for rnd in rounds(name, agg, numel, n):
+        for rnd in rounds(name, agg, n):
             if rnd["kind"] == "plain":
                 continue
             every = [q for seg in rnd["segs"] for q in seg]
@@ -241,11 +242,11 @@ def measure_cost(agg, numel: int, reps: int = 5) -> float:
     a whole-gradient compress + decompress before the ring; PowerSGD's: a norm before, its payloads'
     after), which every rank runs untimed as aggregation but inside the iteration (``agg`` is in its
     benchmark state: ``prepare_benchmark`` pinned the compressed phase)."""
-    flat = torch.randn(numel) * 1e-2
+    bucket = Bucket(torch.randn(numel) * 1e-2, agg.everything, 0, {k: getattr(agg, k) for k in agg.per_parameter})
 
     def run():
-        agg.measure(flat)
-        agg.measure_after(flat)
+        agg.measure(bucket)
+        agg.measure_after(bucket)
     run()
     return statistics.median(_cpu_seconds(run) for _ in range(reps))
 
@@ -265,7 +266,7 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel
-        struct["aggregators"][name] = {str(n): stored(rounds(name, agg, numel, n)) for n in structure_ns()}
+        struct["aggregators"][name] = {str(n): stored(rounds(name, agg, n)) for n in structure_ns()}
         print(f"gvq.predict calibrate: {name} measured", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(cal, indent=1))

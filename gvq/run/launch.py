@@ -22,7 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from gvq.hooks.overlapped import aggregator_from
+from gvq.hooks.builder import aggregator_from
 from gvq.run import checkpoint, fault
 from gvq.run.logs import mark, process_start, setup_logging
 from gvq.run.placement import cuda_plan, group_backend

@@ -3,7 +3,7 @@
 Each iteration: forward/backward on this rank's shard batch (``compute_s``), then
 ``aggregator.aggregate`` replaces every gradient by the mean over ranks (``aggregate_s`` and its
 breakdown), then the optimizer steps.  With ``aggregator.overlap=true`` the aggregator is wrapped in
-:class:`gvq.hooks.Overlapped` (by :func:`gvq.hooks.overlapped.aggregator_from`, in :func:`build`): DDP +
+:class:`gvq.hooks.Overlapped` (by :func:`gvq.hooks.builder.aggregator_from`, in :func:`build`): DDP +
 the gvq hook average the gradient bucket by bucket during backward, and ``aggregate`` reports what that
 cost.  Per-iteration times are the max over ranks, loss/accuracy the mean; rank 0 logs them.  At the end
 every rank's parameters are compared bitwise: replicas that drift apart fail the run.
@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
-from gvq.hooks.overlapped import aggregator_from
+from gvq.hooks.builder import aggregator_from
 from gvq.run import checkpoint, fault, restart
 from gvq.run.guards import (
     aggregated_overflow,
@@ -115,7 +115,7 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", before_aggre
         before_aggregate(it)
     stats = agg.aggregate(it)
     if agg.inside_backward:     # the wait backward already timed is aggregate_s's, not compute's
-        row["compute_s"] -= stats.pop("inside_compute_s")
+        row["compute_s"] -= agg.inside_compute_s
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
     if not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)

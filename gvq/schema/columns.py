@@ -75,6 +75,8 @@ COLUMNS = (
        "backward did not hide", bench=True),
     Column("last_bucket_s", "s", "last_backward", "the last bucket's own averaging (exposed_s is no shorter)",
        bench=True),
+    Column("averaging_s", "s", "max", "gvq's hook: the buckets' own averaging, summed (on the communication "
+       "thread, mostly behind backward; aggregate_s is what backward did not hide)"),
     Column("straggle_s", "s", "spread", "how much longer the rank that ended backward first waited (for its "
        "peers' backward)", bench=True),
     # compressors

@@ -58,13 +58,19 @@ BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 
 @dataclass
 class NetSchema:
-    """An emulated per-rank link (conf/net/*.yaml); gvq.run.validate holds the clock's rules."""
-    bandwidth_bps: Optional[float] = None
-    latency_s: float = 0.0
+    """An emulated per-rank link and the clock runs are timed on: the one home of every ``net.*``
+    default (conf/net/*.yaml set only what differs; the benchmarks read them here too, and take any key
+    as ``--set net.KEY=VALUE``); gvq.run.validate holds the clock's rules."""
+    bandwidth_bps: Optional[float] = None    # bit/s per rank's outgoing link; lower => the wire dominates; null: unshaped
+    latency_s: float = 0.0                   # extra per-message latency (s) on top of the real transport's own
+    # wall | virtual: each rank's time = its own CPU time x the scales below + the link model, computed
+    # (nothing sleeps): N ranks on fewer cores, or faster machines
     clock: Clock = Clock.wall
-    compute_scale: float = 1.0
-    codec_scale: float = 1.0
-    exclusive: bool = True
+    compute_scale: float = 1.0               # virtual only: forward/backward/step CPU time x this (1/6 => a GPU)
+    codec_scale: float = 1.0                 # virtual only: compress/decompress/PCA CPU time x this (lower => cheaper codecs)
+    exclusive: bool = True                   # virtual only: one timed phase per core at a time (no co-runner contention)
+    # virtual, aggregator.overlap=true: the communication thread's CPU on the rank's one core (shared: it
+    # delays backward) or a core of its own (own: only waits couple them; faster)
     comm_core: CommCore = CommCore.shared
 
 
@@ -145,7 +151,7 @@ class GradiVeQSchema:
 
 @dataclass
 class _Overlap:
-    """Every ring aggregator's two overlap knobs: the run's, not its constructor's (gvq.hooks.overlapped.
+    """Every ring aggregator's two overlap knobs: the run's, not its constructor's (gvq.hooks.builder.
     aggregator_from takes them out of the node, then decides whether to wrap it in DDP + the gvq hook)."""
     overlap: bool = False
     bucket_cap_mb: Optional[float] = None

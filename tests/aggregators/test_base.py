@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gvq.aggregators.base import Aggregator, RunContext, check_int, equal_segments
+from gvq.aggregators.base import Aggregator, Bucket, RunContext, check_int, equal_segments
 from gvq.aggregators.rar import RingAllReduce
 from gvq.compressors.base import Compressor
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.qsgd import QSGD
-from gvq.hooks.overlapped import aggregator_from
+from gvq.hooks.builder import aggregator_from
 
 ONE_FORMAT = re.compile(r"^[A-Za-z_.]+=\S+: must be an integer (>= -?\d+|in \[-?\d+, \d+\])")
 
@@ -56,7 +56,8 @@ def test_the_base_class_declares_every_part_with_its_default():
     assert agg.wrap(model) is model and agg.inside_backward is False and agg.virtual_time is False
     assert agg.bucket is None and agg.compressor is None and agg.max_abs == math.inf
     assert agg.summary() == {} and agg.state_dict() == {} and agg.benchmark_warmup() == 0
-    assert agg.measure(torch.zeros(3)) == {} and agg.measure_after(torch.zeros(3)) == {}
+    bucket = Bucket(torch.zeros(3), (0,), 0, {})
+    assert agg.measure(bucket) == {} and agg.measure_after(bucket) == {} and agg.rings((0,), 2) is None
     assert agg.preflight([]) is None and agg.prepare_benchmark([], None) is None and agg.close() is None
     assert agg.load_state_dict({}) is None
     with agg.codec_session(torch.zeros(3)):
@@ -95,17 +96,17 @@ def test_every_aggregator_option_is_an_aggregator_with_sane_runner_facing_parts(
         agg.close()
 
 
-def test_allreduce_mean_averages_any_flat_tensor_in_place_for_a_bucketable_aggregator():
-    """The per-bucket entry point (what a DDP comm hook will call): one rank's mean is the tensor
-    itself; counters hold the iteration's bytes and codec times until reset."""
+def test_average_bucket_averages_a_vector_of_any_parameters_in_place():
+    """The per-bucket entry point (what a DDP comm hook calls): one rank's mean is the tensor itself;
+    counters hold the iteration's bytes and codec times until reset."""
     agg = RingAllReduce()
-    params = [torch.nn.Parameter(torch.zeros(5))]
-    agg.setup(params, RunContext(0, 1))
+    params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))]
+    agg.bind(params, RunContext(0, 1))
     try:
-        bucket = torch.arange(7.0)
+        bucket = torch.arange(2.0)
         agg.reset_counters()
-        stats = agg.allreduce_mean_(bucket, 0)
-        assert torch.equal(bucket, torch.arange(7.0)) and stats["aggregate_s"] >= 0
+        stats = agg.average_bucket_(bucket, [1], 0)
+        assert torch.equal(bucket, torch.arange(2.0)) and stats["aggregate_s"] >= 0
         assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"}
         assert agg.any_bucket is True
     finally:
@@ -125,3 +126,16 @@ def test_a_set_up_aggregator_pickles_without_its_transport():
         copy.close()                                   # nothing held: nothing to release
     finally:
         agg.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.5, True, "big"])
+def test_bucket_cap_is_checked_in_one_place_for_torch_ddp_and_the_gvq_hook(bad):
+    from gvq.aggregators.ddp import DDPAggregator
+    from gvq.hooks.overlapped import Overlapped
+    lines = []
+    for build in (lambda: DDPAggregator(bucket_cap_mb=bad), lambda: Overlapped(RingAllReduce(), bad)):
+        with pytest.raises(ValueError) as e:
+            build()
+        lines.append(str(e.value))
+    assert lines[0] == lines[1] == f"aggregator.bucket_cap_mb={bad!r}: must be > 0 (or unset)"
+    assert Overlapped(RingAllReduce(), 2).bucket_cap_mb == 2.0 and DDPAggregator().bucket_cap_mb is None

@@ -1,4 +1,4 @@
-"""The per-bucket contract of gvq/aggregators/base.py (``start_iteration``, ``allreduce_bucket_``,
+"""The per-bucket contract of gvq/aggregators/base.py (``start_iteration``, ``average_bucket_``,
 ``finish_iteration``), as gvq.hooks drives it, for every ring option of conf/aggregator/, on 2-3 gloo
 ranks with synthetic gradients:
 
@@ -88,7 +88,7 @@ def bucketed(agg, rank: int, it: int, buckets) -> torch.Tensor:
     agg.start_iteration(it)
     for params in buckets:
         flat = torch.cat([g[i].reshape(-1) for i in params])
-        agg.allreduce_bucket_(flat, params, it)
+        agg.average_bucket_(flat, params, it)
         agg.scatter_(out, params, flat)
     agg.finish_iteration(it)
     return out
@@ -259,7 +259,7 @@ def _monitor(rank, world):
     for it in range(6):
         agg.start_iteration(it)
         for params in layout(it):
-            agg.allreduce_bucket_(torch.cat([grads(rank, it)[i].reshape(-1) for i in params]), params, it)
+            agg.average_bucket_(torch.cat([grads(rank, it)[i].reshape(-1) for i in params]), params, it)
         phases.append((agg.finish_iteration(it), agg.phase))
     agg.close()
     return phases, agg.monitor_stops

@@ -26,7 +26,7 @@ def _mean_grad_check(rank, world):
         agg.setup(list(net.parameters()), RunContext(rank, world))
         model = agg.wrap(net)
         model(x).square().sum().backward()
-        stats = agg.aggregate(0)
+        stats = {**agg.aggregate(0), "inside_compute_s": agg.inside_compute_s}
         means = [g.clone() for g in local]
         for m in means:
             dist.all_reduce(m)

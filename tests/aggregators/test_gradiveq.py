@@ -14,7 +14,7 @@ import torch
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
-from gvq.hooks.overlapped import aggregator_from
+from gvq.hooks.builder import aggregator_from
 from tests.helpers.launch import launch_job
 from tests.helpers.dist import run_ranks
 
@@ -157,7 +157,7 @@ def test_monitor_stops_compression_on_drift_and_sampling_restarts(tmp_path):
 
 def _fit_and_sync(rank, world):
     """fit_everywhere twice: on the same samples everywhere, then on samples that differ by rank."""
-    from gvq.aggregators.gradiveq_sync import fit_everywhere
+    from gvq.aggregators.gradiveq_relay import fit_everywhere
     from gvq.comm.p2p import P2P
     comp, p2p = GradiVeQ(lam=0.01, world_size=world).bind(SHAPES), P2P(rank, world)
     samples = torch.randn(5, NUMEL, generator=torch.Generator().manual_seed(0))
@@ -293,7 +293,7 @@ def test_correlation_analysis_writes_fig4_and_fig5(tmp_path):
 def test_ring_pieces_split_segments_on_group_boundaries_only():
     """pieces > 1 refines each payload-balanced segment without moving its ends, cutting only where a
     basis group starts or stops (a cut inside a group would stream its basis twice)."""
-    from gvq.aggregators.gradiveq_sync import payload_balanced_segments
+    from gvq.compressors.gradiveq.segments import payload_balanced_segments
     comp = GradiVeQ(K="x1").bind([(8, 4, 3, 3), (8,), (8, 8, 3, 3), (8, 8, 3, 3), (8,), (10, 72)])
     numel = comp.layout.numel
     gen = torch.Generator().manual_seed(0)

@@ -35,7 +35,7 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
     spawned = []
 
     def fake(run, world):
-        spawned.append((world, run.compute_scale, run.bandwidth, {s.bandwidth for s in run.specs[1:]}))
+        spawned.append((world, run.net["compute_scale"], run.bandwidth, {s.bandwidth for s in run.specs[1:]}))
         rows = {s.label: [[0.0] * len(COLS)] for s in run.specs}
         return {"rows": rows}
 

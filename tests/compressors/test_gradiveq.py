@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gvq.compressors.base import split_on_cuts
-from gvq.compressors.gradiveq.codec import GradiVeQ
+from gvq.compressors.gradiveq.codec import GradiVeQ, relative_loss
 from gvq.compressors.gradiveq.layout import GradLayout
 from gvq.compressors.gradiveq.pca import principal_subspace
 from gvq.compressors.gradiveq.state import PCAState, value_count
@@ -262,7 +262,7 @@ def test_local_loss_is_eq7_and_compression_error_is_the_aggregate_projection_err
 
 
 @pytest.mark.parametrize("N", [1, 3])
-def test_tracked_loss_read_off_the_payloads_equals_local_loss(N):
+def test_tracked_sums_read_off_the_payloads_equals_local_loss(N):
     """The ring's Eq. 7 (||c||^2 - ||U^T c||^2 from the payloads it sends) == the direct residual, for
     any segmentation the ring may use, raw values included; track(None) stops it."""
     comp = _fitted(world_size=N, s=2)
@@ -271,10 +271,10 @@ def test_tracked_loss_read_off_the_payloads_equals_local_loss(N):
         comp.track(g)
         for s in segs:
             comp.compress(g[s], s)
-        assert comp.tracked_loss() == pytest.approx(comp.local_loss(g), rel=1e-4, abs=1e-6)
+        assert relative_loss(*comp.tracked_sums()) == pytest.approx(comp.local_loss(g), rel=1e-4, abs=1e-6)
     comp.track(None)
     with pytest.raises(RuntimeError, match="track"):
-        comp.tracked_loss()
+        relative_loss(*comp.tracked_sums())
 
 
 @pytest.mark.parametrize("N", [2, 4])
@@ -447,7 +447,7 @@ def test_batched_device_path_codes_as_the_host_path(kw, world_size, monkeypatch)
             comp.track(g)
             pays = [comp.compress(g[s], s) for s in segs]
             outs = [comp.decompress(p + p, s) for p, s in zip(pays, segs)]      # summed in the code domain
-            got[flag] = pays, outs, comp.tracked_loss()
+            got[flag] = pays, outs, relative_loss(*comp.tracked_sums())
         for a, b in zip(got["1"][0] + got["1"][1], got["0"][0] + got["0"][1]):
             torch.testing.assert_close(b, a, **tol)
         assert got["0"][2] == pytest.approx(got["1"][2], rel=1e-3, abs=1e-5)

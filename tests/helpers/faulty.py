@@ -29,12 +29,12 @@ class FailAt(RingAllReduce):
         open(marker, "w").close()
         return True
 
-    def allreduce_(self, flat, iteration):
-        if self._fails(iteration):
+    def average(self, bucket):
+        if self._fails(bucket.iteration):
             if self.how == "exit":
                 os._exit(3)
-            raise RuntimeError(f"injected failure on rank {self.rank} at iteration {iteration}")
-        return super().allreduce_(flat, iteration)
+            raise RuntimeError(f"injected failure on rank {self.rank} at iteration {bucket.iteration}")
+        return super().average(bucket)
 
 
 class NaNAt(torch.nn.Module):

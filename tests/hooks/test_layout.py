@@ -15,7 +15,7 @@ class _Recorder:
         self.params = [torch.zeros(n) for n in sizes]
         self.seen = []
 
-    def allreduce_bucket_(self, flat, params, iteration):
+    def average_bucket_(self, flat, params, iteration):
         self.seen.append((list(params), flat.clone()))
         flat.mul_(2)
         return {"aggregate_s": 1.0}

@@ -21,7 +21,7 @@ from gvq.comm.p2p import peer_timeout_s
 from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
-from gvq.hooks.layout import bucket_mean_
+from gvq.schema.columns import BY_NAME
 from tests.helpers.dist import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def _hook_vs_post_backward(rank, world, option, iterations):
         for flat, pos in records:                   # the same buckets, in the same order, post-backward
             pieces = flat.split([twin.params[i].numel() for i in pos])
             ref = torch.cat([pieces[k] for k in sorted(range(len(pos)), key=pos.__getitem__)])
-            bucket_mean_(twin, ref, sorted(pos), it)    # (the hook sums a bucket in parameter order)
+            twin.average_bucket_(ref, sorted(pos), it)    # (the hook sums a bucket in parameter order)
             expected.append(ref)
         twin.finish_iteration(it)
         means = [g.clone() for g in local]
@@ -116,7 +116,8 @@ def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
                 for g, m in zip(it["grads"], it["means"]):
                     torch.testing.assert_close(g, m, rtol=1e-5, atol=1e-6)
             s = it["stats"]
-            assert s["comm_s"] >= s["exposed_s"] >= 0 and s["bytes_sent"] > 0
+            assert s["comm_s"] >= s["exposed_s"] >= 0 and s["bytes_sent"] > 0 and s["averaging_s"] > 0
+            assert set(s) <= set(BY_NAME), set(s) - set(BY_NAME)      # declared columns only
 
 
 def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(tmp_path):
@@ -187,11 +188,11 @@ def test_a_lost_peer_fails_backward_naming_the_rank_with_no_thread_left(tmp_path
 class _Broken(RingAllReduce):
     """A codec that fails on its second bucket."""
 
-    def allreduce_(self, flat, iteration):
+    def average(self, bucket):
         self.calls = getattr(self, "calls", 0) + 1
         if self.calls == 2:
             raise ValueError("codec broke")
-        return super().allreduce_(flat, iteration)
+        return super().average(bucket)
 
 
 def _failing_bucket(rank, world):

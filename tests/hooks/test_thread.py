@@ -12,6 +12,7 @@ import torch
 from gvq.comm import clock
 from gvq.comm.p2p import PeerLostError
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
+from gvq.schema.columns import BY_NAME
 
 
 def _job(index: int, n: int = 4, t_ready: float = 0.0) -> BucketJob:
@@ -76,13 +77,17 @@ def test_a_rank_error_reaches_backward_as_it_is():
     t.close(5)
 
 
-def test_an_iteration_record_adds_times_and_weighs_other_columns():
+def test_an_iteration_record_adds_amounts_by_their_declared_unit_and_weighs_other_columns():
     rec = IterationRecord(iteration=7)
-    rec.add(1.0, 30, {"aggregate_s": 0.5, "compression_error": 0.1})
-    rec.add(2.0, 10, {"aggregate_s": 0.25, "compression_error": 0.5})
+    rec.add(1.0, 30, {"aggregate_s": 0.5, "compression_error": 0.1, "fit_s": 0.125, "phase": "compress"})
+    rec.add(2.0, 10, {"aggregate_s": 0.25, "compression_error": 0.5, "fit_s": 0.25, "phase": "compress"})
     rec.t_done, rec.t_start_last = 2.5, 2.2
     out = rec.result()
-    assert out["buckets"] == 2 and out["aggregate_s"] == pytest.approx(0.75)
+    assert out["buckets"] == 2 and out["averaging_s"] == pytest.approx(0.75) and "aggregate_s" not in out
+    assert out["fit_s"] == pytest.approx(0.375)            # seconds by the registry, whatever the name
+    assert set(out) <= set(BY_NAME)                         # declared columns only
     assert out["compression_error"] == pytest.approx((30 * 0.1 + 10 * 0.5) / 40)
     assert out["comm_s"] == pytest.approx(1.5) and out["exposed_s"] == pytest.approx(0.5)
     assert out["last_bucket_s"] == pytest.approx(0.3)
+    with pytest.raises(KeyError, match="not a declared column"):
+        rec.add(3.0, 1, {"aggregate_s": 0.1, "made_up": 1.0})

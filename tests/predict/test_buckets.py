@@ -68,7 +68,7 @@ def test_bucket_entries_hold_each_buckets_own_rings_adding_up_to_the_whole():
                     assert len(rnd["vals"]) == n and "codec" not in rnd
                     if name != "powersgd":                      # PowerSGD's rings carry P and Q, not values
                         assert sum(map(sum, rnd["vals"])) == round(e["values"] * numel)
-            whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, numel, n)]
+            whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, n)]
             for k, w in enumerate(whole):                       # every ring's payload, bucket by bucket
                 assert sum(sum(map(sum, e["rounds"][str(n)][k]["bytes"])) for e in entries) == pytest.approx(w, rel=0.02)
 
@@ -83,7 +83,7 @@ def test_a_gradiveq_bucket_is_cut_into_its_own_pieces_and_its_codec_timed():
     layout = B.assign_buckets(nbytes, list(reversed(range(len(nbytes)))), [1024])
     curves = codec_costs("gradiveq_bf16", agg, numel, reps=1)
     entries = B.bucket_entries("gradiveq_bf16", agg, layout, numel, curves, ns=[2])
-    whole = rounds("gradiveq_bf16", agg, numel, 2)[0]
+    whole = rounds("gradiveq_bf16", agg, 2)[0]
     pieces = [sum(len(s) for s in e["rounds"]["2"][0]["vals"]) for e in entries]
     assert min(pieces) < sum(len(s) for s in whole["vals"])
     factors = [e["codec_factor"] for e in entries]               # measured ratios (this CNN's calls are

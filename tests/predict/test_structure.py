@@ -37,6 +37,6 @@ def test_a_buckets_rings_are_the_aggregators_per_bucket_rings():
         assert all(len(r["vals"]) == 3 for p in parts for r in p)
         values = [sum(map(sum, p[0]["vals"])) for p in parts]
         assert sum(values) == numel or name == "powersgd"                       # P / Q: factors, not values
-        whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, numel, 3)]
+        whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, 3)]
         for k, w in enumerate(whole):
             assert sum(sum(map(sum, p[k]["bytes"])) for p in parts) == pytest.approx(w, rel=0.02)

@@ -16,7 +16,7 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from gvq.aggregators.base import Aggregator
-from gvq.hooks.overlapped import aggregator_from
+from gvq.hooks.builder import aggregator_from
 from gvq.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[2]

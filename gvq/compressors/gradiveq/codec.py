@@ -22,6 +22,12 @@ FOLD_BYTES = 1 << 20    # fp32 bases up to this size: compress/decompress as one
 _UNFITTED = "GradiVeQ: not fitted; call fit(samples) or load_pca(state) first"
 
 
+def relative_loss(c2: float, p2: float, g2: float) -> float:
+    """Eq. 7: ||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2 over compressed slices, from the sums
+    :meth:`GradiVeQ.tracked_sums` reads (over one vector, or summed over an iteration's buckets)."""
+    return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
+
+
 class GradiVeQ(Compressor):
     additive = True
     name = "gradiveq"
@@ -324,16 +330,11 @@ class GradiVeQ(Compressor):
 
     _track: Tensor | None = None
 
-    def tracked_loss(self) -> float:
-        """||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2 over compressed slices, from :meth:`track` on."""
-        c2, p2, g2 = self.tracked_sums()
-        return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
-
     def tracked_sums(self) -> tuple[float, float, float]:
-        """The three sums :meth:`tracked_loss` divides; summed over DDP buckets, the loss of their union.
+        """The three sums :func:`relative_loss` divides; summed over DDP buckets, the loss of their union.
         Reads them back to the host: once per iteration, after the ring."""
         if self._track is None:
-            raise RuntimeError("GradiVeQ.tracked_loss: call track(g) and compress g first")
+            raise RuntimeError("GradiVeQ.tracked_sums: call track(g) and compress g first")
         c2, p2, g2 = self._track.tolist()
         return c2, p2, g2
 

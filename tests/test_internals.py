@@ -1,10 +1,11 @@
-"""The private Python and torch APIs gvq relies on (gvq/run/internals.py) still exist with the shape it
+"""The private Python and torch APIs gvq relies on (gvq/internals.py) still exist with the shape it
 uses: a Python or torch upgrade that moves one fails here, by name, instead of a run misbehaving."""
 from __future__ import annotations
 
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,9 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from gvq.aggregators.ddp_memory import hook_compresses
-from gvq.run import internals
+from gvq import internals
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str) -> list[str]:
@@ -30,14 +31,14 @@ def test_fork_server_pid_is_where_multiprocessing_keeps_it():
     from multiprocessing import forkserver
     assert forkserver.ForkServer()._forkserver_pid is None          # the attribute, before a server runs
     pid, alive = _python("import os\nfrom multiprocessing import forkserver\n"
-                         "from gvq.run.internals import fork_server_pid\n"
+                         "from gvq.internals import fork_server_pid\n"
                          "before = fork_server_pid()\nforkserver.ensure_running()\npid = fork_server_pid()\n"
                          "print(pid, before is None and os.path.exists(f'/proc/{pid}'))")
     assert int(pid) > 0 and alive == "True"
 
 
 def test_run_exit_handlers_runs_them_now_last_first_and_once():
-    code = ("import atexit, os\nfrom gvq.run.internals import run_exit_handlers\n"
+    code = ("import atexit, os\nfrom gvq.internals import run_exit_handlers\n"
             "atexit.register(print, 'first')\natexit.register(print, 'second')\n"
             "run_exit_handlers()\nprint('after')\n")
     assert _python(code) == ["second", "first", "after"]                # an ordinary exit runs none again
@@ -64,7 +65,7 @@ def test_rank_error_trace_reads_torchs_error_file():
 
 def test_torch_optim_first_step_imports_the_preloaded_module():
     assert importlib.util.find_spec(internals.TORCH_FIRST_STEP_MODULE) is not None
-    code = ("import sys, torch\nfrom gvq.run.internals import TORCH_FIRST_STEP_MODULE as name\n"
+    code = ("import sys, torch\nfrom gvq.internals import TORCH_FIRST_STEP_MODULE as name\n"
             "before = name in sys.modules\nm = torch.nn.Linear(2, 1)\n"
             "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nm(torch.ones(1, 2)).sum().backward()\nopt.step()\n"
             "print(before, name in sys.modules)")
@@ -84,10 +85,27 @@ def test_powersgd_hook_compresses_by_the_rule_gvq_mirrors():
                     assert hook_compresses(n, m, rank, rate) == rule(n, m, rank, rate)[0], (n, m, rank, rate)
 
 
+#: a private name reached through torch or the standard library: ``dist._X``, ``torch.x._y``,
+#: ``forkserver._f``, ``atexit._f``, ``from torch.x import _y``, ``import torch._x``
+PRIVATE = re.compile(r"\b(?:torch|dist|F|nn|forkserver|atexit|multiprocessing|traceback)(?:\.\w+)*\._[A-Za-z]\w*"
+                     r"|from\s+torch[\w.]*\s+import\s+(?:\([^)]*)?\b_[a-zA-Z]\w*|import\s+torch\.(?:\w+\.)*_\w+")
+
+
+def private_names(text: str) -> list[str]:
+    return [m.group(0) for m in PRIVATE.finditer(text)]
+
+
 def test_internals_is_the_one_home_of_private_apis():
-    """Outside internals.py no gvq module names one of these private attributes."""
-    names = ("_forkserver", "_run_exitfuncs", "error_files", "_should_compress")
+    """Outside internals.py no gvq module reaches a private torch or Python name (any, not a list)."""
     found = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / "gvq").rglob("*.py"))
-             if p.name != "internals.py" for n in names if f".{n}" in p.read_text()]
+             if p.name != "internals.py" for n in private_names(p.read_text())]
     assert found == [], found
-    assert os.path.isfile(ROOT / "gvq" / "run" / "internals.py")
+    assert os.path.isfile(ROOT / "gvq" / "internals.py")
+
+
+def test_the_scan_finds_private_names_however_they_are_spelt():
+    text = ("x = dist._DEFAULT_FIRST_BUCKET_BYTES\nfrom torch.distributed.algorithms import _comm\n"
+            "import torch._dynamo\ny = torch.nn.modules._utils.f\nz = forkserver._forkserver\n"
+            "ok = torch.distributed.all_reduce\nself._private = 1\n")
+    assert private_names(text) == ["dist._DEFAULT_FIRST_BUCKET_BYTES", "from torch.distributed.algorithms import _comm",
+                                   "import torch._dynamo", "torch.nn.modules._utils", "forkserver._forkserver"]

@@ -2,9 +2,11 @@
 
 Each function says what it reads, why no public API does the job, and what the caller does with it.
 ``tests/run/test_internals.py`` asserts that each still exists with the shape used here, so a Python or
-torch release that moves one fails that test by name instead of a run misbehaving quietly.  Callers:
-:mod:`gvq.run.warm` (the fork server, the fast exit) and :mod:`gvq.run.signals` (the failed rank's
-traceback).  Elsewhere gvq mirrors one private rule of torch without calling it (the PowerSGD hook's
+torch release that moves one fails that test by name instead of a run misbehaving quietly; the same
+test scans every other gvq module for a private torch or Python name.  It sits beside ``models.py``,
+below every room, so any room may import it.  Callers: :mod:`gvq.run.warm` (the fork server, the fast
+exit), :mod:`gvq.run.signals` (the failed rank's traceback) and :mod:`gvq.predict.buckets` (DDP's first
+bucket).  Elsewhere gvq mirrors one private rule of torch without calling it (the PowerSGD hook's
 choice of which matrices to compress, :mod:`gvq.aggregators.ddp_memory`); the same test holds the
 mirror to torch's.
 """
@@ -16,6 +18,22 @@ import pickle
 #: imports it ahead, so a rank does not pay for it inside its first step.  Private, and preloading a name
 #: that no longer exists is skipped silently by multiprocessing -- hence the test.
 TORCH_FIRST_STEP_MODULE = "torch._dynamo"
+
+
+def ddp_first_bucket_bytes() -> int:
+    """The size of the small first bucket DDP makes when no ``bucket_cap_mb`` is given
+    (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``): the cost model buckets a model as DDP does, and
+    no public API says what DDP's default first bucket is."""
+    import torch.distributed as dist
+    return int(dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+def torch_dispatch_mode() -> type:
+    """``TorchDispatchMode``, the base class of a mode that sees every aten op (the op counter,
+    :mod:`gvq.bench.opcount`): documented, but importable only from the private
+    ``torch.utils._python_dispatch``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    return TorchDispatchMode
 
 
 def fork_server_pid() -> int | None:
