@@ -32,10 +32,11 @@ ALLOWED = {
     "schema": set(),                                  # the typed config: Hydra and OmegaConf only
     "hooks": {"schema", "aggregators", "comm", "compressors"},
     "run": {"schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "internals"},
-    "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "internals"},
+    "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "internals", "report"},
     "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
     "predict": {"bench", "aggregators", "comm", "compressors", "data", "models", "internals"},
     "report": {"schema"},                             # run outputs and their declared columns, never the training code
+    # (bench may import report: a table compares its figures with report.intervals, as the report does)
 }
 SHARED_NAMES = {"main"}   # each CLI module's entry point: always called qualified (module.main)
 

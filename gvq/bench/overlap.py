@@ -8,7 +8,7 @@ hook), at DDP's default buckets and at ``--bucket-mb``, over the cell's emulated
 cell, not per N: a rank keeps every mode's aggregator (GradiVeQ's bases, PowerSGD's Q) for the whole
 spawn, and with every link in one spawn N = 8 ran a small host out of memory.  A mode's seconds per
 iteration are the median of ``--iters`` iterations with the bootstrap interval of that median
-(:mod:`gvq.bench.intervals`).  Per cell the table names the end-to-end winner only where its interval lies
+(:mod:`gvq.report.intervals`).  Per cell the table names the end-to-end winner only where its interval lies
 below every other mode's (else the tie, listing the tied), its gain over overlapped fp16, the baseline
 practitioners run (Agarwal et al., MLSys 2022), as the range the intervals allow, and checks that
 overlapped RAR hides what it can: where post-backward RAR's aggregation is shorter than the backward
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
 from gvq.schema.errors import ConfigError
-from gvq.bench.intervals import CONFIDENCE, SEED, Interval, median_interval, ratio_range, tied_with_best
+from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
@@ -43,11 +43,17 @@ HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging 
 VARIANTS = ("post", "overlap", "small")
 
 
-def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, tuple[str, ...]]]:
-    """post-backward; overlapped at DDP's default buckets; overlapped at ``bucket_mb`` (those in ``kinds``)."""
-    every = {"post": ("post", ()), "overlap": ("overlap", OVERLAP),
-             "small": (f"overlap@{bucket_mb:g}MB", OVERLAP + (f"aggregator.bucket_cap_mb={bucket_mb:g}",))}
+def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, float | None, tuple[str, ...]]]:
+    """(variant, bucket size, overrides): post-backward; overlapped at DDP's default buckets; overlapped
+    at ``bucket_mb`` (those in ``kinds``)."""
+    every = {"post": ("post", None, ()), "overlap": ("overlap", None, OVERLAP),
+             "small": ("overlap", bucket_mb, OVERLAP + (f"aggregator.bucket_cap_mb={bucket_mb:g}",))}
     return [every[k] for k in VARIANTS if k in kinds]
+
+
+def variant_name(variant: str, bucket_mb: float | None) -> str:
+    """How tables name a mode's variant: ``post``, ``overlap``, ``overlap@0.25MB``."""
+    return variant if bucket_mb is None else f"{variant}@{bucket_mb:g}MB"
 
 
 def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
@@ -57,33 +63,33 @@ def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS
     specs = [ModeSpec("local", "local")]
     for bps in links:
         for agg in aggregators:
-            for variant, extra in variants(bucket_mb, kinds):
-                specs.append(ModeSpec(f"{agg}|{variant}|{bps:g}", agg,
-                                      SETTINGS.get(agg, ()) + tuple(common) + extra, bps))
+            for variant, cap, extra in variants(bucket_mb, kinds):
+                specs.append(ModeSpec(f"{agg} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
+                                      SETTINGS.get(agg, ()) + tuple(common) + extra, bps, variant, cap))
     return specs
 
 
-def _column(rows: list[list[float]], col: str) -> list[float]:
-    from gvq.bench.train import COLS
-    return [r[COLS.index(col)] for r in rows]
+def _column(rows: list[dict], col: str) -> list[float]:
+    return [r[col] for r in rows]
 
 
-def _median(rows: list[list[float]], col: str) -> float:
+def _median(rows: list[dict], col: str) -> float:
     return statistics.median(_column(rows, col))
 
 
-def mode_records(raw: dict, world: int, scale: float) -> list[dict]:
+def mode_records(raw: dict, specs: list[ModeSpec], world: int, scale: float) -> list[dict]:
     """One record per (aggregator, variant, link): medians over the timed iterations; seconds per
     iteration also with every iteration's own (each the maximum over ranks) and the bootstrap interval
     of their median."""
     alone = {k: _median(raw["rows"]["local"], k) for k in ("iter_s", "compute_s", "backward_s")}
     out = []
-    for label, rows in raw["rows"].items():
-        if label == "local":
+    for spec in specs:
+        if spec.option == "local":
             continue
-        agg, variant, bps = label.split("|")
-        rec = {"N": world, "compute_scale": scale, "link_Mbps": float(bps) / 1e6, "aggregator": agg,
-               "variant": variant, "alone_s": alone["iter_s"], "compute_s": alone["compute_s"],
+        rows = raw["rows"][spec.label]
+        rec = {"N": world, "compute_scale": scale, "link_Mbps": spec.bandwidth / 1e6, "aggregator": spec.option,
+               "variant": variant_name(spec.variant, spec.bucket_mb), "overlapped": spec.variant == "overlap",
+               "bucket_mb": spec.bucket_mb, "alone_s": alone["iter_s"], "compute_s": alone["compute_s"],
                "backward_s": alone["backward_s"]}
         for k in ("aggregate_s", "comm_s", "exposed_s", "last_bucket_s", "straggle_s"):
             rec[k] = _median(rows, k)
@@ -102,6 +108,10 @@ def _mode_name(rec: dict) -> str:
     return f"{rec['aggregator']} ({rec['variant']})"
 
 
+#: the reference every cell's gain is over: fp16 overlapped at DDP's default buckets
+FP16_OVERLAP = "fp16 (overlap)"
+
+
 def cell_summary(records: list[dict]) -> list[dict]:
     """Per (N, link, regime): the winner end to end, or the tie (every mode whose interval overlaps the
     best's), its gain over overlapped fp16 with the range the two intervals allow, RAR's hiding check."""
@@ -110,29 +120,18 @@ def cell_summary(records: list[dict]) -> list[dict]:
         cells.setdefault((r["N"], r["link_Mbps"], r["compute_scale"]), []).append(r)
     out = []
     for (world, mbps, scale), recs in sorted(cells.items()):
-        tied = tied_with_best({_mode_name(r): _interval(r) for r in recs})
-        best = next(r for r in recs if _mode_name(r) == tied[0])
+        won = best_of({_mode_name(r): _interval(r) for r in recs}, FP16_OVERLAP)
+        best = next(r for r in recs if _mode_name(r) == won["best"])
+        fp16 = next((r for r in recs if _mode_name(r) == FP16_OVERLAP), None)
         rec = {"N": world, "link_Mbps": mbps, "compute_scale": scale, "alone_s": best["alone_s"],
-               "winner": tied[0] if len(tied) == 1 else "tie: " + ", ".join(tied), "tied": tied,
-               "best": tied[0], "winner_s": best["iter_s"], "winner_lo_s": best["iter_lo_s"],
-               "winner_hi_s": best["iter_hi_s"]}
-        rec.update(fp16_gain(recs, _interval(best)))
+               "winner": won["winner"], "tied": won["tied"], "best": won["best"], "winner_s": best["iter_s"],
+               "winner_lo_s": best["iter_lo_s"], "winner_hi_s": best["iter_hi_s"],
+               "fp16_overlap_s": fp16 and fp16["iter_s"], "fp16_lo_s": fp16 and fp16["iter_lo_s"],
+               "fp16_hi_s": fp16 and fp16["iter_hi_s"], "gain_over_fp16": won["gain"],
+               **{k: won[k] for k in ("gain_lo", "gain_hi", "gain_within_noise")}}
         rec.update(rar_hiding(recs))
         out.append(rec)
     return out
-
-
-def fp16_gain(recs: list[dict], best: Interval) -> dict:
-    """Overlapped fp16's seconds over the best's, the least and most the two intervals allow, and
-    whether it is within noise (the intervals overlap); None throughout without overlapped fp16."""
-    fp16 = next((r for r in recs if r["aggregator"] == "fp16" and r["variant"] == "overlap"), None)
-    if fp16 is None:
-        return {k: None for k in ("fp16_overlap_s", "fp16_lo_s", "fp16_hi_s", "gain_over_fp16", "gain_lo",
-                                  "gain_hi", "gain_within_noise")}
-    gain = ratio_range(_interval(fp16), best)
-    return {"fp16_overlap_s": fp16["iter_s"], "fp16_lo_s": fp16["iter_lo_s"], "fp16_hi_s": fp16["iter_hi_s"],
-            "gain_over_fp16": gain.median, "gain_lo": gain.lo, "gain_hi": gain.hi,
-            "gain_within_noise": _interval(fp16).overlaps(best)}
 
 
 def rar_hiding(recs: list[dict]) -> dict:
@@ -154,7 +153,7 @@ def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
                                 "compressed_only": True, "bandwidth": bps,
                                 "specs": cell_specs([bps], args.aggregators, args.bucket_mb, args.variants,
                                                     tuple(args.set))})
-    return mode_records(run_iterations(run, world), world, scale)
+    return mode_records(run_iterations(run, world), run.specs, world, scale)
 
 
 def run_table(args) -> tuple[list[dict], list[dict]]:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from gvq.aggregators.base import RunContext
 from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
                               clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
-from gvq.bench.intervals import CONFIDENCE, Interval, median_interval
+from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train
 from gvq.run.rows import reduce_row
@@ -49,6 +49,8 @@ class ModeSpec:
     option: str
     overrides: tuple[str, ...] = ()
     bandwidth: float | None = None
+    variant: str = "post"              # post-backward, or ``overlap`` (inside backward, gvq's hook)
+    bucket_mb: float | None = None     # overlapped: DDP's bucket size (None: its defaults)
 
 
 def mode_specs(args) -> list[ModeSpec]:
@@ -103,11 +105,12 @@ class _Mode:
         return [float(row.get(k, 0.0)) for k in COLS]
 
 
-def time_rounds(modes, x, y, warmup: int, iters: int) -> dict[str, list[list[float]]]:
-    """Every mode's rows of its timed iterations (after ``warmup``), each the maximum over ranks.  Modes
+def time_rounds(modes, x, y, warmup: int, iters: int) -> dict[str, list[dict[str, float]]]:
+    """Every mode's rows of its timed iterations (after ``warmup``), each the maximum over ranks, by
+    column name (:data:`COLS`).  Modes
     interleaved, so every mode sees the same load; garbage collected between iterations, outside every
     timed span, never inside one (:func:`gvq.bench.common.collections_untimed`)."""
-    rows: dict[str, list[list[float]]] = {m.name: [] for m in modes}
+    rows: dict[str, list[dict[str, float]]] = {m.name: [] for m in modes}
     with collections_untimed() as collect:
         for it in range(warmup + iters):
             for m in modes:
@@ -116,7 +119,7 @@ def time_rounds(modes, x, y, warmup: int, iters: int) -> dict[str, list[list[flo
                 t = torch.tensor(m.iterate(x, y, it), dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 if it >= warmup:
-                    rows[m.name].append(t.tolist())
+                    rows[m.name].append(dict(zip(COLS, t.tolist())))
                 collect()                              # untimed: after this mode's span, before the next
     return rows
 
@@ -155,7 +158,7 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
     ref = next((m for m in ("torch_ddp", "ddp") if m in rows), None)
     out = []
     for mode, its in rows.items():
-        col = {k: [r[i] for r in its] for i, k in enumerate(COLS)}
+        col = {k: [r[k] for r in its] for k in COLS}
         rec = {"link": link, "model": args.model, "device": args.device, "plan": args.plan, "N": world,
                "batch_per_rank": args.batch_size,
                "aggregator": mode, **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
@@ -163,7 +166,7 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
                "iters": len(its), "warmup": raw["warmup"]}
         if rate_bps:                                   # the link's bound on the bytes sent (if any)
             rec["bound_s"] = col["bytes_sent"][-1] * 8 / rate_bps if col["bytes_sent"][-1] else None
-        rec.update(iteration_intervals(col["iter_s"], [r[0] for r in rows[ref]] if ref else None))
+        rec.update(iteration_intervals(col["iter_s"], [r["iter_s"] for r in rows[ref]] if ref else None))
         rec["ref"] = ref
         out.append(rec)
     return out

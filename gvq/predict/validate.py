@@ -111,10 +111,10 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, ho
             continue
         ph = bench_phases(r) if phases == "bench" else None
         args = (r["aggregator"], int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
-        if r["variant"] == "post":
+        if not r["overlapped"]:
             got = ov.post_iteration(*args, phases=ph, host=host)
         else:
-            cap = "default" if r["variant"] == "overlap" else r["variant"].split("@", 1)[1].removesuffix("MB")
+            cap = "default" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}"
             got = ov.iteration(*args, cap=cap, shared=shared, phases=ph, host=host)
         rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale", "aggregator", "variant", "iter_s",
                                        "aggregate_s", "exposed_s")}

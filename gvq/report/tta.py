@@ -15,7 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gvq.report.intervals import Interval, best_of
 from gvq.report.runs import ReportError, Run
+
+FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
 
 #: a phase that aggregates as another option does (bench seconds of that option); any other phase is
 #: priced as the run's own option
@@ -106,18 +109,28 @@ def cell_table(records: pd.DataFrame) -> pd.DataFrame:
          .agg(mean="mean", std="std", seeds="size").reset_index())
     out = []
     for cell, recs in g.groupby(["N", "compute_scale", "link_Mbps"]):
-        best = recs.loc[recs["mean"].idxmin()]
-        fp16 = recs[(recs["aggregator"] == "fp16") & (recs["variant"] == "overlap")]
-        fp16_s = float(fp16["mean"].iloc[0]) if len(fp16) else np.nan
+        spread = {f"{a} ({v})": _seed_band(m, s) for a, v, m, s in
+                  recs[["aggregator", "variant", "mean", "std"]].itertuples(index=False)}
+        won = best_of(spread, FP16_OVERLAP)
+        best, fp16 = spread[won["best"]], spread.get(FP16_OVERLAP)
         out.append({"N": cell[0], "scale": cell[1], "link_Mbps": cell[2],
-                    "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
-                    "winner": f"{best['aggregator']} ({best['variant']})", "winner_s": best["mean"],
-                    "winner_std": best["std"], "fp16_overlap_s": fp16_s,
-                    "gain_over_fp16": fp16_s / best["mean"] if np.isfinite(best["mean"]) else np.nan,
-                    **{f"{a} ({v})": m for a, v, m in recs[["aggregator", "variant", "mean"]].itertuples(index=False)}})
+                    "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"), "winner": won["winner"], "best": won["best"],
+                    "winner_s": best.median, "winner_std": best.median - best.lo if best.bounded else np.nan,
+                    "fp16_overlap_s": fp16.median if fp16 else np.nan,
+                    "gain_over_fp16": won["gain"] if won["gain"] is not None and np.isfinite(best.median) else np.nan,
+                    **{k: v.median for k, v in spread.items()}})
     # the overlap table's order: per N, the CPU regime first, links from slow to fast
     return (pd.DataFrame(out).sort_values(["N", "scale", "link_Mbps"], ascending=[True, False, True])
             .drop(columns="scale").reset_index(drop=True))
+
+
+def _seed_band(mean: float, std: float) -> Interval:
+    """A mean over seeds with its band mean +- std (none from one seed: tied with every other)."""
+    if not np.isfinite(mean):                  # never reached in some seed: behind every finite figure
+        return Interval(mean, mean, mean)
+    if not np.isfinite(std):
+        return Interval(mean, None, None)
+    return Interval(mean, mean - std, mean + std)
 
 
 def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:

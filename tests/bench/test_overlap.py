@@ -22,8 +22,9 @@ def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_li
 
 def test_variants_and_common_overrides_pick_what_one_spawn_times():
     specs = overlap.cell_specs([2e8], ["qsgd", "powersgd"], 0.25, kinds=["post", "overlap"], common=("L_t=50",))
-    assert [s.label for s in specs[1:]] == ["qsgd|post|2e+08", "qsgd|overlap|2e+08", "powersgd|post|2e+08",
-                                            "powersgd|overlap|2e+08"]
+    assert [(s.option, s.variant, s.bucket_mb, s.bandwidth) for s in specs[1:]] == [
+        ("qsgd", "post", None, 2e8), ("qsgd", "overlap", None, 2e8), ("powersgd", "post", None, 2e8),
+        ("powersgd", "overlap", None, 2e8)]
     assert all("L_t=50" in s.overrides for s in specs[1:])
     assert specs[3].overrides[0] == "aggregator.rank=4"          # the table's own setting stays first
     args = overlap.parse_args(["--variants", "post", "--input-shape", "1", "28", "28", "--model", "resnet20"])
@@ -36,7 +37,7 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
 
     def fake(run, world):
         spawned.append((world, run.net["compute_scale"], run.bandwidth, {s.bandwidth for s in run.specs[1:]}))
-        rows = {s.label: [[0.0] * len(COLS)] for s in run.specs}
+        rows = {s.label: [dict.fromkeys(COLS, 0.0)] for s in run.specs}
         return {"rows": rows}
 
     monkeypatch.setattr(overlap, "run_iterations", fake)
@@ -134,13 +135,18 @@ def test_each_mode_keeps_every_iteration_and_the_interval_of_its_median():
     """Scripted rows (seconds per iteration first, as COLS): the record's median, its interval, the
     iterations themselves; compute alone has its medians only."""
     def rows(seconds):
-        return [[s] + [0.0] * (len(COLS) - 1) for s in seconds]
+        return [{**dict.fromkeys(COLS, 0.0), "iter_s": s} for s in seconds]
     its = [0.50, 0.52, 0.49, 0.70, 0.51, 0.50, 0.48, 0.53, 0.50, 0.51, 0.49, 0.52]
-    raw = {"rows": {"local": rows([0.4] * 3), "rar|post|5e+07": rows(its)}}
-    [rec] = overlap.mode_records(raw, 4, 1.0)
+    specs = overlap.cell_specs([5e7], ["rar"], 0.5, ["post", "small"])
+    raw = {"rows": {"local": rows([0.4] * 3), specs[1].label: rows(its), specs[2].label: rows(its)}}
+    rec, small = overlap.mode_records(raw, specs, 4, 1.0)
+    # the record's fields come from its mode's spec, not from parsing a label
+    assert (rec["aggregator"], rec["variant"], rec["overlapped"], rec["bucket_mb"], rec["link_Mbps"]) == \
+        ("rar", "post", False, None, 50.0)
+    assert (small["variant"], small["overlapped"], small["bucket_mb"]) == ("overlap@0.5MB", True, 0.5)
     assert rec["iters_s"] == its and rec["iter_s"] == pytest.approx(0.505) and rec["alone_s"] == 0.4
     assert rec["iter_lo_s"] <= rec["iter_s"] <= rec["iter_hi_s"] < 0.70
-    assert overlap.mode_records(raw, 4, 1.0) == [rec]                  # the seed fixes the interval
+    assert overlap.mode_records(raw, specs, 4, 1.0) == [rec, small]    # the seed fixes the interval
 
 
 def test_the_default_takes_enough_iterations_for_an_interval_and_says_how_it_is_taken():

@@ -94,7 +94,7 @@ def test_no_garbage_collection_runs_inside_a_timed_iteration_only_between(tmp_pa
         dist.destroy_process_group()
     assert all(p.enabled == [False] * 4 for p in probes)
     assert True not in starts and len(starts) >= 2 * 4                 # collected between spans only
-    assert rows == {p.name: [[float(it)] * len(COLS) for it in (1, 2, 3)] for p in probes}
+    assert rows == {p.name: [dict.fromkeys(COLS, float(it)) for it in (1, 2, 3)] for p in probes}
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
@@ -103,8 +103,8 @@ def test_each_modes_seconds_and_its_paired_ratio_to_the_reference_carry_interval
     a mode twice as slow in every iteration reads 2 with a point interval, whatever the load did."""
     from gvq.bench.train import COLS, summarize_iterations
     ddp = [0.10, 0.12, 0.11, 0.30, 0.10, 0.11]
-    rows = {"ddp": [[s] + [0.0] * (len(COLS) - 1) for s in ddp],
-            "rar": [[2 * s] + [0.0] * (len(COLS) - 1) for s in ddp]}
+    rows = {"ddp": [{**dict.fromkeys(COLS, 0.0), "iter_s": s} for s in ddp],
+            "rar": [{**dict.fromkeys(COLS, 0.0), "iter_s": 2 * s} for s in ddp]}
     by = {r["aggregator"]: r for r in summarize_iterations({"rows": rows, "warmup": 1},
                                                            argparse.Namespace(model="cnn", batch_size=4), 2, "x")}
     assert by["ddp"]["ref"] == "ddp" and (by["ddp"]["over_ref_lo"], by["ddp"]["over_ref_hi"]) == (1.0, 1.0)

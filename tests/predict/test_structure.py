@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 
 def test_structure_matches_each_aggregators_ring(calibrated):
@@ -40,3 +41,43 @@ def test_a_buckets_rings_are_the_aggregators_per_bucket_rings():
         whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, 3)]
         for k, w in enumerate(whole):
             assert sum(sum(map(sum, p[k]["bytes"])) for p in parts) == pytest.approx(w, rel=0.02)
+
+
+def test_an_aggregator_that_declares_no_rings_is_refused_in_one_line_never_priced_as_plain():
+    """The rings the cost model prices are the ones the aggregator declares (Aggregator.rings): one that
+    averages by its own means and declares none is refused, naming it, before anything is priced."""
+    from gvq.aggregators.base import FlatAggregator, RunContext
+    from gvq.predict.structure import rounds
+
+    class OwnWay(FlatAggregator):
+        name = "own_way"
+
+        def average(self, bucket):
+            bucket.flat.zero_()
+
+    agg = OwnWay()
+    agg.bind([torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(2))], RunContext(0, 1))
+    with pytest.raises(ValueError) as e:
+        rounds("own_way", agg, 4)
+    assert str(e.value) == ("gvq.predict: aggregator 'own_way' (OwnWay) declares no rings (Aggregator.rings): "
+                            "the cost model cannot price it")
+    agg.close()
+
+
+def test_the_priced_rings_are_the_ones_average_runs():
+    """rar's and qsgd's declared rings at N: the segments the ring runs (plain equal, codec cuts)."""
+    from gvq.aggregators.base import RunContext, equal_segments
+    from gvq.hooks.config import build_aggregator
+    from gvq.predict.structure import bucket_rounds
+    params = [torch.nn.Parameter(torch.zeros(5000)), torch.nn.Parameter(torch.zeros(300))]
+    for name in ("rar", "qsgd", "powersgd"):
+        agg = build_aggregator(name)
+        agg.bind(params, RunContext(0, 1))
+        agg.start_iteration(100)                  # powersgd: past start_iter, compressing
+        (first, *rest) = bucket_rounds(name, agg, [1, 0], 3)
+        assert first["segs"] == [[s] if isinstance(s, slice) else s for s in agg.rings((0, 1), 3)[0].segs]
+        if name == "rar":
+            assert first["kind"] == "plain" and first["segs"] == [[s] for s in equal_segments(5300, 3)]
+        if name == "powersgd":
+            assert [first["key"], rest[0]["key"]] == ["powersgd-P", "powersgd-Q"]
+        agg.close()

@@ -61,7 +61,9 @@ class _ScriptedModel:
 
 
 def _record(agg, variant, iter_s):
+    cap = float(variant.split("@")[1].removesuffix("MB")) if "@" in variant else None     # the bench's fields
     return {"N": 8, "link_Mbps": 50.0, "compute_scale": 1.0, "aggregator": agg, "variant": variant,
+            "overlapped": variant != "post", "bucket_mb": cap,
             "iter_s": iter_s, "aggregate_s": 0.4, "exposed_s": 0.3, "alone_s": 0.9, "compute_s": 0.8,
             "backward_s": 0.5}
 

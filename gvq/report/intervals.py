@@ -70,3 +70,20 @@ def ratio_range(num: Interval, den: Interval) -> Interval:
     if not (num.bounded and den.bounded) or den.lo <= 0:
         return Interval(mid, None, None)
     return Interval(mid, num.lo / den.hi, num.hi / den.lo)
+
+
+def best_of(candidates: dict[str, Interval], reference: str | None = None) -> dict:
+    """The one comparison every table makes (the overlap bench's cells per iteration, the report's
+    time to accuracy over seeds): ``best`` (lowest median), ``tied`` (:func:`tied_with_best`),
+    ``winner`` (the best, or ``tie: ...``), and ``reference``'s figure over the best's (``gain``: how
+    many times faster the best is) with the range the two intervals allow and whether they overlap
+    (``gain_within_noise``); the gain keys are None without that reference."""
+    tied = tied_with_best(candidates)
+    best = candidates[tied[0]]
+    out = {"best": tied[0], "tied": tied, "winner": tied[0] if len(tied) == 1 else "tie: " + ", ".join(tied),
+           "gain": None, "gain_lo": None, "gain_hi": None, "gain_within_noise": None}
+    ref = candidates.get(reference) if reference is not None else None
+    if ref is not None and best.median > 0:
+        g = ratio_range(ref, best)
+        out.update(gain=g.median, gain_lo=g.lo, gain_hi=g.hi, gain_within_noise=ref.overlaps(best))
+    return out

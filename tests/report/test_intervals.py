@@ -1,9 +1,9 @@
-"""gvq/bench/intervals.py: the bootstrap interval of a median, and a winner only where intervals separate."""
+"""gvq/report/intervals.py: the bootstrap interval of a median, and a winner only where intervals separate."""
 from __future__ import annotations
 
 import pytest
 
-from gvq.bench.intervals import Interval, median_interval, ratio_range, tied_with_best
+from gvq.report.intervals import Interval, median_interval, ratio_range, tied_with_best
 
 SECONDS = [0.51, 0.49, 0.50, 0.53, 0.48, 0.52, 0.50, 0.61, 0.47, 0.50, 0.51, 0.49]   # scripted, one outlier
 
