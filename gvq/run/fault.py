@@ -104,6 +104,25 @@ class Kills:
                       f"{ENV})", file=sys.stderr, flush=True)
                 self.die()
 
-    def before_aggregate(self, iteration: int) -> None:
-        """The ``aggregate`` point: the training step calls it between backward and the averaging."""
-        self.at(iteration, "aggregate")
+
+
+def install(rank: int, attempt: int, callbacks: list | None = None) -> Kills | None:
+    """Attach this rank's kills of attempt ``attempt`` (``GVQ_KILLS``) to the training loop's iteration
+    callbacks (:data:`gvq.run.train.ITERATION_CALLBACKS`), replacing any a previous attempt in this
+    process attached; returns them (None: none planned for this attempt)."""
+    if callbacks is None:
+        from gvq.run.train import ITERATION_CALLBACKS as callbacks
+    for old in _INSTALLED:
+        if old in callbacks:
+            callbacks.remove(old)
+    _INSTALLED.clear()
+    kills = Kills(planned(), rank, attempt)
+    if not kills.here:
+        return None
+    callbacks.append(kills.at)
+    _INSTALLED.append(kills.at)
+    return kills
+
+
+#: the callbacks :func:`install` attached, so that a later attempt in the same process replaces them
+_INSTALLED: list = []

@@ -286,6 +286,7 @@ def run_rank(local_rank: int, cfg: dict, meta: dict, init_method: str, env: dict
             if resume is None and rank == 0:
                 discard_rows(Path(meta["run_dir"]))
             dist.barrier()             # rank 0 has the rows out of the way before anyone logs
+    fault.install(rank, meta.get("restarts", 0))   # GVQ_KILLS: the kill soak's planned kills, if any
     try:
         return train(cfg, rank, world, meta["run_dir"], meta, resume)
     except DeliberateStop as e:        # nan_policy=error: one line, no traceback (see launch())

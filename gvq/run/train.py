@@ -25,7 +25,7 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.hooks.builder import aggregator_from
-from gvq.run import checkpoint, fault, restart
+from gvq.run import checkpoint, restart
 from gvq.run.guards import (
     aggregated_overflow,
     broadcast_,
@@ -96,9 +96,21 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
 
 
-def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", before_aggregate=None) -> dict:
-    """One iteration's row.  ``before_aggregate(it)``, when given, runs once the gradients are checked
-    and before they are averaged (the kill soak's ``aggregate`` point)."""
+#: what runs at an iteration's named points, as ``callback(iteration, point)``: ``"aggregate"`` (its
+#: gradients checked, before they are averaged) and ``"row"`` (its row logged, before its checkpoint).
+#: Outside code attaches here (:func:`gvq.run.fault.install`: the kill soak's planned kills); the loop
+#: knows nothing of what runs
+ITERATION_CALLBACKS: list = []
+
+
+def at_point(iteration: int, point: str) -> None:
+    for callback in ITERATION_CALLBACKS:
+        callback(iteration, point)
+
+
+def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
+    """One iteration's row; the ``aggregate`` point's callbacks run once the gradients are checked and
+    before they are averaged."""
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
         out = model(x)
@@ -111,8 +123,7 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", before_aggre
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
         return {**row, **columns.skipped_row()}     # each column's declared value on a skipped step
-    if before_aggregate is not None:
-        before_aggregate(it)
+    at_point(it, "aggregate")
     stats = agg.aggregate(it)
     if agg.inside_backward:     # the wait backward already timed is aggregate_s's, not compute's
         row["compute_s"] -= agg.inside_compute_s
@@ -183,9 +194,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             runlog.row(row, replay=True)
         if rank == 0:
             restart.rows_replayed(run_dir)
-        kills = fault.Kills(fault.planned(), rank, meta.get("restarts", 0))   # GVQ_KILLS (the kill soak)
         summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog,
-                        meta.get("identity") or {}, kills)
+                        meta.get("identity") or {})
         failed = False
         return summary
     except BaseException as e:
@@ -209,7 +219,7 @@ def _progress_bar(cfg, runlog, agg, world, prog):
                 leave=False, mininterval=1.0)
 
 
-def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict, kills: fault.Kills):
+def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict):
     data, model, opt, sched, agg = parts
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
@@ -220,7 +230,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict,
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"], kills.before_aggregate)
+        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"])
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
@@ -242,7 +252,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict,
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{prog.test_acc:.3f}", refresh=False)
         if it == prog.start and runlog is not None:
             mark(runlog.meta, "first_step")
-        kills.at(it, "row")
+        at_point(it, "row")
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}

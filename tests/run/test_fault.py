@@ -71,12 +71,27 @@ def test_an_aggregate_kill_comes_between_backward_and_the_averaging_and_nothing_
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
     dist.init_process_group("gloo", init_method=(tmp_path / "rdv").as_uri(), rank=0, world_size=1)
+    train.ITERATION_CALLBACKS.append(kills.at)                          # as fault.install attaches them
     try:
-        rows = [train.step(model, opt, Toy(), x, y, it, before_aggregate=kills.before_aggregate) for it in (1, 2)]
+        rows = [train.step(model, opt, Toy(), x, y, it) for it in (1, 2)]
     finally:
+        train.ITERATION_CALLBACKS.remove(kills.at)
         dist.destroy_process_group()
     assert order == [("aggregate", 1), "died", ("aggregate", 2)]       # only iteration 2's, before averaging
     assert all(r["bytes_sent"] == 1 and r["skipped"] == 0 for r in rows)
+
+
+def test_install_attaches_this_attempts_kills_and_a_later_attempt_replaces_them(monkeypatch):
+    """The training loop knows no kills: fault.install puts the planned ones among its iteration
+    callbacks, for this rank and attempt only; installing again (a restart in the same process) leaves
+    no stale plan behind, and an attempt with none attaches nothing."""
+    monkeypatch.setenv(fault.ENV, "0:3:1:row 1:5:1:aggregate 0:2:0")
+    callbacks = [print]
+    first = fault.install(1, 0, callbacks)
+    assert callbacks == [print, first.at] and set(first.here) == {(3, "row"), (2, "row")}   # every rank meets
+    second = fault.install(1, 1, callbacks)
+    assert callbacks == [print, second.at] and set(second.here) == {(5, "aggregate")}
+    assert fault.install(1, 2, callbacks) is None and callbacks == [print]
 
 
 RUN = ["logger=csv", "logger.progress=false", "iterations=12", "eval_every=4", "checkpoint.every=4",
