@@ -1,16 +1,17 @@
 """gvq: an experiment runner for bandwidth-efficient gradient aggregation (GradiVeQ, ORQ/BinGrad).
 
 The folder is the role, the file is the variant; imports run down this list, never up
-(tests/test_layout.py holds the rule; tests/test_docs.py checks this map and the README's list every room):
+(tests/test_layout.py holds the rule; tests/test_docs.py checks this map and the README's list every room,
+and the README's every file):
 
     report/       python -m gvq.report: curves, breakdowns, tables from run outputs (never the training code)
-    analysis/     python -m gvq.analysis quantizers|correlation|peers|frontier|dither: analyses of real gradients
+    analysis/     python -m gvq.analysis quantizers|correlation|peers|gradiveq_trace|frontier|dither: analyses
+                  of real gradients
     predict/      python -m gvq.predict: the calibrated cost model (calibrate, validate, project)
     bench/        python -m gvq.bench aggregate|train|overlap|soak|codecs|quantizers|netns|clock|paper|startup|gpucheck;
                   common.py is the shared core; gpucheck/ is make gpu-check (the CUDA path, one table)
     run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop,
-                  checkpoint, logs, errors.py (the CLI's one-line errors), validate, placement (GPUs),
-                  internals.py (the private Python/torch APIs gvq uses, in one place)
+                  checkpoint, logs, errors.py (the CLI's one-line errors), validate, placement (GPUs)
     hooks/        the public DDP communication hook (GvqHookState, gvq_hook) and its per-rank thread
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
     comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging
@@ -20,5 +21,6 @@ The folder is the role, the file is the variant; imports run down this list, nev
     data/         one loader per source format (idx: Fashion-MNIST, sklearn_digits, cifar_python, gaussian),
                   TensorData (tensors.py) and the sharded, resumable batch stream (batches.py)
     models.py     models
+    internals.py  the private Python/torch APIs gvq uses, in one place (any room may import it)
 """
 __version__ = "0.1.0"

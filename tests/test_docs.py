@@ -2,6 +2,7 @@
 explained in docs/knobs.md."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def conf_keys() -> set[str]:
             continue
         group = "" if len(rel) == 1 else f"{rel[0]}."
         keys |= {group + k for k in _leaves(yaml.safe_load(path.read_text()) or {})}
-    return keys
+    from gvq.schema.options import NetSchema        # conf/net/*.yaml set only what differs from it
+    return keys | {f"net.{f.name}" for f in dataclasses.fields(NetSchema)}
 
 
 def test_docs_name_nothing_outside_the_repository():
@@ -106,6 +108,29 @@ def test_every_room_and_top_module_is_in_both_code_maps():
     missing_init += [m for m in top_modules() if not any(m in name for name in init)]
     assert missing_readme == [], f"the README's code map lacks {missing_readme}"
     assert missing_init == [], f"gvq/__init__.py's map lacks {missing_init}"
+
+
+def modules() -> list[Path]:
+    """Every module file under gvq/ but a package's ``__init__.py``, relative to gvq/."""
+    return sorted(p.relative_to(GVQ) for p in GVQ.rglob("*.py")
+                  if p.name != "__init__.py" and "__pycache__" not in p.parts)
+
+
+def unmapped(readme: dict[str, str], files: list[Path]) -> list[str]:
+    """The files of ``files`` whose room's README row does not name them (`` `name.py` ``)."""
+    rows = {name.strip().strip("`").removeprefix("gvq/").strip("/"): row for name, row in readme.items()}
+    return [str(f) for f in files if len(f.parts) > 1 and f"`{f.name}`" not in rows.get(f.parts[0], "")]
+
+
+def test_every_file_is_named_in_its_rooms_readme_row():
+    assert unmapped(readme_map(), modules()) == []
+
+
+def test_a_file_missing_from_its_row_is_caught():
+    readme = readme_map()
+    assert unmapped(readme, [Path("aggregators/nowhere.py"), Path("compressors/gradiveq/nowhere.py")]) == [
+        "aggregators/nowhere.py", "compressors/gradiveq/nowhere.py"]
+    assert unmapped(readme, [Path("aggregators/rar.py"), Path("compressors/gradiveq/codec.py")]) == []
 
 
 def test_a_room_missing_from_a_map_is_caught():

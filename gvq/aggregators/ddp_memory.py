@@ -26,7 +26,7 @@ def hook_compresses(n: int, m: int, rank: int, min_compression_rate: float) -> b
     return (n + m) * rank * min_compression_rate < n * m
 
 
-def _pq_layout(state, params: list[int]) -> list[tuple[int, int, int]]:
+def pq_layout(state, params: list[int]) -> list[tuple[int, int, int]]:
     """(parameter index, P length, Q length) in the order the hook lays them out in its P / Q memory."""
     st, groups = state.inner_state, {}
     for i in params:
@@ -50,7 +50,7 @@ def per_parameter(state) -> dict:
                 out["error"][i] = piece.clone()
         if b not in st.p_memory_dict:
             continue
-        layout = _pq_layout(state, params)
+        layout = pq_layout(state, params)
         for key, memory, col in (("p", st.p_memory_dict[b], 1), ("q", st.q_memory_dict[b], 2)):
             for item, piece in zip(layout, memory.split([item[col] for item in layout])):
                 out[key][item[0]] = piece.clone()
@@ -62,7 +62,7 @@ def restore_bucket(state, b: int) -> None:
     st, params, pend = state.inner_state, state.buckets[b], state.pending
     if st.use_error_feedback and params and all(pend["error"][i] is not None for i in params):
         st.error_dict[b] = torch.cat([pend["error"][i] for i in params])
-    layout = _pq_layout(state, params)
+    layout = pq_layout(state, params)
     if st.warm_start and layout and all(pend["p"][i] is not None for i, _, _ in layout):
         st.p_memory_dict[b] = torch.cat([pend["p"][i] for i, _, _ in layout])
         st.q_memory_dict[b] = torch.cat([pend["q"][i] for i, _, _ in layout])

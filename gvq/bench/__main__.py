@@ -23,7 +23,7 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
     "train": "gvq.bench.train",
     "quantizers": "gvq.bench.quantizers",
     "netns": "gvq.bench.netns",
-    "clock": "gvq.bench.clock",
+    "clock": "gvq.bench.validate_clock",
     "paper": "gvq.bench.paper",
     "startup": "gvq.bench.startup",
     "codecs": "gvq.bench.codecs",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from gvq.predict import codec_costs
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 
 ROOT_DIR = Path("runs/predict")          # calibrate writes <ROOT_DIR>/<model>/
 

@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from gvq.predict.model import Calibrated, PredictError
+from gvq.predict.cost_model import Calibrated, PredictError
 
 #: the calibration's codec keys -> gvq.bench codecs labels, where they differ (the calibration's GradiVeQ
 #: is make bench's bf16 pooled K/d = 8; PowerSGD's two passes are timed as its pass P)

@@ -15,7 +15,7 @@ last averaged.
 
 A bucket's rings are its own at that N (``overlap.json``: as the aggregator's per-bucket path cuts
 them), costs read off the calibration's curves at its pieces' sizes, its codec's times its
-``codec_factor`` (GradiVeQ's bucket codec is its own: see :mod:`gvq.predict.buckets`).
+``codec_factor`` (GradiVeQ's bucket codec is its own: see :mod:`gvq.predict.calibrate_overlap`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 from gvq.predict import schedule as S
 
 

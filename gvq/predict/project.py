@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from gvq.predict import codec_costs
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 from gvq.predict.__main__ import ROOT_DIR, row
 
 LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]

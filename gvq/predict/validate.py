@@ -15,7 +15,7 @@ import statistics
 import pandas as pd
 
 from gvq.bench.common import run_bench
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 from gvq.predict.structure import SETTINGS
 
 

@@ -154,7 +154,7 @@ def test_powersgd_hook_memory_follows_parameters_across_rebucketing():
     def fill(b, params):
         ddp_memory.see_bucket(state, b, params)
         st.error_dict[b] = torch.cat([torch.full((math.prod(shapes[i]),), tag[i]) for i in params])
-        layout = ddp_memory._pq_layout(state, params)
+        layout = ddp_memory.pq_layout(state, params)
         st.p_memory_dict[b] = torch.cat([torch.full((pq[i][0],), tag[i] + 1) for i, _, _ in layout])
         st.q_memory_dict[b] = torch.cat([torch.full((pq[i][1],), tag[i] + 2) for i, _, _ in layout])
 
@@ -164,6 +164,6 @@ def test_powersgd_hook_memory_follows_parameters_across_rebucketing():
     want = torch.cat([torch.full((math.prod(shapes[i]),), tag[i]) for i in range(4)])
     assert torch.equal(st.error_dict[0], want)
     # the hook's layout: shape (8, 4) first (parameters 0 and 2), then (5, 6)
-    assert [i for i, _, _ in ddp_memory._pq_layout(state, [0, 1, 2, 3])] == [0, 2, 3]
+    assert [i for i, _, _ in ddp_memory.pq_layout(state, [0, 1, 2, 3])] == [0, 2, 3]
     assert torch.equal(st.p_memory_dict[0], torch.cat([torch.full((pq[i][0],), tag[i] + 1) for i in (0, 2, 3)]))
     assert torch.equal(st.q_memory_dict[0], torch.cat([torch.full((pq[i][1],), tag[i] + 2) for i in (0, 2, 3)]))

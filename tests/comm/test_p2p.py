@@ -36,8 +36,7 @@ def test_emulated_link_takes_at_least_the_serialisation_time(tmp_path):
 def test_emulated_link_queues_messages_fifo():
     from gvq.comm.p2p import EmulatedLink
     link = EmulatedLink(8e6)                    # 1 MB/s
-    link._q.put(None)                           # stop the sender thread: only the model is checked
-    link._thread.join()
+    link.close()                                # stop the sender thread: only the model is checked
     t = torch.zeros(2500)                       # 10 kB = 10 ms each
     now = time.perf_counter()
     link.submit(t, 1, 0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gvq.predict import codec_costs as C
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 
 H100 = Path(__file__).resolve().parents[2] / "docs" / "gpu" / "h100-2026-11-27"
 RESNET32 = 470004

@@ -73,8 +73,8 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
     import json
     import shutil
 
-    from gvq.predict.buckets import calibrate_overlap
-    from gvq.predict.model import PredictError
+    from gvq.predict.calibrate_overlap import calibrate_overlap
+    from gvq.predict.cost_model import PredictError
     from gvq.predict.overlap import Overlap
     calibrate_overlap(calibrated, [0.01], reps=2, host_ranks=[3])
     ov = Overlap.load(calibrated)

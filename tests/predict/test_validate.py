@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 from gvq.predict import validate
 
 

@@ -1,10 +1,10 @@
-"""The cost model (gvq/predict/model.py) on a real calibration: consistent with its own schedule."""
+"""The cost model (gvq/predict/cost_model.py) on a real calibration: consistent with its own schedule."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gvq.predict import model as M
+from gvq.predict import cost_model as M
 
 
 def test_iteration_is_compute_plus_aggregation_and_scales_apply(calibrated):

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.internals import ddp_first_bucket_bytes
-from gvq.predict.model import PredictError
+from gvq.predict.cost_model import PredictError
 
 MIB = 1024 * 1024
 DEFAULT_CAP_MB = 25                      # torch DDP's bucket_cap_mb when unset
@@ -113,7 +113,7 @@ def codec_factor(name: str, agg, params: list[int], curves: dict, reps: int = 3)
     blocks, other shapes); every other aggregator's bucket runs the whole codec, whose curves hold."""
     from gvq.aggregators.gradiveq import GradiVeQAggregator
     from gvq.predict.calibrate import Evict, one_rank_ring
-    from gvq.predict.model import op_cost
+    from gvq.predict.cost_model import op_cost
     from gvq.predict.structure import bucket_rounds
     if not isinstance(agg, GradiVeQAggregator):
         return 1.0

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gvq.bench import clock as V
+from gvq.bench import validate_clock as V
 
 
 def _records(scale: float, world: int = 2) -> dict:

@@ -1,4 +1,4 @@
-"""DDP's buckets and the backward profile of the overlap model (gvq/predict/buckets.py)."""
+"""DDP's buckets and the backward profile of the overlap model (gvq/predict/calibrate_overlap.py)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.models import resnet20
-from gvq.predict import buckets as B
+from gvq.predict import calibrate_overlap as B
 
 
 def _torch_buckets(tensors, order, limits):
