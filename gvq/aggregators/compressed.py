@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gvq.aggregators.base import FlatAggregator
+from gvq.aggregators.flat import FlatAggregator
 from gvq.comm.ring import Ring
 from gvq.compressors.base import Compressor, split_on_cuts
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.aggregators.base import check_int, equal_segments
+from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.gradiveq_relay import fit_everywhere
 from gvq.comm import clock
 from gvq.comm.ring import Ring

@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import torch
 
-from gvq.aggregators.base import FlatAggregator, check_int, equal_segments
+from gvq.aggregators.base import check_int, equal_segments
+from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
 from gvq.comm.ring import Ring
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments

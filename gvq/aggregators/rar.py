@@ -2,7 +2,8 @@
 ``python cli.py aggregator=rar``."""
 from __future__ import annotations
 
-from gvq.aggregators.base import FlatAggregator, equal_segments
+from gvq.aggregators.base import equal_segments
+from gvq.aggregators.flat import FlatAggregator
 from gvq.comm.ring import Ring
 
 

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from gvq.aggregators.base import Aggregator, FlatAggregator
+from gvq.aggregators.base import Aggregator
+from gvq.aggregators.flat import FlatAggregator
 from gvq.schema.compose import compose, conf_dir
 from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
 from gvq.schema.errors import ConfigError, instantiation_line, keys_of, no_such_option, unknown_key

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from gvq.aggregators.base import FlatAggregator
+from gvq.aggregators.flat import FlatAggregator
 
 
 def groups(params: list[int], layout: list[list[int]] | None) -> list[list[int]]:

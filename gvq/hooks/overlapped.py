@@ -21,7 +21,8 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gvq.aggregators.base import Aggregator, FlatAggregator, check_bucket_cap
+from gvq.aggregators.base import Aggregator, check_bucket_cap
+from gvq.aggregators.flat import FlatAggregator
 from gvq.comm import clock
 from gvq.hooks.state import GvqHookState, gvq_hook, require_hookable
 

@@ -16,7 +16,8 @@ import threading
 import torch
 import torch.distributed as dist
 
-from gvq.aggregators.base import FlatAggregator, RunContext
+from gvq.aggregators.base import RunContext
+from gvq.aggregators.flat import FlatAggregator
 from gvq.comm import clock
 from gvq.comm.errors import RankError
 from gvq.comm.p2p import P2P, peer_timeout_s

@@ -46,7 +46,8 @@ def test_a_buckets_rings_are_the_aggregators_per_bucket_rings():
 def test_an_aggregator_that_declares_no_rings_is_refused_in_one_line_never_priced_as_plain():
     """The rings the cost model prices are the ones the aggregator declares (Aggregator.rings): one that
     averages by its own means and declares none is refused, naming it, before anything is priced."""
-    from gvq.aggregators.base import FlatAggregator, RunContext
+    from gvq.aggregators.base import RunContext
+    from gvq.aggregators.flat import FlatAggregator
     from gvq.predict.structure import rounds
 
     class OwnWay(FlatAggregator):

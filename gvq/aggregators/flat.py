@@ -1,0 +1,214 @@
+"""The shared implementation of every aggregator that sums through gvq's P2P: each one is written once,
+as :meth:`FlatAggregator.average` of one :class:`gvq.aggregators.base.Bucket` over the rings it declares.
+
+See docs/design.md#gvqaggregatorsbasepy for how it works and why.
+"""
+from __future__ import annotations
+
+import torch
+
+from gvq.aggregators.base import Aggregator, Bucket, RunContext
+from gvq.aggregators.dtypes import refuse_dtypes
+from gvq.comm import clock
+from gvq.comm.p2p import P2P
+
+
+class FlatAggregator(Aggregator):
+    """The shared implementation: every aggregator is written once, as :meth:`average` of one
+    :class:`Bucket` (by default the sum over its declared :meth:`rings`, through
+    :class:`gvq.comm.p2p.P2P`, divided by N).  Post-backward, :meth:`aggregate` averages the whole-model
+    bucket; :mod:`gvq.hooks` calls :meth:`average_bucket_` per DDP bucket, between
+    :meth:`start_iteration` and :meth:`finish_iteration` as :meth:`aggregate` does.  Subclasses
+    declare :meth:`rings` (and :meth:`average` where a ring is not all), and if they measure something
+    untimed, :meth:`measure` / :meth:`measure_after`."""
+
+    #: all its traffic goes through P2P, so net.clock=virtual can time it
+    virtual_time = True
+    #: every one averages any DDP bucket (:meth:`average_bucket_`)
+    any_bucket = True
+    #: attributes holding per-parameter state laid out as the whole flat gradient (error memory): a
+    #: bucket sees its parameters' share as ``bucket.state[name]``, written back after :meth:`average`
+    per_parameter: tuple[str, ...] = ()
+    #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
+    #: see :meth:`__getstate__`)
+    params: list[torch.nn.Parameter] | None = None
+    p2p: P2P | None = None
+    #: parameter dtypes it cannot average at their precision, with why: :meth:`setup` refuses them in
+    #: one line (see :mod:`gvq.aggregators.dtypes`); every other dtype keeps its own
+    refused_dtypes: tuple[tuple[torch.dtype, str], ...] = ()
+
+    def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        """:meth:`bind`, then every ``param.grad`` laid out in one flat buffer (:attr:`bucket`), for
+        :meth:`aggregate` after backward."""
+        self.bind(params, ctx)
+        self.bucket = self._grad_bucket()
+
+    def bind(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
+        """Bind to this rank's parameters and the run (transport, per-parameter state; subclasses add
+        theirs here), leaving every ``param.grad`` where it is: all a caller that holds the gradients in
+        buffers of its own needs (:mod:`gvq.hooks`: DDP's buckets)."""
+        self.params = [p for p in params if p.requires_grad]
+        refuse_dtypes(self.name, self.params, self.refused_dtypes)
+        self.ctx = ctx
+        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
+        self.stopwatch = clock.Stopwatch()
+        # where each parameter's values start in the whole flat gradient (per-parameter state lives there)
+        self.offsets = [0]
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+
+    def _grad_bucket(self) -> torch.Tensor | None:
+        """One flat buffer that every ``p.grad`` is a view of (as DDP's buckets): backward writes
+        straight into it, so flatten / unflatten cost nothing in the default layout.  None for
+        parameters of several dtypes (a grad must have its parameter's): :meth:`flatten` then
+        concatenates them in the widest, and :meth:`unflatten` casts each back."""
+        if len({p.dtype for p in self.params}) > 1:
+            for p in self.params:                 # as in a bucket: an unused parameter averages zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            return None
+        flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
+                           device=self.params[0].device) if self.params else torch.zeros(0)
+        offset = 0
+        for p in self.params:
+            view = flat[offset: offset + p.numel()].view_as(p)
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view
+            offset += p.numel()
+        return flat
+
+    def _grads_in_bucket(self) -> bool:
+        if self.bucket is None:
+            return False
+        offset, base = 0, self.bucket.data_ptr()
+        for p in self.params:
+            if p.grad is None or p.grad.data_ptr() != base + offset * self.bucket.element_size():
+                return False
+            offset += p.numel()
+        return True
+
+    def flatten(self) -> torch.Tensor:
+        """The gradient as one flat vector (the bucket itself while grads still live there)."""
+        if self._grads_in_bucket():
+            return self.bucket
+        return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    def unflatten(self, flat: torch.Tensor) -> None:
+        if flat is self.bucket and self._grads_in_bucket():
+            return
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset: offset + n].view_as(p.grad))
+            offset += n
+
+    # -- one vector: the whole gradient after backward, or one DDP bucket (gvq.hooks) --------------------
+    @property
+    def everything(self) -> tuple[int, ...]:
+        """Every parameter's position: the whole-model bucket post-backward aggregation averages."""
+        return tuple(range(len(self.params)))
+
+    def numel_of(self, params: tuple[int, ...]) -> int:
+        return sum(self.offsets[i + 1] - self.offsets[i] for i in params)
+
+    def memo(self, key, build):
+        """``build()``, kept under ``key`` until :meth:`forget` (per-bucket plans and ring segments: a
+        bucket's parameters come back every iteration)."""
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            memo[key] = build()
+        return memo[key]
+
+    def forget(self) -> None:
+        """Drop :meth:`memo`'s plans (GradiVeQ: a refit makes new bases)."""
+        self.__dict__.get("_memo", {}).clear()
+
+    def start_iteration(self, iteration: int) -> None:
+        """Before the iteration's first vector: per-iteration decisions every vector shares (GradiVeQ's
+        schedule phase, PowerSGD's fresh Q).  Default: none."""
+
+    def average_bucket_(self, flat: torch.Tensor, params, iteration: int) -> dict:
+        """Average one vector in place: ``flat`` is the concatenated gradients of ``self.params[i]`` for
+        ``i`` in ``params``, in that order (post-backward: every parameter; the hook: a DDP bucket).  The
+        per-parameter state's share (:attr:`per_parameter`) is gathered into the :class:`Bucket`, then
+        :meth:`measure` (untimed), :meth:`average` (``aggregate_s``), :meth:`measure_after` (untimed),
+        and the share is scattered back: so a bucket rebuild loses nothing.  Returns the measurements."""
+        params = tuple(params)
+        whole = params == self.everything
+        state = {k: getattr(self, k) if whole else self.gather(getattr(self, k), params) for k in self.per_parameter}
+        bucket = Bucket(flat, params, iteration, state)
+        extra = self.measure(bucket)
+        t0 = clock.now()
+        extra.update(self.average(bucket) or {})
+        extra["aggregate_s"] = clock.now() - t0
+        extra.update(self.measure_after(bucket))
+        if not whole:
+            for k in self.per_parameter:
+                self.scatter_(getattr(self, k), params, state[k])
+        return extra
+
+    def average(self, bucket: Bucket) -> dict | None:
+        """Overwrite ``bucket.flat`` with its mean over ranks; return extra columns (or None): the one
+        method an aggregator writes.  Default: the sum over its declared :meth:`rings`, divided by N."""
+        rings = self.rings(bucket.params, self.ctx.world_size)
+        if rings is None:
+            raise NotImplementedError(f"{type(self).__name__}: declares neither rings() nor average()")
+        for r in rings:
+            r.run_(bucket.flat, self.p2p, self.stopwatch)
+        bucket.flat.div_(self.ctx.world_size)
+        return None
+
+    def gather(self, whole: torch.Tensor, params: list[int]) -> torch.Tensor:
+        """The values of ``whole`` (laid out as the whole flat gradient) for ``params``, concatenated in
+        that order: a bucket's share of per-parameter state."""
+        return torch.cat([whole[self.offsets[i]: self.offsets[i + 1]] for i in params]) if params \
+            else whole[:0].clone()
+
+    def scatter_(self, whole: torch.Tensor, params: list[int], part: torch.Tensor) -> None:
+        """Inverse of :meth:`gather`: write ``part`` back into ``whole`` at ``params``' places."""
+        off = 0
+        for i in params:
+            n = self.offsets[i + 1] - self.offsets[i]
+            whole[self.offsets[i]: self.offsets[i + 1]].copy_(part[off: off + n])
+            off += n
+
+    def finish_iteration(self, iteration: int) -> dict:
+        """After the iteration's last bucket: run-level columns (GradiVeQ's refresh decision).
+        Default: none."""
+        return {}
+
+    def reset_counters(self) -> None:
+        """Start an iteration's byte count, wire time and codec stopwatch at zero."""
+        self.p2p.reset()
+        self.stopwatch = clock.Stopwatch()
+
+    def counters(self) -> dict:
+        """Codec times, wire time, staging time and bytes sent since :meth:`reset_counters`."""
+        return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
+                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
+
+    def aggregate(self, iteration: int) -> dict:
+        """Replace every grad by the mean over ranks: the whole-model bucket, between
+        :meth:`start_iteration` and :meth:`finish_iteration` as the hook runs its buckets;
+        ``aggregate_s`` adds flatten / unflatten and the finish (a refit), not the untimed measurements."""
+        self.reset_counters()
+        self.start_iteration(iteration)
+        t0 = clock.now()
+        flat = self.flatten()
+        t_flat = clock.now() - t0
+        stats = self.average_bucket_(flat, self.everything, iteration)
+        t0 = clock.now()
+        stats.update(self.finish_iteration(iteration))
+        self.unflatten(flat)
+        return {**stats, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0, **self.counters()}
+
+    def close(self) -> None:
+        p2p = self.__dict__.get("p2p")        # None: setup never ran
+        if p2p is not None:
+            p2p.close()
+
+    def __getstate__(self) -> dict:
+        """Pickles without its transport (sockets and threads stay with the process that opened them):
+        unpickled, ``p2p`` is None, and whoever runs it opens one (a hook state does on first use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "p2p"}
