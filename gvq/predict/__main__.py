@@ -3,6 +3,7 @@
     python -m gvq.predict calibrate [--model resnet32]       # once per machine: costs + ring structure
     python -m gvq.predict calibrate-overlap [--model resnet32]   # then: backward profile + DDP's buckets
     python -m gvq.predict calibrate-overlap --host-ranks 4 8     # ... + messages as N ranks here pay them
+    python -m gvq.predict rings [--model resnet32]           # are the stored rings still the declared ones?
     python -m gvq.predict --world-size 6 16 --bandwidth 5e7 1e9 --compute-scale 0.16667
     python -m gvq.predict --validate                         # model vs virtual-time benchmarks
     python -m gvq.predict --validate-overlap BENCH.json      # model vs gvq.bench overlap --out BENCH.json
@@ -72,7 +73,8 @@ def main(argv=None):
 
 
 def _main(argv: list[str]):
-    subcommands = {"calibrate": "calibrate", "calibrate-overlap": "buckets", "project": "project"}
+    subcommands = {"calibrate": "calibrate", "calibrate-overlap": "calibrate_overlap", "project": "project",
+                   "rings": "structure"}
     if argv and argv[0] in subcommands:
         from importlib import import_module
         return import_module(f"gvq.predict.{subcommands[argv[0]]}").main(argv[1:])

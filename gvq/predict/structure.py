@@ -66,3 +66,50 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
 def rounds(name: str, agg, n: int) -> list[dict]:
     """:func:`bucket_rounds` of the whole gradient (post-backward aggregation's one vector)."""
     return bucket_rounds(name, agg, agg.everything, n)
+
+
+def stale_rings(folder) -> tuple[int, list[str]]:
+    """The rings stored in a calibration (``structure.json``; ``overlap.json``'s per-bucket rounds where
+    present) against the ones the aggregators declare now: (structures compared, those that differ).
+    Equal rings price equally, so an empty list says a change of code left the cost model's
+    predictions as they were; a difference says to calibrate again."""
+    import json
+    from pathlib import Path
+    folder = Path(folder)
+    struct = json.loads((folder / "structure.json").read_text())
+    cal = json.loads((folder / "calibration.json").read_text())
+    over = json.loads((folder / "overlap.json").read_text()) if (folder / "overlap.json").exists() else None
+    total, stale = 0, []
+    for name, by_n in struct["aggregators"].items():
+        agg, _ = build_on_one_rank(name, cal["model"], cal["num_classes"], cal["settings"])
+        for n, rnds in by_n.items():
+            total += 1
+            if stored(rounds(name, agg, int(n))) != rnds:
+                stale.append(f"{name} at N={n}")
+        for cap, entries in (over["buckets"].get(name, {}) if over else {}).items():
+            for e in entries:
+                for n, rnds in e["rounds"].items():
+                    total += 1
+                    if stored(bucket_rounds(name, agg, e["params"], int(n))) != rnds:
+                        stale.append(f"{name}, {cap} buckets, bucket {e['params'][:3]}..., N={n}")
+        agg.close()
+    return total, stale
+
+
+def main(argv: list[str]) -> int:
+    """``python -m gvq.predict rings [--model M | --calibration DIR]``: :func:`stale_rings`, printed;
+    exits 1 when any stored ring differs from the declared one."""
+    import argparse
+    from pathlib import Path
+    p = argparse.ArgumentParser(prog="python -m gvq.predict rings", description=stale_rings.__doc__.split(":")[0])
+    p.add_argument("--model", default="resnet32", help="reads runs/predict/<model>/")
+    p.add_argument("--calibration", type=Path, default=None, help="calibrate's output folder, if elsewhere")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    total, stale = stale_rings(args.calibration or Path("runs/predict") / args.model)
+    print(f"{total - len(stale)} of {total} stored ring structures equal the rings the aggregators declare")
+    for line in stale:
+        print(f"  differs: {line}")
+    if stale:
+        raise SystemExit(1)
+    return total

@@ -82,3 +82,25 @@ def test_the_priced_rings_are_the_ones_average_runs():
         if name == "powersgd":
             assert [first["key"], rest[0]["key"]] == ["powersgd-P", "powersgd-Q"]
         agg.close()
+
+
+def test_stored_rings_are_checked_against_the_declared_ones(calibrated, tmp_path, capsys):
+    """``python -m gvq.predict rings``: a fresh calibration's rings are the declared ones; one altered
+    by hand (as a code change would make it stale) is named, and the command exits 1."""
+    import json
+    import shutil
+
+    from gvq.predict import __main__ as cli
+    from gvq.predict.structure import stale_rings
+    total, stale = stale_rings(calibrated)
+    assert total >= 5 * 4 and stale == []
+    assert cli.main(["rings", "--calibration", str(calibrated)]) == total
+    copy = tmp_path / "cal"
+    shutil.copytree(calibrated, copy)
+    s = json.loads((copy / "structure.json").read_text())
+    s["aggregators"]["qsgd"]["4"][0]["bytes"][0][0] += 1
+    (copy / "structure.json").write_text(json.dumps(s))
+    assert stale_rings(copy)[1] == ["qsgd at N=4"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["rings", "--calibration", str(copy)])
+    assert e.value.code == 1 and "differs: qsgd at N=4" in capsys.readouterr().out
