@@ -9,7 +9,7 @@ writes ``overlap.json`` beside ``calibration.json``.
   parameter's gradient was produced (a hook per parameter, CPU time of the one thread): a bucket is
   ready when its last gradient is;
 * per bucket, its share of the whole gradient's values and its own rings at every stored N, as the
-  aggregator's per-bucket path builds them (:func:`gvq.predict.structure.bucket_rounds`): the model
+  aggregator declares them (:func:`gvq.predict.structure.bucket_rounds`): the model
   replays a bucket's own pieces;
 * per bucket, ``codec_factor``: what its own codec costs over what the whole gradient's codec curves say
   for pieces of its sizes (GradiVeQ restricts its bases to a bucket's layers, so a bucket's codec is not
@@ -93,7 +93,7 @@ def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFI
 def bucket_entries(name: str, agg, buckets: list[list[int]], numel: int, curves: dict | None = None,
                    ns: list[int] | None = None) -> list[dict]:
     """Per bucket: ``params``, ``values`` (its share of the gradient's values), ``rounds`` (its own rings
-    at every N of ``ns``, default the stored structure's, as the aggregator's per-bucket path builds
+    at every N of ``ns``, default the stored structure's, as the aggregator declares
     them: a bucket's pieces are not the whole gradient's scaled, e.g. GradiVeQ cuts fewer in a small
     bucket) and ``codec_factor`` (:func:`codec_factor`; 1 without ``curves``, the calibration's codec
     curves)."""
@@ -129,7 +129,7 @@ def codec_factor(name: str, agg, params: list[int], curves: dict, reps: int = 3)
 
 @contextlib.contextmanager
 def _tracking(codec, flat: torch.Tensor):
-    """GradiVeQ's Eq. 7 tracking on a bucket's vector, as its per-bucket path runs its codec."""
+    """GradiVeQ's Eq. 7 tracking on a bucket's vector, as its ``average`` runs the bucket's codec."""
     codec.track(flat)
     try:
         yield

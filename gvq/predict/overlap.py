@@ -13,7 +13,7 @@ non-finite check, the wait for the last bucket (``aggregate_s``) and the optimiz
 ``exposed_s`` = last bucket averaged - backward produced it; ``comm_s`` = first bucket handed over ->
 last averaged.
 
-A bucket's rings are its own at that N (``overlap.json``: as the aggregator's per-bucket path cuts
+A bucket's rings are its own at that N (``overlap.json``: as the aggregator's declared rings cut
 them), costs read off the calibration's curves at its pieces' sizes, its codec's times its
 ``codec_factor`` (GradiVeQ's bucket codec is its own: see :mod:`gvq.predict.calibrate_overlap`).
 """
