@@ -211,8 +211,9 @@ def _target(row) -> str:
 
 
 def status_text(status: str, collapsed: int, runs: int, reason: str) -> str:
-    """A group's status as the table shows it: collapsed runs (loss back at chance) are marked."""
-    text = status + (f", {collapsed}/{runs} collapsed" if collapsed else "")
+    """A group's status as the table shows it: runs that ended at chance (collapsed: the loss back there;
+    never_learned: never out of it) are marked, with the first one's reason."""
+    text = status + (f", {collapsed}/{runs} at chance" if collapsed else "")
     return f"{text}: {reason}" if reason else text
 
 

@@ -47,8 +47,9 @@ class Group:
 
     @property
     def collapsed(self) -> int:
-        """How many of the group's runs ended with the loss back at chance (the report marks them)."""
-        return sum(r.status == "collapsed" for r in self.runs)
+        """How many of the group's runs ended at chance: the loss back there, or never out of it (the
+        report marks them)."""
+        return sum(r.status in AT_CHANCE for r in self.runs)
 
     @property
     def aggregator(self) -> str:
@@ -165,8 +166,14 @@ def load_run(path: Path) -> Run:
 
 # -- grouping ------------------------------------------------------------------------------------------
 def finished(status: str) -> str:
-    """completed for a run that trained every iteration (collapsed ones included), else its status."""
-    return "completed" if status == "collapsed" else status
+    """completed for a run that trained every iteration (collapsed and never-learned ones included),
+    else its status."""
+    return "completed" if status in AT_CHANCE else status
+
+
+#: statuses of runs that trained every iteration and ended at chance: their seeds count with the
+#: others' (dropping them would flatter the method), and the report says how many
+AT_CHANCE = ("collapsed", "never_learned")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:

@@ -151,6 +151,9 @@ COLLAPSE_SHARE = 0.2     # higher => a collapse must last longer before it is na
 COLLAPSE_MIN = 20
 CHANCE_ACC = 2.0         # higher => flags runs a little better than chance too
 LOSS_SMOOTHING = 0.1     # weight of the newest loss in the moving average (higher => reacts faster, noisier)
+#: a run of at least NEVER_MIN iterations whose smoothed loss never went below the band, ending at chance
+#: accuracy, never learned (too short a run looks the same: lower => flags shorter runs too)
+NEVER_MIN = 100
 
 
 def track_chance(ema: float, since: int | None, learned: bool, loss: float, it: int,
@@ -164,6 +167,16 @@ def track_chance(ema: float, since: int | None, learned: bool, loss: float, it: 
     if ema < CHANCE_BAND * math.log(num_classes):
         return ema, None, True
     return ema, (it if since is None and learned else since), learned
+
+
+def never_learned_reason(learned: bool, ema: float, iters: int, test_acc: float, num_classes: int) -> str | None:
+    """One line saying the run never left chance (loss and final accuracy), or None where it did or was
+    too short to say (:data:`NEVER_MIN`)."""
+    if learned or iters < NEVER_MIN or test_acc > CHANCE_ACC / num_classes:
+        return None
+    return (f"train loss never left chance in {iters} iterations (smoothed {ema:.3f} >= {CHANCE_BAND} x ln "
+            f"{num_classes} = {CHANCE_BAND * math.log(num_classes):.3f}); final test accuracy {test_acc:.3f}, "
+            f"chance {1 / num_classes:.3f}")
 
 
 def collapse_reason(ema: float, since: int | None, iters: int, test_acc: float, num_classes: int) -> str | None:

@@ -203,8 +203,9 @@ def _torchrun_rank(plain: dict, meta: dict) -> dict | None:
 
 def _fail_if_unlearned(summary: dict | None) -> dict | None:
     """A run that stopped learning (every step skipped to the end: diverged; the loss back at chance:
-    collapsed) is not a success: one line, and :class:`RunFailed` (exit 3; in a sweep the line only)."""
-    if summary and summary.get("status") in ("diverged", "collapsed"):
+    collapsed) or never did (never_learned) is not a success: one line, and :class:`RunFailed` (exit 3;
+    in a sweep the line only)."""
+    if summary and summary.get("status") in ("diverged", "collapsed", "never_learned"):
         print(f"gvq: run {summary['status']}: {summary['reason']}", file=sys.stderr)
         _end_job(summary, RunFailed(3))
     return summary

@@ -34,6 +34,7 @@ from gvq.run.guards import (
     comm_device,
     compute_device,
     peer_lost,
+    never_learned_reason,
     track_chance,
 )
 from gvq.run.logs import RunLog, mark
@@ -281,12 +282,16 @@ def lock_given_up() -> dict:
 
 
 def end_status(prog: Progress, iters: int, num_classes: int) -> dict:
-    """completed, or diverged (every step skipped at the end), or collapsed (the loss back at chance)."""
+    """completed, or diverged (every step skipped at the end), collapsed (the loss back at chance), or
+    never_learned (it never left chance)."""
     if prog.skip_streak >= min(DIVERGED_TAIL, iters):
         return {"status": "diverged", "reason": f"every step skipped since iteration {iters - prog.skip_streak} "
                 "(non-finite gradients; nan_policy=skip)"}
     reason = collapse_reason(prog.loss_ema, prog.chance_since, iters, prog.test_acc, num_classes)
-    return {"status": "collapsed", "reason": reason} if reason else {"status": "completed"}
+    if reason:
+        return {"status": "collapsed", "reason": reason}
+    reason = never_learned_reason(prog.learned, prog.loss_ema, iters, prog.test_acc, num_classes)
+    return {"status": "never_learned", "reason": reason} if reason else {"status": "completed"}
 
 
 def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None, num_classes=10):

@@ -106,3 +106,16 @@ def test_a_loss_back_at_chance_to_the_end_is_a_collapse():
     assert since is not None and guards.collapse_reason(ema, since, 255, 0.1, 10)
     ema, since = _watch([4.0] * 50, num_classes=100)                       # ln 100 = 4.6: below the band
     assert since is None
+
+
+def test_a_run_that_never_left_chance_is_named_once_long_enough():
+    import math
+
+    from gvq.run import guards
+    lnc = math.log(10)
+    reason = guards.never_learned_reason(False, lnc, 1200, 0.100, 10)
+    assert reason and "\n" not in reason and "never left chance in 1200 iterations" in reason
+    assert "final test accuracy 0.100, chance 0.100" in reason
+    assert guards.never_learned_reason(True, lnc, 1200, 0.1, 10) is None         # it learned, then lost it
+    assert guards.never_learned_reason(False, lnc, 1200, 0.35, 10) is None       # the test set says it learned
+    assert guards.never_learned_reason(False, lnc, guards.NEVER_MIN - 1, 0.1, 10) is None   # too short to say

@@ -193,6 +193,21 @@ def test_a_run_whose_loss_returns_to_chance_ends_collapsed_in_one_line(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_run_that_never_leaves_chance_is_not_completed(tmp_path):
+    """A model whose logits are zero from its first step (loss ln 10 throughout, accuracy of one guess)
+    over 100 iterations: status never_learned with a one-line reason, exit 3 (issue 51: such a run was
+    reported completed at 0.100)."""
+    run = tmp_path / "run"
+    r = cli(f"hydra.run.dir={run}", "logger=csv", "logger.progress=false", "iterations=100", "eval_every=50",
+            "model._target_=tests.helpers.faulty.ChanceAfter", "+model.at=0")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gvq:")]
+    assert len(lines) == 1 and lines[0].startswith("gvq: run never_learned: train loss never left chance in 100"), lines
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "never_learned" and summary["reason"] in lines[0]
+
+
+@pytest.mark.slow
 def test_rar_learns_fashion_mnist_well_above_chance(tmp_path, fashion_root, monkeypatch):
     """The real data set trains: rar on a 6,000-image stratified subset, 2 ranks, 300 iterations (fixed
     seeds) ends far above chance (0.10).  Measured here: about 0.8; the bar leaves a wide margin."""
