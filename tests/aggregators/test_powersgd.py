@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gvq.aggregators.base import RunContext
+from gvq.aggregators.base import Bucket, RunContext
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.powersgd import orthogonalize, plan
 from tests.helpers.dist import run_ranks
@@ -18,12 +18,14 @@ def _powersgd_run(rank, world):
     agg = PowerSGDAggregator(rank=2, start_iter=1)
     agg.setup(params, RunContext(rank, world, seed=7))
     q0 = {i: q.clone() for i, q in agg.low_rank.q.items()}
-    out = {"q0": q0, "stats": [], "result": [], "phat": [], "segs": [[(s.start, s.stop) for s in segs] for segs in (agg.p_segs, agg.q_segs)]}
+    out = {"q0": q0, "stats": [], "result": [], "phat": []}
     for it in range(ITERS):
         set_grads(params, grads_at(rank, it))
         out["stats"].append(agg.aggregate(it))
         out["result"].append(agg.bucket.clone())
         out["phat"].append({i: t.clone() for i, t in agg.low_rank.phat.items()})
+    # the two rings it declares in its compressed phase (the ones it ran, and the cost model prices)
+    out["segs"] = [[(s.start, s.stop) for s in r.segs] for r in agg.rings(agg.everything, world)]
     agg.close()
     return out
 
@@ -115,25 +117,28 @@ def test_powersgd_compression_error_is_the_local_projection_error(powersgd_run):
 
 
 def test_compression_error_is_a_public_untimed_measurement_of_the_local_projection_error():
-    """compression_error(): this rank's ||M - P^ P^T M||^2 / ||M||^2 of the last compressed iteration,
+    """compression_error(bucket): this rank's ||M - P^ P^T M||^2 / ||M||^2 on the vector just averaged,
     the CSV column's value, read without touching the stopwatch, the wire or the state (one rank)."""
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
     agg = PowerSGDAggregator(rank=2, start_iter=0)
     agg.setup(params, RunContext(0, 1, seed=3))
     try:
-        set_grads(params, grads_at(0, 0))
         m = flat(grads_at(0, 0))                    # M = g: the error memory starts at zero
-        stats = agg.aggregate(0)
+        agg.reset_counters()
+        agg.start_iteration(0)
+        bucket = Bucket(m.clone(), agg.everything, 0, {"error": agg.error})     # the whole-model vector
+        agg.measure(bucket)
+        agg.average(bucket)
         blocks = plan(SHAPES, 2, 2.0)
         lost = sum(float((mb - ph @ (ph.t() @ mb)).pow(2).sum())
                    for i, b in enumerate(blocks) if b.rank
                    for mb, ph in [(m[b.start: b.stop].view(b.rows, b.cols), agg.low_rank.phat[i])])
         counters, error = agg.counters(), agg.error.clone()
-        got = agg.compression_error()
+        got = agg.compression_error(bucket)
         assert got == pytest.approx(lost / float(m.pow(2).sum()), rel=1e-3) and 0 < got < 1
-        assert got == pytest.approx(stats["compression_error"], rel=1e-12)
+        assert got == agg.measure_after(bucket)["compression_error"]
         assert agg.counters() == counters and torch.equal(agg.error, error)
-        assert agg.compression_error() == pytest.approx(got, rel=1e-12)        # reading twice: same value
+        assert agg.compression_error(bucket) == pytest.approx(got, rel=1e-12)   # reading twice: same value
     finally:
         agg.close()
 
@@ -144,8 +149,9 @@ def test_prepare_benchmark_pins_the_compressed_phase_so_measurements_run():
     agg.setup(params, RunContext(0, 1))
     agg.prepare_benchmark([torch.zeros(s) for s in SHAPES])
     assert agg.compressing and agg.start_iter == 0
-    agg.measure(flat(grads_at(0, 0)))
-    assert agg.measure_after(flat(grads_at(0, 0)))["compression_error"] >= 0.0
+    bucket = Bucket(flat(grads_at(0, 0)), agg.everything, 0, {"error": agg.error})
+    agg.measure(bucket)
+    assert agg.measure_after(bucket)["compression_error"] >= 0.0
     agg.close()
 
 
