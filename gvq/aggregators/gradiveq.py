@@ -69,7 +69,8 @@ class GradiVeQAggregator(FlatAggregator):
 
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, pieces: int = 4):
+                 monitor_threshold: float | None = None, pieces: int = 4, warmup_by: str = "rar",
+                 samples_in_warmup: bool = False):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -80,7 +81,14 @@ class GradiVeQAggregator(FlatAggregator):
         if monitor_threshold is not None and (isinstance(monitor_threshold, bool) or not isinstance(
                 monitor_threshold, (int, float)) or not monitor_threshold > 0):
             raise ValueError(f"aggregator.monitor_threshold={monitor_threshold!r}: must be > 0 or null")
-        self.compressor, self.sampling = compressor, sampling
+        if warmup_by not in ("rar", "qsgd") or sampling not in ("rar", "qsgd"):
+            raise ValueError(f"aggregator.warmup_by={warmup_by!r}, aggregator.sampling={sampling!r}: each rar or qsgd")
+        if not isinstance(samples_in_warmup, bool):
+            raise ValueError(f"aggregator.samples_in_warmup={samples_in_warmup!r}: must be true or false")
+        self.compressor, self.sampling, self.warmup_by = compressor, sampling, warmup_by
+        # the first L_t samples are the warm-up's last L_t sums (the warm-up's ring), not L_t more
+        # iterations after it: compression starts L_t iterations sooner
+        self.samples_in_warmup = samples_in_warmup
         self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
         try:        # built here so that bad bits / bucket fail at preflight, like every other knob
             self.qsgd = QSGD(bits=qsgd_bits, bucket=qsgd_bucket, norm=qsgd_norm)
@@ -126,9 +134,15 @@ class GradiVeQAggregator(FlatAggregator):
             segs = self.memo(("segs", params, n),
                              lambda: payload_balanced_segments(codec, numel, n, self.pieces))
             return [Ring("additive", segs, codec)]
-        if self.phase == "sample" and self.sampling == "qsgd":
+        if self._ring_option() == "qsgd":
             return [Ring("reencode", split_on_cuts(self.qsgd.cuts(numel), n), self.qsgd)]
         return [Ring("plain", equal_segments(numel, n))]
+
+    def _ring_option(self) -> str:
+        """How an uncompressed phase's vectors are summed: the warm-up's by ``warmup_by``, sampling by
+        ``sampling``, the first samples by the warm-up's option where they are taken inside it."""
+        first_in_warmup = self.samples_in_warmup and self.refreshes == 0
+        return self.sampling if self.phase == "sample" and not first_in_warmup else self.warmup_by
 
     def average(self, bucket) -> None:
         """Average in the iteration's phase, in the paper's conv layout (Fig. 3a), in float32 (16-bit
@@ -180,7 +194,8 @@ class GradiVeQAggregator(FlatAggregator):
     def _enter(self, iteration: int) -> str:
         """The phase ``iteration`` runs in: the warm-up ends before the first ring of iteration ``warmup``."""
         self._it = iteration
-        if self.phase == "warmup" and iteration >= self.warmup:
+        first_sample = self.warmup - self.L_t if self.samples_in_warmup else self.warmup
+        if self.phase == "warmup" and iteration >= first_sample:
             self._start_sampling()
         return self.phase
 

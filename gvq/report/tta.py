@@ -20,9 +20,19 @@ from gvq.report.runs import ReportError, Run
 
 FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
 
-#: a phase that aggregates as another option does (bench seconds of that option); any other phase is
-#: priced as the run's own option
+#: a phase that aggregates as another option does (bench seconds of that option), at the defaults; any
+#: other phase is priced as the run's own option (GradiVeQ's schedule knobs: :func:`phase_options`)
 PHASE_AS = {"warmup": "rar", "allreduce": "rar", "sample": "qsgd"}
+
+
+def phase_options(run: Run) -> dict[str, str]:
+    """:data:`PHASE_AS` for this run: GradiVeQ's warm-up as ``aggregator.warmup_by`` sums it, its
+    sampling as ``aggregator.sampling`` does, and samples taken inside the warm-up
+    (``aggregator.samples_in_warmup``: the first L_t) as the warm-up does."""
+    agg = run.config.get("aggregator") or {}
+    warm = str(agg.get("warmup_by", PHASE_AS["warmup"]))
+    return {**PHASE_AS, "warmup": warm, "sample": str(agg.get("sampling", PHASE_AS["sample"])),
+            "sample_in_warmup": warm}
 REGIMES = {1.0: "CPU (x1)", round(1 / 6, 4): "GPU (x1/6)"}
 VALIDATION_TOLERANCE = 0.10       # composed within this share of measured counts as validated
 
@@ -37,9 +47,17 @@ def _to_target(run: Run, target: float) -> pd.DataFrame | None:
 
 
 def phase_counts(run: Run, target: float) -> dict[str, int] | None:
-    """Iterations per phase up to the target (None: the run never reached it)."""
+    """Iterations per phase up to the target (None: the run never reached it); with
+    ``aggregator.samples_in_warmup`` the first L_t samples count as ``sample_in_warmup``."""
     upto = _to_target(run, target)
-    return None if upto is None else {str(k): int(v) for k, v in upto["phase"].value_counts().items()}
+    if upto is None:
+        return None
+    counts = {str(k): int(v) for k, v in upto["phase"].value_counts().items()}
+    agg = run.config.get("aggregator") or {}
+    if agg.get("samples_in_warmup") and counts.get("sample"):
+        first = min(counts["sample"], int(agg.get("L_t", 0)))
+        counts["sample_in_warmup"], counts["sample"] = first, counts["sample"] - first
+    return {k: v for k, v in counts.items() if v}
 
 
 def measured_time(run: Run, target: float) -> float:
@@ -54,12 +72,14 @@ def bench_seconds(bench: dict) -> dict[tuple, float]:
             for r in bench["modes"]}
 
 
-def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict) -> float:
+def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict,
+           phase_as: dict[str, str] = PHASE_AS) -> float:
     """Seconds to the target: each phase's iterations x its option's seconds per iteration in ``cell``
-    ((N, compute_scale, link_Mbps)); ReportError naming what the bench lacks."""
+    ((N, compute_scale, link_Mbps)), a phase priced as ``phase_as`` says; ReportError naming what the
+    bench lacks."""
     total = 0.0
     for phase, n in counts.items():
-        key = (*cell, PHASE_AS.get(phase, option), variant)
+        key = (*cell, phase_as.get(phase, option), variant)
         if key not in secs:
             raise ReportError(f"the bench JSON has no seconds for {key[3]} ({variant}) at N={cell[0]}, "
                               f"compute x{cell[1]:g}, {cell[2]:g} Mbit/s (needed by {option}'s {phase!r} phase)")
@@ -93,7 +113,7 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
         counts = phase_counts(r, target)
         for cell in (c for c in cells if c[0] == r.config.get("world_size")):
             for variant in sorted({k[4] for k in secs if k[:3] == cell and k[3] == r.aggregator}):
-                t = priced(counts, r.aggregator, variant, cell, secs) if counts else np.inf
+                t = priced(counts, r.aggregator, variant, cell, secs, phase_options(r)) if counts else np.inf
                 rows.append({"N": cell[0], "compute_scale": cell[1], "link_Mbps": cell[2],
                              "aggregator": r.aggregator, "variant": variant, "seed": r.config.get("seed"),
                              "tta_s": t})
@@ -143,7 +163,7 @@ def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
         if net.get("clock") != "virtual" or not net.get("bandwidth_bps") or not counts:
             continue
         cell = (r.config["world_size"], round(net["compute_scale"], 4), net["bandwidth_bps"] / 1e6)
-        composed = priced(counts, r.aggregator, _variant(r), cell, secs)
+        composed = priced(counts, r.aggregator, _variant(r), cell, secs, phase_options(r))
         measured = measured_time(r, target)
         rows.append({"N": cell[0], "link_Mbps": cell[2], "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
                      "aggregator": r.aggregator, "variant": _variant(r), "seed": r.config.get("seed"),

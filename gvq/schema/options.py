@@ -215,6 +215,8 @@ class GradiVeQAggregatorSchema(_Overlap):
     qsgd_norm: Norm = Norm.max
     monitor_threshold: Optional[float] = None
     pieces: int = 4
+    warmup_by: Sampling = Sampling.rar
+    samples_in_warmup: bool = False
 
 
 # -- models and data sets ------------------------------------------------------------------------------

@@ -314,3 +314,35 @@ def test_ring_pieces_split_segments_on_group_boundaries_only():
 def test_pieces_knob_is_validated():
     with pytest.raises(ValueError, match=r"^aggregator\.pieces=0"):
         _make(1, pieces=0)
+
+
+@pytest.mark.parametrize("warmup_by,in_warmup", [("rar", False), ("qsgd", False), ("rar", True), ("qsgd", True)])
+def test_schedule_knobs_warmup_by_and_samples_in_warmup(warmup_by, in_warmup):
+    """aggregator.warmup_by: the ring the warm-up's vectors take (rar: plain; qsgd: the sampling
+    quantizer's re-encode ring); aggregator.samples_in_warmup: the first L_t samples are the warm-up's
+    last L_t sums, so compression starts L_t iterations sooner.  The defaults keep the paper's schedule."""
+    from gvq.hooks.config import build_aggregator
+    agg = build_aggregator("gradiveq", warmup=4, L_t=2, L_c=3, warmup_by=warmup_by, samples_in_warmup=in_warmup,
+                           **{"compressor.K": 8})
+    params = [torch.nn.Parameter(torch.zeros(4, 2, 3, 3)), torch.nn.Parameter(torch.zeros(4))]
+    agg.setup(params, RunContext(0, 1, seed=1))
+    gen, seen, declared = torch.Generator().manual_seed(0), [], agg.rings
+
+    def spy(params_, n):                      # the ring each iteration's vector took
+        rings = declared(params_, n)
+        seen.append(rings[0].kind)
+        return rings
+    agg.rings = spy
+    phases = []
+    for it in range(8):
+        for p in params:
+            p.grad.copy_(torch.randn(p.shape, generator=gen))
+        phases.append(agg.aggregate(it)["phase"])
+    agg.close()
+    warm = "reencode" if warmup_by == "qsgd" else "plain"
+    if in_warmup:        # iterations 0-1 warm-up, 2-3 samples as the warm-up sums them, then compressed
+        assert phases[:5] == ["warmup"] * 2 + ["sample"] * 2 + ["compress"]
+        assert seen[:4] == [warm] * 4 and seen[4] == "additive"
+    else:                # iterations 0-3 warm-up, 4-5 samples (the paper's 4-bit QSGD ring), then compressed
+        assert phases[:7] == ["warmup"] * 4 + ["sample"] * 2 + ["compress"]
+        assert seen[:4] == [warm] * 4 and seen[4:6] == ["reencode"] * 2 and seen[6] == "additive"

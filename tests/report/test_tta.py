@@ -31,12 +31,12 @@ def _bench(path: Path, secs=SECS) -> Path:
 
 
 def _run(root: Path, name: str, agg: str, phases: list[str], accs: dict[int, float], seed=0, overlap=False,
-         net=None, rank=4, step_s=None, batch=16, status="completed") -> Path:
+         net=None, rank=4, step_s=None, batch=16, status="completed", knobs=None) -> Path:
     """A finished run dir: one row per iteration (its phase), test accuracy at the iterations in ``accs``."""
     d = root / name
     d.mkdir(parents=True)
     config = {"world_size": 4, "seed": seed, "batch_size": batch, "L_t": 50,
-              "aggregator": {"overlap": overlap, "rank": rank}, "net": net or {"clock": "wall"}}
+              "aggregator": {"overlap": overlap, "rank": rank, **(knobs or {})}, "net": net or {"clock": "wall"}}
     (d / "summary.json").write_text(json.dumps({"status": status, "config": config, "job_type": agg,
                                                 "overrides": [f"aggregator={agg}", f"seed={seed}"]}))
     with open(d / "metrics.csv", "w", newline="") as f:
@@ -60,6 +60,23 @@ def test_each_phase_is_priced_at_its_own_option_in_each_variant(tmp_path):
     with pytest.raises(ReportError, match="no seconds for gradiveq_pooled"):
         tta.priced(counts, "gradiveq_pooled", "post", cell, secs)
     assert tta.phase_counts(run, 0.9) is None                            # never reached
+
+
+def test_gradiveqs_schedule_knobs_price_each_phase_as_it_was_summed(tmp_path):
+    """warmup_by=qsgd: the warm-up at QSGD's seconds; samples_in_warmup: the first L_t samples as the
+    warm-up sums them, later ones at the sampling option's."""
+    secs = tta.bench_seconds(json.loads(_bench(tmp_path / "b.json").read_text()))
+    cell = (4, 1.0, 200.0)
+    phases = ["warmup"] * 2 + ["sample"] * 3 + ["compress"] * 5 + ["sample"] * 2 + ["compress"] * 2
+    knobs = {"warmup_by": "qsgd", "sampling": "rar", "samples_in_warmup": True, "L_t": 3}
+    run = load_run(_run(tmp_path, "k", "gradiveq", phases, {13: 0.9}, knobs=knobs))
+    counts = tta.phase_counts(run, 0.8)
+    assert counts == {"warmup": 2, "sample_in_warmup": 3, "compress": 7, "sample": 2}
+    got = tta.priced(counts, "gradiveq", "post", cell, secs, tta.phase_options(run))
+    assert got == pytest.approx((2 + 3) * 0.2 + 7 * 0.1 + 2 * 0.5)       # qsgd, qsgd, gradiveq, rar
+    plain = load_run(_run(tmp_path, "p", "gradiveq", phases, {13: 0.9}))      # the defaults: the paper's
+    assert tta.phase_options(plain)["warmup"] == "rar" and tta.phase_options(plain)["sample"] == "qsgd"
+    assert "sample_in_warmup" not in tta.phase_counts(plain, 0.8)
 
 
 def test_winner_gain_over_overlapped_fp16_and_seed_spread(tmp_path):
