@@ -11,6 +11,11 @@ their overrides minus ``seed`` (several seeds => mean +- std), and writes into `
 JSON: the runs' iterations to the target, per phase, times each phase's seconds per iteration in each cell
 (:mod:`gvq.report.tta`): ``tta.md``, ``tta.csv``.
 
+``--frontier``: instead, the accuracy-cost frontier over the settings (a setting: a group of seeds):
+bytes per iteration against final accuracy and iterations to ``--target-acc``, seed bands, the
+non-dominated settings marked (:mod:`gvq.report.frontier`): ``frontier.md``, ``frontier.csv``,
+``frontier.png``.
+
 ``--cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
 with the paper's claims beside (:mod:`gvq.report.cycle`): ``cycle.csv``, ``cycle.md``, ``cycle.png``.
 
@@ -66,6 +71,21 @@ def write_cycle(dirs: list[Path], out: Path) -> str:
     return text + f"-> {out}/cycle.md, cycle.csv, cycle.png"
 
 
+def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
+    from gvq.report import frontier
+    groups = group_runs(load_runs(dirs))
+    stats = {id(g): group_stats(g, target) for g in groups}
+    df = frontier.frontier_table(build_table(groups, stats))
+    if df.empty:
+        raise ReportError("--frontier: no setting with a completed run")
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "frontier.csv", index=False)
+    text = frontier.markdown(df, target)
+    (out / "frontier.md").write_text(text)
+    frontier.plot(df, out / "frontier.png", target)
+    return text + f"-> {out}/frontier.md, frontier.csv, frontier.png"
+
+
 def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> str:
     import json
     from gvq.report import tta
@@ -93,6 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
     p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
     p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
+    p.add_argument("--frontier", action="store_true",
+                   help="accuracy and iterations to --target-acc against bytes per iteration, per setting")
     p.add_argument("--tta", type=Path, metavar="BENCH_JSON",
                    help="time to --target-acc per cell of a `gvq.bench overlap --out` JSON (gvq/report/tta.py)")
     args = p.parse_args(argv)
@@ -104,6 +126,9 @@ def main(argv=None) -> int:
             return 0
         if args.tta:
             print(write_tta(dirs, out, args.target_acc, args.tta))
+            return 0
+        if args.frontier:
+            print(write_frontier(dirs, out, args.target_acc))
             return 0
         display = write_report(dirs, out, args.target_acc)
     except ReportError as e:

@@ -1,0 +1,130 @@
+"""The accuracy-cost frontier: ``python -m gvq.report DIR --frontier --target-acc 0.8``.
+
+One point per setting (a group: the same overrides but the seed): bytes a rank sends per iteration against
+the final accuracy, and against the iterations to the target, each with its seed band (mean +- std).  A
+setting is *dominated* when another sends no more bytes, is not worse beyond the two bands, and is better
+on one axis (fewer bytes, or a band wholly better); the rest are the frontier.  A difference inside the
+seed spread does not count, and a setting some seed of which never reached the target is behind every
+setting all of whose seeds did (its iterations count as never).  Runs that ended at chance stay in their
+setting's band (dropping them would flatter it) and are counted.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gvq.report.intervals import Interval
+
+#: a setting's bytes per iteration within this share of another's count as equal (counters of one run
+#: vary by a few bytes: headers, the relay); larger => more settings tie on cost
+BYTES_TOLERANCE = 0.01
+
+
+def band(mean: float, std: float) -> Interval:
+    """A mean over seeds with its band (no band from one seed: it ties with whatever it meets)."""
+    if not np.isfinite(mean):
+        return Interval(mean, mean, mean)
+    return Interval(mean, None, None) if not np.isfinite(std) else Interval(mean, mean - std, mean + std)
+
+
+def _better(a: Interval, b: Interval, higher: bool) -> bool:
+    """``a`` wholly better than ``b`` (its band clear of ``b``'s on the good side); a figure that is
+    never (iterations to a target some seed missed) is behind every finite one."""
+    fa, fb = bool(np.isfinite(a.median)), bool(np.isfinite(b.median))
+    if fa != fb:
+        return fa
+    if not (fa and a.bounded and b.bounded):
+        return False
+    return a.lo > b.hi if higher else a.hi < b.lo
+
+
+def _not_worse(a: Interval, b: Interval, higher: bool) -> bool:
+    """``a`` at least as good as ``b``: its mean as good, or each mean inside the other's band (a
+    difference within the seed spread); a wide band alone does not make a worse mean as good."""
+    if _better(b, a, higher):
+        return False
+    if a.median == b.median or (a.median > b.median if higher else a.median < b.median):
+        return True
+    return a.bounded and b.bounded and b.lo <= a.median <= b.hi and a.lo <= b.median <= a.hi
+
+
+def dominated(cost: list[float], score: list[Interval], higher: bool) -> list[bool]:
+    """For each point, whether another costs no more, is at least as good (:func:`_not_worse`), and is
+    cheaper or wholly better (see the module docstring)."""
+    out = []
+    for i, (c_i, s_i) in enumerate(zip(cost, score)):
+        hit = False
+        for j, (c_j, s_j) in enumerate(zip(cost, score)):
+            if j == i or not c_j <= c_i * (1 + BYTES_TOLERANCE):
+                continue
+            cheaper = c_j < c_i * (1 - BYTES_TOLERANCE)
+            if _not_worse(s_j, s_i, higher) and (cheaper or _better(s_j, s_i, higher)):
+                hit = True
+                break
+        out.append(hit)
+    return out
+
+
+def frontier_table(table: pd.DataFrame) -> pd.DataFrame:
+    """From the report's numeric table (``stats.build_table``): per setting its MB per iteration, final
+    accuracy and iterations to the target with their bands, seeds at chance, and ``frontier_acc`` /
+    ``frontier_iters``: not dominated on that axis."""
+    t = table[table["status"] == "completed"].reset_index(drop=True)
+    reached = t["reached"].str.split("/").map(lambda p: int(p[0]) == int(p[1]))
+    iters = [band(m, s) if ok else Interval(np.inf, np.inf, np.inf)
+             for m, s, ok in zip(t["iters_to_target"], t["iters_to_target_std"], reached)]
+    acc = [band(m, s) for m, s in zip(t["final_top1"], t["final_top1_std"])]
+    cost = list(t["bytes_per_iter"].astype(float))
+    out = pd.DataFrame({
+        "setting": t["group"], "aggregator": t["aggregator"], "seeds": t["runs"], "at_chance": t["collapsed"],
+        "MB_per_iter": t["bytes_per_iter"] / 1e6, "final_acc": t["final_top1"], "final_acc_std": t["final_top1_std"],
+        "iters_to_target": t["iters_to_target"], "iters_to_target_std": t["iters_to_target_std"],
+        "reached": t["reached"]})
+    out["frontier_acc"] = [not d for d in dominated(cost, acc, higher=True)]
+    # a setting some seed of which never reached the target has no figure to put on that frontier
+    out["frontier_iters"] = [not d and ok for d, ok in zip(dominated(cost, iters, higher=False), reached)]
+    return out.sort_values("MB_per_iter").reset_index(drop=True)
+
+
+def markdown(df: pd.DataFrame, target: float) -> str:
+    shown = pd.DataFrame({
+        "setting": df["setting"], "MB/iter": df["MB_per_iter"].map(lambda v: f"{v:.3g}"),
+        "final acc": [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else f"{m:.4f}" for m, s in
+                      zip(df["final_acc"], df["final_acc_std"])],
+        f"iters to {target:g}": [f"{m:.0f} ± {s:.0f} ({r})" if np.isfinite(s) else f"{m:.0f} ({r})" if np.isfinite(m)
+                                 else f"never ({r})" for m, s, r in
+                                 zip(df["iters_to_target"], df["iters_to_target_std"], df["reached"])],
+        "at chance": df["at_chance"], "frontier (acc)": df["frontier_acc"].map({True: "yes", False: ""}),
+        "frontier (iters)": df["frontier_iters"].map({True: "yes", False: ""})})
+    return (f"Accuracy-cost frontier (mean ± std over seeds; a setting is on the frontier unless another sends "
+            f"no more bytes, is as good within the seed bands and cheaper or wholly better; iterations to the "
+            f"target over the seeds that reached it, (k/n) how many did):\n\n{shown.to_markdown(index=False)}\n")
+
+
+def plot(df: pd.DataFrame, path, target: float) -> None:
+    """Two panels against MB per iteration (log): final accuracy and iterations to the target, seeds as
+    error bars, the frontier filled and joined."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, col, flag, label in ((axes[0], "final_acc", "frontier_acc", "final test accuracy"),
+                                 (axes[1], "iters_to_target", "frontier_iters", f"iterations to {target:g}")):
+        ok = df[np.isfinite(df[col])]
+        for on, style in ((True, "o"), (False, "o")):
+            part = ok[ok[flag] == on]
+            ax.errorbar(part["MB_per_iter"], part[col], yerr=part[col + "_std"].fillna(0), fmt=style,
+                        mfc=None if on else "none", capsize=3, label="frontier" if on else "dominated")
+        front = ok[ok[flag]].sort_values("MB_per_iter")
+        ax.plot(front["MB_per_iter"], front[col], "-", alpha=0.5)
+        for _, r in ok.iterrows():
+            part_reached = col == "iters_to_target" and r["reached"].split("/")[0] != r["reached"].split("/")[1]
+            text = f"{r['setting']} ({r['reached']} reached)" if part_reached else r["setting"]
+            ax.annotate(text, (r["MB_per_iter"], r[col]), fontsize=6, alpha=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("MB a rank sends per iteration")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
