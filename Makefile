@@ -7,12 +7,15 @@
 # make paper-time -> the GradiVeQ paper's time table in virtual time (N = 6, 8, 16; a long run, resumable)
 # make projection -> calibrate the cost model per model, then which aggregator (and mode: post-backward or
 #                   overlapped) wins at N x B (heatmaps)
+# make frontier -> each family across its settings on Fashion-MNIST (experiment=fmnist_tta), then the
+#                  report's accuracy-cost frontier; SEEDS=0 WORLD=4 for a screen (about 40 minutes on
+#                  2 cores), the defaults (3 seeds, N = 4 and 8) for the table (hours)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup data run test test-fast layout-report bench validate-clock paper-time projection clean
+.PHONY: setup data run test test-fast layout-report bench validate-clock paper-time projection frontier clean
 
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
@@ -67,6 +70,19 @@ projection: $(STAMP)
 	    test -f runs/predict/$$m/overlap.json || $(PY) -m gvq.predict calibrate-overlap --model $$m || exit 1; done
 	$(PY) -m gvq.predict project --models $(MODELS)
 	$(PY) -m gvq.predict project --overlap --models $(MODELS)
+
+SEEDS ?= 0,1,2
+WORLD ?= 4,8
+FRONTIER := runs/multirun/fmnist_frontier
+EF := gvq.aggregators.error_feedback.ErrorFeedbackAggregator
+frontier: $(STAMP) data
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/base aggregator=rar,fp16 world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/qsgd aggregator=qsgd aggregator.compressor.bits=2,3,4,8 world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/powersgd aggregator=powersgd aggregator.rank=1,2,4,8 world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/gradiveq aggregator=gradiveq_pooled aggregator.compressor.target_ratio=8,16 world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/gradiveq_cap aggregator=gradiveq world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/two_level aggregator=signsgd,bingrad_b aggregator._target_=gvq.aggregators.compressed.CompressedAggregator,$(EF) world_size=$(WORLD) seed=$(SEEDS)
+	$(PY) -m gvq.report $(FRONTIER) --frontier --target-acc 0.8
 
 # make gpu-check -> on a CUDA machine: every CUDA test, gvq.bench codecs on the GPU, cli.py device=cuda for every
 # aggregator at world_size 1 and 3; one table (runs/gpucheck/gpucheck.md).  No venv needed (python3 with torch
