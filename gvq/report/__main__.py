@@ -75,14 +75,14 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     from gvq.report import frontier
     groups = group_runs(load_runs(dirs))
     stats = {id(g): group_stats(g, target) for g in groups}
-    df = frontier.frontier_table(build_table(groups, stats))
+    df = frontier.setting_frontier(build_table(groups, stats))
     if df.empty:
         raise ReportError("--frontier: no setting with a completed run")
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "frontier.csv", index=False)
-    text = frontier.markdown(df, target)
+    text = frontier.frontier_markdown(df, target)
     (out / "frontier.md").write_text(text)
-    frontier.plot(df, out / "frontier.png", target)
+    frontier.plot_frontier(df, out / "frontier.png", target)
     return text + f"-> {out}/frontier.md, frontier.csv, frontier.png"
 
 

@@ -65,7 +65,7 @@ def dominated(cost: list[float], score: list[Interval], higher: bool) -> list[bo
     return out
 
 
-def frontier_table(table: pd.DataFrame) -> pd.DataFrame:
+def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
     """From the report's numeric table (``stats.build_table``): per setting its MB per iteration, final
     accuracy and iterations to the target with their bands, seeds at chance, and ``frontier_acc`` /
     ``frontier_iters``: not dominated on that axis."""
@@ -86,7 +86,7 @@ def frontier_table(table: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("MB_per_iter").reset_index(drop=True)
 
 
-def markdown(df: pd.DataFrame, target: float) -> str:
+def frontier_markdown(df: pd.DataFrame, target: float) -> str:
     shown = pd.DataFrame({
         "setting": df["setting"], "MB/iter": df["MB_per_iter"].map(lambda v: f"{v:.3g}"),
         "final acc": [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else f"{m:.4f}" for m, s in
@@ -101,7 +101,7 @@ def markdown(df: pd.DataFrame, target: float) -> str:
             f"target over the seeds that reached it, (k/n) how many did):\n\n{shown.to_markdown(index=False)}\n")
 
 
-def plot(df: pd.DataFrame, path, target: float) -> None:
+def plot_frontier(df: pd.DataFrame, path, target: float) -> None:
     """Two panels against MB per iteration (log): final accuracy and iterations to the target, seeds as
     error bars, the frontier filled and joined."""
     import matplotlib
