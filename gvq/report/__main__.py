@@ -82,7 +82,7 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     df.to_csv(out / "frontier.csv", index=False)
     text = frontier.frontier_markdown(df, target)
     (out / "frontier.md").write_text(text)
-    frontier.plot_frontier(df, out / "frontier.png", target)
+    frontier.plot_setting_frontier(df, out / "frontier.png", target)
     return text + f"-> {out}/frontier.md, frontier.csv, frontier.png"
 
 

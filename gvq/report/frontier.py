@@ -101,7 +101,7 @@ def frontier_markdown(df: pd.DataFrame, target: float) -> str:
             f"target over the seeds that reached it, (k/n) how many did):\n\n{shown.to_markdown(index=False)}\n")
 
 
-def plot_frontier(df: pd.DataFrame, path, target: float) -> None:
+def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
     """Two panels against MB per iteration (log): final accuracy and iterations to the target, seeds as
     error bars, the frontier filled and joined."""
     import matplotlib
