@@ -70,7 +70,7 @@ class GradiVeQAggregator(FlatAggregator):
     def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
                  sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
                  monitor_threshold: float | None = None, pieces: int = 4, warmup_by: str = "rar",
-                 samples_in_warmup: bool = False):
+                 samples_in_warmup: bool = False, error_feedback: bool = False):
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -89,6 +89,12 @@ class GradiVeQAggregator(FlatAggregator):
         # the first L_t samples are the warm-up's last L_t sums (the warm-up's ring), not L_t more
         # iterations after it: compression starts L_t iterations sooner
         self.samples_in_warmup = samples_in_warmup
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"aggregator.error_feedback={error_feedback!r}: must be true or false")
+        # error feedback on the projection's residual: what a rank's payload left out is added to its next
+        # vector (held per parameter: any bucketing sees the same memory)
+        self.error_feedback = error_feedback
+        self.per_parameter = ("residual",) if error_feedback else ()
         self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
         try:        # built here so that bad bits / bucket fail at preflight, like every other knob
             self.qsgd = QSGD(bits=qsgd_bits, bucket=qsgd_bucket, norm=qsgd_norm)
@@ -113,6 +119,8 @@ class GradiVeQAggregator(FlatAggregator):
         self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
         self._device = self.params[0].device if self.params else torch.device("cpu")
         self._c_ratio = NAN
+        if self.error_feedback:     # in the codec's layout, float32; each parameter's block where its values are
+            self.residual = torch.zeros(comp.layout.numel, dtype=torch.float32, device=self._device)
 
     # -- one vector: the whole gradient after backward, or one DDP bucket ------------------------------
     def start_iteration(self, iteration: int) -> None:
@@ -154,6 +162,8 @@ class GradiVeQAggregator(FlatAggregator):
                                                  device=bucket.flat.device))
         (ring,) = self.rings(params, n)
         tot.numel += x.numel()
+        if self.error_feedback:
+            self._feed_back(codec, x, bucket.state["residual"], tot.phase == "compress")
         if tot.phase == "compress":
             codec.track(x)                       # Eq. 7's sums, read off this rank's own payloads
             try:
@@ -169,6 +179,17 @@ class GradiVeQAggregator(FlatAggregator):
             self._keep_sample(x, params)
         x.div_(n)
         codec.unflatten(x, views)
+
+    def _feed_back(self, codec: GradiVeQ, x: torch.Tensor, residual: torch.Tensor, compressed: bool) -> None:
+        """x <- x + e.  Compressed: e <- what this rank's payload of x leaves out (a compress and a
+        decompress more, timed as the codec's).  Uncompressed: the held-back e goes out whole in this exact
+        sum, e <- 0."""
+        x.add_(residual)
+        if not compressed:
+            residual.zero_()
+            return
+        with self.stopwatch("compress"):
+            residual.copy_(codec.own_residual(x))
 
     def _keep_sample(self, x: torch.Tensor, params: tuple[int, ...]) -> None:
         """A vector's sum into this sampling iteration's row, at its layers' places in the whole layout."""
@@ -284,7 +305,8 @@ class GradiVeQAggregator(FlatAggregator):
         return {"phase": self.phase, "count": self.count, "refreshes": self.refreshes,
                 "relays": self.relays, "monitor_stops": self.monitor_stops,
                 "samples": self._samples[: self.count].clone() if keep else None,
-                "compressor": self.compressor.state_dict(), "qsgd": self.qsgd.state_dict()}   # its dither too
+                "compressor": self.compressor.state_dict(), "qsgd": self.qsgd.state_dict(),   # its dither too
+                **({"residual": self.residual.clone()} if self.error_feedback else {})}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore after :meth:`setup` (same model, same world size)."""
@@ -305,6 +327,8 @@ class GradiVeQAggregator(FlatAggregator):
                                         device=self._device)
             self._samples[: self.count].copy_(sd["samples"])
         self.qsgd.load_state_dict(sd["qsgd"])
+        if self.error_feedback:
+            self.residual.copy_(sd["residual"])
         if self.compressor.fitted:
             self._after_fit()
 

@@ -217,6 +217,7 @@ class GradiVeQAggregatorSchema(_Overlap):
     pieces: int = 4
     warmup_by: Sampling = Sampling.rar
     samples_in_warmup: bool = False
+    error_feedback: bool = False
 
 
 # -- models and data sets ------------------------------------------------------------------------------

@@ -44,8 +44,10 @@ OPTIONS = {         # conf/aggregator options, with short schedules; EF: fp16 wi
     "gradiveq-rar": ("gradiveq", {**SCHEDULE, "sampling": "rar"}),
     "gradiveq_pooled": ("gradiveq", {**SCHEDULE, "compressor": POOLED}),
     "gradiveq_pooled-rar": ("gradiveq", {**SCHEDULE, "sampling": "rar", "compressor": POOLED}),
+    "gradiveq-ef": ("gradiveq", {**SCHEDULE, "sampling": "rar", "error_feedback": True}),
 }
-CUT_FREE = ["rar", "fp16", "fp16+ef", "powersgd", "powersgd-cold", "gradiveq-rar", "gradiveq_pooled-rar"]
+CUT_FREE = ["rar", "fp16", "fp16+ef", "powersgd", "powersgd-cold", "gradiveq-rar", "gradiveq_pooled-rar",
+            "gradiveq-ef"]
 # fp16's ring rounds a sum to fp16 on every rank but the segment's owner: where the cut moves the owner,
 # a value differs by one fp16 rounding
 TOLERANCE = {"fp16": {"rtol": 2e-3, "atol": 4e-3}, "fp16+ef": {"rtol": 2e-3, "atol": 4e-3}}
@@ -210,6 +212,7 @@ def _resume(rank, world, option, stop, iterations=10):
 #: make test-fast keeps one stop per kind of state: error memory, P/Q, the PCA schedule
 RESUME_QUICK = {("fp16+ef", 3), ("qsgd", 4), ("powersgd", 3), ("gradiveq", 4)}
 RESUMES = [("fp16+ef", 3), ("signsgd+ef", 6), ("qsgd", 4), ("powersgd", 3), ("powersgd-cold", 6), ("gradiveq", 2),
+           ("gradiveq-ef", 6),
            ("gradiveq", 4), ("gradiveq", 6)]
 
 

@@ -346,3 +346,32 @@ def test_schedule_knobs_warmup_by_and_samples_in_warmup(warmup_by, in_warmup):
     else:                # iterations 0-3 warm-up, 4-5 samples (the paper's 4-bit QSGD ring), then compressed
         assert phases[:7] == ["warmup"] * 4 + ["sample"] * 2 + ["compress"]
         assert seen[:4] == [warm] * 4 and seen[4:6] == ["reencode"] * 2 and seen[6] == "additive"
+
+
+def test_error_feedback_on_the_projections_residual_loses_nothing_over_a_run():
+    """aggregator.error_feedback=true, one rank: every iteration's output plus the memory left at the end
+    adds up to every gradient it was given (what a payload leaves out is sent later, never dropped), the
+    memory holds exactly what the last compressed payload left out, and the default keeps none."""
+    from gvq.hooks.config import build_aggregator
+    shapes = [(6, 2, 3, 3), (6,), (5, 6, 3, 3)]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    agg = build_aggregator("gradiveq", warmup=1, L_t=3, L_c=4, error_feedback=True, sampling="rar",
+                           **{"compressor.K": "x1"})        # rar sampling: the only loss is the projection's
+    agg.setup(params, RunContext(0, 1, seed=1))
+    gen = torch.Generator().manual_seed(0)
+    given, out = torch.zeros(sum(p.numel() for p in params)), torch.zeros(sum(p.numel() for p in params))
+    phases = []
+    for it in range(8):                           # warm-up 0, samples 1-3, compressed 4-7
+        grads = [torch.randn(s, generator=gen) + 2.0 for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad.copy_(g)
+        phases.append(agg.aggregate(it)["phase"])
+        given += agg.compressor.flatten(grads)
+        out += agg.compressor.flatten([p.grad for p in params])
+    assert phases == ["warmup"] + ["sample"] * 3 + ["compress"] * 4
+    assert float(agg.residual.abs().max()) > 0                      # the last payload left something out
+    torch.testing.assert_close(out + agg.residual, given, rtol=1e-4, atol=1e-4)
+    assert agg.per_parameter == ("residual",) and "residual" in agg.state_dict()
+    agg.close()
+    plain = build_aggregator("gradiveq")
+    assert plain.per_parameter == () and plain.error_feedback is False

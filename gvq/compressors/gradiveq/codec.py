@@ -338,6 +338,16 @@ class GradiVeQ(Compressor):
         c2, p2, g2 = self._track.tolist()
         return c2, p2, g2
 
+    def own_residual(self, x: Tensor) -> Tensor:
+        """``x - (U_d U_d^T (x - mu/N) + mu/N)``: what this rank's own payload of ``x`` (a whole vector in
+        this codec's layout) leaves out, 0 on raw slices; error feedback's memory.  One compress and one
+        decompress of ``x`` (a sum's decoding adds all of mu, one rank's share is mu/N)."""
+        self._need_fit()
+        self.follow(x)
+        whole = slice(0, x.numel())
+        rebuilt = self.decompress(self.compress(x, whole), whole)
+        return torch.sub(x, rebuilt).add_(self._mu_flat, alpha=1.0 - 1.0 / self.world_size)
+
     def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
         self._need_fit()
         self.follow(g_flat)
