@@ -158,8 +158,10 @@ class GradiVeQAggregator(FlatAggregator):
         codec, n, tot, params = self.codec(bucket.params), self.ctx.world_size, self._totals, bucket.params
         views = [v.view(self.params[i].shape) for i, v in
                  zip(params, bucket.flat.split([self.params[i].numel() for i in params]))]
-        x = codec.flatten(views, out=torch.empty(bucket.flat.numel(), dtype=torch.float32,
-                                                 device=bucket.flat.device))
+        # one buffer per vector kept across iterations (a fresh allocation of this size costs page faults)
+        buf = self.memo(("x", params, bucket.flat.device), lambda: torch.empty(
+            bucket.flat.numel(), dtype=torch.float32, device=bucket.flat.device))
+        x = codec.flatten(views, out=buf)
         (ring,) = self.rings(params, n)
         tot.numel += x.numel()
         if self.error_feedback:
