@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import run_aggregation
+from gvq.bench.common import net_defaults
 from gvq.run.errors import RunEnded
 from gvq.run.signals import Interrupted
 
@@ -136,7 +137,7 @@ def kernel_shaped(args, rate: float) -> dict:
 def emulated(args, rate: float) -> dict:
     ns = argparse.Namespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
                             model=args.model, num_classes=100, reps=args.reps, warmup=3, set=[],
-                            clock="wall", compute_scale=1.0, codec_scale=1.0, timeout=120.0)
+                            net=net_defaults(), timeout=120.0)            # the schema's net: the wall clock
     rec = run_aggregation(ns)[0]
     rec["shaping"] = "in-process emulator, loopback"
     return rec
