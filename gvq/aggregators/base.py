@@ -80,6 +80,10 @@ class Aggregator:
     inside_compute_s: float = 0.0
     #: the codec, for aggregators built around one (the benchmarks time it alone); None: none
     compressor: Compressor | None = None
+    #: a bucket's rings run a codec of its own whose cost per value differs from the whole gradient's
+    #: (GradiVeQ: bases restricted to the bucket's layers), so the cost model times each bucket's; False:
+    #: every bucket runs the whole codec, whose cost curves hold
+    bucket_codecs: bool = False
     #: it can average any one DDP gradient bucket (:meth:`FlatAggregator.average_bucket_`, per-parameter
     #: state included), so :mod:`gvq.hooks` can run it inside backward; False: torch DDP's own options
     #: (they overlap by themselves).  The one declaration of that capability
@@ -148,11 +152,12 @@ class Aggregator:
         """Restore :meth:`state_dict`'s output (after :meth:`setup` and :meth:`wrap`)."""
 
     # -- tools (gvq.bench, gvq.predict) --------------------------------------------------------------
-    def codec_session(self, flat: torch.Tensor) -> contextlib.AbstractContextManager:
-        """A context around one iteration's codec calls on this rank's gradient ``flat``, for codecs
-        that keep state between calls (PowerSGD: a fresh iteration of its P / Q state; GradiVeQ: its
-        Eq. 7 loss tracking).  The aggregator runs its own rings inside it; tools that replay its
-        codec calls (``gvq.predict calibrate``) do the same.  Default: nothing to set up."""
+    def codec_session(self, flat: torch.Tensor, params=None) -> contextlib.AbstractContextManager:
+        """A context around one iteration's codec calls on this rank's vector ``flat`` of ``params``
+        (None: every parameter), for codecs that keep state between calls (PowerSGD: a fresh iteration of
+        its P / Q state; GradiVeQ: its Eq. 7 loss tracking on the vector's codec).  The aggregator runs
+        its own rings inside it; tools that replay its codec calls (``gvq.predict calibrate``,
+        ``calibrate-overlap``) do the same.  Default: nothing to set up."""
         return contextlib.nullcontext()
 
     def prepare_benchmark(self, grads: list[torch.Tensor], args=None) -> None:

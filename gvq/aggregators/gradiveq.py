@@ -62,6 +62,7 @@ class GradiVeQAggregator(FlatAggregator):
     """Warm-up, then {L_t sampling iterations, PCA refresh, <= L_c compressed iterations} forever."""
 
     name = "gradiveq"
+    bucket_codecs = True           # a bucket's codec holds its own layers' bases only
     extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
     #: 16-bit gradients are averaged in float32 (its flat buffers); float64 would travel as float32
     refused_dtypes = ((torch.float64, "its payloads, PCA bases and samples are float32: cast the model "
@@ -167,12 +168,9 @@ class GradiVeQAggregator(FlatAggregator):
         if self.error_feedback:
             self._feed_back(codec, x, bucket.state["residual"], tot.phase == "compress")
         if tot.phase == "compress":
-            codec.track(x)                       # Eq. 7's sums, read off this rank's own payloads
-            try:
+            with self.codec_session(x, params):   # Eq. 7's sums, read off this rank's own payloads
                 ring.run_(x, self.p2p, self.stopwatch)
                 tot.add(codec.tracked_sums())
-            finally:
-                codec.track(None)
             tot.payload += codec.payload_spec(slice(0, x.numel()))[1]
         else:
             ring.run_(x, self.p2p, self.stopwatch)
@@ -247,14 +245,16 @@ class GradiVeQAggregator(FlatAggregator):
         return 2 * int(votes) > self.ctx.world_size      # strict majority
 
     @contextlib.contextmanager
-    def codec_session(self, flat: torch.Tensor):
-        """The compressed phase's Eq. 7 loss tracking on this rank's gradient ``flat`` (the codec's
-        ``track``): its compress calls inside must cover ``flat`` exactly once, as the additive ring's do."""
-        self.compressor.track(flat)
+    def codec_session(self, flat: torch.Tensor, params=None):
+        """The compressed phase's Eq. 7 loss tracking on this rank's vector ``flat`` of ``params`` (its
+        codec's ``track``): the compress calls inside must cover ``flat`` exactly once, as the additive
+        ring's do."""
+        codec = self.codec(self.everything if params is None else tuple(params))
+        codec.track(flat)
         try:
             yield
         finally:
-            self.compressor.track(None)
+            codec.track(None)
 
     # -- schedule ------------------------------------------------------------------------------------
     def _start_sampling(self) -> None:

@@ -113,7 +113,7 @@ class PowerSGDAggregator(FlatAggregator):
         flat.div_(n)
         return {"phase": "powersgd"}
 
-    def codec_session(self, flat):
+    def codec_session(self, flat, params=None):
         """A fresh iteration of the P / Q state (a new random Q without warm start) around both passes:
         pass P's decompress leaves P^ that pass Q's compress reads."""
         self.low_rank.begin()

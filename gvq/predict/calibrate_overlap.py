@@ -17,7 +17,6 @@ writes ``overlap.json`` beside ``calibration.json``.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import time
@@ -108,33 +107,24 @@ def bucket_entries(name: str, agg, buckets: list[list[int]], numel: int, curves:
 
 def codec_factor(name: str, agg, params: list[int], curves: dict, reps: int = 3) -> float:
     """A bucket's codec calls on its own 2-rank ring pieces (median of ``reps``, caches flushed as in
-    ``calibrate``), over the whole gradient's curves ``curves[name]`` at those calls' sizes.  Only
-    GradiVeQ's bucket has a codec of its own (its bases restricted to the bucket's layers: fewer
-    blocks, other shapes); every other aggregator's bucket runs the whole codec, whose curves hold."""
-    from gvq.aggregators.gradiveq import GradiVeQAggregator
+    ``calibrate``), over the whole gradient's curves ``curves[name]`` at those calls' sizes.  Only an
+    aggregator declaring ``bucket_codecs`` (GradiVeQ: its bases restricted to the bucket's layers, fewer
+    blocks, other shapes) is timed; every other aggregator's bucket runs the whole codec, whose curves
+    hold."""
     from gvq.predict.calibrate import Evict, one_rank_ring
     from gvq.predict.cost_model import op_cost
     from gvq.predict.structure import bucket_rounds
-    if not isinstance(agg, GradiVeQAggregator):
+    if not agg.bucket_codecs:
         return 1.0
     rnd = bucket_rounds(name, agg, params, 2)[0]
     codec, pieces = rnd["codec"], [q for seg in rnd["segs"] for q in seg]
-    flat, evict = torch.randn(codec.layout.numel), Evict(True)
-    runs = [one_rank_ring(codec, flat, pieces, lambda f: _tracking(codec, f), False, evict)
+    ordered = tuple(sorted(params))                  # as the hook averages a bucket (bucket_rounds too)
+    flat, evict = torch.randn(sum(agg.params[i].numel() for i in ordered)), Evict(True)
+    runs = [one_rank_ring(codec, flat, pieces, lambda f: agg.codec_session(f, ordered), False, evict)
             for _ in range(reps + 1)][1:]            # the first pass untimed: plans, layouts
     own = sum(statistics.median(r[op][k][1] for r in runs) for op in runs[0] for k in range(len(pieces)))
     model = sum(float(op_cost(curves[name][op], size, 1.0)) for op in runs[0] for size, _ in runs[0][op])
     return own / model if model > 0 else 1.0
-
-
-@contextlib.contextmanager
-def _tracking(codec, flat: torch.Tensor):
-    """GradiVeQ's Eq. 7 tracking on a bucket's vector, as its ``average`` runs the bucket's codec."""
-    codec.track(flat)
-    try:
-        yield
-    finally:
-        codec.track(None)
 
 
 def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS, host_ranks=()) -> dict:
