@@ -14,13 +14,13 @@ and the README's every file):
                   checkpoint, logs, errors.py (the CLI's one-line errors), validate, placement (GPUs)
     hooks/        the public DDP communication hook (GvqHookState, gvq_hook) and its per-rank thread
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator
-    comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging
+    comm/         p2p (transport), links (emulated / virtual), clock, ring, ring_batched, ring_steps, staging,
+                  internals (the private Python/torch APIs gvq uses, in one place: every room above may read it)
     schema/       the typed config the CLI and the hook both compose through: schemas (config.py, options.py),
                   one-line errors, where conf/ is (a checkout's or the wheel's copy) and compose()
     compressors/  codecs only (one file each; GradiVeQ's is the gradiveq/ subpackage); _-prefixed files are parts
     data/         one loader per source format (idx: Fashion-MNIST, sklearn_digits, cifar_python, gaussian),
                   TensorData (tensors.py) and the sharded, resumable batch stream (batches.py)
     models.py     models
-    internals.py  the private Python/torch APIs gvq uses, in one place (any room may import it)
 """
 __version__ = "0.1.0"

@@ -19,22 +19,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "gvq"
-TOP_LEVEL = {"__init__.py", "models.py", "internals.py"}   # every other module lives in a room
+TOP_LEVEL = {"__init__.py", "models.py"}   # every other module lives in a room
 
 # room -> the rooms it may import (the import floors; a room may always import itself)
 ALLOWED = {
     "compressors": set(),
     "data": set(),
     "models": set(),
-    "internals": set(),                               # the private torch / Python APIs: any room may use them
     "comm": {"compressors"},
     "aggregators": {"comm", "compressors"},
     "schema": set(),                                  # the typed config: Hydra and OmegaConf only
     "hooks": {"schema", "aggregators", "comm", "compressors"},
-    "run": {"schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "internals"},
-    "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "internals", "report"},
+    "run": {"schema", "hooks", "aggregators", "comm", "compressors", "data", "models"},
+    "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "report"},
     "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
-    "predict": {"bench", "aggregators", "comm", "compressors", "data", "models", "internals"},
+    "predict": {"bench", "aggregators", "comm", "compressors", "data", "models"},
     "report": {"schema"},                             # run outputs and their declared columns, never the training code
     # (bench may import report: a table compares its figures with report.intervals, as the report does)
 }
@@ -112,7 +111,7 @@ def _room(module: str) -> str:
 def test_no_top_level_module_outside_a_room():
     loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in TOP_LEVEL)
     assert loose == [], f"top-level modules must move into a room (aggregators/, comm/, run/ ...): {loose}"
-    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(ALLOWED) - {"models", "internals"}
+    assert {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(ALLOWED) - {"models"}
 
 
 def test_import_graph_has_no_cycle():

@@ -35,13 +35,14 @@ class Totals:
     phase: str
     numel: int = 0
     payload: float = 0.0
-    sums: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    sums: torch.Tensor | None = None      # on the gradient's device until loss() reads it
 
-    def add(self, sums) -> None:
-        self.sums = tuple(a + b for a, b in zip(self.sums, sums))
+    def add(self, sums: torch.Tensor) -> None:
+        self.sums = sums if self.sums is None else self.sums + sums
 
     def loss(self) -> float:
-        return relative_loss(*self.sums)
+        """Eq. 7 of the iteration's vectors: one host read per iteration, after the last bucket."""
+        return relative_loss(*self.sums.tolist()) if self.sums is not None else 0.0
 
     def ratio(self) -> float:
         """The iteration's ``compression_ratio``: values averaged over payload values sent."""

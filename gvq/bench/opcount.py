@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gvq.internals import torch_dispatch_mode
+from gvq.comm.internals import torch_dispatch_mode
 
 #: the issue-48 budget: ops per compress / decompress / add at most, by codec family (0 host syncs for all)
 BUDGET = {"fp16": 16, "qsgd": 16, "terngrad": 16, "signsgd": 16,

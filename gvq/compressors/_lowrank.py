@@ -102,8 +102,9 @@ class SegLayout:
         low = sorted((st.slot[lr.ids[j]], b) for j, b in found if b.rank)
         raw = sorted((st.raw_at[lr.ids[j]], b.stop - b.start, b) for j, b in found if not b.rank)
         order = [b for _, b in low] + [b for *_, b in raw]
-        perm = torch.cat([torch.arange(b.start - seg.start, b.stop - seg.start) for b in order] or
-                         [torch.zeros(0, dtype=torch.long)])
+        host = torch.device("cpu")           # planned once per segment on the host, then moved below
+        perm = torch.cat([torch.arange(b.start - seg.start, b.stop - seg.start, device=host) for b in order] or
+                         [torch.zeros(0, dtype=torch.long, device=host)])
         self.perm, self.inv = perm.to(device), torch.argsort(perm).to(device)
         n, dt = seg.stop - seg.start, lr.dtype
         self.g, self.o = (torch.empty(n, dtype=dt, device=device) for _ in range(2))

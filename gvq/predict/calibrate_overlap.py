@@ -2,7 +2,7 @@
 writes ``overlap.json`` beside ``calibration.json``.
 
 * DDP's buckets, formed as torch forms them when it rebuilds its buckets after the first iteration:
-  parameters in the order backward produced their gradients, cut at DDP's default first bucket (:func:`gvq.internals.ddp_first_bucket_bytes`)
+  parameters in the order backward produced their gradients, cut at DDP's default first bucket (:func:`gvq.comm.internals.ddp_first_bucket_bytes`)
   for the first bucket and ``bucket_cap_mb`` after it (no small first bucket once ``bucket_cap_mb`` is
   set, as ``aggregator.bucket_cap_mb`` sets it);
 * backward timed apart from forward and the optimizer step, and when, within backward, each
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gvq.internals import ddp_first_bucket_bytes
+from gvq.comm.internals import ddp_first_bucket_bytes
 from gvq.predict.cost_model import PredictError
 
 MIB = 1024 * 1024

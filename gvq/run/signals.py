@@ -12,7 +12,7 @@ import time
 import torch.multiprocessing as mp
 
 from gvq.run.errors import RunEnded
-from gvq.internals import rank_error_trace
+from gvq.comm.internals import rank_error_trace
 
 GRACE_S = 10.0       # seconds a stopped rank gets to close its CSV and summary before SIGKILL
 FAIL_GRACE_S = 2.0   # after one rank failed: the others' time to exit, then to obey SIGTERM (torch's

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 
-from gvq.internals import TORCH_FIRST_STEP_MODULE, fork_server_pid, run_exit_handlers
+from gvq.comm.internals import TORCH_FIRST_STEP_MODULE, fork_server_pid, run_exit_handlers
 
 # what the server imports before forking ranks: first gvq.run.warm_server (the server dies with its
 # launcher, and exits without tearing torch down), then everything a rank imports before its first step

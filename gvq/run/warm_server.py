@@ -5,7 +5,7 @@
   while holding the launcher's stdout and stderr (``subprocess.run(capture_output=True)`` and
   ``| tee`` wait for those to close);
 * when it ends the ordinary way (its launcher closed the pipe it watches), it skips the interpreter's
-  teardown of torch and its compile machinery (``gvq.internals.TORCH_FIRST_STEP_MODULE``) once the
+  teardown of torch and its compile machinery (``gvq.comm.internals.TORCH_FIRST_STEP_MODULE``) once the
   atexit handlers registered after this one have run (last in, first out).
 
 The ranks it forks are unaffected: a fork clears the death signal, and they end in ``os._exit``.

@@ -25,6 +25,7 @@ _UNFITTED = "GradiVeQ: not fitted; call fit(samples) or load_pca(state) first"
 def relative_loss(c2: float, p2: float, g2: float) -> float:
     """Eq. 7: ||g_n - (U_d g'_n + mu/N)||^2 / ||g_n||^2 over compressed slices, from the sums
     :meth:`GradiVeQ.tracked_sums` reads (over one vector, or summed over an iteration's buckets)."""
+    c2, p2, g2 = float(c2), float(p2), float(g2)
     return max(c2 - p2, 0.0) / g2 if g2 > 0 else 0.0
 
 
@@ -330,13 +331,12 @@ class GradiVeQ(Compressor):
 
     _track: Tensor | None = None
 
-    def tracked_sums(self) -> tuple[float, float, float]:
-        """The three sums :func:`relative_loss` divides; summed over DDP buckets, the loss of their union.
-        Reads them back to the host: once per iteration, after the ring."""
+    def tracked_sums(self) -> Tensor:
+        """The three sums :func:`relative_loss` divides, on the gradient's device (no host sync: summed
+        over an iteration's buckets, they are read once, for the loss of their union)."""
         if self._track is None:
             raise RuntimeError("GradiVeQ.tracked_sums: call track(g) and compress g first")
-        c2, p2, g2 = self._track.tolist()
-        return c2, p2, g2
+        return self._track.clone()
 
     def own_residual(self, x: Tensor) -> Tensor:
         """``x - (U_d U_d^T (x - mu/N) + mu/N)``: what this rank's own payload of ``x`` (a whole vector in

@@ -10,10 +10,11 @@ from gvq.compressors.gradiveq.codec import GradiVeQ
 
 def _payload_before(comp: GradiVeQ, numel: int) -> torch.Tensor:
     """Payload elements before every flat index (raw value = 1, value of a compressed slice = d/K)."""
-    weight = torch.ones(numel, dtype=torch.float64)
+    # a plan made once per fit and read on the host (cut positions), whatever device the codec runs on
+    weight = torch.ones(numel, dtype=torch.float64, device="cpu")
     for g in comp.groups:
         weight[g.start: g.stop] = comp.basis(g.gid)[0].shape[1] / g.K
-    return torch.cat([torch.zeros(1, dtype=torch.float64), weight.cumsum(0)])
+    return torch.cat([torch.zeros(1, dtype=torch.float64, device="cpu"), weight.cumsum(0)])
 
 
 def payload_balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 1) -> list:

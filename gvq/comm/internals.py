@@ -1,10 +1,10 @@
 """Every private Python or torch API gvq relies on, and nothing else: one place to look on an upgrade.
 
 Each function says what it reads, why no public API does the job, and what the caller does with it.
-``tests/run/test_internals.py`` asserts that each still exists with the shape used here, so a Python or
+``tests/comm/test_internals.py`` asserts that each still exists with the shape used here, so a Python or
 torch release that moves one fails that test by name instead of a run misbehaving quietly; the same
-test scans every other gvq module for a private torch or Python name.  It sits beside ``models.py``,
-below every room, so any room may import it.  Callers: :mod:`gvq.run.warm` (the fork server, the fast
+test scans every other gvq module for a private torch or Python name.  It sits in comm/,
+below every room that needs it (run, bench, predict).  Callers: :mod:`gvq.run.warm` (the fork server, the fast
 exit), :mod:`gvq.run.signals` (the failed rank's traceback) and :mod:`gvq.predict.calibrate_overlap` (DDP's first
 bucket).  Elsewhere gvq mirrors one private rule of torch without calling it (the PowerSGD hook's
 choice of which matrices to compress, :mod:`gvq.aggregators.ddp_memory`); the same test holds the

@@ -1,4 +1,4 @@
-"""The private Python and torch APIs gvq relies on (gvq/internals.py) still exist with the shape it
+"""The private Python and torch APIs gvq relies on (gvq/comm/internals.py) still exist with the shape it
 uses: a Python or torch upgrade that moves one fails here, by name, instead of a run misbehaving."""
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from gvq.aggregators.ddp_memory import hook_compresses
-from gvq import internals
+from gvq.comm import internals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str) -> list[str]:
@@ -31,14 +31,14 @@ def test_fork_server_pid_is_where_multiprocessing_keeps_it():
     from multiprocessing import forkserver
     assert forkserver.ForkServer()._forkserver_pid is None          # the attribute, before a server runs
     pid, alive = _python("import os\nfrom multiprocessing import forkserver\n"
-                         "from gvq.internals import fork_server_pid\n"
+                         "from gvq.comm.internals import fork_server_pid\n"
                          "before = fork_server_pid()\nforkserver.ensure_running()\npid = fork_server_pid()\n"
                          "print(pid, before is None and os.path.exists(f'/proc/{pid}'))")
     assert int(pid) > 0 and alive == "True"
 
 
 def test_run_exit_handlers_runs_them_now_last_first_and_once():
-    code = ("import atexit, os\nfrom gvq.internals import run_exit_handlers\n"
+    code = ("import atexit, os\nfrom gvq.comm.internals import run_exit_handlers\n"
             "atexit.register(print, 'first')\natexit.register(print, 'second')\n"
             "run_exit_handlers()\nprint('after')\n")
     assert _python(code) == ["second", "first", "after"]                # an ordinary exit runs none again
@@ -65,7 +65,7 @@ def test_rank_error_trace_reads_torchs_error_file():
 
 def test_torch_optim_first_step_imports_the_preloaded_module():
     assert importlib.util.find_spec(internals.TORCH_FIRST_STEP_MODULE) is not None
-    code = ("import sys, torch\nfrom gvq.internals import TORCH_FIRST_STEP_MODULE as name\n"
+    code = ("import sys, torch\nfrom gvq.comm.internals import TORCH_FIRST_STEP_MODULE as name\n"
             "before = name in sys.modules\nm = torch.nn.Linear(2, 1)\n"
             "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nm(torch.ones(1, 2)).sum().backward()\nopt.step()\n"
             "print(before, name in sys.modules)")
@@ -100,7 +100,7 @@ def test_internals_is_the_one_home_of_private_apis():
     found = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / "gvq").rglob("*.py"))
              if p.name != "internals.py" for n in private_names(p.read_text())]
     assert found == [], found
-    assert os.path.isfile(ROOT / "gvq" / "internals.py")
+    assert os.path.isfile(ROOT / "gvq" / "comm" / "internals.py")
 
 
 def test_the_scan_finds_private_names_however_they_are_spelt():
