@@ -12,8 +12,6 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import torch
-
 from gvq.comm.internals import torch_dispatch_mode
 
 #: the issue-48 budget: ops per compress / decompress / add at most, by codec family (0 host syncs for all)

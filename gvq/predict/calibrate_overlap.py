@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from gvq.comm.internals import ddp_first_bucket_bytes
 from gvq.predict.cost_model import PredictError
