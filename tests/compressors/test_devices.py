@@ -99,17 +99,29 @@ def test_powersgd_passes_stay_on_the_inputs_device(device, warm_start):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_state_resumed_on_the_host_follows_the_data_to_its_device(device):
-    """A checkpoint loads on the host; the next call on a device tensor must move the state (the dither
-    lanes) there, not mix devices."""
-    x = torch.randn(5000)
+    """A checkpoint loads on the host; the next call on a device tensor draws its dither there (on CUDA from
+    the device's own generator, seeded from the checkpoint's), not from host state mixed with device data;
+    and a resume is a resume there too: the same checkpoint draws the same numbers, and the state saved
+    after a device call resumes the next one."""
+    x, seg = torch.randn(5000), slice(0, 5000)
     host = QSGD(bits=4)
-    host.compress(x, slice(0, 5000))                       # lanes drawn on the host
-    resumed = QSGD(bits=4)
-    resumed.load_state_dict(host.state_dict())
-    out = resumed.compress(x.to(device), slice(0, 5000))
+    host.compress(x, seg)                                   # lanes drawn on the host
+
+    def resumed(state: dict) -> QSGD:
+        q = QSGD(bits=4)
+        q.load_state_dict(state)
+        return q
+
+    first = resumed(host.state_dict())
+    out = first.compress(x.to(device), seg)
     assert out.device.type == torch.device(device).type
-    if torch.device(device).type != "meta":               # meta tensors draw nothing: no lanes moved
-        assert resumed.lanes.state.device.type == torch.device(device).type
+    if torch.device(device).type == "meta":                # meta tensors draw nothing
+        return
+    torch.testing.assert_close(resumed(host.state_dict()).compress(x.to(device), seg).cpu(), out.cpu())
+    saved = first.state_dict()
+    follow = first.compress(x.to(device), seg)
+    assert not torch.equal(follow.cpu(), out.cpu())        # fresh randomness every call
+    torch.testing.assert_close(resumed(saved).compress(x.to(device), seg).cpu(), follow.cpu())
 
 
 @pytest.mark.parametrize("device", DEVICES)
