@@ -28,6 +28,7 @@ from pathlib import Path
 from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
 from gvq.schema.errors import ConfigError
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
+from gvq.report.runs import setting_label
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
@@ -56,16 +57,35 @@ def variant_name(variant: str, bucket_mb: float | None) -> str:
     return variant if bucket_mb is None else f"{variant}@{bucket_mb:g}MB"
 
 
+def parse_setting(spec: str) -> tuple[str, tuple[str, ...]]:
+    """A ``--aggregators`` entry, ``OPTION`` or ``OPTION:KEY=VALUE,...`` (keys under ``aggregator.``, e.g.
+    ``qsgd:compressor.bits=2``), as (option, its overrides: :data:`SETTINGS`' unless the entry sets the
+    same key, then its own)."""
+    option, colon, own = spec.partition(":")
+    pairs = [kv for kv in own.split(",") if kv]
+    if (colon and not pairs) or any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
+        raise ValueError(f"--aggregators {spec}: write OPTION or OPTION:KEY=VALUE[,KEY=VALUE] "
+                         "(keys under aggregator., e.g. qsgd:compressor.bits=2)")
+    mine = tuple(f"aggregator.{kv}" for kv in pairs)
+    keys = {o.split("=", 1)[0] for o in mine}
+    return option, tuple(o for o in SETTINGS.get(option, ()) if o.split("=", 1)[0] not in keys) + mine
+
+
 def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
                common: tuple[str, ...] = ()) -> list[ModeSpec]:
-    """Every mode of one spawn: compute alone once (no link), then aggregator x variant x link; ``common``
-    (``--set``): overrides for every aggregator (``name:key=value``: that one only)."""
+    """Every mode of one spawn: compute alone once (no link), then setting x variant x link; a setting is a
+    ``--aggregators`` entry (:func:`parse_setting`), named as the report names runs (``setting_label``:
+    its ``name:key=value`` ``--set`` entries included); ``common`` (``--set``): overrides for every
+    aggregator (``name:key=value``: that one only)."""
     specs = [ModeSpec("local", "local")]
     for bps in links:
-        for agg in aggregators:
+        for entry in aggregators:
+            agg, own = parse_setting(entry)
+            mine = tuple(o.split(":", 1)[1] for o in common if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] == agg)
+            label = setting_label(agg, own + mine)
             for variant, cap, extra in variants(bucket_mb, kinds):
-                specs.append(ModeSpec(f"{agg} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
-                                      SETTINGS.get(agg, ()) + tuple(common) + extra, bps, variant, cap))
+                specs.append(ModeSpec(f"{label} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
+                                      own + tuple(common) + extra, bps, variant, cap, label))
     return specs
 
 
@@ -88,6 +108,7 @@ def mode_records(raw: dict, specs: list[ModeSpec], world: int, scale: float) -> 
             continue
         rows = raw["rows"][spec.label]
         rec = {"N": world, "compute_scale": scale, "link_Mbps": spec.bandwidth / 1e6, "aggregator": spec.option,
+               "setting": spec.setting,
                "variant": variant_name(spec.variant, spec.bucket_mb), "overlapped": spec.variant == "overlap",
                "bucket_mb": spec.bucket_mb, "alone_s": alone["iter_s"], "compute_s": alone["compute_s"],
                "backward_s": alone["backward_s"]}
@@ -105,7 +126,7 @@ def _interval(rec: dict) -> Interval:
 
 
 def _mode_name(rec: dict) -> str:
-    return f"{rec['aggregator']} ({rec['variant']})"
+    return f"{rec['setting']} ({rec['variant']})"
 
 
 #: the reference every cell's gain is over: fp16 overlapped at DDP's default buckets
@@ -139,8 +160,8 @@ def rar_hiding(recs: list[dict]) -> dict:
     of the compute time (forward + backward).  None where it does not apply: post-backward RAR's
     aggregation is no shorter than backward alone (buckets exist only from backward on, so nothing
     longer can hide behind it)."""
-    post = next((r for r in recs if r["aggregator"] == "rar" and r["variant"] == "post"), None)
-    over = next((r for r in recs if r["aggregator"] == "rar" and r["variant"] == "overlap"), None)
+    post = next((r for r in recs if r["setting"] == "rar" and r["variant"] == "post"), None)
+    over = next((r for r in recs if r["setting"] == "rar" and r["variant"] == "overlap"), None)
     if post is None or over is None or post["aggregate_s"] >= post["backward_s"]:
         return {"rar_exposed_s": over["exposed_s"] if over else None, "rar_bound_s": None, "rar_hides": None}
     bound = over["last_bucket_s"] + HIDE_SLACK * post["compute_s"]
@@ -162,7 +183,7 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
         for scale in args.compute_scale:
             recs = [r for bps in args.bandwidth for r in run_cell(args, world, scale, bps)]
             print_markdown([{**r, "iter_ci": _interval(r).text()} for r in recs],
-                           ["link_Mbps", "aggregator", "variant", "iter_s", "iter_ci", "aggregate_s", "comm_s",
+                           ["link_Mbps", "setting", "variant", "iter_s", "iter_ci", "aggregate_s", "comm_s",
                             "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
                            f"N={world}, model={args.model}, input {'x'.join(map(str, input_shape(args)))}, "
@@ -200,7 +221,10 @@ def setting(args) -> dict:
     (``python -m gvq.report --tta``) shows and checks against its runs."""
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
             "num_classes": args.num_classes, "set": list(args.set),
-            "per_option": {k: list(v) for k, v in SETTINGS.items()}, "iters": args.iters, "warmup": args.warmup,
+            # each family's default setting, which the report's gain over the family default is over
+            "defaults": {o: setting_label(o, SETTINGS.get(o, ())) for o in
+                         sorted({parse_setting(a)[0] for a in args.aggregators})},
+            "iters": args.iters, "warmup": args.warmup,
             "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
             "codec_scale": args.codec_scale, "clock": "virtual", "net": args.net}
 
@@ -223,7 +247,9 @@ def parse_args(argv):
     p.add_argument("--bandwidth", type=float, nargs="+", default=[5e7, 2e8, 1e9, 1e10], help="links, bit/s per rank")
     p.add_argument("--compute-scale", type=float, nargs="+", default=[1.0, 1 / 6], help="1: CPU; 1/6: GPU")
     p.add_argument("--codec-scale", type=float, default=1.0)
-    p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))
+    p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
+                   help="settings: OPTION or OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., e.g. "
+                        "qsgd:compressor.bits=2); each is one mode per variant, named as the report names runs")
     p.add_argument("--bucket-mb", type=float, default=0.25, help="the smaller DDP bucket size, MB")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                    help="post-backward, overlapped at DDP's buckets, overlapped at --bucket-mb (fewer => faster)")
@@ -233,6 +259,10 @@ def parse_args(argv):
     add_workload_args(p, model="resnet32", iters=12)   # enough for an interval of the median
     p.set_defaults(warmup=1)
     args = p.parse_args(argv)
+    try:
+        [parse_setting(a) for a in args.aggregators]
+    except ValueError as e:
+        p.error(str(e))
     if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
         p.error("--world-size >= 1; --bandwidth, --compute-scale and --bucket-mb > 0")
     # every cell on virtual time at --codec-scale, each at its --compute-scale; the other net keys

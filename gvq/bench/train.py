@@ -51,6 +51,7 @@ class ModeSpec:
     bandwidth: float | None = None
     variant: str = "post"              # post-backward, or ``overlap`` (inside backward, gvq's hook)
     bucket_mb: float | None = None     # overlapped: DDP's bucket size (None: its defaults)
+    setting: str = ""                  # the setting it times (``report.runs.setting_label``; "": the option)
 
 
 def mode_specs(args) -> list[ModeSpec]:

@@ -106,8 +106,11 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, ho
     of ``iter_s``.  ``phases``: ``bench`` (the record's compute-alone mode) or ``calibration``;
     ``host``: messages cost what N ranks sharing this host's cores pay (the benchmark's ranks did)."""
     codec, rows = bench["setting"].get("codec_scale", 1.0), []
+    defaults = bench["setting"].get("defaults", {})        # files from before settings: one per family
     for r in bench["modes"]:
-        if r["aggregator"] not in ov.m.aggregators:
+        setting = r.get("setting", r["aggregator"])
+        # the calibration holds each family at its default setting: another (qsgd at 2 bits) is not its
+        if r["aggregator"] not in ov.m.aggregators or setting != defaults.get(r["aggregator"], setting):
             continue
         ph = bench_phases(r) if phases == "bench" else None
         args = (r["aggregator"], int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])

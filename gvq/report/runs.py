@@ -33,6 +33,11 @@ class Run:
     metrics: pd.DataFrame | None
     summary: dict = field(default_factory=dict)
 
+    @property
+    def setting(self) -> str:
+        """The option and its ``aggregator.*`` overrides (:func:`setting_label`), inert knobs left out."""
+        return setting_label(self.aggregator, [o for o in self.overrides if not _inert(o, self)])
+
 
 @dataclass
 class Group:
@@ -205,6 +210,18 @@ def _short(override: str) -> str:
         if override.startswith(prefix):
             return override[len(prefix):]
     return override
+
+
+def setting_label(option: str, overrides) -> str:
+    """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``,
+    a ``_target_`` by its class).  The one namer of settings: ``gvq.bench overlap`` names its modes with it
+    and the time-to-accuracy report its runs, so each run finds the seconds measured on its setting."""
+    own = []
+    for o in overrides:
+        if o.startswith("aggregator.") and "=" in o:
+            key, value = _short(o).split("=", 1)
+            own.append(f"{key}={value.rsplit('.', 1)[-1]}" if key == "_target_" else f"{key}={value}")
+    return " ".join([option, *sorted(own)])
 
 
 def setting_key(config: dict) -> str:

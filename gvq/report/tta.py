@@ -67,8 +67,9 @@ def measured_time(run: Run, target: float) -> float:
 
 
 def bench_seconds(bench: dict) -> dict[tuple, float]:
-    """(N, compute_scale, link_Mbps, aggregator, variant) -> median seconds per iteration."""
-    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["aggregator"], r["variant"]): r["iter_s"]
+    """(N, compute_scale, link_Mbps, setting, variant) -> median seconds per iteration (a setting named as
+    ``Run.setting`` names a run's: ``qsgd``, ``qsgd bits=2``)."""
+    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["setting"], r["variant"]): r["iter_s"]
             for r in bench["modes"]}
 
 
@@ -96,7 +97,7 @@ def iteration_table(runs: list[Run], target: float) -> pd.DataFrame:
     rows = []
     for r in runs:
         counts = phase_counts(r, target)
-        rows.append({"aggregator": r.aggregator, "N": r.config.get("world_size"), "variant": _variant(r),
+        rows.append({"aggregator": r.setting, "N": r.config.get("world_size"), "variant": _variant(r),
                      "seed": r.config.get("seed"), "iters": sum(counts.values()) if counts else np.nan})
     df = pd.DataFrame(rows)
     return (df.groupby(["aggregator", "N", "variant"])["iters"]
@@ -112,19 +113,33 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
     for r in post:
         counts = phase_counts(r, target)
         for cell in (c for c in cells if c[0] == r.config.get("world_size")):
-            for variant in sorted({k[4] for k in secs if k[:3] == cell and k[3] == r.aggregator}):
-                t = priced(counts, r.aggregator, variant, cell, secs, phase_options(r)) if counts else np.inf
+            timed = sorted({k[4] for k in secs if k[:3] == cell and k[3] == r.setting})
+            if not timed:
+                raise ReportError(f"the bench JSON has no seconds for {r.setting} at N={cell[0]}, compute "
+                                  f"x{cell[1]:g}, {cell[2]:g} Mbit/s (run {r.path.name}): time that setting with "
+                                  "gvq.bench overlap --aggregators OPTION:KEY=VALUE (keys under aggregator.)")
+            for variant in timed:
+                t = priced(counts, r.setting, variant, cell, secs, phase_options(r)) if counts else np.inf
                 rows.append({"N": cell[0], "compute_scale": cell[1], "link_Mbps": cell[2],
-                             "aggregator": r.aggregator, "variant": variant, "seed": r.config.get("seed"),
+                             "aggregator": r.setting, "variant": variant, "seed": r.config.get("seed"),
                              "tta_s": t})
     if not rows:
         raise ReportError("no post-backward run shares a world size with the bench JSON's cells")
     return pd.DataFrame(rows)
 
 
-def cell_table(records: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: every (aggregator, variant)'s mean +- std seconds to the target over seeds (inf where a
-    seed never reached it), the winner, and its gain over overlapped fp16."""
+def family_gain(spread: dict[str, Interval], best: str, defaults: dict[str, str]) -> float:
+    """The best mode's gain over its family's default setting (``defaults``: option -> that setting's name,
+    the bench's; the faster of its variants): 1 where the default is the best, NaN where it was not run."""
+    option = best.split(" ", 1)[0]
+    mine = [v.median for k, v in spread.items() if k.rsplit(" (", 1)[0] == defaults.get(option, option)]
+    return min(mine) / spread[best].median if mine and np.isfinite(spread[best].median) else np.nan
+
+
+def cell_table(records: pd.DataFrame, defaults: dict[str, str] | None = None) -> pd.DataFrame:
+    """Per cell: every (setting, variant)'s mean +- std seconds to the target over seeds (inf where a
+    seed never reached it), the winner, its gain over overlapped fp16 and over its family's default
+    setting (``defaults``, the bench JSON's: option -> setting; an option's bare name where absent)."""
     g = (records.groupby(["N", "compute_scale", "link_Mbps", "aggregator", "variant"])["tta_s"]
          .agg(mean="mean", std="std", seeds="size").reset_index())
     out = []
@@ -138,6 +153,7 @@ def cell_table(records: pd.DataFrame) -> pd.DataFrame:
                     "winner_s": best.median, "winner_std": best.median - best.lo if best.bounded else np.nan,
                     "fp16_overlap_s": fp16.median if fp16 else np.nan,
                     "gain_over_fp16": won["gain"] if won["gain"] is not None and np.isfinite(best.median) else np.nan,
+                    "gain_over_default": family_gain(spread, won["best"], defaults or {}),
                     **{k: v.median for k, v in spread.items()}})
     # the overlap table's order: per N, the CPU regime first, links from slow to fast
     return (pd.DataFrame(out).sort_values(["N", "scale", "link_Mbps"], ascending=[True, False, True])
@@ -163,10 +179,10 @@ def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
         if net.get("clock") != "virtual" or not net.get("bandwidth_bps") or not counts:
             continue
         cell = (r.config["world_size"], round(net["compute_scale"], 4), net["bandwidth_bps"] / 1e6)
-        composed = priced(counts, r.aggregator, _variant(r), cell, secs, phase_options(r))
+        composed = priced(counts, r.setting, _variant(r), cell, secs, phase_options(r))
         measured = measured_time(r, target)
         rows.append({"N": cell[0], "link_Mbps": cell[2], "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
-                     "aggregator": r.aggregator, "variant": _variant(r), "seed": r.config.get("seed"),
+                     "aggregator": r.setting, "variant": _variant(r), "seed": r.config.get("seed"),
                      "iters": sum(counts.values()), "measured_s": measured, "composed_s": composed,
                      "composed_over_measured": composed / measured,
                      "within": abs(composed / measured - 1) <= VALIDATION_TOLERANCE})
@@ -184,11 +200,11 @@ def _config_value(config: dict, dotted: str):
 
 def check_setting(runs: list[Run], setting: dict) -> None:
     """Refuse runs priced at seconds measured on another setting: batch per rank, and every override the
-    bench applied (``--set`` and its per-option settings, e.g. PowerSGD's rank) must be the run's."""
+    bench applied to all its modes (``--set``) must be the run's.  A setting's own overrides (PowerSGD's
+    rank, QSGD's bits) are in its name, which each run is matched by (``bench_seconds``)."""
     import yaml
     for r in runs:
-        wanted = list(setting.get("set", [])) + list(setting.get("per_option", {}).get(r.aggregator, []))
-        wanted = [o for o in wanted if ":" not in o.split("=", 1)[0] or o.startswith(r.aggregator + ":")]
+        wanted = [o for o in setting.get("set", []) if ":" not in o.split("=", 1)[0] or o.startswith(r.aggregator + ":")]
         mismatch = [] if r.config.get("batch_size") == setting["batch_per_rank"] else [
             f"batch_size={r.config.get('batch_size')} (bench: {setting['batch_per_rank']})"]
         for o in wanted:
@@ -220,15 +236,18 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
                            "iterations": [_reached_pm(m, s) for m, s in zip(it["mean"], it["std"])],
                            "reached": [f"{r}/{n}" for r, n in zip(it["reached"], it["seeds"])]}
                           ).to_markdown(index=False), "",
-             "Winner per cell, and its gain over overlapped fp16:", "",
+             "Winner per cell, its gain over overlapped fp16 and over its family's default setting:", "",
              pd.DataFrame({"N": cells["N"], "link (Mbit/s)": cells["link_Mbps"], "regime": cells["regime"],
                            "winner": cells["winner"],
                            "seconds to target": [_reached_pm(m, s, "{:.1f}") for m, s in
                                                  zip(cells["winner_s"], cells["winner_std"])],
                            "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}") for m in cells["fp16_overlap_s"]],
-                           "gain": [f"{g:.2f}x" for g in cells["gain_over_fp16"]]}).to_markdown(index=False), "",
+                           "gain": [f"{g:.2f}x" for g in cells["gain_over_fp16"]],
+                           "over family default": [f"{g:.2f}x" for g in cells["gain_over_default"]]}
+                          ).to_markdown(index=False), "",
              "Every option per cell (seconds to target, mean over seeds):", "",
-             cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16"])
+             cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16",
+                                 "gain_over_default"])
              .to_markdown(index=False, floatfmt=".1f"), ""]
     if len(val):
         lines += [f"End to end (virtual time, emulated link): measured against composed, within "

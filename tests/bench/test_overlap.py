@@ -32,6 +32,29 @@ def test_variants_and_common_overrides_pick_what_one_spawn_times():
     assert overlap.setting(overlap.parse_args([]))["input_shape"] == [3, 32, 32]   # the ResNets' default
 
 
+def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_path):
+    """``qsgd`` and ``qsgd:compressor.bits=2`` are two modes, each with its own overrides, named by the
+    report's setting_label (so a run with ``aggregator.compressor.bits=2`` finds its seconds); a
+    ``name:key=value`` --set of that option is part of its name; a malformed entry is one line."""
+    from gvq.report.runs import Run, setting_label
+    specs = overlap.cell_specs([2e8], ["qsgd", "qsgd:compressor.bits=2", "powersgd:rank=8"], 0.25, kinds=["post"],
+                               common=("L_t=50", "qsgd:aggregator.stochastic=true"))
+    got = {s.setting: s.overrides for s in specs[1:]}
+    assert set(got) == {"qsgd stochastic=true", "qsgd bits=2 stochastic=true", "powersgd rank=8"}
+    assert "aggregator.compressor.bits=2" in got["qsgd bits=2 stochastic=true"]
+    assert "aggregator.rank=4" not in got["powersgd rank=8"]      # the entry's own rank replaces the table's
+    run = Run(tmp_path, "completed", "", "qsgd", ["aggregator=qsgd", "aggregator.compressor.bits=2",
+                                                  "aggregator.stochastic=true", "seed=1"], {}, None)
+    assert run.setting == "qsgd bits=2 stochastic=true"
+    assert setting_label("signsgd", ["aggregator._target_=gvq.aggregators.error_feedback.ErrorFeedbackAggregator"]
+                         ) == "signsgd _target_=ErrorFeedbackAggregator"
+    for bad in ("qsgd:", "qsgd:bits", "qsgd:=2"):
+        with pytest.raises(SystemExit):
+            overlap.parse_args(["--aggregators", bad])
+    args = overlap.parse_args(["--aggregators", "qsgd:compressor.bits=2", "fp16"])
+    assert overlap.setting(args)["defaults"] == {"fp16": "fp16", "qsgd": "qsgd"}
+
+
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):
     spawned = []
 
@@ -50,8 +73,8 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
 def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, link=50.0, compute=None,
          spread=0.0):
     """A mode's record; its interval of seconds per iteration is ``it`` +- ``spread``."""
-    return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg, "variant": variant,
-            "alone_s": 1.1, "backward_s": backward, "compute_s": backward if compute is None else compute,
+    return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg.split(" ")[0], "setting": agg,
+            "variant": variant, "alone_s": 1.1, "backward_s": backward, "compute_s": backward if compute is None else compute,
             "iter_s": it, "iter_lo_s": it - spread, "iter_hi_s": it + spread, "aggregate_s": aggregate,
             "comm_s": 0.0, "exposed_s": exposed, "last_bucket_s": last}
 

@@ -85,6 +85,11 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
     assert text.startswith("3 (cell, aggregator, mode): 2 within 10% (67%), 0 beyond 25%")
     assert "worst: rar overlap at N=8, 50 Mbit/s" in text and "ratio 0.80" in text
     assert "inside the measured" not in text                   # these records carry no interval
+    other = {"setting": {"codec_scale": 1.0, "defaults": {"rar": "rar", "fp16": "fp16"}},
+             "modes": [{**_record("fp16", "post", 1.0), "setting": "fp16"},
+                       {**_record("fp16", "post", 3.0), "setting": "fp16 some_knob=2"}]}
+    # the calibration is of each family's default setting: another setting of the family is not compared
+    assert validate.overlap_rows(_ScriptedModel(), other)["iter_s"].tolist() == [1.0]
     bench["modes"][0].update(iter_lo_s=1.01, iter_hi_s=1.10)   # the model's 1.0 s falls below it
     bench["modes"][1].update(iter_lo_s=1.9, iter_hi_s=2.6)     # 2.0 s inside
     df = validate.overlap_rows(_ScriptedModel(), bench)

@@ -15,7 +15,7 @@ from gvq.report.__main__ import main
 from gvq.report.runs import ReportError, load_run
 
 SETTING = {"model": "resnet20", "input_shape": [1, 28, 28], "batch_per_rank": 16, "num_classes": 10,
-           "set": ["L_t=50"], "per_option": {"powersgd": ["aggregator.rank=4"]}, "iters": 3, "warmup": 1,
+           "set": ["L_t=50"], "defaults": {"qsgd": "qsgd"}, "iters": 3, "warmup": 1,
            "codec_scale": 1.0, "clock": "virtual"}
 #: seconds per iteration at N = 4, 200 Mbit/s, compute x1, per (option, variant)
 SECS = {("rar", "post"): 0.5, ("rar", "overlap"): 0.4, ("qsgd", "post"): 0.2, ("qsgd", "overlap"): 0.25,
@@ -24,21 +24,22 @@ SECS = {("rar", "post"): 0.5, ("rar", "overlap"): 0.4, ("qsgd", "post"): 0.2, ("
 
 
 def _bench(path: Path, secs=SECS) -> Path:
-    modes = [{"N": 4, "compute_scale": 1.0, "link_Mbps": 200.0, "aggregator": a, "variant": v, "iter_s": s}
+    modes = [{"N": 4, "compute_scale": 1.0, "link_Mbps": 200.0, "aggregator": a.split(" ")[0], "setting": a, "variant": v,
+              "iter_s": s}
              for (a, v), s in secs.items()]
     path.write_text(json.dumps({"setting": SETTING, "modes": modes, "cells": []}))
     return path
 
 
 def _run(root: Path, name: str, agg: str, phases: list[str], accs: dict[int, float], seed=0, overlap=False,
-         net=None, rank=4, step_s=None, batch=16, status="completed", knobs=None) -> Path:
+         net=None, rank=4, step_s=None, batch=16, status="completed", knobs=None, overrides=()) -> Path:
     """A finished run dir: one row per iteration (its phase), test accuracy at the iterations in ``accs``."""
     d = root / name
     d.mkdir(parents=True)
     config = {"world_size": 4, "seed": seed, "batch_size": batch, "L_t": 50,
               "aggregator": {"overlap": overlap, "rank": rank, **(knobs or {})}, "net": net or {"clock": "wall"}}
     (d / "summary.json").write_text(json.dumps({"status": status, "config": config, "job_type": agg,
-                                                "overrides": [f"aggregator={agg}", f"seed={seed}"]}))
+                                                "overrides": [f"aggregator={agg}", *overrides, f"seed={seed}"]}))
     with open(d / "metrics.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["iteration", "phase", "compute_s", "aggregate_s", "wall_s", "test_acc"])
@@ -129,13 +130,43 @@ def test_virtual_runs_with_a_link_are_validated_against_their_composition(tmp_pa
 
 
 def test_runs_on_another_setting_are_refused_naming_the_key(tmp_path):
-    rank2 = load_run(_run(tmp_path, "p2", "powersgd", ["powersgd"] * 5, {4: 0.9}, rank=2))
-    with pytest.raises(ReportError, match=r"aggregator.rank=2 \(bench: 4\)"):
-        tta.check_setting([rank2], SETTING)
+    """A run's setting is its option and aggregator overrides: a rank the bench did not time has no
+    seconds (named); a bench-wide override (--set) or batch the run lacks is refused by key."""
+    bench = json.loads(_bench(tmp_path / "b.json", {**SECS, ("powersgd rank=4", "post"): 0.15}).read_text())
+    rank2 = load_run(_run(tmp_path, "p2", "powersgd", ["powersgd"] * 5, {4: 0.9}, rank=2,
+                          overrides=["aggregator.rank=2"]))
+    with pytest.raises(ReportError, match=r"no seconds for powersgd rank=2 at N=4"):
+        tta.tta_records([rank2], bench, 0.8)
+    rank4 = load_run(_run(tmp_path, "p4", "powersgd", ["powersgd"] * 5, {4: 0.9}, overrides=["aggregator.rank=4"]))
+    assert tta.tta_records([rank4], bench, 0.8).query("variant == 'post'")["tta_s"].item() == pytest.approx(5 * .15)
     big = load_run(_run(tmp_path, "b", "rar", ["rar"] * 5, {4: 0.9}, batch=32))
     with pytest.raises(ReportError, match=r"batch_size=32 \(bench: 16\)"):
         tta.check_setting([big], SETTING)
-    tta.check_setting([load_run(_run(tmp_path, "p4", "powersgd", ["powersgd"] * 5, {4: 0.9}))], SETTING)
+    other = load_run(_run(tmp_path, "l", "gradiveq", ["gradiveq"] * 5, {4: 0.9}))
+    other.config["L_t"] = 100
+    with pytest.raises(ReportError, match=r"L_t=100 \(bench: 50\)"):
+        tta.check_setting([other], SETTING)
+    tta.check_setting([rank4], SETTING)
+
+
+def test_settings_of_one_family_are_priced_apart_and_the_gain_over_its_default(tmp_path):
+    """qsgd at 2 bits and at its default are two settings: each run is priced at its own setting's
+    seconds, and the winner's gain over its family's default setting is reported."""
+    secs = {**SECS, ("qsgd bits=2", "post"): 0.1, ("qsgd bits=2", "overlap"): 0.12}
+    bench = json.loads(_bench(tmp_path / "b.json", secs).read_text())
+    runs = [load_run(_run(tmp_path, f"q2_{s}", "qsgd", ["qsgd"] * 20, {9: 0.85}, seed=s,
+                          overrides=["aggregator.compressor.bits=2"])) for s in (0, 1)]
+    runs += [load_run(_run(tmp_path, f"q4_{s}", "qsgd", ["qsgd"] * 20, {9: 0.85}, seed=s)) for s in (0, 1)]
+    runs += [load_run(_run(tmp_path, "fp16", "fp16", ["fp16"] * 20, {9: 0.85}))]
+    assert {r.setting for r in runs} == {"qsgd bits=2", "qsgd", "fp16"}
+    records = tta.tta_records(runs, bench, 0.8)
+    c = tta.cell_table(records, bench["setting"]["defaults"]).iloc[0]
+    assert c["best"] == "qsgd bits=2 (post)" and c["winner_s"] == pytest.approx(10 * 0.1)
+    assert c["gain_over_default"] == pytest.approx(10 * 0.2 / (10 * 0.1))      # over qsgd's faster variant
+    assert c["gain_over_fp16"] == pytest.approx(10 * 0.28 / (10 * 0.1))
+    it = tta.iteration_table(runs, 0.8).set_index(["aggregator", "variant"])
+    assert it.loc[("qsgd bits=2", "post"), "seeds"] == 2 and it.loc[("qsgd", "post"), "seeds"] == 2
+    assert tta.family_gain({"x (post)": tta._seed_band(1.0, 0.1)}, "x (post)", {}) == pytest.approx(1.0)
 
 
 def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
