@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-UNGROUPED = ("seed=", "hydra.", "logger=", "logger.")         # overrides that do not make a setting
+from gvq.schema.config import NOT_A_SETTING
+
 NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
                "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
 
@@ -185,7 +186,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
     """Same overrides (minus seed and inert knobs) and same status => one group; labels keep what differs."""
     keyed: dict[tuple, list[Run]] = {}
     for r in runs:
-        key = tuple(sorted(o for o in r.overrides if not o.startswith(UNGROUPED) and not _inert(o, r)))
+        key = tuple(sorted(o for o in r.overrides if not o.startswith(NOT_A_SETTING) and not _inert(o, r)))
         keyed.setdefault((key, r.aggregator, finished(r.status)), []).append(r)
     common = set.intersection(*(set(k[0]) for k in keyed)) if keyed else set()
     groups = []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gvq.run.signals import Interrupted
 from gvq.schema import columns
+from gvq.schema.config import NOT_A_SETTING
 
 BASE_FIELDS = columns.BASE      # every run's columns, in the CSV's order (gvq/schema/columns.py)
 
@@ -49,8 +50,6 @@ def process_start() -> float | None:
         return None
 
 
-#: overrides that do not make a setting: a run's seeds share one (as gvq.report groups them)
-NOT_A_SETTING = ("seed=", "hydra.", "logger=", "logger.")
 
 
 def setting_of(overrides: list, inert: list = ()) -> str:

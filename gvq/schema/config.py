@@ -14,6 +14,10 @@ from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNod
 
 from gvq.schema.options import OPTION_SCHEMAS, Choice
 
+#: command-line overrides that do not make a setting (a run's seeds share one): the one list the run's
+#: wandb ``setting`` and the report's groups both leave out
+NOT_A_SETTING = ("seed=", "hydra.", "logger=", "logger.")
+
 
 class Device(Choice):
     cpu = "cpu"                 # gloo

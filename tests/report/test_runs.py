@@ -31,3 +31,18 @@ def test_sweep_crossing_a_gradiveq_knob_with_rar_gives_one_rar_group(tmp_path):
     labels = sorted(g.label for g in by_agg["gradiveq"])               # gradiveq reads lambda: two groups
     assert len(labels) == 2 and "lambda=0.01" in labels[0] and "lambda=0.05" in labels[1], labels
     assert "lambda" not in by_agg["rar"][0].label
+
+
+def test_wandbs_setting_groups_runs_as_the_report_does(tmp_path):
+    """One setting per group, in wandb (``setting`` in each run's config, gvq.run.logs) as in the report
+    and its frontier: seeds and logging knobs together, settings of one family apart."""
+    from gvq.report.runs import Run
+    from gvq.run.logs import setting_of
+    sweep = [["aggregator=qsgd", f"aggregator.compressor.bits={b}", "world_size=4", f"seed={s}",
+              "logger.progress=false"] for b in (2, 4) for s in (0, 1)]
+    sweep += [["aggregator=signsgd", f"aggregator._target_={t}", "world_size=4", f"seed={s}"]
+              for t in ("a.CompressedAggregator", "a.ErrorFeedbackAggregator") for s in (0, 1)]
+    runs = [Run(tmp_path / str(i), "completed", "", o[0].split("=")[1], o, {}, None) for i, o in enumerate(sweep)]
+    by_report = {id(r): g.label for g in group_runs(runs) for r in g.runs}
+    pairs = {(by_report[id(r)], setting_of(r.overrides)) for r in runs}
+    assert len(pairs) == 4 == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
