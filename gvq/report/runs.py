@@ -204,25 +204,22 @@ def _inert(override: str, run: Run) -> bool:
 
 
 def _short(override: str) -> str:
-    """``aggregator=orq`` -> ``orq``; ``aggregator.compressor.levels=5`` -> ``levels=5``."""
+    """``aggregator=orq`` -> ``orq``; ``aggregator.compressor.levels=5`` -> ``levels=5``; a ``_target_`` by
+    its class (``_target_=ErrorFeedbackAggregator``)."""
     if override.startswith("aggregator="):
         return override.split("=", 1)[1]
     for prefix in ("aggregator.compressor.", "aggregator."):
         if override.startswith(prefix):
-            return override[len(prefix):]
+            key, _, value = override[len(prefix):].partition("=")
+            return f"{key}={value.rsplit('.', 1)[-1] if key == '_target_' else value}"
     return override
 
 
 def setting_label(option: str, overrides) -> str:
-    """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``,
-    a ``_target_`` by its class).  The one namer of settings: ``gvq.bench overlap`` names its modes with it
-    and the time-to-accuracy report its runs, so each run finds the seconds measured on its setting."""
-    own = []
-    for o in overrides:
-        if o.startswith("aggregator.") and "=" in o:
-            key, value = _short(o).split("=", 1)
-            own.append(f"{key}={value.rsplit('.', 1)[-1]}" if key == "_target_" else f"{key}={value}")
-    return " ".join([option, *sorted(own)])
+    """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``).
+    The one namer of settings: ``gvq.bench overlap`` names its modes with it and the time-to-accuracy
+    report its runs, so each run finds the seconds measured on its setting."""
+    return " ".join([option, *sorted(_short(o) for o in overrides if o.startswith("aggregator.") and "=" in o)])
 
 
 def setting_key(config: dict) -> str:
