@@ -28,7 +28,7 @@ from pathlib import Path
 from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
 from gvq.schema.errors import ConfigError
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
-from gvq.report.runs import setting_label
+from gvq.report.runs import setting_label, setting_value
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
 AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
@@ -69,6 +69,24 @@ def parse_setting(spec: str) -> tuple[str, tuple[str, ...]]:
     mine = tuple(f"aggregator.{kv}" for kv in pairs)
     keys = {o.split("=", 1)[0] for o in mine}
     return option, tuple(o for o in SETTINGS.get(option, ()) if o.split("=", 1)[0] not in keys) + mine
+
+
+def setting_aliases(entries) -> dict[str, str]:
+    """Each setting's second name, with every key that any setting of its family overrides written out at
+    its resolved value (``qsgd`` is also ``qsgd bits=4`` beside ``qsgd:compressor.bits=2``): a run that set
+    a default explicitly (``aggregator.compressor.bits=4``) finds the seconds of the setting it ran."""
+    from omegaconf import OmegaConf
+    from gvq.bench.common import compose
+    parsed = [parse_setting(e) for e in entries]
+    keys: dict[str, set] = {}
+    for option, own in parsed:
+        keys.setdefault(option, set()).update(o.split("=", 1)[0] for o in own)
+    out = {}
+    for option, own in parsed:
+        cfg = compose([f"aggregator={option}", *own])
+        full = [f"{k}={setting_value(OmegaConf.select(cfg, k))}" for k in sorted(keys[option])]
+        out[setting_label(option, full)] = setting_label(option, own)
+    return {k: v for k, v in out.items() if k != v}
 
 
 def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
@@ -224,7 +242,7 @@ def setting(args) -> dict:
             # each family's default setting, which the report's gain over the family default is over
             "defaults": {o: setting_label(o, SETTINGS.get(o, ())) for o in
                          sorted({parse_setting(a)[0] for a in args.aggregators})},
-            "iters": args.iters, "warmup": args.warmup,
+            "aliases": setting_aliases(args.aggregators), "iters": args.iters, "warmup": args.warmup,
             "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
             "codec_scale": args.codec_scale, "clock": "virtual", "net": args.net}
 

@@ -215,11 +215,31 @@ def _short(override: str) -> str:
     return override
 
 
+def setting_value(value) -> str:
+    """A knob's value as a setting's name writes it, whether it came as override text (``true``, ``2``) or
+    as a resolved config value (``True``, ``2``): YAML's reading, booleans and null lower-case."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))                                  # 8.0 resolved, 8 typed: one setting
+    return str(value)
+
+
 def setting_label(option: str, overrides) -> str:
     """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``).
     The one namer of settings: ``gvq.bench overlap`` names its modes with it and the time-to-accuracy
     report its runs, so each run finds the seconds measured on its setting."""
-    return " ".join([option, *sorted(_short(o) for o in overrides if o.startswith("aggregator.") and "=" in o)])
+    own = []
+    for o in overrides:
+        if o.startswith("aggregator.") and "=" in o:
+            key, value = _short(o).split("=", 1)
+            own.append(f"{key}={value if key == '_target_' else setting_value(value)}")
+    return " ".join([option, *sorted(own)])
 
 
 def setting_key(config: dict) -> str:

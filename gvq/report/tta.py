@@ -68,9 +68,13 @@ def measured_time(run: Run, target: float) -> float:
 
 def bench_seconds(bench: dict) -> dict[tuple, float]:
     """(N, compute_scale, link_Mbps, setting, variant) -> median seconds per iteration (a setting named as
-    ``Run.setting`` names a run's: ``qsgd``, ``qsgd bits=2``)."""
-    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["setting"], r["variant"]): r["iter_s"]
-            for r in bench["modes"]}
+    ``Run.setting`` names a run's: ``qsgd``, ``qsgd bits=2``), each also under its alias (``qsgd bits=4``:
+    the bench's ``aliases``)."""
+    names = {}
+    for alias, name in bench["setting"].get("aliases", {}).items():
+        names.setdefault(name, []).append(alias)
+    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], s, r["variant"]): r["iter_s"]
+            for r in bench["modes"] for s in [r["setting"], *names.get(r["setting"], [])]}
 
 
 def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict,

@@ -53,6 +53,11 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
             overlap.parse_args(["--aggregators", bad])
     args = overlap.parse_args(["--aggregators", "qsgd:compressor.bits=2", "fp16"])
     assert overlap.setting(args)["defaults"] == {"fp16": "fp16", "qsgd": "qsgd"}
+    # a default written out is the same setting: the bench names it so (the option file's bits: 4)
+    assert overlap.setting_aliases(["qsgd", "qsgd:compressor.bits=2", "gradiveq_pooled:compressor.target_ratio=8",
+                                    "gradiveq:samples_in_warmup=true", "gradiveq"]) == {
+        "qsgd bits=4": "qsgd", "gradiveq samples_in_warmup=false": "gradiveq"}
+    assert setting_label("g", ["aggregator.a=True", "aggregator.b=8.0", "aggregator.c=null"]) == "g a=true b=8 c=null"
 
 
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):

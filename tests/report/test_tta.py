@@ -167,6 +167,12 @@ def test_settings_of_one_family_are_priced_apart_and_the_gain_over_its_default(t
     it = tta.iteration_table(runs, 0.8).set_index(["aggregator", "variant"])
     assert it.loc[("qsgd bits=2", "post"), "seeds"] == 2 and it.loc[("qsgd", "post"), "seeds"] == 2
     assert tta.family_gain({"x (post)": tta._seed_band(1.0, 0.1)}, "x (post)", {}) == pytest.approx(1.0)
+    # a run that wrote the default out (bits=4) is priced at the default's seconds, by the bench's alias
+    explicit = load_run(_run(tmp_path, "q4x", "qsgd", ["qsgd"] * 20, {9: 0.85}, overrides=["aggregator.compressor.bits=4"]))
+    with pytest.raises(ReportError, match="no seconds for qsgd bits=4"):
+        tta.tta_records([explicit], bench, 0.8)
+    bench["setting"]["aliases"] = {"qsgd bits=4": "qsgd"}
+    assert tta.tta_records([explicit], bench, 0.8).query("variant == 'post'")["tta_s"].item() == pytest.approx(2.0)
 
 
 def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
