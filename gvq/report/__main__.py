@@ -98,7 +98,8 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> s
         raise ReportError(f"--tta {bench_path}: not a gvq.bench overlap --out JSON ({e})") from None
     tta.check_setting(runs, bench["setting"])
     records = tta.tta_records(runs, bench, target)
-    tables = {"iterations": tta.iteration_table(runs, target), "cells": tta.cell_table(records, bench["setting"].get("defaults")),
+    cells = tta.cell_table(records, bench["setting"].get("defaults"), bench["setting"].get("aliases"))
+    tables = {"iterations": tta.iteration_table(runs, target), "cells": cells,
               "validation": tta.validation(runs, bench, target)}
     out.mkdir(parents=True, exist_ok=True)
     records.to_csv(out / "tta.csv", index=False)

@@ -230,6 +230,11 @@ def setting_value(value) -> str:
     return str(value)
 
 
+#: how a setting is reduced (overlapped inside backward, at which bucket size), not what it sums: the
+#: report and the bench carry it as the variant, beside the setting
+VARIANT_KEYS = ("overlap", "bucket_cap_mb")
+
+
 def setting_label(option: str, overrides) -> str:
     """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``).
     The one namer of settings: ``gvq.bench overlap`` names its modes with it and the time-to-accuracy
@@ -238,6 +243,8 @@ def setting_label(option: str, overrides) -> str:
     for o in overrides:
         if o.startswith("aggregator.") and "=" in o:
             key, value = _short(o).split("=", 1)
+            if key in VARIANT_KEYS:
+                continue
             own.append(f"{key}={value if key == '_target_' else setting_value(value)}")
     return " ".join([option, *sorted(own)])
 

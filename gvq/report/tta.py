@@ -132,15 +132,20 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def family_gain(spread: dict[str, Interval], best: str, defaults: dict[str, str]) -> float:
+def family_gain(spread: dict[str, Interval], best: str, defaults: dict[str, str],
+                aliases: dict[str, str] | None = None) -> float:
     """The best mode's gain over its family's default setting (``defaults``: option -> that setting's name,
-    the bench's; the faster of its variants): 1 where the default is the best, NaN where it was not run."""
+    the bench's; a run may name it by an ``aliases`` key; the faster of its variants): 1 where the default
+    is the best, NaN where the default was not run."""
     option = best.split(" ", 1)[0]
-    mine = [v.median for k, v in spread.items() if k.rsplit(" (", 1)[0] == defaults.get(option, option)]
+    default = defaults.get(option, option)
+    names = {default, *(a for a, name in (aliases or {}).items() if name == default)}
+    mine = [v.median for k, v in spread.items() if k.rsplit(" (", 1)[0] in names]
     return min(mine) / spread[best].median if mine and np.isfinite(spread[best].median) else np.nan
 
 
-def cell_table(records: pd.DataFrame, defaults: dict[str, str] | None = None) -> pd.DataFrame:
+def cell_table(records: pd.DataFrame, defaults: dict[str, str] | None = None,
+               aliases: dict[str, str] | None = None) -> pd.DataFrame:
     """Per cell: every (setting, variant)'s mean +- std seconds to the target over seeds (inf where a
     seed never reached it), the winner, its gain over overlapped fp16 and over its family's default
     setting (``defaults``, the bench JSON's: option -> setting; an option's bare name where absent)."""
@@ -157,7 +162,7 @@ def cell_table(records: pd.DataFrame, defaults: dict[str, str] | None = None) ->
                     "winner_s": best.median, "winner_std": best.median - best.lo if best.bounded else np.nan,
                     "fp16_overlap_s": fp16.median if fp16 else np.nan,
                     "gain_over_fp16": won["gain"] if won["gain"] is not None and np.isfinite(best.median) else np.nan,
-                    "gain_over_default": family_gain(spread, won["best"], defaults or {}),
+                    "gain_over_default": family_gain(spread, won["best"], defaults or {}, aliases),
                     **{k: v.median for k, v in spread.items()}})
     # the overlap table's order: per N, the CPU regime first, links from slow to fast
     return (pd.DataFrame(out).sort_values(["N", "scale", "link_Mbps"], ascending=[True, False, True])
@@ -247,7 +252,7 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
                                                  zip(cells["winner_s"], cells["winner_std"])],
                            "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}") for m in cells["fp16_overlap_s"]],
                            "gain": [f"{g:.2f}x" for g in cells["gain_over_fp16"]],
-                           "over family default": [f"{g:.2f}x" for g in cells["gain_over_default"]]}
+                           "over family default": [f"{g:.2f}x" if np.isfinite(g) else "—" for g in cells["gain_over_default"]]}
                           ).to_markdown(index=False), "",
              "Every option per cell (seconds to target, mean over seeds):", "",
              cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16",

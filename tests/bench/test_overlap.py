@@ -58,6 +58,8 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
                                     "gradiveq:samples_in_warmup=true", "gradiveq"]) == {
         "qsgd bits=4": "qsgd", "gradiveq samples_in_warmup=false": "gradiveq"}
     assert setting_label("g", ["aggregator.a=True", "aggregator.b=8.0", "aggregator.c=null"]) == "g a=true b=8 c=null"
+    # the variant (overlapped, bucket size) is not the setting: the bench times it beside
+    assert setting_label("g", ["aggregator.overlap=true", "aggregator.bucket_cap_mb=0.25", "aggregator.b=2"]) == "g b=2"
 
 
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):

@@ -173,6 +173,11 @@ def test_settings_of_one_family_are_priced_apart_and_the_gain_over_its_default(t
         tta.tta_records([explicit], bench, 0.8)
     bench["setting"]["aliases"] = {"qsgd bits=4": "qsgd"}
     assert tta.tta_records([explicit], bench, 0.8).query("variant == 'post'")["tta_s"].item() == pytest.approx(2.0)
+    # and its family's winner is measured against it under that name
+    records = tta.tta_records([runs[0], explicit], bench, 0.8)
+    c = tta.cell_table(records, bench["setting"]["defaults"], bench["setting"]["aliases"]).iloc[0]
+    assert c["best"] == "qsgd bits=2 (post)" and c["gain_over_default"] == pytest.approx(2.0)
+    assert np.isnan(tta.cell_table(records, bench["setting"]["defaults"]).iloc[0]["gain_over_default"])
 
 
 def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
