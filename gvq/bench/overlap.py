@@ -99,7 +99,8 @@ def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS
     for bps in links:
         for entry in aggregators:
             agg, own = parse_setting(entry)
-            mine = tuple(o.split(":", 1)[1] for o in common if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] == agg)
+            mine = tuple(o.split(":", 1)[1] for o in common
+                         if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] == agg)
             label = setting_label(agg, own + mine)
             for variant, cap, extra in variants(bucket_mb, kinds):
                 specs.append(ModeSpec(f"{label} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
@@ -277,10 +278,11 @@ def parse_args(argv):
     add_workload_args(p, model="resnet32", iters=12)   # enough for an interval of the median
     p.set_defaults(warmup=1)
     args = p.parse_args(argv)
-    try:
-        [parse_setting(a) for a in args.aggregators]
-    except ValueError as e:
-        p.error(str(e))
+    for entry in args.aggregators:           # a malformed setting: one line, before any rank starts
+        try:
+            parse_setting(entry)
+        except ValueError as e:
+            p.error(str(e))
     if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
         p.error("--world-size >= 1; --bandwidth, --compute-scale and --bucket-mb > 0")
     # every cell on virtual time at --codec-scale, each at its --compute-scale; the other net keys
