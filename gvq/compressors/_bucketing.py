@@ -281,7 +281,7 @@ class BucketQuantizer(Compressor):
             if state is not None:
                 self._dgen.set_state(state)
             else:
-                self._dgen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
+                self._dgen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen, device="cpu")))
         return self._dgen
 
     _dgen: torch.Generator | None = None

@@ -245,7 +245,7 @@ def setting_label(option: str, overrides) -> str:
             key, value = _short(o).split("=", 1)
             if key in VARIANT_KEYS:
                 continue
-            own.append(f"{key}={value if key == '_target_' else setting_value(value)}")
+            own.append(f"{key}={setting_value(value)}")
     return " ".join([option, *sorted(own)])
 
 

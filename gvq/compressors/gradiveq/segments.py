@@ -24,15 +24,14 @@ def payload_balanced_segments(comp: GradiVeQ, numel: int, n: int, pieces: int = 
     *group* boundaries where the segment has them (a basis is streamed from memory once per piece that
     touches its group, so a cut inside a group reads its K x d basis twice); pieces may then be uneven."""
     cuts = comp.cuts(numel)
-    cum = _payload_before(comp, numel)
-    at = cum[torch.tensor(cuts)].tolist()                  # payload before each cut, non-decreasing
-    segs = balanced_segments(cuts, n, at)
+    cum = _payload_before(comp, numel).tolist()             # a host plan: read once, indexed as a list
+    segs = balanced_segments(cuts, n, [cum[i] for i in cuts])   # payload before each cut, non-decreasing
     if pieces == 1:
         return segs
     edges = sorted({0, numel} | {g.start for g in comp.groups} | {g.stop for g in comp.groups})
     out = []
     for seg in segs:
         inner = [seg.start] + [e for e in edges if seg.start < e < seg.stop] + [seg.stop]
-        split = balanced_segments(inner, pieces, cum[torch.tensor(inner)].tolist())
+        split = balanced_segments(inner, pieces, [cum[i] for i in inner])
         out.append([p for p in split if p.stop > p.start] or [seg])
     return out

@@ -69,11 +69,12 @@ class PCAState:
     @classmethod
     def from_tensors(cls, ds: Tensor, vals: Tensor, groups) -> "PCAState":
         """The state :meth:`tensors` gave, for the layout's ``groups`` (each with ``K`` and ``n``)."""
-        bad_d = any(not 1 <= k <= g.K for g, k in zip(groups, ds.tolist()))
+        dl = ds.tolist()                      # one read of the relayed sizes (once per refit)
+        bad_d = any(not 1 <= k <= g.K for g, k in zip(groups, dl))
         if ds.numel() != len(groups) or bad_d or vals.numel() != value_count(groups, ds):
             raise ValueError("PCAState.from_tensors: sizes do not match the bound layout")
         U, mu, off = [], [], 0
-        for g, k in zip(groups, ds.tolist()):
+        for g, k in zip(groups, dl):
             U.append(vals[off: off + g.K * k].reshape(g.K, k).float().clone())
             off += g.K * k
         for g in groups:
