@@ -284,13 +284,13 @@ def test_fashion_presets_compose_what_their_tables_need(compose_cfg, exp):
     assert cfg.dataset._target_ == "gvq.data.fashion_mnist" and cfg.hydra.sweep.dir == f"runs/multirun/{exp}"
     aggs = cfg.hydra.sweeper.params.aggregator.split(",")
     if exp == "fmnist_orq":                          # Table 2: one worker, the quantizers without a level count
-        assert cfg.world_size == 1 and aggs == ["rar", "bingrad_b", "bingrad_pb", "signsgd", "terngrad"]
+        assert cfg.world_size == 1 and aggs == ["rar", "bingrad_b", "bingrad_pb", "signsgd", "terngrad_unclipped"]
         assert cfg.hydra.sweeper.params.seed == "0,1,2"
     if exp == "fmnist_gradiveq":                     # sec. 4: the run ends in GradiVeQ's compressed phase
         assert aggs == ["rar", "qsgd", "gradiveq"] and cfg.world_size == 4 and cfg.model._target_.endswith("resnet20")
         assert (cfg.L_t, cfg.L_c) == (100, 400) and cfg.warmup + cfg.L_t + cfg.L_c == cfg.iterations
     if exp == "fmnist_compare":
-        assert len(aggs) == 10 and "terngrad" not in aggs and cfg.world_size == 4   # its own lr: the header
+        assert len(aggs) == 11 and "terngrad" in aggs and cfg.world_size == 4   # clipped: trains at the shared lr
     if exp == "fmnist_tta":                          # the overlap bench's options (PowerSGD at its rank: the header)
         from gvq.bench.overlap import AGGREGATORS, SETTINGS
         assert sorted(aggs + ["powersgd"]) == sorted(AGGREGATORS) and cfg.hydra.sweeper.params.world_size == "4,8"
@@ -310,3 +310,15 @@ def test_the_orq_table_quantizes_at_one_worker(tmp_path, fashion_root, monkeypat
     assert code == 0 and summary["status"] == "completed", summary
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert len(m) == 30 and (m.bytes_sent == 0).all() and (m.compression_error > 0.05).all()
+
+
+@pytest.mark.parametrize("exp", ["fmnist_orq", "paper_orq"])
+def test_the_orq_presets_sweep_the_papers_unclipped_terngrad(compose_cfg, exp):
+    """TernGrad clips by default (it trains at N = 4 then); the ORQ paper's TernGrad does not, and its presets
+    must keep reproducing that: each TernGrad in their sweep composes with clipping off."""
+    aggs = compose_cfg(f"experiment={exp}", return_hydra_config=True).hydra.sweeper.params.aggregator.split(",")
+    terngrads = [a for a in aggs if a.startswith("terngrad")]
+    assert terngrads == ["terngrad_unclipped"]
+    unclipped = compose_cfg(f"experiment={exp}", "aggregator=terngrad_unclipped").aggregator.compressor
+    assert unclipped.clip is None and unclipped._target_ == "gvq.compressors.terngrad.TernGrad"
+    assert compose_cfg(f"experiment={exp}", "aggregator=terngrad").aggregator.compressor.clip == 2.5
