@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
+from gvq.schema.compose import compose, overrides_for  # the run config `python cli.py <overrides>` composes
 from gvq.schema.errors import ConfigError
 
 
@@ -32,9 +32,7 @@ def make_aggregator(name: str, overrides: list[str]):
     """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only.
     Built as the runner builds it: ``aggregator.overlap=true`` wraps it (DDP + the gvq hook)."""
     from gvq.hooks.builder import aggregator_from
-    mine = [o.split(":", 1)[1] if ":" in o.split("=", 1)[0] else o for o in overrides
-            if ":" not in o.split("=", 1)[0] or o.split(":", 1)[0] == name]
-    cfg = compose([f"aggregator={name}", *mine])
+    cfg = compose([f"aggregator={name}", *overrides_for(name, overrides)])
     return aggregator_from(cfg.aggregator)
 
 

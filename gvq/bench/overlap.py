@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
+from gvq.schema.compose import overrides_for
 from gvq.schema.errors import ConfigError
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
 from gvq.report.runs import setting_label, setting_value
@@ -99,9 +100,7 @@ def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS
     for bps in links:
         for entry in aggregators:
             agg, own = parse_setting(entry)
-            mine = tuple(o.split(":", 1)[1] for o in common
-                         if ":" in o.split("=", 1)[0] and o.split(":", 1)[0] == agg)
-            label = setting_label(agg, own + mine)
+            label = setting_label(agg, own + tuple(overrides_for(agg, common, scoped_only=True)))
             for variant, cap, extra in variants(bucket_mb, kinds):
                 specs.append(ModeSpec(f"{label} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
                                       own + tuple(common) + extra, bps, variant, cap, label))

@@ -17,6 +17,7 @@ import pandas as pd
 
 from gvq.report.intervals import Interval, best_of
 from gvq.report.runs import ReportError, Run
+from gvq.schema.compose import overrides_for
 
 FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
 
@@ -213,11 +214,11 @@ def check_setting(runs: list[Run], setting: dict) -> None:
     rank, QSGD's bits) are in its name, which each run is matched by (``bench_seconds``)."""
     import yaml
     for r in runs:
-        wanted = [o for o in setting.get("set", []) if ":" not in o.split("=", 1)[0] or o.startswith(r.aggregator + ":")]
+        wanted = overrides_for(r.aggregator, setting.get("set", []))
         mismatch = [] if r.config.get("batch_size") == setting["batch_per_rank"] else [
             f"batch_size={r.config.get('batch_size')} (bench: {setting['batch_per_rank']})"]
         for o in wanted:
-            key, value = o.split(":", 1)[-1].split("=", 1)
+            key, value = o.split("=", 1)
             have = _config_value(r.config, key)
             if have is not None and have != yaml.safe_load(value):
                 mismatch.append(f"{key}={have} (bench: {value})")

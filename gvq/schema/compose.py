@@ -62,3 +62,20 @@ def _own_hydra(conf: Path):
         GlobalHydra.instance().clear()
         if outer is not None:
             GlobalHydra.instance().initialize(outer)
+
+
+def overrides_for(option: str, overrides, scoped_only: bool = False) -> list[str]:
+    """The overrides that apply to the aggregator option ``option`` in the benches' ``--set`` syntax:
+    ``key=value`` applies to every option, ``option:key=value`` to that one (returned without its scope);
+    ``scoped_only``: just the latter, the ones that make a bench mode's setting.  The one reader of that
+    syntax for the bench that applies it, the overlap bench that names its modes by it and the report
+    that checks runs against it."""
+    out = []
+    for o in overrides:
+        scope, colon, rest = o.partition(":")
+        if not colon or "=" in scope:           # unscoped (a ':' inside the value is not a scope)
+            if not scoped_only:
+                out.append(o)
+        elif scope == option:
+            out.append(rest)
+    return out

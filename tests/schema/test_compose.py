@@ -27,3 +27,15 @@ def test_a_bad_override_raises_the_clis_line(overrides, line):
     with pytest.raises(ConfigError) as e:
         compose(overrides)
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_overrides_for_reads_a_scope_as_the_bench_applies_it_and_the_report_checks_it():
+    """``key=value`` is every option's, ``option:key=value`` that option's alone (scope stripped); a ':'
+    in a value is no scope; ``scoped_only`` keeps just the scoped ones (what names a bench mode)."""
+    from gvq.schema.compose import overrides_for
+    sets = ["L_t=50", "powersgd:aggregator.rank=4", "gradiveq:aggregator.warmup_by=qsgd",
+            "gradiveq_bf16:aggregator.compressor.K=x1", "hydra.run.dir=a:b"]
+    assert overrides_for("gradiveq", sets) == ["L_t=50", "aggregator.warmup_by=qsgd", "hydra.run.dir=a:b"]
+    assert overrides_for("powersgd", sets, scoped_only=True) == ["aggregator.rank=4"]
+    assert overrides_for("rar", sets) == ["L_t=50", "hydra.run.dir=a:b"]
+    assert overrides_for("rar", sets, scoped_only=True) == []
