@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 from gvq.comm.internals import torch_dispatch_mode
 
+#: clipping to +-c*RMS of each bucket first (TernGrad's option default) adds a norm, the bound and a clamp
+CLIP_OPS = 6
 #: the issue-48 budget: ops per compress / decompress / add at most, by codec family (0 host syncs for all)
-BUDGET = {"fp16": 16, "qsgd": 16, "terngrad": 16, "signsgd": 16,
+BUDGET = {"fp16": 16, "qsgd": 16, "terngrad_unclipped": 16, "terngrad": 16 + CLIP_OPS, "signsgd": 16,
           "orq": 32, "linear": 32, "bingrad_b": 32, "bingrad_pb": 32, "gradiveq": 32, "powersgd": 32}
 
 #: aten ops that read a device value back to the host (the caller waits for every queued kernel)
