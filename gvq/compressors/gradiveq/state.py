@@ -71,7 +71,7 @@ class PCAState:
         """The state :meth:`tensors` gave, for the layout's ``groups`` (each with ``K`` and ``n``)."""
         dl = ds.tolist()                      # one read of the relayed sizes (once per refit)
         bad_d = any(not 1 <= k <= g.K for g, k in zip(groups, dl))
-        if ds.numel() != len(groups) or bad_d or vals.numel() != value_count(groups, ds):
+        if ds.numel() != len(groups) or bad_d or vals.numel() != _value_count(groups, dl):
             raise ValueError("PCAState.from_tensors: sizes do not match the bound layout")
         U, mu, off = [], [], 0
         for g, k in zip(groups, dl):
@@ -95,4 +95,8 @@ class PCAState:
 def value_count(groups, ds: Tensor) -> int:
     """Length of the float tensor of a state with these d's (``ds``) over ``groups``: the size of the
     relay's second receive buffer, known once the d's have arrived."""
-    return sum(g.K * int(k) + g.n * g.K + 1 for g, k in zip(groups, ds.tolist()))
+    return _value_count(groups, ds.tolist())
+
+
+def _value_count(groups, ds: list[int]) -> int:
+    return sum(g.K * k + g.n * g.K + 1 for g, k in zip(groups, ds))
