@@ -58,10 +58,10 @@ def variant_name(variant: str, bucket_mb: float | None) -> str:
     return variant if bucket_mb is None else f"{variant}@{bucket_mb:g}MB"
 
 
-def parse_setting(spec: str) -> tuple[str, tuple[str, ...]]:
+def parse_setting(spec: str, defaults: dict = SETTINGS) -> tuple[str, tuple[str, ...]]:
     """A ``--aggregators`` entry, ``OPTION`` or ``OPTION:KEY=VALUE,...`` (keys under ``aggregator.``, e.g.
-    ``qsgd:compressor.bits=2``), as (option, its overrides: :data:`SETTINGS`' unless the entry sets the
-    same key, then its own)."""
+    ``qsgd:compressor.bits=2``), as (option, its overrides: ``defaults``' for the option (the bench's
+    :data:`SETTINGS`) unless the entry sets the same key, then its own)."""
     option, colon, own = spec.partition(":")
     pairs = [kv for kv in own.split(",") if kv]
     if (colon and not pairs) or any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
@@ -69,7 +69,20 @@ def parse_setting(spec: str) -> tuple[str, tuple[str, ...]]:
                          "(keys under aggregator., e.g. qsgd:compressor.bits=2)")
     mine = tuple(f"aggregator.{kv}" for kv in pairs)
     keys = {o.split("=", 1)[0] for o in mine}
-    return option, tuple(o for o in SETTINGS.get(option, ()) if o.split("=", 1)[0] not in keys) + mine
+    return option, tuple(o for o in defaults.get(option, ()) if o.split("=", 1)[0] not in keys) + mine
+
+
+def with_common(spec: str, common) -> tuple[str, tuple[str, ...]]:
+    """:func:`parse_setting` with ``common`` (``--set`` style, ``name:key=value`` for that option only) as
+    the defaults the entry's own keys replace: how ``gvq.predict`` builds a calibrated setting."""
+    option = spec.partition(":")[0]
+    return parse_setting(spec, {option: tuple(overrides_for(option, list(common)))})
+
+
+def entry_label(spec: str) -> str:
+    """An entry's name by its own overrides only (``qsgd:compressor.bits=2`` -> ``qsgd bits=2``, ``qsgd`` ->
+    ``qsgd``): how ``gvq.predict`` keys the settings it calibrates, which the report's names match."""
+    return setting_label(*parse_setting(spec, {}))
 
 
 def setting_aliases(entries) -> dict[str, str]:

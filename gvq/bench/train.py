@@ -200,11 +200,15 @@ def print_iterations(records: list[dict], header: str) -> None:
 
 
 def input_shape(args) -> tuple[int, int, int]:
-    """``--input-shape``, else the shape of the data the model is built for by default (digits for the
-    CNN, CIFAR for the ResNets)."""
+    """``--input-shape``, else :func:`default_input_shape`."""
     if args.input_shape:
         return tuple(args.input_shape)
-    return (1, 8, 8) if args.model == "cnn" else (3, 32, 32)
+    return default_input_shape(args.model)
+
+
+def default_input_shape(model: str) -> tuple[int, int, int]:
+    """The shape of the data a model is built for by default (digits for the CNN, CIFAR for the ResNets)."""
+    return (1, 8, 8) if model == "cnn" else (3, 32, 32)
 
 
 def add_workload_args(p, model: str, iters: int) -> None:

@@ -19,6 +19,7 @@ from gvq.predict.structure import (
     AGGREGATORS,
     SETTINGS,
     build_on_one_rank,
+    entries,
     rounds,
     stored,
     structure_ns,
@@ -61,11 +62,13 @@ def vector_ops(reps: int = 20) -> dict:
 COMPUTE_REPS = 40    # enough samples for the median of the slowest of 16 ranks (the 0.958 quantile)
 
 
-def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS) -> list[float]:
-    """CPU seconds of one forward + backward + SGD step (what the compute phase times), ``reps`` samples
-    sorted: their spread on one quiet rank is the spread between ranks of one iteration."""
+def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS, shape=None) -> list[float]:
+    """CPU seconds of one forward + backward + SGD step (what the compute phase times) on inputs of
+    ``shape`` (default: the model's default data's), ``reps`` samples sorted: their spread on one quiet
+    rank is the spread between ranks of one iteration."""
     from gvq.bench.common import build_model
-    shape = (1, 8, 8) if model == "cnn" else (3, 32, 32)
+    from gvq.bench.train import default_input_shape
+    shape = tuple(shape or default_input_shape(model))
     net = build_model(model, num_classes, shape[0])
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, *shape), torch.randint(0, num_classes, (batch,))
@@ -251,18 +254,24 @@ def measure_cost(agg, numel: int, reps: int = 5) -> float:
     return statistics.median(_cpu_seconds(run) for _ in range(reps))
 
 
-def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = True) -> dict:
-    """Measure everything; write ``calibration.json`` and ``structure.json`` under ``out``."""
+def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = True,
+              aggregators=AGGREGATORS, shape=None) -> dict:
+    """Measure everything for each of ``aggregators`` (options, or settings ``OPTION:KEY=VALUE[,...]``,
+    each keyed by its name: :func:`gvq.predict.structure.entries`) on inputs of ``shape`` (default: the
+    model's default data's); write ``calibration.json`` and ``structure.json`` under ``out``."""
+    from gvq.bench.train import default_input_shape
+    named, shape = entries(aggregators), list(shape or default_input_shape(model))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cal = {"host": platform.processor() or platform.machine(), "torch": torch.__version__, "model": model,
-           "batch_size": batch, "num_classes": num_classes, "settings": SETTINGS,
-           "compute_samples": compute(model, batch, num_classes), "vector": vector_ops(), "msg": message_cost(),
+           "batch_size": batch, "num_classes": num_classes, "settings": SETTINGS, "entries": named,
+           "input_shape": shape, "compute_samples": compute(model, batch, num_classes, shape=shape),
+           "vector": vector_ops(), "msg": message_cost(),
            "cache": "cold" if cold else "warm", "codecs": {}, "measure": {}}
     cal["compute_s"] = statistics.median(cal["compute_samples"])
     struct = {"model": model, "aggregators": {}}
-    for name in AGGREGATORS:
-        agg, numel = build_on_one_rank(name, model, num_classes)
+    for name, entry in named.items():
+        agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=shape[0])
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel
@@ -284,9 +293,21 @@ def main(argv=None):
     p.add_argument("--cache", choices=("cold", "warm"), default="cold",
                    help="codec calls timed after flushing the caches (as after the ring's waits; one rank "
                         "per core of a busy host) or back to back (a rank alone on its machine)")
+    p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
+                   help="options or settings OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., as gvq.bench "
+                        "overlap takes them), each priced under its name, e.g. qsgd:compressor.bits=2 as "
+                        "'qsgd bits=2' (more entries: a longer calibration)")
+    p.add_argument("--input-shape", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
+                   help="one input's shape, as gvq.bench's (default: 1 8 8 for cnn, 3 32 32 otherwise); e.g. "
+                        "1 28 28 for Fashion-MNIST, so compute and the backward profile are a run's on it")
     args = p.parse_args(argv)
+    try:
+        entries(args.aggregators)
+    except ValueError as e:
+        p.error(str(e))
     args.out = args.out or Path("runs/predict") / args.model
-    cal = calibrate(args.model, args.batch_size, args.num_classes, args.out, args.cache == "cold")
+    cal = calibrate(args.model, args.batch_size, args.num_classes, args.out, args.cache == "cold",
+                    args.aggregators, args.input_shape)
     print(f"gvq.predict calibrate: compute {cal['compute_s'] * 1e3:.1f} ms / iteration, message "
           f"{cal['msg'][0] * 1e6:.1f} us + {cal['msg'][1] * 1e9:.2f} ns/byte -> {args.out}/calibration.json, "
           "structure.json")

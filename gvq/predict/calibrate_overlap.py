@@ -53,12 +53,14 @@ def assign_buckets(nbytes: list[int], order: list[int], limits: list[int]) -> li
     return out + ([cur] if cur else [])
 
 
-def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFILE_REPS) -> dict:
-    """CPU seconds of forward (with the loss and zero_grad), backward and the SGD step, ``reps`` sorted
-    samples each, and per parameter (model order) the median share of backward elapsed when its
-    gradient was produced; ``order``: the parameters in the order their gradients came."""
+def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFILE_REPS, shape=None) -> dict:
+    """CPU seconds of forward (with the loss and zero_grad), backward and the SGD step on inputs of
+    ``shape`` (default: the model's default data's), ``reps`` sorted samples each, and per parameter
+    (model order) the median share of backward elapsed when its gradient was produced; ``order``: the
+    parameters in the order their gradients came."""
     from gvq.bench.common import build_model
-    shape = (1, 8, 8) if model == "cnn" else (3, 32, 32)
+    from gvq.bench.train import default_input_shape
+    shape = tuple(shape or default_input_shape(model))
     net = build_model(model, num_classes, shape[0])
     params = list(net.parameters())
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
@@ -132,20 +134,21 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
     (``host_msg``: what validation against this host's N-rank benchmarks needs); write
     ``folder/overlap.json``."""
     from gvq.predict.calibrate import message_cost
-    from gvq.predict.structure import build_on_one_rank
+    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_shape
     cal = json.loads((folder / "calibration.json").read_text())
-    names = list(json.loads((folder / "structure.json").read_text())["aggregators"])
+    named = calibrated_entries(cal, json.loads((folder / "structure.json").read_text()))
+    shape = calibrated_shape(cal)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps)
+    prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps, shape)
     layouts = {cap_key(c): assign_buckets(prof["nbytes"], prof["order"], bucket_limits(c)) for c in [None, *caps]}
     out = {"model": cal["model"], "profile": prof, "buckets": {}, "host_msg": {}}
     for n in host_ranks:                        # fewer calls at large N: each posts 4 (N - 1) messages
         out["host_msg"][str(n)] = message_cost(max(4, 80 // n), n)
         print(f"gvq.predict calibrate-overlap: {n} ranks on this host: {out['host_msg'][str(n)][0] * 1e6:.1f} "
               "us per message posted", flush=True)
-    for name in names:
-        agg, numel = build_on_one_rank(name, cal["model"], cal["num_classes"], cal["settings"])
+    for name, entry in named.items():
+        agg, numel = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"], shape[0])
         out["buckets"][name] = {k: bucket_entries(name, agg, b, numel, cal["codecs"]) for k, b in layouts.items()}
         print(f"gvq.predict calibrate-overlap: {name}: buckets {[len(b) for b in layouts.values()]}", flush=True)
     (folder / "overlap.json").write_text(json.dumps(out))

@@ -89,7 +89,8 @@ def plot(win: pd.DataFrame, model: str, path: Path) -> None:
             ax.text(j, i, f"{r['margin']:.1f}", ha="center", va="center", fontsize=6)
         ax.imshow(img, cmap=cmap, vmin=0, vmax=9, aspect="auto", origin="lower")
         gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
-        ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
+        if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line
+            ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
         ax.set_xticks(range(len(Bs)), [f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M" for b in Bs], fontsize=7)
         ax.set_yticks(range(len(Ns)), [str(n) for n in Ns], fontsize=7)
         ax.set_xlabel("link, bit/s per rank")
@@ -112,8 +113,9 @@ def main(argv=None):
     p.add_argument("--overlap", action="store_true", help="post-backward and overlapped modes (N >= 8, 50 "
                    "Mbit/s..100 Gbit/s, compute x1 and x1/6) against overlapped fp16; needs calibrate-overlap")
     p.add_argument("--iterations-to-target", nargs="+", default=[], metavar="AGGREGATOR=ITERATIONS",
-                   help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 qsgd=113 (the time to "
-                        "accuracy table's mean iterations; aggregators without one are left out of that ranking)")
+                   help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 'qsgd bits=2=140' (the "
+                        "frontier's mean iterations per calibrated name, a setting's as the report names it; "
+                        "aggregators without one are left out of that ranking)")
     p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
     codec_costs.add_arguments(p)
     args = p.parse_args(argv)
@@ -213,6 +215,10 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
     frames = []
     for model in models:
         ov = Overlap.load(calibration / model, pricing)
+        unknown = sorted(set(iters or {}) - set(ov.m.aggregators))
+        if unknown:                 # a misspelt setting would drop out of the ranking unseen
+            raise M.PredictError(f"gvq.predict project: --iterations-to-target {', '.join(map(repr, unknown))}: not "
+                                 f"calibrated for {model} (have {', '.join(map(repr, ov.m.aggregators))})")
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
         win = overlap_winners(overlap_grid(ov, worlds), iters).assign(model=model)
         plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
@@ -233,7 +239,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
 def _iterations_to_target(p: argparse.ArgumentParser, pairs: list[str]) -> dict[str, float]:
     out = {}
     for pair in pairs:
-        name, _, value = pair.partition("=")
+        name, _, value = pair.rpartition("=")     # a setting's name holds '=' itself: 'qsgd bits=2=140'
         try:
             out[name] = float(value)
         except ValueError:

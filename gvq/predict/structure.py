@@ -19,18 +19,48 @@ def structure_ns() -> list[int]:
     return list(range(2, 17)) + [24, 32, 48, 64, 128, 256, 512, 1024]
 
 
-def build_on_one_rank(name: str, model: str, num_classes: int, settings=SETTINGS):
-    """The aggregator ``name`` (with ``settings``; make bench's by default) set up on one rank of
-    ``model``'s gradient, GradiVeQ fitted as ``gvq.bench`` fits it; returns (aggregator, numel)."""
+def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTINGS, in_channels: int | None = None):
+    """The calibrated ``entry`` (an option, or a setting ``OPTION:KEY=VALUE[,KEY=VALUE]`` as ``gvq.bench
+    overlap --aggregators`` takes it; its own keys win over ``settings``, make bench's by default) set up
+    on one rank of ``model``'s gradient (``in_channels``: its input's, default the model's default data's),
+    GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
     from gvq.bench.common import build_model, make_aggregator
-    net = build_model(model, num_classes, 1 if model == "cnn" else 3)
+    from gvq.bench.overlap import with_common
+    from gvq.bench.train import default_input_shape
+    option, overrides = with_common(entry, settings)
+    net = build_model(model, num_classes, in_channels or default_input_shape(model)[0])
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
-    agg = make_aggregator(name, list(settings))
+    agg = make_aggregator(option, list(overrides))
     agg.setup(params, RunContext(rank=0, world_size=1))
     agg.prepare_benchmark([p.grad.clone() for p in params])
     return agg, sum(p.numel() for p in params)
+
+
+def entries(names) -> dict[str, str]:
+    """Calibrated entries keyed by their names (``gvq.bench.overlap.entry_label``: ``qsgd bits=2`` for
+    ``qsgd:compressor.bits=2``), the keys of every cost the calibration stores; a ValueError for a
+    malformed entry or two entries of one name."""
+    from gvq.bench.overlap import entry_label
+    out: dict[str, str] = {}
+    for entry in names:
+        label = entry_label(entry)
+        if label in out:
+            raise ValueError(f"--aggregators {entry}: the same setting as {out[label]} ({label!r})")
+        out[label] = entry
+    return out
+
+
+def calibrated_entries(cal: dict, struct: dict) -> dict[str, str]:
+    """name -> entry of a calibration; one written before settings were calibrated keyed option names."""
+    return cal.get("entries") or {name: name for name in struct["aggregators"]}
+
+
+def calibrated_shape(cal: dict) -> tuple[int, int, int]:
+    """One input's shape a calibration timed; one written before ``--input-shape`` timed the default's."""
+    from gvq.bench.train import default_input_shape
+    return tuple(cal.get("input_shape") or default_input_shape(cal["model"]))
 
 
 def _nbytes(comp, q: slice) -> int:
@@ -80,8 +110,10 @@ def stale_rings(folder) -> tuple[int, list[str]]:
     cal = json.loads((folder / "calibration.json").read_text())
     over = json.loads((folder / "overlap.json").read_text()) if (folder / "overlap.json").exists() else None
     total, stale = 0, []
+    named = calibrated_entries(cal, struct)
     for name, by_n in struct["aggregators"].items():
-        agg, _ = build_on_one_rank(name, cal["model"], cal["num_classes"], cal["settings"])
+        agg, _ = build_on_one_rank(named[name], cal["model"], cal["num_classes"], cal["settings"],
+                                   calibrated_shape(cal)[0])
         for n, rnds in by_n.items():
             total += 1
             if stored(rounds(name, agg, int(n))) != rnds:

@@ -26,6 +26,7 @@ def _virtual_bench(sub: str, flags: list[str]) -> list[dict]:
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
             iters: int) -> list[dict]:
     """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train)."""
+    from gvq.predict.structure import calibrated_shape
     cal, cells = m.cal, {}
     common = ["--model", cal["model"], "--num-classes", str(cal["num_classes"]), "--set", *SETTINGS]
     for n in worlds:
@@ -36,6 +37,7 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
         before = _compute_now(cal)                     # samples before and after: the drift averaged
         recs = _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
                                   "--warmup", "2", "--compressed-only", "--batch-size", str(cal["batch_size"]),
+                                  "--input-shape", *map(str, calibrated_shape(cal)),
                                   "--aggregators", *names, *common])
         now = sorted(before + _compute_now(cal))
         for r in recs:
@@ -51,10 +53,11 @@ def _compute_now(cal: dict) -> list[float]:
     import torch
 
     from gvq.predict.calibrate import compute
+    from gvq.predict.structure import calibrated_shape
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                    # as calibrate and every rank: one intra-op thread
     try:
-        return compute(cal["model"], cal["batch_size"], cal["num_classes"])
+        return compute(cal["model"], cal["batch_size"], cal["num_classes"], shape=calibrated_shape(cal))
     finally:
         torch.set_num_threads(threads)
 
@@ -82,7 +85,12 @@ def summary(df: pd.DataFrame) -> str:
 
 
 def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
+    from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators
+    settings = [n for n, e in calibrated_entries(m.cal, m.struct).items() if n in names and n != e]
+    if settings:                # gvq.bench aggregate and train take options: a setting would run its default
+        raise M.PredictError(f"gvq.predict --validate: {', '.join(map(repr, settings))}: settings, which the "
+                             "benchmarks it runs do not take; validate them with --validate-overlap BENCH_JSON")
     df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters))
     print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))
@@ -166,11 +174,15 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
     import json
     bench = json.loads(bench_json.read_text())
     st = bench["setting"]
-    if (st["model"], st["batch_per_rank"], st["num_classes"]) != (ov.m.cal["model"], ov.m.cal["batch_size"],
-                                                                   ov.m.cal["num_classes"]):
+    from gvq.bench.train import default_input_shape
+    from gvq.predict.structure import calibrated_shape
+    shape = tuple(st.get("input_shape") or default_input_shape(st["model"]))   # older files: the default
+    cal = ov.m.cal
+    if (st["model"], st["batch_per_rank"], st["num_classes"], shape) != (
+            cal["model"], cal["batch_size"], cal["num_classes"], calibrated_shape(cal)):
         raise ValueError(f"{bench_json}: measured on {st['model']}, batch {st['batch_per_rank']}, "
-                         f"{st['num_classes']} classes; the calibration is {ov.m.cal['model']}, batch "
-                         f"{ov.m.cal['batch_size']}, {ov.m.cal['num_classes']} classes")
+                         f"{st['num_classes']} classes, inputs {shape}; the calibration is {cal['model']}, batch "
+                         f"{cal['batch_size']}, {cal['num_classes']} classes, inputs {calibrated_shape(cal)}")
     print(f"# model / {bench_json} ({st['model']}, batch {st['batch_per_rank']}; phases from the "
           f"{args.overlap_phases}; messages at the {args.overlap_msg}'s cost; bench settings {st['set']} "
           f"{st.get('per_option', {})}, calibration settings {ov.m.cal['settings']}; ratio 1 = exact)")

@@ -62,6 +62,21 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
     assert setting_label("g", ["aggregator.overlap=true", "aggregator.bucket_cap_mb=0.25", "aggregator.b=2"]) == "g b=2"
 
 
+def test_an_entry_is_named_by_its_own_keys_and_takes_the_defaults_it_is_given():
+    """``entry_label``: the name gvq.predict keys a calibrated setting by, the bench's defaults left out
+    (``powersgd`` stays ``powersgd``); ``parse_setting``'s defaults: the bench's unless others are given,
+    and an entry's own key replaces a default of the same key."""
+    assert overlap.entry_label("qsgd:compressor.bits=2") == "qsgd bits=2"
+    assert overlap.entry_label("powersgd") == "powersgd" and overlap.entry_label("powersgd:rank=8") == "powersgd rank=8"
+    assert overlap.parse_setting("powersgd") == ("powersgd", ("aggregator.rank=4",))
+    assert overlap.parse_setting("powersgd", {}) == ("powersgd", ())
+    assert overlap.parse_setting("powersgd:rank=8", {"powersgd": ("aggregator.rank=6", "K=x1")}) == (
+        "powersgd", ("K=x1", "aggregator.rank=8"))
+    common = ["K=x1", "powersgd:aggregator.rank=6", "qsgd:aggregator.compressor.bits=8"]
+    assert overlap.with_common("powersgd:rank=8", common) == ("powersgd", ("K=x1", "aggregator.rank=8"))
+    assert overlap.with_common("powersgd", common) == ("powersgd", ("K=x1", "aggregator.rank=6"))
+
+
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):
     spawned = []
 

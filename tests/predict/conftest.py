@@ -7,7 +7,7 @@ def pytest_collection_modifyitems(items):
     """A real calibration times messages between spawned loopback ranks: its tests are slow (make
     test-fast skips them; the cost curves and the schedule keep unit tests of their own)."""
     for item in items:
-        if "calibrated" in getattr(item, "fixturenames", ()):
+        if any(f.startswith("calibrated") for f in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
@@ -17,4 +17,21 @@ def calibrated(tmp_path_factory):
     from gvq.predict.calibrate import calibrate
     out = tmp_path_factory.mktemp("predict") / "cnn"
     calibrate("cnn", 32, 10, out)
+    return out
+
+
+#: a family at two settings beside the overlapped baseline: what a projection over settings prices
+SETTING_ENTRIES = ("fp16", "qsgd", "qsgd:compressor.bits=2")
+SETTING_SHAPE = (3, 10, 10)              # three channels: a first layer, so a gradient, unlike the default's
+
+
+@pytest.fixture(scope="package")
+def calibrated_settings(tmp_path_factory):
+    """A real calibration of the small CNN over :data:`SETTING_ENTRIES` on :data:`SETTING_SHAPE` inputs
+    (not the CNN's default 1 x 8 x 8), with its overlap profile."""
+    from gvq.predict.calibrate import calibrate
+    from gvq.predict.calibrate_overlap import calibrate_overlap
+    out = tmp_path_factory.mktemp("predict_settings") / "cnn"
+    calibrate("cnn", 32, 10, out, aggregators=SETTING_ENTRIES, shape=SETTING_SHAPE)
+    calibrate_overlap(out, [], reps=3)
     return out

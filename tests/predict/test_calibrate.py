@@ -47,3 +47,40 @@ def test_curve_is_the_median_per_size_bin_in_size_order():
     c = curve([(1000, 3.0), (10, 1.0), (1050, 5.0), (1000, 4.0), (10, 2.0), (10, 9.0)])
     assert c == {"values": [10.0, 1000.0], "seconds": [2.0, 4.0]}      # 1000 and 1050: one bin
     assert curve([(100, 1.0), (120, 2.0)])["values"] == [100.0, 120.0]   # 20% apart: two
+
+
+def test_settings_are_calibrated_under_their_names_each_with_its_own_rings(calibrated_settings):
+    """``calibrate --aggregators qsgd:compressor.bits=2``: keyed ``qsgd bits=2`` (the report's name for the
+    runs of that setting) beside the family default, its own payloads (2-bit codes, fewer bytes than 4-bit)
+    and codec costs; the rings check rebuilds each entry at its setting (no stored ring differs)."""
+    from gvq.predict.structure import stale_rings
+    cal = json.loads((calibrated_settings / "calibration.json").read_text())
+    struct = json.loads((calibrated_settings / "structure.json").read_text())
+    assert cal["entries"] == {"fp16": "fp16", "qsgd": "qsgd", "qsgd bits=2": "qsgd:compressor.bits=2"}
+    assert list(struct["aggregators"]) == list(cal["entries"]) and set(cal["measure"]) == set(cal["entries"])
+    assert {"qsgd", "qsgd bits=2"} <= set(cal["codecs"])
+    sent = {name: sum(sum(b) for r in struct["aggregators"][name]["4"] for b in r["bytes"])
+            for name in ("qsgd", "qsgd bits=2", "fp16")}
+    assert sent["qsgd bits=2"] < sent["qsgd"] < sent["fp16"]
+    assert stale_rings(calibrated_settings)[1] == []
+    overlap = json.loads((calibrated_settings / "overlap.json").read_text())
+    assert set(overlap["buckets"]) == set(cal["entries"])
+    # --input-shape: timed, profiled and priced on those inputs (3 channels: a larger first layer)
+    from gvq.bench.common import build_model
+    from tests.predict.conftest import SETTING_SHAPE
+    numel = sum(p.numel() for p in build_model("cnn", 10, SETTING_SHAPE[0]).parameters())
+    assert cal["input_shape"] == list(SETTING_SHAPE) and struct["numel"] == numel
+    assert sum(overlap["profile"]["nbytes"]) == 4 * numel
+
+
+def test_settings_of_one_name_or_malformed_are_refused_in_one_line(capsys):
+    from gvq.predict.calibrate import main
+    from gvq.predict.structure import entries
+    assert entries(["qsgd", "qsgd:compressor.bits=2,compressor.bucket=64"]) == {
+        "qsgd": "qsgd", "qsgd bits=2 bucket=64": "qsgd:compressor.bits=2,compressor.bucket=64"}
+    with pytest.raises(ValueError, match="the same setting as qsgd:compressor.bits=2"):
+        entries(["qsgd:compressor.bits=2", "qsgd:compressor.bits=2"])
+    for bad in (["qsgd:"], ["qsgd:compressor.bits=2", "qsgd:compressor.bits=2"]):
+        with pytest.raises(SystemExit):
+            main(["--aggregators", *bad])
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m gvq.predict calibrate: error: --aggregators")

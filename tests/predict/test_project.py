@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from gvq.predict import __main__ as cli
+from gvq.predict import cost_model as M
 from gvq.predict import project
 
 
@@ -82,3 +83,21 @@ def test_iterations_to_target_are_refused_in_one_line(bad, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith(f"--iterations-to-target {bad!r}: " + ("iterations must be > 0" if bad == "rar=0"
                                                                      else "expected AGGREGATOR=ITERATIONS (a number)"))
+
+
+def test_the_projection_ranks_settings_by_their_names(calibrated_settings, tmp_path, capsys):
+    """``project --overlap --iterations-to-target 'qsgd bits=2=80'``: a setting the calibration priced is
+    ranked under its name beside its family's default; one it did not price is refused in one line, never
+    left out of the ranking unseen."""
+    from gvq.predict.project import main
+    base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
+            "8", "--out", str(tmp_path)]
+    # 2-bit: fewer bytes than 4-bit and (scripted here) fewer iterations: it wins every cell it is ranked in
+    full = main([*base, "--iterations-to-target", "fp16=150", "qsgd=150", "qsgd bits=2=60"])
+    assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"}
+    assert (full["tta_margin"] > 1).all()
+    assert (tmp_path / "projection_overlap_cnn.png").stat().st_size > 10_000     # one N, no GradiVeQ: no line
+    assert "qsgd bits=2" in capsys.readouterr().out
+    with pytest.raises(M.PredictError, match=r"--iterations-to-target 'qsgd bits=3': not calibrated for cnn "
+                                             r"\(have 'fp16', 'qsgd', 'qsgd bits=2'\)"):
+        main([*base, "--iterations-to-target", "qsgd bits=3=100"])

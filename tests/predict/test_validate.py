@@ -38,7 +38,7 @@ def test_fresh_compute_samples_replace_the_calibrated_ones(calibrated):
 def test_compute_is_re_timed_on_one_thread(calibrated, monkeypatch):
     import torch
     seen = []
-    monkeypatch.setattr("gvq.predict.calibrate.compute", lambda *a: seen.append(torch.get_num_threads()) or [0.5])
+    monkeypatch.setattr("gvq.predict.calibrate.compute", lambda *a, **k: seen.append(torch.get_num_threads()) or [0.5])
     before = torch.get_num_threads()
     m = M.Calibrated.load(calibrated)
     assert validate._compute_now(m.cal) == [0.5] and seen == [1] and torch.get_num_threads() == before
@@ -114,6 +114,24 @@ def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_pat
     assert len(pd.read_csv(tmp_path / "v.csv")) == 2
     other = tmp_path / "cnn.json"
     other.write_text(json.dumps({"setting": {**setting, "model": "cnn"}, "modes": []}))
-    with pytest.raises(ValueError, match="cnn.json: measured on cnn, batch 32, 100 classes; the calibration is "
-                                         "resnet32"):
+    with pytest.raises(ValueError, match="cnn.json: measured on cnn, batch 32, 100 classes, inputs .1, 8, 8.; the "
+                                         "calibration is resnet32"):
         validate.report_overlap_validation(tmp_path, [files[0], other], args)
+    # the same model on other inputs (Fashion-MNIST's against the calibration's CIFAR default) is another job
+    fmnist = tmp_path / "fmnist.json"
+    fmnist.write_text(json.dumps({"setting": {**setting, "input_shape": [1, 28, 28]}, "modes": []}))
+    with pytest.raises(ValueError, match=r"inputs \(1, 28, 28\); the calibration is resnet32, batch 32, 100 "
+                                         r"classes, inputs \(3, 32, 32\)"):
+        validate.report_overlap_validation(tmp_path, [fmnist], args)
+
+
+def test_validation_by_the_post_backward_benchmarks_refuses_a_setting_in_one_line():
+    """gvq.bench aggregate / train take options, not settings: a calibrated ``qsgd bits=2`` would be
+    measured as 4-bit QSGD and compared with 2-bit's model, so --validate names it and says what to use."""
+    from gvq.predict import cost_model as M
+    m = type("M", (), {"cal": {"entries": {"qsgd": "qsgd", "qsgd bits=2": "qsgd:compressor.bits=2"}},
+                       "struct": {"aggregators": {"qsgd": {}, "qsgd bits=2": {}}}, "aggregators": ["qsgd", "qsgd bits=2"]})()
+    args = argparse.Namespace(aggregators=None)
+    with pytest.raises(M.PredictError, match="--validate: 'qsgd bits=2': settings, which the benchmarks it runs do "
+                                             "not take; validate them with --validate-overlap BENCH_JSON"):
+        validate.report_validation(m, args)
