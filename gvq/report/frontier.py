@@ -6,7 +6,8 @@ setting is *dominated* when another sends no more bytes, is not worse beyond the
 on one axis (fewer bytes, or a band wholly better); the rest are the frontier.  A difference inside the
 seed spread does not count, and a setting some seed of which never reached the target is behind every
 setting all of whose seeds did (its iterations count as never).  Runs that ended at chance stay in their
-setting's band (dropping them would flatter it) and are counted.
+setting's band (dropping them would flatter it) and are counted.  A setting with fewer than
+:data:`MIN_SEEDS` seeds (a screen) is shown but neither ranked nor ranks others: it has no band.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import pandas as pd
 
 from gvq.report.intervals import Interval
 
+#: seeds a setting needs to be ranked at all: with fewer it has no band, so a lucky seed's mean would
+#: dominate settings measured with their spread (a one-seed screen row is shown, marked, never ranked);
+#: more => fewer settings ranked, each on firmer ground
+MIN_SEEDS = 2
 #: a setting's bytes per iteration within this share of another's count as equal (counters of one run
 #: vary by a few bytes: headers, the relay); larger => more settings tie on cost
 BYTES_TOLERANCE = 0.01
@@ -80,9 +85,14 @@ def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
         "MB_per_iter": t["bytes_per_iter"] / 1e6, "final_acc": t["final_top1"], "final_acc_std": t["final_top1_std"],
         "iters_to_target": t["iters_to_target"], "iters_to_target_std": t["iters_to_target_std"],
         "reached": t["reached"]})
-    out["frontier_acc"] = [not d for d in dominated(cost, acc, higher=True)]
+    out["ranked"] = t["runs"] >= MIN_SEEDS
+    ranked = list(np.flatnonzero(out["ranked"]))
+    out["frontier_acc"] = out["frontier_iters"] = False
+    on_acc = dominated([cost[i] for i in ranked], [acc[i] for i in ranked], higher=True)
+    on_iters = dominated([cost[i] for i in ranked], [iters[i] for i in ranked], higher=False)
     # a setting some seed of which never reached the target has no figure to put on that frontier
-    out["frontier_iters"] = [not d and ok for d, ok in zip(dominated(cost, iters, higher=False), reached)]
+    out.loc[ranked, "frontier_acc"] = [not d for d in on_acc]
+    out.loc[ranked, "frontier_iters"] = [not d and reached[i] for d, i in zip(on_iters, ranked)]
     return out.sort_values("MB_per_iter").reset_index(drop=True)
 
 
@@ -94,11 +104,13 @@ def frontier_markdown(df: pd.DataFrame, target: float) -> str:
         f"iters to {target:g}": [f"{m:.0f} ± {s:.0f} ({r})" if np.isfinite(s) else f"{m:.0f} ({r})" if np.isfinite(m)
                                  else f"never ({r})" for m, s, r in
                                  zip(df["iters_to_target"], df["iters_to_target_std"], df["reached"])],
-        "at chance": df["at_chance"], "frontier (acc)": df["frontier_acc"].map({True: "yes", False: ""}),
-        "frontier (iters)": df["frontier_iters"].map({True: "yes", False: ""})})
+        "at chance": df["at_chance"],
+        **{f"frontier ({axis})": [("yes" if on else "") if ranked else "unranked" for on, ranked in
+                                  zip(df[f"frontier_{axis}"], df["ranked"])] for axis in ("acc", "iters")}})
     return (f"Accuracy-cost frontier (mean ± std over seeds; a setting is on the frontier unless another sends "
             f"no more bytes, is as good within the seed bands and cheaper or wholly better; iterations to the "
-            f"target over the seeds that reached it, (k/n) how many did):\n\n{shown.to_markdown(index=False)}\n")
+            f"target over the seeds that reached it, (k/n) how many did; fewer than {MIN_SEEDS} seeds: no band, "
+            f"unranked):\n\n{shown.to_markdown(index=False)}\n")
 
 
 def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
@@ -111,10 +123,10 @@ def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
     for ax, col, flag, label in ((axes[0], "final_acc", "frontier_acc", "final test accuracy"),
                                  (axes[1], "iters_to_target", "frontier_iters", f"iterations to {target:g}")):
         ok = df[np.isfinite(df[col])]
-        for on, style in ((True, "o"), (False, "o")):
-            part = ok[ok[flag] == on]
+        for name, part, style in (("frontier", ok[ok[flag]], "o"), ("dominated", ok[ok["ranked"] & ~ok[flag]], "o"),
+                                  (f"unranked (< {MIN_SEEDS} seeds)", ok[~ok["ranked"]], "x")):
             ax.errorbar(part["MB_per_iter"], part[col], yerr=part[col + "_std"].fillna(0), fmt=style,
-                        mfc=None if on else "none", capsize=3, label="frontier" if on else "dominated")
+                        mfc="none" if name == "dominated" else None, capsize=3, label=name)
         front = ok[ok[flag]].sort_values("MB_per_iter")
         ax.plot(front["MB_per_iter"], front[col], "-", alpha=0.5)
         for _, r in ok.iterrows():

@@ -84,3 +84,22 @@ def test_dominance_needs_a_difference_beyond_both_bands():
     assert frontier.dominated([1.0, 2.0], [Interval(0.58, 0.17, 0.98), Interval(0.81, 0.80, 0.82)], True) == [False, False]
     never = Interval(np.inf, np.inf, np.inf)
     assert frontier.dominated([1.0, 2.0], [Interval(100, 90, 110), never], higher=False) == [False, True]
+
+
+def test_a_one_seed_screen_is_shown_but_neither_ranked_nor_ranks_others(scripted, tmp_path):
+    """A setting run at one seed has no band: its lucky mean (cheapest, best) would push every banded
+    setting off the frontier, and its own place on it would be a guess. It is listed, marked unranked,
+    and the frontier of the banded settings is as without it."""
+    _run(scripted, "aggregator=qsgd,aggregator.compressor.bits=1", 0, 0.04, _accs(0.95, 39))
+    assert main([str(scripted), "--frontier", "--target-acc", "0.8", "--out", str(tmp_path / "out")]) == 0
+    df = pd.read_csv(tmp_path / "out" / "frontier.csv")
+    screen = df[df["MB_per_iter"].round(3) == 0.04].iloc[0]
+    assert screen["seeds"] == 1 and not screen["ranked"]
+    assert not screen["frontier_acc"] and not screen["frontier_iters"]
+    banded = df[df["ranked"]]
+    rows = {(r["aggregator"], round(r["MB_per_iter"], 3)): (r["frontier_acc"], r["frontier_iters"])
+            for r in banded.to_dict("records")}
+    assert rows[("qsgd", 0.1)] == (True, True) and rows[("rar", 1.0)] == (True, True)   # as without the screen
+    assert rows[("signsgd", 0.05)] == (True, False)
+    text = (tmp_path / "out" / "frontier.md").read_text()
+    assert "unranked" in text and f"fewer than {frontier.MIN_SEEDS} seeds" in text
