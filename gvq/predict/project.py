@@ -116,15 +116,24 @@ def main(argv=None):
                    help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 'qsgd bits=2=140' (the "
                         "frontier's mean iterations per calibrated name, a setting's as the report names it; "
                         "aggregators without one are left out of that ranking)")
+    p.add_argument("--frontier", type=Path, default=None, metavar="FRONTIER_CSV",
+                   help="--overlap: rank by time to accuracy from `python -m gvq.report RUNS --frontier`'s "
+                        "frontier.csv (each setting's iterations to the target, mean and std over seeds: ties); "
+                        "--iterations-to-target entries replace its figures")
     p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
     codec_costs.add_arguments(p)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pricing = lambda m: codec_costs.apply(m, args, args.aggregators)      # noqa: E731
     if args.overlap:
+        iters, spread, left = frontier_iterations(args.frontier) if args.frontier else ({}, {}, [])
+        if left:
+            print(f"gvq.predict project: from {args.frontier}, left out: {'; '.join(left)}", flush=True)
+        typed = _iterations_to_target(p, args.iterations_to_target)
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
-                                   _iterations_to_target(p, args.iterations_to_target), pricing)
+                                   {**iters, **typed}, pricing, {k: v for k, v in spread.items() if k not in typed},
+                                   frozenset(iters) - frozenset(typed))
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
     frames = []
@@ -169,15 +178,17 @@ def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared:
     return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
 
 
-def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None) -> pd.DataFrame:
+def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None,
+                    spread: dict[str, float] | None = None) -> pd.DataFrame:
     """Per cell: the fastest (aggregator, mode), its gain over overlapped fp16 (``margin``: fp16
     overlapped / the winner), the runner-up and GradiVeQ's best mode against RAR's best; with ``iters``
-    (iterations to the target accuracy per aggregator) also the winner by time to accuracy."""
+    (iterations to the target accuracy per aggregator) also the winner by time to accuracy, and with
+    ``spread`` (their std over seeds) the modes tied with it."""
     out = []
     for (n, b, c), g in df.groupby(["N", "link_bps", "compute_scale"]):
         rec = _fastest(g)
         if iters:
-            rec.update(_fastest_to_target(g, iters))
+            rec.update(_fastest_to_target(g, iters, spread or {}))
         out.append({"N": n, "link_bps": b, "compute_scale": c, **rec})
     return pd.DataFrame(out)
 
@@ -194,33 +205,44 @@ def _fastest(g: pd.DataFrame) -> dict:
             "gradiveq_vs_rar": best["rar"] / best[gv] if gv and "rar" in best else np.nan}
 
 
-def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float]) -> dict:
+def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float], spread: dict[str, float]) -> dict:
     """Seconds to the target = iterations to it x seconds per iteration, over the aggregators ``iters``
-    names; the gain over overlapped fp16's own time to the target."""
+    names; the gain over overlapped fp16's own time to the target; ``tta_tied``: the other modes whose
+    band (iterations -+ their ``spread``, x seconds per iteration) reaches the winner's (a tie: no winner
+    beyond the seed spread)."""
     g = g[g["aggregator"].isin(iters)]
-    tta = (g["aggregator"].map(iters) * g["iter_s"]).rename("tta_s")
-    g = g.assign(tta_s=tta).sort_values("tta_s")
+    mean, std = g["aggregator"].map(iters), g["aggregator"].map(lambda a: spread.get(a, 0.0))
+    g = g.assign(tta_s=mean * g["iter_s"], lo=(mean - std) * g["iter_s"], hi=(mean + std) * g["iter_s"])
+    g = g.sort_values("tta_s")
+    if not len(g):
+        return {"tta_winner": None, "tta_s": np.nan, "tta_margin": np.nan, "tta_tied": ""}
     fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["tta_s"]
-    return {"tta_winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}" if len(g) else None,
-            "tta_s": g["tta_s"].iloc[0] if len(g) else np.nan,
-            "tta_margin": fp16.iloc[0] / g["tta_s"].iloc[0] if len(fp16) and len(g) else np.nan}
+    tied = g.iloc[1:][g["lo"].iloc[1:] <= g["hi"].iloc[0]]
+    return {"tta_winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "tta_s": g["tta_s"].iloc[0],
+            "tta_margin": fp16.iloc[0] / g["tta_s"].iloc[0] if len(fp16) else np.nan,
+            "tta_tied": ", ".join(f"{a} {m}" for a, m in zip(tied["aggregator"], tied["mode"]))}
 
 
 def project_overlap(models, calibration: Path, out: Path, max_world: int,
-                    iters: dict[str, float] | None = None, pricing=None) -> pd.DataFrame:
+                    iters: dict[str, float] | None = None, pricing=None, spread: dict[str, float] | None = None,
+                    optional: frozenset = frozenset()) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
-    ``iters``, the winners by time to accuracy too; ``pricing``: the codec costs (``codec_costs.apply``)."""
+    ``iters`` (and ``spread``: ties), the winners by time to accuracy too; ``pricing``: the codec costs
+    (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a frontier's settings that
+    were not calibrated: left out, said so), where any other it lacks is refused in one line."""
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
         ov = Overlap.load(calibration / model, pricing)
         unknown = sorted(set(iters or {}) - set(ov.m.aggregators))
-        if unknown:                 # a misspelt setting would drop out of the ranking unseen
+        if set(unknown) - optional:         # a misspelt setting would drop out of the ranking unseen
             raise M.PredictError(f"gvq.predict project: --iterations-to-target {', '.join(map(repr, unknown))}: not "
                                  f"calibrated for {model} (have {', '.join(map(repr, ov.m.aggregators))})")
+        if unknown:
+            print(f"gvq.predict project: {model}: not calibrated, left out: {', '.join(unknown)}", flush=True)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
-        win = overlap_winners(overlap_grid(ov, worlds), iters).assign(model=model)
+        win = overlap_winners(overlap_grid(ov, worlds), iters, spread).assign(model=model)
         plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
              out / f"projection_overlap_{model}.png")
         frames.append(win)
@@ -231,9 +253,29 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
     cols = ["model", "compute_scale", "N", "link", "winner", "margin", "runner_up"]
     if iters:          # an aggregator's iterations to the target taken as the same at every N and link
         print(f"# time to accuracy: iterations to the target {iters} x seconds per iteration")
-        cols += ["tta_winner", "tta_margin"]
+        cols += ["tta_winner", "tta_margin"] + (["tta_tied"] if spread else [])
     print(show[cols].to_markdown(index=False, floatfmt=".3g"))
     return full
+
+
+def frontier_iterations(path: Path) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """Iterations to the target per setting from ``python -m gvq.report RUNS --frontier``'s
+    ``frontier.csv``: (mean, std over seeds, the settings left out and why).  A setting is taken where
+    it is ranked (seeds enough for a band) and every seed reached the target: a mean over the seeds that
+    did would flatter one that sometimes never does."""
+    try:
+        df = pd.read_csv(path)
+        rows = list(zip(df["setting"], df["iters_to_target"], df["iters_to_target_std"], df["reached"], df["ranked"]))
+    except (OSError, KeyError, ValueError, pd.errors.ParserError) as e:
+        raise M.PredictError(f"--frontier {path}: not a `gvq.report --frontier` frontier.csv ({e})") from None
+    iters, spread, left = {}, {}, []
+    for name, mean, std, reached, ranked in rows:
+        k, n = (int(v) for v in str(reached).split("/"))
+        if not ranked or k < n:
+            left.append(f"{name} ({'unranked' if not ranked else f'reached in {reached}'})")
+            continue
+        iters[name], spread[name] = float(mean), float(std)
+    return iters, spread, left
 
 
 def _iterations_to_target(p: argparse.ArgumentParser, pairs: list[str]) -> dict[str, float]:

@@ -101,3 +101,46 @@ def test_the_projection_ranks_settings_by_their_names(calibrated_settings, tmp_p
     with pytest.raises(M.PredictError, match=r"--iterations-to-target 'qsgd bits=3': not calibrated for cnn "
                                              r"\(have 'fp16', 'qsgd', 'qsgd bits=2'\)"):
         main([*base, "--iterations-to-target", "qsgd bits=3=100"])
+
+
+def test_time_to_accuracy_names_the_modes_tied_with_the_winner_within_the_seed_spread():
+    from gvq.predict.project import overlap_winners, overlap_grid
+    df = overlap_grid(_ScriptedOverlap(), [8], links=[5e7], scales=[1.0])
+    # GradiVeQ overlapped: 1.1 s x (100 +- 40) = 110 [66, 154]; GradiVeQ post 1.2 x 100 = 120 [72, 168] and
+    # fp16 overlapped 1.0 x (150 +- 10) = 150 [140, 160] reach its band; fp16 post 1.5 x 150 = 225 [210, 240] does not
+    win = overlap_winners(df, {"fp16": 150, "gradiveq_bf16": 100}, {"fp16": 10, "gradiveq_bf16": 40}).iloc[0]
+    assert win["tta_winner"] == "gradiveq_bf16 overlap" and win["tta_s"] == pytest.approx(110.0)
+    assert win["tta_tied"] == "gradiveq_bf16 post, fp16 overlap"
+    assert overlap_winners(df, {"fp16": 150, "gradiveq_bf16": 100}).iloc[0]["tta_tied"] == ""   # no spread: none
+
+
+def test_the_frontier_csv_gives_each_settings_iterations_where_every_seed_reached(tmp_path):
+    from gvq.predict.project import frontier_iterations
+    csv = tmp_path / "frontier.csv"
+    pd.DataFrame({"setting": ["qsgd bits=2", "gradiveq", "powersgd rank=1", "rar"],
+                  "iters_to_target": [140.0, 200.0, np.nan, 113.0], "iters_to_target_std": [20.0, 85.0, np.nan, 12.0],
+                  "reached": ["3/3", "2/3", "0/1", "3/3"], "ranked": [True, True, False, True]}).to_csv(csv, index=False)
+    iters, spread, left = frontier_iterations(csv)
+    assert iters == {"qsgd bits=2": 140.0, "rar": 113.0} and spread == {"qsgd bits=2": 20.0, "rar": 12.0}
+    assert left == ["gradiveq (reached in 2/3)", "powersgd rank=1 (unranked)"]
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(M.PredictError, match=r"--frontier .*other.csv: not a `gvq.report --frontier` frontier.csv"):
+        frontier_iterations(tmp_path / "other.csv")
+
+
+def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path, capsys):
+    """``project --overlap --frontier frontier.csv``: the report's setting names are the calibration's, so
+    each calibrated setting is ranked with its seeds' iterations and its ties; a frontier setting the
+    calibration lacks is left out and said so; a typed entry replaces the frontier's figure."""
+    from gvq.predict.project import main
+    csv = tmp_path / "frontier.csv"
+    pd.DataFrame({"setting": ["fp16", "qsgd", "qsgd bits=2", "rar"], "iters_to_target": [150.0, 150.0, 60.0, 100.0],
+                  "iters_to_target_std": [10.0, 10.0, 5.0, 10.0], "reached": ["3/3"] * 4,
+                  "ranked": [True] * 4}).to_csv(csv, index=False)
+    base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
+            "8", "--out", str(tmp_path / "out")]
+    full = main([*base, "--frontier", str(csv)])
+    assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"} and "tta_tied" in full
+    assert "cnn: not calibrated, left out: rar" in capsys.readouterr().out
+    full = main([*base, "--frontier", str(csv), "--iterations-to-target", "qsgd bits=2=1000"])
+    assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])
