@@ -97,8 +97,9 @@ def plot(win: pd.DataFrame, model: str, path: Path) -> None:
         ax.set_ylabel("N ranks")
         ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(names))]
-    fig.legend(handles + [plt.Line2D([], [], color="k")], names + ["GradiVeQ-RAR = RAR"], loc="lower center",
-               ncol=len(names) + 1, fontsize=8)
+    line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
+    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, names + ["GradiVeQ-RAR = RAR"] * line,
+               loc="lower center", ncol=len(names) + 1, fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -228,7 +229,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
                     optional: frozenset = frozenset()) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
-    ``iters`` (and ``spread``: ties), the winners by time to accuracy too; ``pricing``: the codec costs
+    ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``); ``pricing``: the codec costs
     (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a frontier's settings that
     were not calibrated: left out, said so), where any other it lacks is refused in one line."""
     from gvq.predict.overlap import Overlap
@@ -245,6 +246,9 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         win = overlap_winners(overlap_grid(ov, worlds), iters, spread).assign(model=model)
         plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
              out / f"projection_overlap_{model}.png")
+        if iters:               # the same cells ranked by time to the target: the settings' own heatmap
+            plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"]), f"{model}, time to target",
+                 out / f"projection_overlap_tta_{model}.png")
         frames.append(win)
     full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"], ascending=[True, False, True, True])
     full.to_csv(out / "projection_overlap.csv", index=False)

@@ -142,5 +142,6 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
     full = main([*base, "--frontier", str(csv)])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"} and "tta_tied" in full
     assert "cnn: not calibrated, left out: rar" in capsys.readouterr().out
+    assert (tmp_path / "out" / "projection_overlap_tta_cnn.png").stat().st_size > 10_000   # settings ranked
     full = main([*base, "--frontier", str(csv), "--iterations-to-target", "qsgd bits=2=1000"])
     assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])
