@@ -116,22 +116,33 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, ho
     codec, rows = bench["setting"].get("codec_scale", 1.0), []
     defaults = bench["setting"].get("defaults", {})        # files from before settings: one per family
     for r in bench["modes"]:
-        setting = r.get("setting", r["aggregator"])
-        # the calibration holds each family at its default setting: another (qsgd at 2 bits) is not its
-        if r["aggregator"] not in ov.m.aggregators or setting != defaults.get(r["aggregator"], setting):
+        name = _calibrated_name(r, defaults, ov.m.aggregators)
+        if name is None:
             continue
         ph = bench_phases(r) if phases == "bench" else None
-        args = (r["aggregator"], int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
+        args = (name, int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
         if not r["overlapped"]:
             got = ov.post_iteration(*args, phases=ph, host=host)
         else:
             cap = "default" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}"
             got = ov.iteration(*args, cap=cap, shared=shared, phases=ph, host=host)
-        rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale", "aggregator", "variant", "iter_s",
-                                       "aggregate_s", "exposed_s")}
+        rows.append({k: r[k] for k in ("N", "link_Mbps", "compute_scale")} | {"aggregator": name}
+                    | {k: r[k] for k in ("variant", "iter_s", "aggregate_s", "exposed_s")}
                     | {f"model_{k}": got[k] for k in ("iter_s", "aggregate_s", "exposed_s")}
                     | {"iter_ratio": got["iter_s"] / r["iter_s"], "in_interval": _inside(got["iter_s"], r)})
     return pd.DataFrame(rows)
+
+
+def _calibrated_name(rec: dict, defaults: dict, calibrated) -> str | None:
+    """The calibrated name a bench record's setting is priced under: the setting itself where the
+    calibration holds it (``calibrate --aggregators qsgd:compressor.bits=2`` holds ``qsgd bits=2``), else
+    its family's option where the record is that family's default setting (a calibration of options);
+    None: not calibrated (another setting of a calibrated family is not its default's)."""
+    setting = rec.get("setting", rec["aggregator"])
+    if setting in calibrated:
+        return setting
+    family = rec["aggregator"]
+    return family if family in calibrated and setting == defaults.get(family, setting) else None
 
 
 def _inside(value: float, rec: dict) -> bool | None:

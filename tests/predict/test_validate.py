@@ -90,6 +90,12 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
                        {**_record("fp16", "post", 3.0), "setting": "fp16 some_knob=2"}]}
     # the calibration is of each family's default setting: another setting of the family is not compared
     assert validate.overlap_rows(_ScriptedModel(), other)["iter_s"].tolist() == [1.0]
+    # ... unless the calibration holds that setting under its name (calibrate --aggregators OPTION:KEY=VALUE)
+    with_setting = _ScriptedModel()
+    with_setting.m = type("M", (), {"aggregators": ["rar", "fp16", "fp16 some_knob=2"]})()
+    df = validate.overlap_rows(with_setting, other)
+    assert df["iter_s"].tolist() == [1.0, 3.0] and df["aggregator"].tolist() == ["fp16", "fp16 some_knob=2"]
+    assert [s[1] for s in with_setting.seen] == ["fp16", "fp16 some_knob=2"]      # each priced as itself
     bench["modes"][0].update(iter_lo_s=1.01, iter_hi_s=1.10)   # the model's 1.0 s falls below it
     bench["modes"][1].update(iter_lo_s=1.9, iter_hi_s=2.6)     # 2.0 s inside
     df = validate.overlap_rows(_ScriptedModel(), bench)
