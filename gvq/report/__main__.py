@@ -86,16 +86,20 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     return text + f"-> {out}/frontier.md, frontier.csv, frontier.png"
 
 
-def write_tta(dirs: list[Path], out: Path, target: float, bench_path: Path) -> str:
+def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path]) -> str:
     import json
     from gvq.report import tta
     # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
     # counts; a failed or incomplete one says nothing about iterations to the target
     runs = [r for r in load_runs(dirs) if r.status in ("completed", "collapsed", "diverged")]
-    try:
-        bench = json.loads(bench_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ReportError(f"--tta {bench_path}: not a gvq.bench overlap --out JSON ({e})") from None
+    benches = []
+    for path in bench_paths:
+        try:
+            bench = json.loads(path.read_text())
+            benches.append((str(path), {"setting": bench["setting"], "modes": bench["modes"]}))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ReportError(f"--tta {path}: not a gvq.bench overlap --out JSON ({e})") from None
+    bench, bench_path = tta.merge_benches(benches), " + ".join(map(str, bench_paths))
     tta.check_setting(runs, bench["setting"])
     records = tta.tta_records(runs, bench, target)
     cells = tta.cell_table(records, bench["setting"].get("defaults"), bench["setting"].get("aliases"))
@@ -116,8 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
     p.add_argument("--frontier", action="store_true",
                    help="accuracy and iterations to --target-acc against bytes per iteration, per setting")
-    p.add_argument("--tta", type=Path, metavar="BENCH_JSON",
-                   help="time to --target-acc per cell of a `gvq.bench overlap --out` JSON (gvq/report/tta.py)")
+    p.add_argument("--tta", type=Path, nargs="+", metavar="BENCH_JSON",
+                   help="time to --target-acc per cell of `gvq.bench overlap --out` JSONs (gvq/report/tta.py; "
+                        "several: one bench run in parts, read as one)")
     args = p.parse_args(argv)
     try:
         dirs = args.dirs or default_dirs()

@@ -67,6 +67,35 @@ def measured_time(run: Run, target: float) -> float:
     return float((upto["compute_s"] + upto["aggregate_s"]).sum())
 
 
+#: what a bench file was measured on: files read as one table must agree on every one of these
+WORKLOAD_KEYS = ("model", "input_shape", "batch_per_rank", "num_classes", "set", "clock", "codec_scale")
+
+
+def merge_benches(benches: list[tuple[str, dict]]) -> dict:
+    """Several ``gvq.bench overlap --out`` files (a long bench run in parts: the settings of one family
+    added later) read as one: the same workload (:data:`WORKLOAD_KEYS`) or refused in one line, their
+    modes together, a mode that two files measured refused (which one is meant?), their family defaults
+    and aliases united."""
+    first_path, first = benches[0]
+    modes, seen, defaults, aliases = [], {}, {}, {}
+    for path, bench in benches:
+        st = bench["setting"]
+        diff = [f"{k}={st.get(k)} (there: {first['setting'].get(k)})" for k in WORKLOAD_KEYS
+                if st.get(k) != first["setting"].get(k)]
+        if diff:
+            raise ReportError(f"--tta {path}: another workload than {first_path}'s: {', '.join(diff)}")
+        for r in bench["modes"]:
+            key = (r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["setting"], r["variant"])
+            if key in seen:
+                raise ReportError(f"--tta {path}: {r['setting']} ({r['variant']}) at N={r['N']}, {r['link_Mbps']:g} "
+                                  f"Mbit/s, compute x{r['compute_scale']:.3g} is also in {seen[key]}")
+            seen[key] = path
+            modes.append(r)
+        defaults.update(st.get("defaults", {}))
+        aliases.update(st.get("aliases", {}))
+    return {"setting": {**first["setting"], "defaults": defaults, "aliases": aliases}, "modes": modes}
+
+
 def bench_seconds(bench: dict) -> dict[tuple, float]:
     """(N, compute_scale, link_Mbps, setting, variant) -> median seconds per iteration (a setting named as
     ``Run.setting`` names a run's: ``qsgd``, ``qsgd bits=2``), each also under its alias (``qsgd bits=4``:

@@ -197,3 +197,33 @@ def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
     assert main([str(runs), "--tta", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a gvq.bench overlap --out JSON" in err[0]
+
+
+def test_a_bench_run_in_parts_is_read_as_one_table_and_another_workload_or_a_mode_twice_refused(tmp_path, capsys):
+    """``--tta A.json B.json``: B timed a family A lacks (PowerSGD) on the same workload; the cells price
+    each run at its own file's seconds, fp16 overlapped from A; a file of another workload (batch) or one
+    that measured a mode A has is refused in one line naming it."""
+    runs = tmp_path / "sweep"
+    for agg in ("fp16", "qsgd", "powersgd"):
+        _run(runs, agg, agg, [agg] * 10, {9: 0.85})
+    first = {k: v for k, v in SECS.items() if k[0] != "powersgd"}
+    a = _bench(tmp_path / "a.json", first)
+    b = _bench(tmp_path / "b.json", {k: v for k, v in SECS.items() if k[0] == "powersgd"})
+    assert main([str(runs), "--tta", str(a), "--target-acc", "0.8"]) == 2          # alone, PowerSGD has none
+    assert "no seconds for powersgd" in capsys.readouterr().err
+    assert main([str(runs), "--tta", str(a), str(b), "--target-acc", "0.8"]) == 0
+    rows = {(r["aggregator"], r["variant"]): r for r in
+            csv.DictReader(open(runs / "report" / "tta.csv"))}
+    assert float(rows[("powersgd", "post")]["tta_s"]) == pytest.approx(10 * 0.15)   # B's seconds
+    assert float(rows[("qsgd", "post")]["tta_s"]) == pytest.approx(10 * 0.2)        # A's seconds
+    md = (runs / "report" / "tta.md").read_text()
+    assert f"{a} + {b}" in md and "powersgd (post)" in md
+    other = json.loads(b.read_text())
+    other["setting"] = {**other["setting"], "batch_per_rank": 32}
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    capsys.readouterr()
+    assert main([str(runs), "--tta", str(a), str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "c.json: another workload than" in err[0] and "batch_per_rank=32 (there: 16)" in err[0]
+    assert main([str(runs), "--tta", str(a), str(a)]) == 2
+    assert "is also in" in capsys.readouterr().err
