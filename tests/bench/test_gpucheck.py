@@ -196,14 +196,17 @@ def test_every_test_that_skips_without_cuda_is_in_the_tests_part(tmp_path):
 def test_checks_run_several_at_a_time_and_keep_plan_order(tmp_path):
     """--jobs: checks overlap (the whole check fits one bounded command), rows and the table keep plan order."""
     import threading
-    import time as _time
-    live, peak, lock = [0], [0], threading.Lock()
+    live, peak, lock, beside = [0], [0], threading.Lock(), threading.Event()
 
     def slow(check):
         with lock:
             live[0] += 1
             peak[0] = max(peak[0], live[0])
-        _time.sleep(0.05)
+            if live[0] > 1:
+                beside.set()
+        # held until a second check runs beside it (not a fixed sleep, which a busy host outlasts); a
+        # runner that never overlaps leaves each check here 10 s and fails the test below
+        beside.wait(10)
         with lock:
             live[0] -= 1
         return _stand_in(check)
