@@ -33,12 +33,16 @@ def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsy
     assert list(loop) == AGGS and list(shaped) == AGGS
     for r in recs:
         assert r["N"] == 2 and r["iter_s"] > 0 and r["compute_s"] > 0 and r["iters"] == 4
-    rar, rar_lo = shaped["rar"], loop["rar"]
+    rar = shaped["rar"]
     assert rar["link"] == "kernel tc tbf, 5 Mbit/s per rank (burst 3000b), N=2"
-    assert rar["iter_s"] > 3 * rar_lo["iter_s"]                 # 61 kB per rank at 5 Mbit/s: ~0.1 s
+    # bounds, not ratios of two wall times (a busy host slows either side): 61 kB per rank at 5 Mbit/s is
+    # ~0.1 s, which an unshaped loopback path beats several times over, and a busy host only adds to
+    assert rar["iter_s"] >= 0.9 * rar["bound_s"]
     assert rar["aggregate_s"] >= 0.9 * rar["bound_s"]            # no faster than its link
     assert shaped["ddp"]["iter_s"] >= 0.9 * shaped["ddp"]["bound_s"]   # DDP's collectives shaped too
-    assert shaped["ddp_fp16"]["iter_s"] < shaped["ddp"]["iter_s"]      # half the bytes on the link
+    fp16, ddp = shaped["ddp_fp16"], shaped["ddp"]                 # half the bytes on the link, and shaped
+    assert fp16["MB_per_rank"] == pytest.approx(ddp["MB_per_rank"] / 2, rel=0.02)
+    assert fp16["iter_s"] >= 0.9 * fp16["bound_s"]
     out = capsys.readouterr().out
     assert "# iteration time, kernel tc tbf, 5 Mbit/s per rank (burst 3000b), N=2" in out
     assert "# iteration time, unshaped loopback, N=2" in out and "# summary" in out

@@ -173,7 +173,7 @@ def test_a_busy_sibling_does_not_change_virtual_compute_time():
     assert 0.5 < busy / quiet < 2.0, (quiet, busy)      # wall time would roughly double or worse
 
 
-def test_exclusive_phases_hold_the_core_lock_and_waits_release_it():
+def test_exclusive_phases_hold_the_core_lock_and_waits_release_it(private_clock_lock):
     clk = C.RankClock("virtual", exclusive=True)
     assert clock_lock_free()
     with clk.phase("compute"):
@@ -198,7 +198,7 @@ def test_exclusive_phases_hold_the_core_lock_and_waits_release_it():
         assert clock_lock_free()
 
 
-def test_a_lock_held_elsewhere_delays_the_phase_but_not_its_clock(monkeypatch, caplog):
+def test_a_lock_held_elsewhere_delays_the_phase_but_not_its_clock(monkeypatch, caplog, private_clock_lock):
     import fcntl
     import os
     other = C._open_lock()

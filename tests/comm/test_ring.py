@@ -199,7 +199,7 @@ class _Echo:
             self.seen.append(("wait", clock_lock_free()))
 
 
-def test_a_rings_own_cpu_is_timed_one_rank_at_a_time():
+def test_a_rings_own_cpu_is_timed_one_rank_at_a_time(private_clock_lock):
     """Virtual clock, exclusive: the ring holds the host's lock while it posts and adds (no co-running
     rank's cache refills billed to it) and gives it away in every wait, so no ring deadlocks."""
     from gvq.comm import clock
