@@ -189,11 +189,12 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
     from gvq.predict.structure import calibrated_shape
     shape = tuple(st.get("input_shape") or default_input_shape(st["model"]))   # older files: the default
     cal = ov.m.cal
+    cal_shape = calibrated_shape(cal)
     if (st["model"], st["batch_per_rank"], st["num_classes"], shape) != (
-            cal["model"], cal["batch_size"], cal["num_classes"], calibrated_shape(cal)):
+            cal["model"], cal["batch_size"], cal["num_classes"], cal_shape):
         raise ValueError(f"{bench_json}: measured on {st['model']}, batch {st['batch_per_rank']}, "
                          f"{st['num_classes']} classes, inputs {shape}; the calibration is {cal['model']}, batch "
-                         f"{cal['batch_size']}, {cal['num_classes']} classes, inputs {calibrated_shape(cal)}")
+                         f"{cal['batch_size']}, {cal['num_classes']} classes, inputs {cal_shape}")
     print(f"# model / {bench_json} ({st['model']}, batch {st['batch_per_rank']}; phases from the "
           f"{args.overlap_phases}; messages at the {args.overlap_msg}'s cost; bench settings {st['set']} "
           f"{st.get('per_option', {})}, calibration settings {ov.m.cal['settings']}; ratio 1 = exact)")

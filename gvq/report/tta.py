@@ -85,7 +85,7 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
         if diff:
             raise ReportError(f"--tta {path}: another workload than {first_path}'s: {', '.join(diff)}")
         for r in bench["modes"]:
-            key = (r["N"], round(r["compute_scale"], 4), r["link_Mbps"], r["setting"], r["variant"])
+            key = _mode_key(r, r["setting"])
             if key in seen:
                 raise ReportError(f"--tta {path}: {r['setting']} ({r['variant']}) at N={r['N']}, {r['link_Mbps']:g} "
                                   f"Mbit/s, compute x{r['compute_scale']:.3g} is also in {seen[key]}")
@@ -103,8 +103,12 @@ def bench_seconds(bench: dict) -> dict[tuple, float]:
     names = {}
     for alias, name in bench["setting"].get("aliases", {}).items():
         names.setdefault(name, []).append(alias)
-    return {(r["N"], round(r["compute_scale"], 4), r["link_Mbps"], s, r["variant"]): r["iter_s"]
-            for r in bench["modes"] for s in [r["setting"], *names.get(r["setting"], [])]}
+    return {_mode_key(r, s): r["iter_s"] for r in bench["modes"] for s in [r["setting"], *names.get(r["setting"], [])]}
+
+
+def _mode_key(rec: dict, setting: str) -> tuple:
+    """A bench record's cell and mode: (N, compute_scale, link_Mbps, setting, variant)."""
+    return rec["N"], round(rec["compute_scale"], 4), rec["link_Mbps"], setting, rec["variant"]
 
 
 def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict,
