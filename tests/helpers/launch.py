@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from tests.helpers.cli import ROOT
+from tests.helpers.dist import start_test_fork_server
 
 
 def compose_job(run_dir: Path, *overrides: str):
@@ -38,6 +39,7 @@ def launch_job(run_dir: Path, *overrides: str) -> tuple[int, dict | None]:
     from gvq.run.errors import RunEnded
     from gvq.run.launch import launch
     cfg = compose_job(run_dir, *overrides)
+    start_test_fork_server()                      # the session's one server, with the tests' preloads
     HydraConfig.instance().set_config(cfg)        # the launcher reads its run dir and names from here
     with open_dict(cfg):
         del cfg["hydra"]                           # the task function's view, as Hydra hands it over
