@@ -1,6 +1,8 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
 # make test  -> set up .venv if missing, then run the test suite
 # make test-fast -> the tests not marked slow (the quick loop)
+# make coverage -> the suite under coverage.py, ranks and subprocesses included: line and branch coverage per
+#                 room of gvq/ (.coverage-data/rooms.md; COVERAGE_BEFORE=old.json adds a before column)
 # make layout-report -> the modules over ~300 lines, largest first (a report to read, not a failure)
 # make setup -> only the install;  make bench -> the aggregation benchmark
 # make validate-clock -> virtual time against wall-clock (V1-V3, a few minutes)
@@ -15,7 +17,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup data run test test-fast layout-report bench validate-clock paper-time projection frontier clean
+.PHONY: setup data run test test-fast coverage layout-report bench validate-clock paper-time projection frontier clean
 
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
@@ -41,11 +43,24 @@ data:
 run: $(STAMP) data
 	$(PY) cli.py
 
+# --durations=25: the slowest tests, so the next slow one is seen the day it lands
 test: $(STAMP) data
-	WANDB_MODE=disabled $(PY) -m pytest -q -ra
+	WANDB_MODE=disabled $(PY) -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP) data
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow"
+
+# coverage.py follows every process the suite starts (pyproject.toml's [tool.coverage.run]: spawned or forked
+# ranks, `python cli.py`); the data lives under .coverage-data/, never in the repository root that tests watch
+COVDIR := $(CURDIR)/.coverage-data
+COVERAGE_BEFORE ?=
+coverage: $(STAMP) data
+	rm -rf $(COVDIR) && mkdir -p $(COVDIR)
+	export COVERAGE_FILE=$(COVDIR)/cov COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml WANDB_MODE=disabled; \
+	  $(PY) -m coverage run -m pytest -q -ra -p no:randomly; status=$$?; \
+	  $(PY) -m coverage combine -q && $(PY) -m coverage json -q -o $(COVDIR)/coverage.json && \
+	  $(PY) -m tests.helpers.coverage_rooms $(COVDIR)/coverage.json $(COVERAGE_BEFORE) | tee $(COVDIR)/rooms.md; \
+	  exit $$status
 
 layout-report: $(STAMP)
 	$(PY) -m tests.test_layout

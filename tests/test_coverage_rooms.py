@@ -1,0 +1,42 @@
+"""``make coverage``'s table: coverage.py's JSON summed per room of ``gvq/``, before against after."""
+from __future__ import annotations
+
+import json
+
+from tests.helpers.coverage_rooms import by_room, main, room, table
+
+
+def _report(**files):
+    keys = ("covered_lines", "num_statements", "covered_branches", "num_branches")
+    return {"files": {p: {"summary": dict(zip(keys, v))} for p, v in files.items()}}
+
+
+def test_a_file_belongs_to_the_folder_under_gvq_whatever_the_checkout():
+    assert room("gvq/comm/ring.py") == "gvq/comm"
+    assert room("/work/base/gvq/aggregators/flat.py") == "gvq/aggregators"
+    assert room("gvq/__init__.py") == "gvq"
+    assert room("/home/u/gvq/gvq/run/train.py") == "gvq/run"            # a checkout named gvq itself
+
+
+def test_rooms_sum_their_files_and_all_sums_every_room():
+    rooms = by_room(_report(**{"gvq/comm/a.py": (3, 4, 1, 2), "gvq/comm/b.py": (5, 6, 0, 0),
+                              "gvq/run/c.py": (0, 10, 0, 4)}))
+    assert list(rooms) == ["gvq/comm", "gvq/run", "all"]
+    assert rooms["gvq/comm"] == {"covered_lines": 8, "num_statements": 10, "covered_branches": 1, "num_branches": 2}
+    assert rooms["all"]["num_statements"] == 20 and rooms["all"]["covered_lines"] == 8
+
+
+def test_a_room_that_fell_is_named_and_one_that_held_is_not():
+    before = by_room(_report(**{"gvq/comm/a.py": (8, 10, 2, 4), "gvq/run/c.py": (5, 10, 1, 2)}))
+    after = by_room(_report(**{"gvq/comm/a.py": (8, 10, 1, 4), "gvq/run/c.py": (6, 10, 1, 2)}))
+    text, fell = table(after, before)
+    assert fell == ["gvq/comm", "all"]                      # branches 50% -> 25%; run rose; all fell with comm
+    assert "| gvq/run | 6/10 | 60.0 | 1/2 | 50.0 | 50.0 | 50.0 |" in text
+
+
+def test_the_command_exits_1_naming_the_fall(tmp_path, capsys):
+    for name, lines in (("before", 9), ("after", 7)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(_report(**{"gvq/x/a.py": (lines, 10, 0, 0)})))
+    assert main([str(tmp_path / "after.json"), str(tmp_path / "before.json")]) == 1
+    assert "coverage fell in: gvq/x, all" in capsys.readouterr().err
+    assert main([str(tmp_path / "before.json"), str(tmp_path / "after.json")]) == 0
