@@ -24,6 +24,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from gvq.run import checkpoint
+from gvq.run.launch import preflight
 from gvq.schema.columns import COLUMNS
 from tests.helpers.dist import run_ranks
 
@@ -54,13 +55,17 @@ TIMES = [c.name for c in COLUMNS if c.unit == "s"]          # every declared col
 
 
 def _job(compose_cfg, run_dir: Path, name: str, world: int, overrides: list[str], resume: Path | None = None):
-    """(config, meta, resume) for one run, as the launcher hands them to a rank: the composed config made
-    plain, and the checkpoint identity it records (what a resume is checked against)."""
-    overrides = [f"aggregator={name}", f"world_size={world}", *overrides,
-                 *([f"resume={resume}"] if resume else [])]
-    cfg = OmegaConf.to_container(compose_cfg(*overrides), resolve=True)
+    """(config, meta, resume) for one run, as the launcher hands them to a rank: the composed config passed
+    through the launcher's preflight (its checks, the aggregator's own on the model's shapes) and made
+    plain, and the checkpoint identity the launcher records (what a resume is checked against).  The
+    checkpoint to resume is written later, by the group: ``resume`` is set after the preflight."""
+    overrides = [f"aggregator={name}", f"world_size={world}", *overrides]
+    composed = compose_cfg(*overrides)
+    agg, data, _ = preflight(composed)
+    cfg = OmegaConf.to_container(composed, resolve=True)
+    cfg["resume"] = str(resume) if resume else None
     run_dir.mkdir(parents=True)
-    ident = checkpoint.identity(cfg, name, 10, 1, world)          # digits: 10 classes, 1 channel
+    ident = checkpoint.identity(cfg, agg.name or name, data.num_classes, data.in_channels, world)
     meta = {"run_dir": str(run_dir), "group": None, "name": name, "job_type": name, "overrides": overrides,
             "inert_knobs": [], "identity": ident}
     return cfg, meta, (str(resume) if resume else None)
