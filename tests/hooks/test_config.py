@@ -132,8 +132,8 @@ def test_an_out_of_range_knob_is_the_clis_one_line_config_error(name, overrides,
 
 
 def test_the_hook_and_the_cli_print_the_same_line_for_a_bad_value():
-    from tests.helpers.cli import cli
-    out = cli("aggregator=qsgd", "aggregator.compressor.bits=0", "iterations=1")
+    from tests.helpers.cli import cli_in_process
+    out = cli_in_process("aggregator=qsgd", "aggregator.compressor.bits=0", "iterations=1")
     assert out.returncode != 0 and _refusal("qsgd", **{"compressor.bits": 0}) in out.stderr
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from gvq.schema.columns import COLUMNS
-from tests.helpers.cli import cli
+from tests.helpers.cli import cli_in_process
 from tests.helpers.launch import launch_job
 
 COMMON = ["logger=csv", "logger.progress=false", "model.width=4", "batch_size=16", "eval_every=4",
@@ -43,7 +43,7 @@ def test_overlapped_trains_as_post_backward(tmp_path, name):
 @pytest.mark.slow
 def test_torch_ddp_refuses_overlap_in_one_line(tmp_path):
     """torch DDP overlaps by itself: its options have no ``overlap`` key (``bucket_cap_mb`` they keep)."""
-    r = cli("aggregator=ddp", "aggregator.overlap=true", f"hydra.run.dir={tmp_path}")
+    r = cli_in_process("aggregator=ddp", "aggregator.overlap=true", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2 and "aggregator.overlap" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -92,7 +92,7 @@ def test_a_rank_failing_inside_backward_ends_the_job_within_the_timeout(tmp_path
 
 @pytest.mark.slow
 def test_bucket_cap_mb_without_overlap_warns_in_one_line(tmp_path):
-    r = cli("aggregator=rar", "aggregator.bucket_cap_mb=0.5", "logger=csv", "iterations=2",
+    r = cli_in_process("aggregator=rar", "aggregator.bucket_cap_mb=0.5", "logger=csv", "iterations=2",
             f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0
     assert [ln for ln in r.stderr.splitlines() if "aggregator.bucket_cap_mb" in ln] == [

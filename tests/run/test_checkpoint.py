@@ -1,6 +1,7 @@
 """Checkpoint / resume: an interrupted-and-resumed run equals an uninterrupted one (times aside);
 and same seed + same config => identical metrics (determinism).  Runs go through the launcher's entry
-function in-process (``tests.helpers.launch``); refusals, printed as one line, and kills through the CLI."""
+function in-process (``tests.helpers.launch``); refusals (one line, exit 2) through the CLI's ``main``
+in-process (``cli_in_process``); kills through the CLI as a process."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.helpers.cli import ROOT, TEST_CONF, cli
+from tests.helpers.cli import ROOT, TEST_CONF, cli_in_process
 from tests.helpers.launch import launch_job
 
 TIME_COLS = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "wall_s", "real_wall_s"]
@@ -55,7 +56,7 @@ def test_same_seed_same_config_gives_identical_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_resume_without_checkpoint_is_a_config_error(tmp_path):
-    r = cli(*COMMON, f"resume={tmp_path}", f"hydra.run.dir={tmp_path}/x")
+    r = cli_in_process(*COMMON, f"resume={tmp_path}", f"hydra.run.dir={tmp_path}/x")
     assert r.returncode == 2 and "resume=" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -106,7 +107,7 @@ def _refused(r, new: Path, *needles: str) -> None:
 ])
 def test_resuming_another_runs_checkpoint_is_refused_in_one_line(rar_checkpoint, tmp_path, override, needles):
     new = tmp_path / "new"
-    r = cli(*COMMON, "aggregator=rar", override, f"resume={rar_checkpoint}", f"hydra.run.dir={new}")
+    r = cli_in_process(*COMMON, "aggregator=rar", override, f"resume={rar_checkpoint}", f"hydra.run.dir={new}")
     _refused(r, new, f"resume={rar_checkpoint}", *needles)
 
 
@@ -118,7 +119,7 @@ def test_a_truncated_rank_file_is_refused_naming_it(rar_checkpoint, tmp_path):
     rank1 = _newest(copy) / "rank1.pt"
     rank1.write_bytes(rank1.read_bytes()[: rank1.stat().st_size // 2])
     new = tmp_path / "new"
-    r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
+    r = cli_in_process(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
     _refused(r, new, str(rank1), "unreadable or not a gvq checkpoint")
 
 
@@ -129,7 +130,7 @@ def test_a_foreign_marker_is_refused(rar_checkpoint, tmp_path):
     shutil.copytree(rar_checkpoint, copy)
     (_newest(copy) / "complete.json").write_text(json.dumps({"iteration": 4, "world_size": 2}))
     new = tmp_path / "new"
-    r = cli(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
+    r = cli_in_process(*COMMON, "aggregator=rar", f"resume={copy}", f"hydra.run.dir={new}")
     _refused(r, new, "complete.json is not a gvq checkpoint record")
 
 

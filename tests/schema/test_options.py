@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from gvq.schema.config import TYPED_GROUPS
 from gvq.schema.errors import describe
 from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS, WRAPPING_KEYS
-from tests.helpers.cli import ROOT, cli
+from tests.helpers.cli import ROOT, cli_in_process
 
 OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
 
@@ -155,7 +155,7 @@ def test_the_schema_group_is_not_an_option(compose_cfg):
 
 
 def test_a_misspelt_aggregator_knob_is_one_line_from_the_cli():
-    r = cli("aggregator=powersgd", "aggregator.rnk=4", "logger=csv", timeout=120)
+    r = cli_in_process("aggregator=powersgd", "aggregator.rnk=4", "logger=csv")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr[-2000:]
     assert lines == ["gvq: config error: aggregator.rnk: unknown key; did you mean aggregator.rank? "
