@@ -17,6 +17,8 @@ from gvq.schema.config import register  # noqa: E402
 
 register()
 
+pytest_plugins = ["tests.helpers.launches"]      # counts the processes the suite starts (make test's summary)
+
 
 @pytest.fixture
 def compose_cfg():

@@ -1,9 +1,16 @@
-"""``make coverage``'s table: coverage.py's JSON summed per room of ``gvq/``, before against after."""
+"""The suite's own tools: ``make coverage``'s table (coverage.py's JSON summed per room of ``gvq/``, before
+against after) and the count of processes the tests start, printed by ``make test``."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import torch.distributed as dist
+
+from tests.helpers import launches
 from tests.helpers.coverage_rooms import by_room, main, room, table
+from tests.helpers.dist import run_ranks
 
 
 def _report(**files):
@@ -40,3 +47,21 @@ def test_the_command_exits_1_naming_the_fall(tmp_path, capsys):
     assert main([str(tmp_path / "after.json"), str(tmp_path / "before.json")]) == 1
     assert "coverage fell in: gvq/x, all" in capsys.readouterr().err
     assert main([str(tmp_path / "before.json"), str(tmp_path / "after.json")]) == 0
+
+
+def test_python_interpreters_are_told_apart_from_cli_runs_and_other_programs():
+    assert launches.kind([sys.executable, "/repo/cli.py", "aggregator=rar"]) == "cli.py"
+    assert launches.kind([sys.executable, "-m", "gvq.report"]) == "python"
+    assert launches.kind(["git", "status"]) is None and launches.kind("python cli.py") is None
+
+
+def _one(rank, world):
+    return dist.get_world_size()
+
+
+def test_a_group_of_ranks_and_an_interpreter_are_each_counted_once(tmp_path):
+    before = launches.COUNTS.copy()
+    assert run_ranks(_one, 2, tmp_path) == [2, 2]
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    after = launches.COUNTS - before
+    assert after == {"rank groups": 1, "other Python processes": 1}
