@@ -3,8 +3,12 @@ against after) and the count of processes the tests start, printed by ``make tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 import torch.distributed as dist
 
@@ -65,3 +69,22 @@ def test_a_group_of_ranks_and_an_interpreter_are_each_counted_once(tmp_path):
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     after = launches.COUNTS - before
     assert after == {"rank groups": 1, "other Python processes": 1}
+
+
+def _dies_on_one(rank, world):
+    if rank == 1:
+        os._exit(7)
+    dist.barrier()                     # rank 0 waits on the dead rank: killed with its group, not left behind
+    return rank
+
+
+def _hangs(rank, world):
+    time.sleep(600)
+
+
+def test_a_rank_that_dies_or_hangs_fails_its_test_by_name_and_the_next_group_is_sound(tmp_path):
+    with pytest.raises(Exception, match="process 1 terminated with exit code 7"):
+        run_ranks(_dies_on_one, 2, tmp_path)
+    with pytest.raises(TimeoutError, match="ranks of _hangs did not finish within 3"):
+        run_ranks(_hangs, 2, tmp_path, timeout=3.0)
+    assert run_ranks(_one, 3, tmp_path) == [3, 3, 3]
