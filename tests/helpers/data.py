@@ -37,13 +37,19 @@ def fashion_source() -> Path | None:
 
 
 def copy_fashion(dest: Path, gz: bool = True, layout: str = "") -> Path:
-    """The four real files into ``dest/layout``, gzipped (as Debian ships them) or not."""
+    """The four real files into ``dest/layout``, gzipped (as Debian ships them) or not.  A file already in
+    the form asked for is copied as it is; one to gzip is gzipped at level 1 (level 9, gzip's default,
+    takes tens of seconds for the 47 MB of training images, and the loader reads any level)."""
     src = fashion_source()
     folder = dest / layout if layout else dest
     folder.mkdir(parents=True, exist_ok=True)
     for name in idx.FASHION_SHA256:
         have = src / f"{name}.gz" if (src / f"{name}.gz").exists() else src / name
+        want = folder / (name + ".gz" * gz)
+        if (have.suffix == ".gz") == gz:
+            shutil.copyfile(have, want)
+            continue
         opener = gzip.open if have.suffix == ".gz" else open
-        with opener(have, "rb") as fin, (gzip.open if gz else open)(folder / (name + ".gz" * gz), "wb") as fout:
+        with opener(have, "rb") as fin, (gzip.open(want, "wb", compresslevel=1) if gz else open(want, "wb")) as fout:
             shutil.copyfileobj(fin, fout)
     return folder
