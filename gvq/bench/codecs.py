@@ -57,9 +57,10 @@ def ceilings(device: torch.device, reps: int = 5) -> dict:
     return out
 
 
-def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100):
+def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100, timed: bool = True):
     """The fitted compressor, its multiply-adds and streamed bytes per call, its dtype, and the fit's
-    own time (a PCA refresh: seconds, median of 3, after one warm-up fit)."""
+    own time (a PCA refresh: seconds, median of 3, after one warm-up fit; ``timed=False``: None, one fit,
+    for callers that only need the fitted codec)."""
     comp = make_aggregator(*GRADIVEQ[label]).compressor
     comp.world_size = 2
     comp.bind([tuple(s) for s in shapes])
@@ -67,7 +68,7 @@ def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100):
     g = torch.Generator().manual_seed(0)
     samples = torch.randn(L, n, generator=g).to(device)    # isotropic: the paper's d near L_t - 1
     comp.fit(samples)
-    fit_s = median_seconds(lambda: comp.fit(samples), 3, device)
+    fit_s = median_seconds(lambda: comp.fit(samples), 3, device) if timed else None
     ds = [comp.basis(g.gid)[0].shape[1] for g in comp.groups]
     macs = sum(g.n * g.K * d for g, d in zip(comp.groups, ds))
     streamed = sum(g.K * d for g, d in zip(comp.groups, ds)) * BASIS_DTYPES[comp.basis_dtype].itemsize
