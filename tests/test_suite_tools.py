@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.helpers import launches
+from tests.helpers.cli import ROOT
 from tests.helpers.coverage_rooms import by_room, main, room, table
 from tests.helpers.dist import run_ranks
 
@@ -88,3 +89,21 @@ def test_a_rank_that_dies_or_hangs_fails_its_test_by_name_and_the_next_group_is_
     with pytest.raises(TimeoutError, match="ranks of _hangs did not finish within 3"):
         run_ranks(_hangs, 2, tmp_path, timeout=3.0)
     assert run_ranks(_one, 3, tmp_path) == [3, 3, 3]
+
+
+@pytest.mark.slow
+def test_coverage_follows_a_rank_forked_from_the_fork_server(tmp_path):
+    """``make coverage``'s settings (pyproject.toml) measure code that runs only in a rank: the test above
+    run under them, ``adopt_environment``'s replacing branch (a rank's, never the caller's) is covered."""
+    env = dict(os.environ, COVERAGE_FILE=str(tmp_path / "cov"), COVERAGE_PROCESS_START=str(ROOT / "pyproject.toml"),
+               WANDB_MODE="disabled")
+    test = "tests/test_suite_tools.py::test_a_group_of_ranks_and_an_interpreter_are_each_counted_once"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", test],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    for cmd in (["combine", "-q"], ["json", "-q", "-o", str(tmp_path / "c.json")]):
+        subprocess.run([sys.executable, "-m", "coverage", *cmd], cwd=ROOT, env=env, check=True, timeout=120)
+    warm = next(v for k, v in json.loads((tmp_path / "c.json").read_text())["files"].items()
+                if k.endswith("gvq/run/warm.py"))
+    lines = (ROOT / "gvq" / "run" / "warm.py").read_text().splitlines()
+    update = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "os.environ.update(env)")
+    assert update in warm["executed_lines"]
