@@ -55,6 +55,7 @@ def cli_in_process(*args):
     out, err = io.StringIO(), io.StringIO()
     with _restored(), contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         os.environ["WANDB_MODE"] = "disabled"
+        os.environ.pop("HYDRA_FULL_ERROR", None)       # as a user runs it: one-line errors, not Hydra's report
         os.environ["HYDRA_MAIN_MODULE"] = "__main__"   # conf/ found beside cli.py, as when it is the script
         sys.argv[:] = [str(ROOT / "cli.py"), *args]
         code = cli_status(entry.main)

@@ -2,7 +2,11 @@
 exits non-zero with exactly one line on stderr naming the offending key, option or file, no traceback,
 no process left behind and nothing under runs/.
 
-The invocations run once, a few at a time, in a module fixture; each case is then its own test."""
+Every invocation runs once, in a module fixture, through cli.py's ``main`` in this process (the exit
+status and the lines it prints are the CLI's own: ``tests.helpers.cli.cli_in_process``); each case is then
+its own test.  One case of each kind (Hydra's composition, a range checked in code, the preflight's data
+and checkpoint checks) also runs as ``python cli.py``, a few at a time, where what the process does is
+checked: its status, its stderr, and no process of its left behind."""
 from __future__ import annotations
 
 import os
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import ROOT
+from tests.helpers.cli import ROOT, cli_in_process
 
 # (arguments, what the one line must contain); {empty}, {garbage}, {partial} are made by the fixture
 CASES = [
@@ -112,17 +116,25 @@ CASES = [
 ]
 
 
-def _invoke(args: str, tmp: Path, slots: dict) -> dict:
+#: one case of each kind, run as a process too
+AS_PROCESS = ("foo=1", "world_size=0", "batch_size=100000", "resume={partial}",
+              "dataset=fashion_mnist dataset.root={idx_garbage}")
+
+
+def _invoke(args: str, tmp: Path, slots: dict, process: bool) -> dict:
     runs = tmp / uuid.uuid4().hex[:8] / "runs"
-    mark = uuid.uuid4().hex
-    argv = [a.format(**slots) for a in args.split()]
-    env = dict(os.environ, WANDB_MODE="disabled", GVQ_TEST_MARK=mark)
-    env.pop("HYDRA_FULL_ERROR", None)
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), *argv,
-                        f"hydra.run.dir={runs}/day/run"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    argv = [*(a.format(**slots) for a in args.split()), f"hydra.run.dir={runs}/day/run"]
+    if process:
+        mark = uuid.uuid4().hex
+        env = dict(os.environ, WANDB_MODE="disabled", GVQ_TEST_MARK=mark)
+        env.pop("HYDRA_FULL_ERROR", None)
+        r = subprocess.run([sys.executable, str(ROOT / "cli.py"), *argv], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        stray = _marked(mark)
+    else:
+        r, stray = cli_in_process(*argv), []
     return {"rc": r.returncode, "stderr": r.stderr, "stdout": r.stdout, "runs": runs,
-            "left": sorted(str(p) for p in runs.rglob("*")) if runs.exists() else [], "stray": _marked(mark)}
+            "left": sorted(str(p) for p in runs.rglob("*")) if runs.exists() else [], "stray": stray}
 
 
 def _marked(mark: str) -> list[int]:
@@ -154,18 +166,23 @@ def outcomes(tmp_path_factory):
     slots = {"empty": tmp / "empty", "partial": tmp / "partial", "garbage": tmp / "garbage",
              "idx_garbage": idx_garbage}
     with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(lambda c: _invoke(c[0], tmp, slots), CASES))
-    return dict(zip([c[0] for c in CASES], results))
+        processes = list(pool.map(lambda args: _invoke(args, tmp, slots, True), AS_PROCESS))
+    in_process = {args: _invoke(args, tmp, slots, False) for args, _ in CASES}   # one at a time: argv is global
+    return {**{(args, False): out for args, out in in_process.items()},
+            **{(args, True): out for args, out in zip(AS_PROCESS, processes)}}
 
 
 def test_the_table_is_wide():
     assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+    assert set(AS_PROCESS) <= {c[0] for c in CASES}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, needle", CASES, ids=[c[0] for c in CASES])
-def test_a_bad_invocation_is_one_line_and_leaves_nothing(outcomes, args, needle):
-    out = outcomes[args]
+@pytest.mark.parametrize("args, needle, process", [(a, n, False) for a, n in CASES] +
+                         [(a, n, True) for a, n in CASES if a in AS_PROCESS],
+                         ids=[c[0] for c in CASES] + [f"process-{a}" for a in AS_PROCESS])
+def test_a_bad_invocation_is_one_line_and_leaves_nothing(outcomes, args, needle, process):
+    out = outcomes[(args, process)]
     lines = [ln for ln in out["stderr"].splitlines() if ln.strip()]
     assert out["rc"] != 0, out["stderr"][-2000:]
     assert len(lines) == 1 and lines[0].startswith("gvq: config error: "), out["stderr"][-2000:]
