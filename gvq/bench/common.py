@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -21,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from gvq.run.warm import adopt_environment, start_fork_server, start_method
 from gvq.schema.compose import compose, overrides_for  # the run config `python cli.py <overrides>` composes
 from gvq.schema.errors import ConfigError
 
@@ -51,27 +49,19 @@ def model_shapes(model: str, num_classes: int) -> list[torch.Size]:
     return [p.shape for p in net.parameters()]
 
 
-def _warm_rank(rank: int, fn, env: dict, *args):
-    adopt_environment(env)             # the caller's environment now, not the fork server's at its start
-    fn(rank, *args)
-
-
 def spawn_loopback(fn, world: int, *args):
-    """Run ``fn(rank, *args, init_url, out_path)`` on ``world`` loopback ranks (file rendezvous in a temp
-    dir, never a port), started as the launcher starts its ranks (forked from the warm fork server, which
-    has imported torch once, unless ``GVQ_START_METHOD=spawn``); returns the JSON rank 0 wrote to
-    ``out_path``.  A rank that fails raises here with its traceback."""
-    start_fork_server()
+    """Run ``fn(rank, *args, init_url, out_path)`` on ``world`` spawned ranks (file rendezvous in a
+    temp dir, never a port); returns the JSON rank 0 wrote to ``out_path``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/out.json"
-        mp.start_processes(_warm_rank, args=(fn, dict(os.environ), *args, f"file://{tmp}/rendezvous", out),
-                           nprocs=world, start_method=start_method())
+        mp.spawn(fn, args=(*args, f"file://{tmp}/rendezvous", out), nprocs=world)
         return json.loads(Path(out).read_text())
 
 
 def run_bench(sub: str, flags: list[str], pin: bool = False) -> list[dict]:
     """One ``python -m gvq.bench <sub> <flags>`` in a subprocess (one thread a rank; ``pin``: all on core 0),
     its table silenced; returns the records it wrote with ``--out``."""
+    import os
     import subprocess
     import sys
     with tempfile.TemporaryDirectory() as tmp:
