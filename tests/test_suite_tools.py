@@ -97,6 +97,7 @@ def test_coverage_follows_a_rank_forked_from_the_fork_server(tmp_path):
     run under them, ``adopt_environment``'s replacing branch (a rank's, never the caller's) is covered."""
     env = dict(os.environ, COVERAGE_FILE=str(tmp_path / "cov"), COVERAGE_PROCESS_START=str(ROOT / "pyproject.toml"),
                WANDB_MODE="disabled")
+    env.pop("PYTEST_ADDOPTS", None)     # the outer run's options (a --basetemp it would clear) stay its own
     test = "tests/test_suite_tools.py::test_a_group_of_ranks_and_an_interpreter_are_each_counted_once"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", test],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
