@@ -24,7 +24,7 @@ import torch
 
 from gvq.aggregators.base import RunContext
 from gvq.hooks.config import build_aggregator
-from tests.helpers.dist import run_cases, run_ranks
+from tests.helpers.dist import once_per_key, run_cases, run_ranks
 
 # two conv layers (GradiVeQ's groups), their biases, a matrix (PowerSGD's low-rank block) and its bias
 SHAPES = [(4, 2, 3, 3), (4,), (6, 4, 3, 3), (6,), (3, 24), (3,)]
@@ -129,19 +129,8 @@ def spawned(tmp_path_factory):
     """``spawned(fn, world, batch)[case]``: the per-rank results of ``fn(rank, world, *case)``, every case
     of ``batch`` run in one spawn, once per module (a spawn costs more than a case here); a failed batch
     fails each of its tests with the case that failed."""
-    done: dict = {}
-
-    def get(fn, world, batch):
-        key = (fn.__name__, world, batch)
-        if key not in done:
-            try:
-                done[key] = run_cases(fn, world, tmp_path_factory.mktemp("ranks"), batch)
-            except Exception as e:                      # noqa: BLE001 (kept for the batch's other tests)
-                done[key] = e
-        if isinstance(done[key], Exception):
-            raise done[key]
-        return done[key]
-    return get
+    group = once_per_key(lambda fn, world, batch: run_cases(fn, world, tmp_path_factory.mktemp("ranks"), batch))
+    return lambda fn, world, batch: group((fn.__name__, world, batch), fn, world, batch)
 
 
 def batched(cases: list[tuple], quick) -> list:

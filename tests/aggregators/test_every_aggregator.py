@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from gvq.run import checkpoint
 from gvq.run.launch import preflight
 from gvq.schema.columns import COLUMNS
-from tests.helpers.dist import run_ranks
+from tests.helpers.dist import once_per_key, run_ranks
 
 pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
 
@@ -103,21 +103,13 @@ def _jobs(compose_cfg, root: Path, world: int) -> list:
 def trained(tmp_path_factory):
     """``trained(world, compose_cfg)``: the root of that world size's runs, every job run once per module
     in one group; a group that failed fails each of its tests with what it raised."""
-    done: dict = {}
-
-    def get(world, compose_cfg):
-        if world not in done:
-            root = tmp_path_factory.mktemp(f"every-{world}")
-            jobs = _jobs(compose_cfg, root, world)
-            try:
-                run_ranks(_train_each, world, root, jobs, timeout=60.0 + 30.0 * len(jobs))
-                done[world] = root
-            except Exception as e:                      # noqa: BLE001 (kept for the group's other tests)
-                done[world] = e
-        if isinstance(done[world], Exception):
-            raise done[world]
-        return done[world]
-    return get
+    def run(world, compose_cfg):
+        root = tmp_path_factory.mktemp(f"every-{world}")
+        jobs = _jobs(compose_cfg, root, world)
+        run_ranks(_train_each, world, root, jobs, timeout=60.0 + 30.0 * len(jobs))
+        return root
+    group = once_per_key(run)
+    return lambda world, compose_cfg: group(world, world, compose_cfg)
 
 
 def _summary(run: Path) -> dict:

@@ -90,3 +90,21 @@ def run_cases(fn, world: int, tmp_path, cases: tuple, timeout_per_case: float = 
     group costs more than a small case); returns ``{case: [rank 0's result, rank 1's, ...]}``."""
     per_rank = run_ranks(_cases, world, tmp_path, fn, cases, timeout=30.0 + timeout_per_case * len(cases))
     return {case: [r[case] for r in per_rank] for case in cases}
+
+
+def once_per_key(run):
+    """``get(key, *args)``: ``run(*args)`` the first time ``key`` is asked for, its result after; for a
+    module fixture whose group of ranks serves many tests.  A group that failed fails each test that asks
+    for it with what it raised (kept, not run again)."""
+    done: dict = {}
+
+    def get(key, *args):
+        if key not in done:
+            try:
+                done[key] = run(*args)
+            except Exception as e:                      # noqa: BLE001 (kept for the group's other tests)
+                done[key] = e
+        if isinstance(done[key], Exception):
+            raise done[key]
+        return done[key]
+    return get
