@@ -27,16 +27,17 @@ def start_method() -> str:
     return method
 
 
-def start_fork_server() -> bool:
-    """Start the server now (it loads :data:`PRELOAD` in the background) unless this process is itself a
-    rank of torchrun's, which spawns nothing.  Idempotent; returns whether a server is running."""
+def start_fork_server(preload: list[str] = PRELOAD) -> bool:
+    """Start the server now (it loads ``preload`` in the background) unless this process is itself a
+    rank of torchrun's, which spawns nothing.  Idempotent (a running server keeps what it loaded);
+    returns whether a server is running."""
     try:
         if "LOCAL_RANK" in os.environ or start_method() != "forkserver":
             return False
     except ValueError:                  # launch() reports the bad value, as a config error
         return False
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(preload)
     from multiprocessing import forkserver
     forkserver.ensure_running()
     return True

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gvq.run.warm import PRELOAD, adopt_environment, start_method
+from gvq.run.warm import PRELOAD, adopt_environment, start_fork_server, start_method
 
 # imported once in the fork server, beside the launcher's own list: what every test's ranks import
 TEST_PRELOAD = [*PRELOAD, "pytest", "tests.helpers.dist"]
@@ -28,13 +28,8 @@ TEST_PRELOAD = [*PRELOAD, "pytest", "tests.helpers.dist"]
 def start_test_fork_server() -> str:
     """The start method for test ranks; where it is the fork server, start it now with
     :data:`TEST_PRELOAD` (a no-op once running: the launcher's tests share it)."""
-    method = start_method()
-    if method == "forkserver":
-        import multiprocessing
-        from multiprocessing import forkserver
-        multiprocessing.get_context("forkserver").set_forkserver_preload(TEST_PRELOAD)
-        forkserver.ensure_running()
-    return method
+    start_fork_server(TEST_PRELOAD)
+    return start_method()
 
 
 def _entry(rank, fn, world, init, out_dir, env, args):
