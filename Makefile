@@ -31,14 +31,24 @@ $(STAMP): pyproject.toml setup.py $(CONSTRAINTS)
 
 setup: $(STAMP) data
 
-# Fashion-MNIST (dataset=fashion_mnist) from Debian's package where we may (root with apt-get); elsewhere one
+# Fashion-MNIST (dataset=fashion_mnist) and Austen's novels (dataset=austen) from Debian's packages where we may
+# (root with apt-get); elsewhere one
 # line says how, and set-up goes on (gvq never downloads data at run time)
 FASHION := /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+# Austen's novels (dataset=austen): only the R library folder of Debian's r-cran-janeaustenr, unpacked from the
+# .deb alone (installing the package pulls R, some 700 packages)
+AUSTEN := /usr/lib/R/site-library/janeaustenr/data
 data:
 	@test -f $(FASHION) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	    { apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; }; } ; } \
 	  || echo "note: Fashion-MNIST not installed; for dataset=fashion_mnist run 'apt-get install dataset-fashion-mnist' as root, or set GVQ_DATA to a folder with its four IDX files"
+	@test -f $(AUSTEN)/Rdata.rdb || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && tmp=$$(mktemp -d) && \
+	    ( cd $$tmp && { apt-get download -qq r-cran-janeaustenr >/dev/null 2>&1 || \
+	      { apt-get update -qq && apt-get download -qq r-cran-janeaustenr >/dev/null 2>&1; }; } && \
+	      dpkg-deb --fsys-tarfile r-cran-janeaustenr_*.deb | tar -x -C / ./usr/lib/R/site-library/janeaustenr ) ; \
+	    status=$$?; rm -rf $$tmp; exit $$status; } \
+	  || echo "note: Austen's novels not installed; for dataset=austen, as root: apt-get download r-cran-janeaustenr, then dpkg-deb -x the .deb into a folder and set GVQ_DATA to it (installing the package pulls R)"
 
 run: $(STAMP) data
 	$(PY) cli.py

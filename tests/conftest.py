@@ -61,3 +61,16 @@ def fashion_root() -> Path:
             pytest.fail("GVQ_REQUIRE_FASHION=1 but Fashion-MNIST is not installed (make setup, as root)")
         pytest.skip("Fashion-MNIST not installed (make setup as root installs dataset-fashion-mnist)")
     return found
+
+
+@pytest.fixture(scope="session")
+def austen_folder() -> Path:
+    """The folder of the real janeaustenr data (Rdata.rdb, Rdata.rdx).  Where it is missing the test skips,
+    except where ``GVQ_REQUIRE_AUSTEN=1`` (set by .ci/run, whose make unpacks it): there it fails."""
+    from gvq.data.r_lazyload import find_austen
+    try:
+        return Path(find_austen(None))
+    except FileNotFoundError:
+        if os.environ.get("GVQ_REQUIRE_AUSTEN") == "1":
+            pytest.fail("GVQ_REQUIRE_AUSTEN=1 but r-cran-janeaustenr's data is not unpacked (make setup, as root)")
+        pytest.skip("Austen's novels not installed (make setup as root unpacks r-cran-janeaustenr)")

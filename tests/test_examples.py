@@ -3,7 +3,8 @@ their docstrings say: examples/ddp_hook.py trains on 2 gloo ranks through DDP + 
 loss of post-backward aggregation (the same aggregator after backward) over its 30 iterations, and the
 same under torchrun; examples/accelerate_hook.py under accelerate's launcher is the same run as under
 torchrun, and stopped, saved and resumed ends where the uninterrupted run ends; examples/lightning_hook.py
-learns through the callback.  Every launch line an example's docstring gives is run as written."""
+learns through the callback; examples/gpt_hook.py trains a small GPT on bytes under torchrun with the hook.
+Every launch line an example's docstring gives is run as written."""
 from __future__ import annotations
 
 import ast
@@ -50,7 +51,7 @@ def _losses(line: str) -> list[float]:
 
 
 #: how many launch lines each example documents; every one is run below (a new line needs a test here)
-RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 4, "lightning_hook.py": 2}
+RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 4, "lightning_hook.py": 2, "gpt_hook.py": 2}
 DDP = documented("ddp_hook.py")       # qsgd, --post-backward, --no-hook, torchrun
 
 
@@ -108,3 +109,12 @@ def test_lightning_example_learns_through_the_callback():
     assert len(losses) == 3 and losses[-1] < 0.7 * losses[0]
     baseline = _losses(plain + " --epochs 3")
     assert len(baseline) == 3 and baseline[-1] < 0.7 * baseline[0]
+
+
+def test_gpt_example_learns_bytes_under_torchrun_through_the_hook():
+    for line in documented("gpt_hook.py"):
+        out = _run(line)
+        losses = [float(v) for v in re.findall(r"^iteration \d+ loss (\S+)$", out, re.M)]
+        assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5]), (line, losses)
+        bpb = float(re.search(r"^held-out bits per byte (\S+)$", out, re.M).group(1))
+        assert bpb < 6.5, (line, bpb)                  # uniform bytes are 8 bits

@@ -7,6 +7,8 @@ source format, re-exported here so a config names ``gvq.data.<loader>``::
     python cli.py dataset=fashion_mnist              # IDX files (Debian's dataset-fashion-mnist), no download
     python cli.py dataset=cifar100 dataset.root=/data  # reads /data/cifar-100-python/{train,test}
     python cli.py dataset=synthetic                  # CIFAR-shaped random data, for benchmarks
+    python cli.py dataset=austen model=gpt_tiny optim=adamw   # Austen's novels, bytes (language model)
+    python cli.py dataset=text dataset.path=my.txt model=gpt_tiny optim=adamw   # any text file
 
 Training is iteration-based: :func:`iterate_batches` yields ``(epoch, x, y)`` forever.  Every epoch
 is one permutation shared by all ranks (seeded by ``(seed, epoch)``); rank r takes
@@ -17,12 +19,14 @@ exactly the batches a run that got there by stepping would see.
 from gvq.data.batches import (AUG_PAD, augment_batch, batches_per_epoch, epoch_shard, iterate_batches,
                               test_batches)
 from gvq.data.cifar_python import CIFAR_LAYOUT, CIFAR_STATS, cifar10, cifar100
+from gvq.data.r_lazyload import austen
 from gvq.data.gaussian import synthetic
 from gvq.data.idx import FASHION_FILES, fashion_mnist
 from gvq.data.sklearn_digits import _digits_arrays, digits, digits_cache_path, stratified_split
 from gvq.data.tensors import TensorData, _generator, _seed
+from gvq.data.tokens import TokenData, text_file
 
-__all__ = ["AUG_PAD", "CIFAR_LAYOUT", "CIFAR_STATS", "FASHION_FILES", "TensorData", "augment_batch",
+__all__ = ["AUG_PAD", "CIFAR_LAYOUT", "CIFAR_STATS", "FASHION_FILES", "TensorData", "TokenData", "augment_batch", "austen",
            "batches_per_epoch", "cifar10", "cifar100", "digits", "digits_cache_path", "epoch_shard",
-           "fashion_mnist", "iterate_batches", "stratified_split", "synthetic", "test_batches",
+           "fashion_mnist", "iterate_batches", "stratified_split", "synthetic", "test_batches", "text_file",
            "_digits_arrays", "_generator", "_seed"]

@@ -25,6 +25,8 @@ class TensorData:
     augment: bool = False  # pad-and-crop + horizontal flip on training batches
     mean: Optional[tuple[float, ...]] = None  # per channel, for uint8 x
     std: Optional[tuple[float, ...]] = None
+    # text (gvq.data.tokens.TokenData): bytes per token, for bits per byte; None: not text
+    bytes_per_token: Optional[float] = None
 
     def __post_init__(self):
         if (self.x_train.dtype == torch.uint8) != (self.mean is not None and self.std is not None):

@@ -89,9 +89,11 @@ def preflight(cfg: DictConfig):
     if cfg.batch_size * world > len(data):
         config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "
                      f"exceeds the dataset's {len(data)} training examples")
-    try:                                   # checks that need the model's shapes (GradiVeQ's K)
-        agg.preflight(list(model.parameters()))
-    except ValueError as e:
+    try:                                   # checks that need the model's shapes (GradiVeQ's K), and one
+        agg.preflight(list(model.parameters()))      # example through it (a window longer than the model's
+        with torch.no_grad():                        # context, an image of another size)
+            model(data.inputs(data.x_train[:1]))
+    except (ValueError, RuntimeError) as e:
         config_error(str(e).strip().splitlines()[0])
     return agg, data, plan
 

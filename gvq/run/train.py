@@ -25,7 +25,7 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.hooks.builder import aggregator_from
-from gvq.run import checkpoint, restart
+from gvq.run import checkpoint, optim, restart
 from gvq.run.guards import (
     aggregated_overflow,
     broadcast_,
@@ -66,10 +66,8 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     model.to(compute_device(cfg["device"]))
     for t in list(model.parameters()) + list(model.buffers()):
         broadcast_(t.data, 0)
-    o = cfg["optim"]
-    opt = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=o["momentum"],
-                          weight_decay=o["weight_decay"], nesterov=o["nesterov"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(o, cfg["iterations"]))
+    opt = optim.build_optimizer(cfg["optim"], model)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg["optim"], cfg["iterations"]))
     agg = aggregator_from(cfg["aggregator"])     # aggregator.overlap=true: the ring inside backward, via DDP
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
@@ -80,7 +78,8 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
 
 @torch.no_grad()
 def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple[float, float]:
-    """Exact test loss/accuracy over the whole test set, each rank scoring a disjoint shard."""
+    """Exact test loss/accuracy over the whole test set, each rank scoring a disjoint shard; per target
+    (an image, or a token of a text window)."""
     for b in model.buffers():          # BN running stats differ per rank: use rank 0's everywhere
         broadcast_(b, 0)
     model.eval()
@@ -90,8 +89,8 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     for chunk in idx.split(batch_size):
         out = model(data.inputs(data.x_test[chunk]).to(dev))
         y = data.y_test[chunk].to(dev)
-        tot += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
-                             (out.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64, device=tot.device)
+        tot += torch.tensor([F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum").item(),
+                             (out.argmax(-1) == y).sum().item(), y.numel()], dtype=torch.float64, device=tot.device)
     dist.all_reduce(tot)
     model.train()
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
@@ -109,17 +108,18 @@ def at_point(iteration: int, point: str) -> None:
         callback(iteration, point)
 
 
-def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
+def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", clip_norm: float | None = None) -> dict:
     """One iteration's row; the ``aggregate`` point's callbacks run once the gradients are checked and
-    before they are averaged."""
+    before they are averaged.  A language model's ``(B, T, V)`` logits are scored per token, as a CNN's
+    ``(B, C)`` per image.  ``clip_norm`` clips the averaged gradient (the same on every rank)."""
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
         out = model(x)
-        loss = F.cross_entropy(out, y)
+        loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
         opt.zero_grad(set_to_none=False)
         loss.backward()
     compute_s = clock.now() - t0
-    acc = (out.argmax(1) == y).float().mean().item()
+    acc = (out.argmax(-1) == y).float().mean().item()
     row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
@@ -133,6 +133,8 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error") -> dict:
         opt.zero_grad(set_to_none=False)
         return {**row, **stats, "skipped": 1, "phase": "skipped"}
     with clock.phase("compute"):
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         opt.step()
     return {**row, **stats}
 
@@ -187,7 +189,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
         old_rows = checkpoint.previous_rows(resume, prog.start) if rank == 0 else []
     if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
-    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields), cfg, meta) if rank == 0 else None
+    text = TEXT_FIELDS if data.bytes_per_token is not None else ()
+    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields) + text, cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True
     try:
@@ -212,6 +215,19 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             runlog.close(failed=failed)
 
 
+#: the columns a text data set adds (gvq/schema/columns.py)
+TEXT_FIELDS = ("test_bpb", "tokens_per_second")
+
+
+def text_metrics(row: dict, data, tokens: int, step_s: float) -> None:
+    """A text run's columns: bits per byte on evaluation rows, tokens per second (all ranks) on every row."""
+    if data.bytes_per_token is None:
+        return
+    if "test_loss" in row:
+        row["test_bpb"] = row["test_loss"] / math.log(2) / data.bytes_per_token
+    row["tokens_per_second"] = tokens / step_s if step_s > 0 else float("nan")
+
+
 def _progress_bar(cfg, runlog, agg, world, prog):
     if runlog is None or not cfg["logger"]["progress"]:
         return None
@@ -227,11 +243,12 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
     dev = compute_device(cfg["device"])
     t0, real0 = clock.sync() - prog.wall_offset, time.perf_counter() - prog.real_wall_offset
+    last_wall = prog.wall_offset
     for it in range(prog.start, iters):
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"])
+        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"], cfg["optim"]["clip_norm"])
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
@@ -241,6 +258,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
             prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
+        text_metrics(row, data, y.numel() * world, row["wall_s"] - last_wall)
+        last_wall = row["wall_s"]
         for k in TIME_KEYS:
             prog.totals[k] = prog.totals.get(k, 0.0) + row[k]      # (a key newer than a resumed checkpoint)
         prog.skip_streak = prog.skip_streak + 1 if row["skipped"] else 0
@@ -263,7 +282,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         bar.close()
     if runlog is not None:
         mark(runlog.meta, "trained")
-    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data.num_classes)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data)
 
 
 #: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
@@ -294,7 +313,7 @@ def end_status(prog: Progress, iters: int, num_classes: int) -> dict:
     return {"status": "never_learned", "reason": reason} if reason else {"status": "completed"}
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg=None, num_classes=10):
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg, data):
     identical = replicas_identical(model)
     lock = lock_given_up()
     if not identical:
@@ -302,15 +321,19 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
     if runlog is None:
         return None
     iters = cfg["iterations"]
-    summary = {**end_status(prog, iters, num_classes), "iterations": iters, "final_test_acc": prog.test_acc,
-               "final_test_loss": prog.test_loss, "wall_s": wall_s, "real_wall_s": real_wall_s,
+    text = {} if data.bytes_per_token is None else {
+        "final_test_bpb": prog.test_loss / math.log(2) / data.bytes_per_token,
+        "tokens_per_second": iters * cfg["batch_size"] * data.y_train.shape[1] * dist.get_world_size() / wall_s}
+    summary = {**end_status(prog, iters, data.num_classes), "iterations": iters, "final_test_acc": prog.test_acc,
+               "final_test_loss": prog.test_loss, **text, "wall_s": wall_s, "real_wall_s": real_wall_s,
                **clock_fields(cfg), **lock, "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},
                "mean_aggregate_s": prog.totals["aggregate_s"] / iters, "config": cfg, **runlog.meta}
-    agg_summary = agg.summary() if agg is not None else {}
+    agg_summary = agg.summary()
     if agg_summary:                                # e.g. GradiVeQ: refreshes, relays
         summary["aggregator"] = agg_summary
     runlog.summary(summary)
-    log.info("done: test_acc=%.4f test_loss=%.4f wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, wall_s,
+    bpb = f" test_bpb={text['final_test_bpb']:.4f}" if text else ""
+    log.info("done: test_acc=%.4f test_loss=%.4f%s wall=%.1fs%s -> %s", prog.test_acc, prog.test_loss, bpb, wall_s,
              f" (virtual; real {real_wall_s:.1f}s)" if clock.get().virtual else "", runlog.run_dir)
     return summary

@@ -78,10 +78,18 @@ def check_clock(clock: str, compute_scale: float, codec_scale: float, has_link: 
              f"the clock; pick a link, e.g. {keys['link']}")
 
 
+#: optim.<key> -> (low, high, what is allowed), for whichever option declares the key
+OPTIM_RANGES = {"momentum": (0, 1, "in [0, 1)"), "eps": (1e-300, float("inf"), "> 0"),
+                "weight_decay": (0, float("inf"), ">= 0")}
+
+
 def _validate_optim(o) -> None:
     _require(o.lr > 0, f"optim.lr={o.lr}: must be > 0")
-    _require(0 <= o.momentum < 1, f"optim.momentum={o.momentum}: must be in [0, 1)")
-    _require(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay}: must be >= 0")
+    for key, (lo, hi, allowed) in OPTIM_RANGES.items():
+        _require(key not in o or lo <= o[key] < hi, f"optim.{key}={o.get(key)}: must be {allowed}")
+    _require("betas" not in o or (len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas)),
+             f"optim.betas={list(o.get('betas', []))}: two decay rates in [0, 1)")
+    _require(o.clip_norm is None or o.clip_norm > 0, f"optim.clip_norm={o.clip_norm}: must be > 0 (or null: no clipping)")
     _require(all(0 < m < 1 for m in o.milestones), f"optim.milestones={list(o.milestones)}: fractions in (0, 1)")
     _require(0 < o.gamma <= 1, f"optim.gamma={o.gamma}: must be in (0, 1]")
     _require(o.warmup_iters >= 0, f"optim.warmup_iters={o.warmup_iters}: must be >= 0")

@@ -68,6 +68,11 @@ COLUMNS = (
     Column("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
     Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True, reading=True),
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
+    # text data sets (a language model)
+    Column("test_bpb", "", "rank0", "test loss in bits per byte (evaluation rows only): test_loss / ln 2 / bytes per "
+       "token", wandb="test/bpb"),
+    Column("tokens_per_second", "", "rank0", "training tokens per second over all ranks, on the run's clock (wall_s)",
+       wandb="train/tokens_per_second"),
     # overlapped communication (gvq's hook: aggregator.overlap=true; torch DDP's own)
     Column("buckets", "", "rank0", "DDP buckets averaged in the step"),
     Column("comm_s", "s", "max", "first bucket launched -> last bucket averaged", bench=True),

@@ -29,20 +29,7 @@ class NanPolicy(Choice):
     skip = "skip"               # skip the step on every rank
 
 
-Schedule = Choice("Schedule", "cosine step constant", module=__name__)
 WandbMode = Choice("WandbMode", "offline online disabled", module=__name__)
-
-
-@dataclass
-class OptimSchema:
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    nesterov: bool = False
-    schedule: Schedule = Schedule.cosine
-    milestones: List[float] = field(default_factory=lambda: [0.5, 0.75])
-    gamma: float = 0.1
-    warmup_iters: int = 0
 
 
 @dataclass
@@ -74,12 +61,11 @@ class LoggerSchema:
 KNOBS = ("lambda", "K", "s", "L_t", "L_c", "warmup")
 
 #: option groups whose options each name a schema of their own (``schema/<group>/<option>``)
-TYPED_GROUPS = ("aggregator", "model", "dataset", "net")
+TYPED_GROUPS = ("aggregator", "model", "dataset", "optim", "net")
 
 
 def build_schema() -> Any:
     schema = OmegaConf.create({
-        "optim": OmegaConf.structured(OptimSchema),
         "logger": OmegaConf.structured(LoggerSchema),
         "world_size": IntegerNode(2),
         "seed": IntegerNode(0),
@@ -103,7 +89,7 @@ def build_schema() -> Any:
     # node and break presets that set ``hydra.sweeper.params``.  Unknown top-level keys are still
     # rejected: Hydra refuses overrides of absent keys, and gvq.run.validate checks the key set.  The
     # typed groups are absent here: an open node here would make their options' schemas non-struct.
-    for group in ("optim", "logger", "checkpoint"):
+    for group in ("logger", "checkpoint"):
         OmegaConf.set_struct(schema[group], True)
     return schema
 

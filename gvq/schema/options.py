@@ -1,18 +1,18 @@
-"""One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/`` or
+"""One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/``, ``optim/`` or
 ``net/`` builds, stored by :func:`gvq.schema.config.register` as ``schema/<group>/<name>``.
 
 Each option file names its schema first in its defaults list (``/schema/aggregator/qsgd@_here_``), so
 OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
 choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema's fields are its
 ``_target_``'s keyword arguments, with the same defaults (``tests/schema/test_options.py`` holds them to the
-signature), but for :data:`WRAPPING_KEYS` (the run's); what a constructor's value means is said in the
+signature), but for :data:`WRAPPING_KEYS` and :data:`SCHEDULE_KEYS` (the run's); what a constructor's value means is said in the
 option files.  No torch here: the CLI imports this before Hydra composes.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 # -- choices -----------------------------------------------------------------------------------------
 
@@ -52,6 +52,7 @@ Fit = Choice("Fit", "histogram sorted", module=__name__)
 Threshold = Choice("Threshold", "lloyd mean", module=__name__)
 Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
+Matrices = Choice("Matrices", "auto conv rows", module=__name__)
 
 # -- links -------------------------------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class GradiVeQSchema:
     target_ratio: Optional[float] = None
     mu: Mu = Mu.slice
     basis_dtype: BasisDtype = BasisDtype.float32
+    matrices: Matrices = Matrices.auto
 
 
 # -- aggregators ---------------------------------------------------------------------------------------
@@ -220,6 +222,44 @@ class GradiVeQAggregatorSchema(_Overlap):
     error_feedback: bool = False
 
 
+# -- optimizers ----------------------------------------------------------------------------------------
+
+Schedule = Choice("Schedule", "cosine step constant", module=__name__)
+
+
+@dataclass
+class _Schedule:
+    """The learning-rate schedule and clipping every optimizer option shares: the run's keys
+    (gvq.run.train.lr_lambda, step), not its builder's."""
+    schedule: Schedule = Schedule.cosine
+    milestones: List[float] = field(default_factory=lambda: [0.5, 0.75])
+    gamma: float = 0.1
+    warmup_iters: int = 0
+    clip_norm: Optional[float] = None
+
+
+#: an optimizer node's keys the run reads (schedule, clipping); the rest are its builder's arguments
+SCHEDULE_KEYS = tuple(f.name for f in fields(_Schedule))
+
+
+@dataclass
+class SGDSchema(_Schedule):
+    _target_: str = "gvq.run.optim.sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWSchema(_Schedule):
+    _target_: str = "gvq.run.optim.adamw"
+    lr: float = 1e-3
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
 # -- models and data sets ------------------------------------------------------------------------------
 
 
@@ -232,6 +272,15 @@ class DigitsCNNSchema:
 @dataclass
 class ResNetSchema:
     _target_: str = "gvq.models.resnet20"      # resnet20 | resnet32 | resnet56 | resnet110: no knobs
+
+
+@dataclass
+class GPTSchema:
+    _target_: str = "gvq.models.GPT"
+    layers: int = 4
+    heads: int = 4
+    width: int = 128
+    context: int = 64
 
 
 @dataclass
@@ -268,6 +317,23 @@ class SyntheticSchema:
     seed: int = 0
 
 
+@dataclass
+class AustenSchema:
+    _target_: str = "gvq.data.austen"
+    root: Optional[str] = None
+    context: int = 64
+    n_test: Optional[int] = 256
+
+
+@dataclass
+class TextFileSchema:
+    _target_: str = "gvq.data.text_file"
+    path: str = "???"
+    context: int = 64
+    test_fraction: float = 0.1
+    n_test: Optional[int] = 256
+
+
 #: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``
 OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "rar"): RingAllReduceSchema,
@@ -284,12 +350,17 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "ddp"): DDPSchema,
     ("model", "cnn"): DigitsCNNSchema,
     ("model", "resnet"): ResNetSchema,
+    ("model", "gpt"): GPTSchema,
     ("dataset", "digits"): DigitsSchema,
     ("dataset", "cifar"): CifarSchema,
     ("dataset", "synthetic"): SyntheticSchema,
     ("dataset", "fashion_mnist"): FashionMNISTSchema,
+    ("dataset", "austen"): AustenSchema,
+    ("dataset", "text"): TextFileSchema,
+    ("optim", "sgd"): SGDSchema,
+    ("optim", "adamw"): AdamWSchema,
     ("net", "link"): NetSchema,
 }
 
 #: keyword arguments a constructor takes that no option file sets: supplied when it is built
-RUNTIME_KWARGS = frozenset({"world_size", "num_classes", "in_channels"})
+RUNTIME_KWARGS = frozenset({"world_size", "num_classes", "in_channels", "model"})

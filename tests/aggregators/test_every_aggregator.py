@@ -6,6 +6,7 @@ would pay a rendezvous and the launcher's start-up each), and a test per option 
 * it trains into its compressed phase, post-backward at N = 1 and 3 (rar, qsgd, gradiveq and powersgd
   at 5), and every ring option overlapped (``aggregator.overlap=true``: DDP + the gvq hook) at N = 1 and 3
   with the overlap columns;
+* every option trains the small GPT on bytes of a text the test writes, at N = 2 (bits per byte logged);
 * a run that checkpoints part-way, resumed from that checkpoint, writes identical metrics (times aside)
   at N = 2, post-backward for every option and overlapped for every ring option.  The checkpoint lands
   where each aggregator holds state (GradiVeQ: mid-sampling with samples kept, after a refresh; PowerSGD:
@@ -17,6 +18,7 @@ options in ``tests/run`` and ``tests/hooks/test_overlapped.py``."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +53,22 @@ RESUME_EXTRA = {"powersgd": ["aggregator.start_iter=3"], "ddp_powersgd": ["aggre
                 # the schedule's exact shape is checked below; resume with the monitor on: test_bucket.py
                 **{g: ["aggregator.monitor_threshold=null"] for g in ("gradiveq", "gradiveq_bf16", "gradiveq_pooled")}}
 OVERLAP_RESUME = [*OVERLAP, "iterations=12", "checkpoint.every=7"]
+#: the language model (a one-block GPT on bytes of a text the test writes), at N = 2 with the resume group
+LM_ITERS = 12
+LM = ["logger=csv", "logger.progress=false", "dataset=text", "dataset.context=16", "dataset.n_test=16",
+      "model=gpt_tiny", "model.layers=1", "model.heads=2", "model.width=16", "model.context=16", "optim=adamw",
+      "optim.lr=0.02", "optim.warmup_iters=2", f"iterations={LM_ITERS}", "eval_every=6", "batch_size=8",
+      "warmup=2", "L_t=3", "L_c=4"]
+
+
+def _corpus(root: Path) -> Path:
+    """A few KB of English-like text, made here (the tests need no corpus installed)."""
+    words = "the of and to a in that was her not be she he had it as for with his you which but".split()
+    lines = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(8 + i % 5)).capitalize() + "."
+             for i in range(160)]
+    path = root / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 TIMES = [c.name for c in COLUMNS if c.unit == "s"]          # every declared column in seconds
 
 
@@ -89,7 +107,9 @@ def _jobs(compose_cfg, root: Path, world: int) -> list:
                 run = root / ("overlap" if overlap else "post") / name
                 jobs += [_job(compose_cfg, run / "run", name, world, base),
                          _job(compose_cfg, run / "resumed", name, world, base, resume=run / "run")]
-        return jobs
+        corpus = _corpus(root)
+        return jobs + [_job(compose_cfg, root / "lm" / n, n, world, [*LM, f"dataset.path={corpus}",
+                                                                     *RESUME_EXTRA.get(n, [])]) for n in ALL]
     post = [_job(compose_cfg, root / "post" / n, n, world, SHORT) for n in (AT_FIVE if world == 5 else ALL)]
     for cfg, _, _ in post:
         if "start_iter" in cfg["aggregator"]:
@@ -149,6 +169,23 @@ def test_every_ring_aggregator_trains_overlapped(trained, compose_cfg, world, na
     assert (df.bytes_sent > 0).all() == (world > 1)
     # the wall clock timed backward's wait for its last bucket: it is aggregate_s, as under virtual time
     assert (df.aggregate_s >= df.exposed_s).all() and (df.aggregate_s > 0).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_aggregator_trains_the_language_model(trained, compose_cfg, name):
+    """N = 2, AdamW with clipping: the run completes with identical replicas, logs bits per byte on its
+    evaluation rows and tokens per second on every row, and has learned (from 8 bits per byte, uniform)."""
+    run = trained(2, compose_cfg) / "lm" / name
+    summary = _summary(run)
+    assert summary["status"] == "completed" and summary["replicas_identical"], summary
+    df = pd.read_csv(run / "metrics.csv")
+    assert list(df.iteration) == list(range(LM_ITERS)) and (df.tokens_per_second > 0).all()
+    evals = df[df.test_loss.notna()]
+    assert list(evals.iteration) == [5, 11]
+    pd.testing.assert_series_equal(evals.test_bpb, evals.test_loss / math.log(2), check_names=False)
+    assert summary["final_test_bpb"] == pytest.approx(evals.test_bpb.iloc[-1], rel=1e-5) and summary["final_test_bpb"] < 6.5
+    if name not in UNCOMPRESSED:
+        assert (~df.phase.isin(WARMUP_PHASES)).any(), list(df.phase)
 
 
 @pytest.mark.parametrize("overlap,name", [(False, n) for n in ALL] + [(True, n) for n in RING])

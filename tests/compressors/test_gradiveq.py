@@ -215,6 +215,49 @@ def test_sum_of_rank_payloads_is_the_payload_of_the_sum_and_decompresses_to_the_
         torch.testing.assert_close(recon, ref_recon, rtol=1e-5, atol=1e-4)
 
 
+# a transformer's parameters: an embedding, LayerNorm vectors, attention and MLP weights with biases (no conv)
+TRANSFORMER = [(16, 8), (8,), (8,), (24, 8), (24,), (8, 8), (8,), (32, 8), (32,), (8, 32)]
+
+
+@pytest.mark.parametrize("shapes, matrices, layers", [
+    (SHAPES, "auto", [0, 3]), (SHAPES, "conv", [0, 3]), (SHAPES, "rows", [0, 3, 5]),
+    (TRANSFORMER, "auto", [0, 3, 5, 7, 9]), (TRANSFORMER, "rows", [0, 3, 5, 7, 9]), (TRANSFORMER, "conv", [])])
+def test_matrices_chooses_the_sliced_layers_rows_as_slices(shapes, matrices, layers):
+    comp = GradiVeQ(matrices=matrices).bind(shapes)
+    assert sorted({g.layer for g in comp.groups}) == layers
+    for g in comp.groups:
+        if len(g.shape) == 2:
+            assert (g.K, g.n) == (g.shape[1], g.shape[0])          # one row a slice, every row
+
+
+def test_a_bucket_of_matrices_in_a_cnn_stays_raw_as_in_the_whole_codec():
+    comp = GradiVeQ().bind(SHAPES)                          # auto: a CNN, conv kernels only
+    assert comp.restricted_to([5, 6]).groups == []          # the head's bucket: raw, as in the whole codec
+
+
+def test_K_for_a_matrix_counts_rows_and_refuses_a_partial_row():
+    assert [g.K for g in GradiVeQ(K="x2").bind(TRANSFORMER).groups][:2] == [16, 16]
+    with pytest.raises(ValueError, match="multiple of a row"):
+        GradiVeQ(K=12).bind(TRANSFORMER)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_rows_of_matrices_stay_linear_through_the_ring_s_segments(pool):
+    """Eq. 1 on a transformer's layout: ranks' payloads summed segment by segment (as the ring sums them)
+    are the payload of the sum, and decompress to its projection."""
+    numel = sum(math.prod(s) for s in TRANSFORMER)
+    comp = GradiVeQ(world_size=3, pool=pool).bind(TRANSFORMER)
+    comp.fit(_samples(12, numel))
+    grads = [torch.randn(numel, generator=_gen(200 + n)) for n in range(3)]
+    ref_payload, ref_recon = _reference(comp, sum(grads))
+    for segs in _segmentations(comp, numel):
+        summed = [sum(comp.compress(g[s], s) for g in grads) for s in segs]
+        torch.testing.assert_close(torch.cat(summed), ref_payload, rtol=1e-5, atol=1e-4)
+        recon = torch.cat([comp.decompress(p, s) for p, s in zip(summed, segs)])
+        torch.testing.assert_close(recon, ref_recon, rtol=1e-5, atol=1e-4)
+    assert comp.wire_ratio(numel) > 1
+
+
 def test_payload_length_equals_payload_spec_for_every_segment():
     comp = _fitted(world_size=3)
     x = torch.randn(NUMEL, generator=_gen(7))
@@ -350,7 +393,7 @@ def test_a_codec_restricted_to_some_layers_shares_their_bases_and_codes_them_ali
     ({"s": 0}, "s="), ({"s": 1.5}, "s="), ({"s": float("nan")}, "s="), ({"d": 0}, "d="),
     ({"target_ratio": 1.0}, "target_ratio="), ({"d": 2, "target_ratio": 4}, "d="),
     ({"world_size": 0}, "world_size="), ({"mu": "x"}, "mu="), ({"pool": "yes"}, "pool="), ({"foo": 1}, "foo"),
-    ({"basis_dtype": "float16"}, "basis_dtype="),
+    ({"basis_dtype": "float16"}, "basis_dtype="), ({"matrices": "cols"}, "matrices="),
 ])
 def test_bad_config_raises_a_one_line_error_naming_the_key(kw, key):
     with pytest.raises(ValueError) as err:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import pickle
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -52,4 +54,47 @@ def copy_fashion(dest: Path, gz: bool = True, layout: str = "") -> Path:
         opener = gzip.open if have.suffix == ".gz" else open
         with opener(have, "rb") as fin, (gzip.open(want, "wb", compresslevel=1) if gz else open(want, "wb")) as fout:
             shutil.copyfileobj(fin, fout)
+    return folder
+
+
+# -- an R lazy-load database (Rdata.rdx + Rdata.rdb), as R writes one: XDR serialization, version 2 -----------
+
+def _r_int(*values: int) -> bytes:
+    return struct.pack(f">{len(values)}i", *values)
+
+
+def _r_chars(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _r_int(9 | (1 << 15), len(raw)) + raw             # CHARSXP, UTF-8 flagged
+
+
+def _r_strings(values) -> bytes:
+    return _r_int(16, len(values)) + b"".join(_r_chars(v) for v in values)   # STRSXP
+
+
+def _r_named_list(items: dict[str, bytes]) -> bytes:
+    """VECSXP with a names attribute: the serialized values, then a pairlist (names = ...), then NILVALUE."""
+    body = _r_int(19 | (1 << 9), len(items)) + b"".join(items.values())
+    names = _r_int(2 | (1 << 10)) + _r_int(1) + _r_chars("names") + _r_strings(list(items))
+    return body + names + _r_int(254)
+
+
+def _r_serialized(obj: bytes) -> bytes:
+    return b"X\n" + _r_int(2, 0x040200, 0x020300) + obj
+
+
+def write_r_lazyload(folder: Path, objects: dict[str, list[str]]) -> Path:
+    """``Rdata.rdx`` and ``Rdata.rdb`` holding each named character vector, as R's lazy-load database does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    blocks, index, offset = [], {}, 0
+    for name, lines in objects.items():
+        raw = _r_serialized(_r_strings(lines))
+        block = struct.pack(">I", len(raw)) + zlib.compress(raw)
+        index[name] = _r_int(13, 2, offset, len(block))              # INTSXP c(offset, length)
+        blocks.append(block)
+        offset += len(block)
+    (folder / "Rdata.rdb").write_bytes(b"".join(blocks))
+    rdx = _r_named_list({"variables": _r_named_list(index), "references": _r_int(19, 0),
+                         "compressed": _r_int(10, 1, 1)})
+    (folder / "Rdata.rdx").write_bytes(gzip.compress(_r_serialized(rdx)))
     return folder

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from gvq.schema.config import TYPED_GROUPS
 from gvq.schema.errors import describe
-from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS, WRAPPING_KEYS
+from gvq.schema.options import OPTION_SCHEMAS, RUNTIME_KWARGS, SCHEDULE_KEYS, WRAPPING_KEYS
 from tests.helpers.cli import ROOT, cli_in_process
 
 OPTIONS = [(g, p.stem) for g in TYPED_GROUPS for p in sorted((ROOT / "conf" / g).glob("*.yaml"))]
@@ -68,8 +68,8 @@ def _fields(schema, kind):
 
 
 def _kind(hint):
-    inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    hint = inner[0]
+    if typing.get_origin(hint) is typing.Union:             # Optional[X]: X (a List[float] is a list)
+        hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "enum"
     return {int: "int", float: "float", bool: "bool"}.get(hint, "other")
@@ -118,7 +118,7 @@ def test_schema_fields_are_the_constructors_keyword_arguments(key):
             continue                                   # no _target_ (net): read by the launcher, not built
         params = {n: p for n, p in inspect.signature(get_object(_default(schema, "_target_"))).parameters.items()
                   if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        taken = set(fields) - set(WRAPPING_KEYS)
+        taken = set(fields) - set(WRAPPING_KEYS) - set(SCHEDULE_KEYS)
         assert taken <= set(params), f"{schema.__name__}: {taken - set(params)} not taken"
         assert set(params) - RUNTIME_KWARGS <= set(fields), f"{schema.__name__}: {set(params) - set(fields)} missing"
         for name, f in fields.items():

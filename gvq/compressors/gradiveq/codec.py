@@ -13,7 +13,7 @@ from gvq.compressors import _fused as fused
 from gvq.compressors.base import Compressor, check_int
 from gvq.compressors.gradiveq.batched import BatchedPlan
 from gvq.compressors.gradiveq.layout import (GradLayout, Group, build_groups, check_config, cuts, layer_groups,
-                                              parse_K, pieces)
+                                             parse_K, pieces, resolve_matrices)
 from gvq.compressors.gradiveq.pca import principal_subspace
 from gvq.compressors.gradiveq.state import PCAState
 
@@ -35,7 +35,7 @@ class GradiVeQ(Compressor):
 
     def __init__(self, lam: float = 0.01, K="auto", s=float("inf"), pool: bool = False,
                  d: int | None = None, target_ratio: float | None = None, world_size: int = 1,
-                 mu: str = "slice", basis_dtype: str = "float32", **kw):
+                 mu: str = "slice", basis_dtype: str = "float32", matrices: str = "auto", **kw):
         if "lambda" in kw:                      # the YAML key; `lambda` cannot be a Python parameter
             lam = kw.pop("lambda")
         if kw:
@@ -49,6 +49,8 @@ class GradiVeQ(Compressor):
         # d / target_ratio: override Eq. 6 (larger d / smaller ratio => less compression, less loss)
         # mu: 'slice' (each slice's own mean, Eq. 3-5's mu_m) or 'group' (one mean per group); no effect
         #    on the wire ratio, 'slice' usually loses less on the non-first slices
+        # matrices: which layers are sliced (gvq.compressors.gradiveq.layout.MATRICES): conv kernels
+        #    (the paper), or 2-D weights' rows too; more layers => fewer raw bytes, more PCA and loss
         # basis_dtype: precision the bases are *applied* in (fitting, mu and the wire stay float32);
         #    bfloat16 halves the bytes streamed per compress/decompress (much faster with AVX-512
         #    bf16 GEMMs, slower without) and rounds payloads and reconstructions to bf16 (2**-9 relative);
@@ -56,8 +58,9 @@ class GradiVeQ(Compressor):
         if basis_dtype not in BASIS_DTYPES:
             raise ValueError(f"basis_dtype={basis_dtype!r}: must be one of {', '.join(BASIS_DTYPES)}")
         self.basis_dtype, self._dt = basis_dtype, BASIS_DTYPES[basis_dtype]
-        self.s = check_config(lam, s, pool, d, target_ratio, mu)
+        self.s = check_config(lam, s, pool, d, target_ratio, mu, matrices)
         self.lam, self.K, self.pool, self.d, self.target_ratio, self.mu = lam, K, pool, d, target_ratio, mu
+        self.matrices = matrices
         self._K_spec = parse_K(K)
         self.world_size = world_size
         self.layout: GradLayout | None = None
@@ -76,7 +79,7 @@ class GradiVeQ(Compressor):
     def bind(self, shapes) -> "GradiVeQ":
         """Build the layout and groups for these parameter shapes (model order); drops any fit."""
         self.layout = GradLayout(shapes)
-        self.groups = build_groups(self.layout, self._K_spec, self.K, self.s)
+        self.groups = build_groups(self.layout, self._K_spec, self.K, self.s, self.matrices)
         self._starts = [g.start for g in self.groups]
         self._cuts: list[int] | None = None
         self.pca, self._plans, self._batched = None, {}, {}
@@ -172,6 +175,7 @@ class GradiVeQ(Compressor):
         each layer with the same basis, and Eq. (1) holds on each bucket as on the whole gradient."""
         sub = copy.copy(self)                   # the configuration; bind() below replaces all layout state
         sub._track = None
+        sub.matrices = resolve_matrices(self._need_layout().shapes, self.matrices)   # the whole model's choice
         sub.bind([self._need_layout().shapes[i] for i in layers])
         if not self.fitted:
             return sub

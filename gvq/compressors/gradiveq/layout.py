@@ -17,6 +17,27 @@ def is_conv(shape: tuple[int, ...]) -> bool:
     return len(shape) == 4
 
 
+#: which parameters GradiVeQ compresses (the rest travel raw): ``conv`` the paper's conv kernels only;
+#: ``rows`` the conv kernels and every 2-D weight (a Linear's (out, in) or an embedding's (V, width)) as
+#: its rows, slices of length ``in``; ``auto`` the conv kernels where the model has any, else the rows
+#: (a transformer has no conv, and would otherwise travel uncompressed)
+MATRICES = ("auto", "conv", "rows")
+
+
+def resolve_matrices(shapes, matrices: str) -> str:
+    """``conv`` or ``rows``: ``auto`` decided on the whole model's shapes (a DDP bucket's codec inherits the
+    decision, so a bucket of only 2-D weights in a CNN is not sliced where the whole codec would not)."""
+    if matrices == "auto":
+        return "conv" if any(is_conv(s) for s in shapes) else "rows"
+    return matrices
+
+
+def compressed_layers(shapes, matrices: str) -> list[int]:
+    """The positions of the parameters GradiVeQ compresses under ``matrices`` (see :data:`MATRICES`)."""
+    rows = resolve_matrices(shapes, matrices) == "rows"
+    return [i for i, s in enumerate(shapes) if is_conv(s) or (rows and len(s) == 2)]
+
+
 class GradLayout:
     """Offsets of every parameter in the flat vector, and the (bijective) flatten / unflatten."""
 
@@ -80,7 +101,13 @@ def parse_K(K) -> tuple[str, int]:
 
 
 def resolve_K(spec: tuple[str, int], K_raw, layer: int, shape: tuple[int, ...]) -> int:
-    """Slice size of conv layer ``layer`` (shape (F, D, H, W)) under the parsed K rule."""
+    """Slice size of layer ``layer`` under the parsed K rule: a conv's (F, D, H, W) as Fig. 3a flattens
+    it; a 2-D weight (out, in) as its rows (auto: one row; x<m>: m rows)."""
+    if len(shape) == 2:
+        row = shape[1]
+        if spec[0] == "int" and spec[1] % row:
+            raise ValueError(f"K={K_raw}: must be a multiple of a row ({row}) for layer {layer} shape {tuple(shape)}")
+        return {"auto": row, "x": spec[1] * row, "int": spec[1]}[spec[0]]
     f, d, _, w = shape
     kind, m = spec
     if kind == "auto":
@@ -93,7 +120,7 @@ def resolve_K(spec: tuple[str, int], K_raw, layer: int, shape: tuple[int, ...]) 
     return m
 
 
-def check_config(lam, s, pool, d, target_ratio, mu) -> float:
+def check_config(lam, s, pool, d, target_ratio, mu, matrices="auto") -> float:
     """One-line ValueErrors naming the user-facing key; returns s as float (inf allowed)."""
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam < 1.0:
         raise ValueError(f"lambda={lam!r}: must be in [0, 1)")
@@ -112,12 +139,15 @@ def check_config(lam, s, pool, d, target_ratio, mu) -> float:
         raise ValueError(f"d={d}, target_ratio={target_ratio}: set at most one of them")
     if mu not in ("slice", "group"):
         raise ValueError(f"mu={mu!r}: must be 'slice' or 'group'")
+    if matrices not in MATRICES:
+        raise ValueError(f"matrices={matrices!r}: must be one of {', '.join(MATRICES)}")
     return float(s_val)
 
 
 @dataclass(frozen=True)
 class Group:
-    """s consecutive slices of one conv layer that share one PCA basis (U_d, per-slice mu)."""
+    """s consecutive slices of one layer (a conv kernel, or a 2-D weight's rows) that share one PCA basis
+    (U_d, per-slice mu)."""
     gid: int
     layer: int          # index of the parameter in the shapes list
     shape: tuple
@@ -131,12 +161,11 @@ class Group:
         return self.start + self.n * self.K
 
 
-def build_groups(layout: GradLayout, spec: tuple[str, int], K_raw, s: float) -> list[Group]:
-    """All compressor groups, sorted by flat offset (validates K against every conv layer first)."""
+def build_groups(layout: GradLayout, spec: tuple[str, int], K_raw, s: float, matrices: str = "auto") -> list[Group]:
+    """All compressor groups, sorted by flat offset (validates K against every compressed layer first)."""
     groups: list[Group] = []
-    for i, (shape, off) in enumerate(zip(layout.shapes, layout.offsets)):
-        if not is_conv(shape):
-            continue
+    for i in compressed_layers(layout.shapes, matrices):
+        shape, off = layout.shapes[i], layout.offsets[i]
         K = resolve_K(spec, K_raw, i, shape)
         numel = math.prod(shape)
         n_slices, tail = numel // K, numel % K

@@ -1,28 +1,14 @@
-"""Models: CIFAR ResNets (He et al. 2016, sec. 4.2) and a small CNN for the 8x8 digits images.
-
-Built from Hydra (``conf/model/*.yaml``), with the class count and input channels taken from the
-data set::
-
-    python cli.py model=resnet32 dataset=cifar100      # ResNet-32 (He et al.'s CIFAR depth)
-    python cli.py model=cnn dataset=digits             # the default: DigitsCNN
-
-    hydra.utils.instantiate(cfg.model, num_classes=ds.num_classes, in_channels=ds.in_channels)
-
-The ResNets use option-A shortcuts (identity; at a stage change stride-2 subsampling and zero-padded
-channels), so every weight tensor except BN affine parameters and the classifier is a 3x3 conv
-kernel: the gradient compressors act on those.
-"""
+"""CIFAR ResNets (He et al. 2016, sec. 4.2) with option-A shortcuts: every weight but BN's and the classifier's is a
+3x3 conv kernel, which the gradient compressors act on."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gvq.models._layers import conv3x3, kaiming_init
+
 RESNET_WIDTHS = (16, 32, 64)
-
-
-def conv3x3(cin: int, cout: int, stride: int = 1, bias: bool = False) -> nn.Conv2d:
-    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=bias)
 
 
 class ShortcutA(nn.Module):
@@ -78,21 +64,12 @@ class ResNet(nn.Module):
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3 = stages
         self.fc = nn.Linear(cin, num_classes)
-        _kaiming_init(self)
+        kaiming_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-
-def _kaiming_init(model: nn.Module) -> None:
-    """He-normal weights for convs and linears (BN keeps weight 1, bias 0)."""
-    for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
 
 
 def resnet20(num_classes: int = 10, in_channels: int = 3) -> ResNet:
@@ -109,30 +86,3 @@ def resnet56(num_classes: int = 10, in_channels: int = 3) -> ResNet:
 
 def resnet110(num_classes: int = 10, in_channels: int = 3) -> ResNet:
     return ResNet(110, num_classes, in_channels)
-
-
-class DigitsCNN(nn.Module):
-    """Small CNN for 8x8 images, no BatchNorm (replicas stay identical with no buffers to sync).
-
-    conv3x3(c->w) ReLU, conv3x3(w->2w) ReLU, maxpool -> 4x4, conv3x3(2w->2w) ReLU, maxpool -> 2x2,
-    flatten, linear(8w -> classes).  Its 9cw + 54w^2 conv weights are most of its parameters (the rest:
-    5w conv biases and the classifier's 8w x classes + classes).
-    """
-
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 16):
-        super().__init__()
-        if width < 1:
-            raise ValueError(f"model.width={width!r}: must be a positive int")
-        w = width
-        self.features = nn.Sequential(
-            conv3x3(in_channels, w, bias=True), nn.ReLU(),
-            conv3x3(w, 2 * w, bias=True), nn.ReLU(), nn.MaxPool2d(2),
-            conv3x3(2 * w, 2 * w, bias=True), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        # Adaptive pooling to 2x2 lets the same net take bigger inputs (e.g. 32x32) in smoke tests.
-        self.pool = nn.AdaptiveAvgPool2d(2)
-        self.fc = nn.Linear(8 * w, num_classes)
-        _kaiming_init(self)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.pool(self.features(x)), 1))

@@ -1,6 +1,7 @@
-"""Models (parameter counts, shapes, depth validation), and every model/dataset option composed together.
+"""The CIFAR ResNets (parameter counts, shapes, depth validation), and every image model/dataset option
+composed together.
 
-    .venv/bin/python -m pytest -q tests/test_models.py
+    .venv/bin/python -m pytest -q tests/models/
 """
 from __future__ import annotations
 
@@ -83,24 +84,6 @@ def test_shortcut_a_subsamples_and_zero_pads():
 def test_kaiming_init_scale():
     conv = M.resnet56(num_classes=10).layer3[0].conv2.weight  # fan_in 576 -> std sqrt(2/576)
     assert abs(conv.std().item() - math.sqrt(2 / 576)) < 0.005
-
-
-def test_digits_cnn_learns(one_thread):
-    torch.manual_seed(0)
-    d, model = D.digits(), M.DigitsCNN()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    iters = 200
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * i / iters)))
-    batches = D.iterate_batches(d, 0, 1, 64, seed=0)
-    for _ in range(iters):
-        _, x, y = next(batches)
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        sched.step()
-    with torch.no_grad():
-        acc = (model(d.x_test).argmax(1) == d.y_test).float().mean().item()
-    assert acc >= 0.93, acc
 
 
 # ------------------------------------------------------------------------------------------- hydra

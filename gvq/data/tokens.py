@@ -1,0 +1,72 @@
+"""Text as next-token windows: the in-memory form of a language-modelling corpus, and a plain text file as one.
+
+A corpus is cut into non-overlapping windows of ``context`` tokens; a window's targets are its tokens
+shifted by one (the token after the window's last is the next window's first).  Windows, not random
+offsets: an epoch is then a permutation of a fixed set, so the batch stream stays the pure function of
+``(seed, epoch, rank, batch)`` that resume relies on (:mod:`gvq.data.batches`).  Tokens are bytes (V = 256):
+no tokenizer file to ship, and bits per byte compare across corpora.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gvq.data.tensors import TensorData
+
+BYTE_VOCAB = 256
+
+
+@dataclass
+class TokenData(TensorData):
+    """Windows of token ids: x ``(N, context)`` as stored (uint8 bytes), y ``(N, context)`` int64 targets.
+    ``num_classes`` is the vocabulary; ``bytes_per_token`` turns nats per token into bits per byte."""
+    bytes_per_token: float = 1.0
+
+    def __post_init__(self):
+        if self.x_train.dim() != 2 or self.x_train.shape != self.y_train.shape:
+            raise ValueError("TokenData: x and y must be (windows, context) of one shape")
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids as the embedding takes them (int64); stored as bytes, a quarter of the memory per rank."""
+        return x.long()
+
+
+def windows(tokens: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``: the whole windows of ``context`` tokens in ``tokens`` and their next tokens."""
+    n = (len(tokens) - 1) // context
+    if n < 1:
+        raise ValueError(f"dataset.context={context}: longer than the {len(tokens):,}-token text")
+    t = torch.from_numpy(np.array(tokens))                      # a writable copy (the text may be bytes)
+    return t[:n * context].view(n, context).clone(), t[1:n * context + 1].view(n, context).long()
+
+
+def spaced(n: int, keep: int | None) -> torch.Tensor:
+    """``keep`` of ``n`` indices spread evenly (all when ``None``): a held-out sample from every part."""
+    if keep is None or keep >= n:
+        return torch.arange(n)
+    if keep < 1:
+        raise ValueError(f"dataset.n_test={keep}: must be >= 1 (or null: every held-out window)")
+    return torch.linspace(0, n - 1, keep).round().long()
+
+
+def byte_windows(train: bytes, test: bytes, context: int, n_test: int | None) -> TokenData:
+    """A byte-level :class:`TokenData` from the training and held-out texts."""
+    xtr, ytr = windows(np.frombuffer(train, dtype=np.uint8), context)
+    xte, yte = windows(np.frombuffer(test, dtype=np.uint8), context)
+    keep = spaced(len(yte), n_test)
+    return TokenData(xtr, ytr, xte[keep], yte[keep], num_classes=BYTE_VOCAB, in_channels=1)
+
+
+def text_file(path: str, context: int = 64, test_fraction: float = 0.1, n_test: int | None = 256) -> TokenData:
+    """A UTF-8 (or any) text file as a corpus: its last ``test_fraction`` of bytes held out."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as e:
+        raise FileNotFoundError(f"dataset.path={path}: {e.strerror}") from None
+    cut = len(raw) - int(len(raw) * test_fraction)
+    return byte_windows(raw[:cut], raw[cut:], context, n_test)

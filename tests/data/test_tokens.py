@@ -1,0 +1,61 @@
+"""Text as next-byte windows: targets are the inputs shifted by one, the held-out sample, a text file's split."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gvq.data import iterate_batches, text_file
+from gvq.data.tokens import spaced, windows
+from gvq.run.train import text_metrics
+
+
+def test_windows_targets_are_the_next_tokens():
+    tokens = np.arange(23, dtype=np.uint8)
+    x, y = windows(tokens, 5)
+    assert x.shape == y.shape == (4, 5) and x.dtype == torch.uint8 and y.dtype == torch.int64
+    flat_x, flat_y = x.flatten().long(), y.flatten()
+    torch.testing.assert_close(flat_y, flat_x + 1)
+    assert int(flat_y[-1]) == 20                      # the 21st token closes the last whole window
+
+
+def test_a_text_shorter_than_a_window_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="dataset.context=8"):
+        windows(np.zeros(8, dtype=np.uint8), 8)
+
+
+def test_held_out_windows_are_spread_over_the_whole_text():
+    keep = spaced(100, 5)
+    assert keep.tolist() == [0, 25, 50, 74, 99]
+    assert spaced(10, None).tolist() == list(range(10)) and spaced(3, 10).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="dataset.n_test=0"):
+        spaced(10, 0)
+
+
+def test_text_file_holds_out_its_end_and_streams_as_batches(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"a" * 900 + b"z" * 100)
+    data = text_file(str(path), context=10, test_fraction=0.1, n_test=None)
+    assert data.num_classes == 256 and data.bytes_per_token == 1.0
+    assert set(data.x_test.flatten().tolist()) == {ord("z")}
+    assert ord("z") not in set(data.x_train[:-1].flatten().tolist())
+    _, x, y = next(iterate_batches(data, 1, 2, 4, seed=0))
+    assert x.dtype == torch.int64 and x.shape == y.shape == (4, 10)
+    with pytest.raises(FileNotFoundError, match="dataset.path="):
+        text_file(str(tmp_path / "none.txt"))
+
+
+def test_bits_per_byte_is_nats_per_token_over_ln2_and_bytes_per_token():
+    class Text:
+        bytes_per_token = 2.0
+    row = {"test_loss": math.log(2) * 3.0}
+    text_metrics(row, Text(), tokens=1000, step_s=0.5)
+    assert row["test_bpb"] == pytest.approx(1.5) and row["tokens_per_second"] == pytest.approx(2000)
+
+    class Images:
+        bytes_per_token = None
+    row = {"test_loss": 1.0}
+    text_metrics(row, Images(), tokens=1000, step_s=0.5)
+    assert row == {"test_loss": 1.0}
