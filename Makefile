@@ -53,12 +53,16 @@ data:
 run: $(STAMP) data
 	$(PY) cli.py
 
-# --durations=25: the slowest tests, so the next slow one is seen the day it lands
+# --durations=25: the slowest tests, so the next slow one is seen the day it lands.  -n 2 --dist loadfile: two
+# pytest-xdist workers, a test file each at a time (its module fixtures computed once): much of the suite waits
+# (rank rendezvous, interpreters starting, signals) or runs one thread, so two files fill two cores better than
+# one; a fixed 2, not the host's core count, so the suite runs the same on every machine
+XDIST := -n 2 --dist loadfile
 test: $(STAMP) data
-	WANDB_MODE=disabled $(PY) -m pytest -q -ra --durations=25
+	WANDB_MODE=disabled $(PY) -m pytest -q -ra --durations=25 $(XDIST)
 
 test-fast: $(STAMP) data
-	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow"
+	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow" $(XDIST)
 
 # coverage.py follows every process the suite starts (pyproject.toml's [tool.coverage.run]: spawned or forked
 # ranks, `python cli.py`); the data lives under .coverage-data/, never in the repository root that tests watch
@@ -67,7 +71,7 @@ COVERAGE_BEFORE ?=
 coverage: $(STAMP) data
 	rm -rf $(COVDIR) && mkdir -p $(COVDIR)
 	export COVERAGE_FILE=$(COVDIR)/cov COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml WANDB_MODE=disabled; \
-	  $(PY) -m coverage run -m pytest -q -ra -p no:randomly; status=$$?; \
+	  $(PY) -m coverage run -m pytest -q -ra -p no:randomly -p no:xdist; status=$$?; \
 	  $(PY) -m coverage combine -q && $(PY) -m coverage json -q -o $(COVDIR)/coverage.json && \
 	  $(PY) -m tests.helpers.coverage_rooms $(COVDIR)/coverage.json $(COVERAGE_BEFORE) | tee $(COVDIR)/rooms.md; \
 	  exit $$status

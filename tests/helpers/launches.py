@@ -2,14 +2,17 @@
 slowest tests (a pytest plugin, registered by tests/conftest.py): groups of ranks (every
 ``torch.multiprocessing.start_processes``: ``tests.helpers.dist``'s groups, the launcher's, the benches'),
 ``python cli.py`` interpreters, and other interpreters of this Python.  A process a subprocess starts in
-turn is that process's, not counted here."""
+turn is that process's, not counted here.  Under pytest-xdist (``make test`` runs two workers) each worker
+counts its own and hands its counts to the controller, which prints their sum."""
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from collections import Counter
 
+import pytest
 import torch.multiprocessing as mp
 
 mp_spawn = importlib.import_module("torch.multiprocessing.spawn")    # the package's ``spawn`` is its function
@@ -46,6 +49,16 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     mp.start_processes = mp_spawn.start_processes = _start_processes
     subprocess.Popen.__init__ = _popen_init
+
+
+def pytest_sessionfinish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER"):            # an xdist worker: its counts go to the controller
+        session.config.workeroutput["launches"] = dict(COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)                       # a hook of pytest-xdist's: the controller's side
+def pytest_testnodedown(node, error):
+    COUNTS.update(node.workeroutput.get("launches", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
