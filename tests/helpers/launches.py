@@ -7,13 +7,13 @@ counts its own and hands its counts to the controller, which prints their sum.""
 from __future__ import annotations
 
 import importlib
-import os
 import subprocess
 import sys
 from collections import Counter
 
 import pytest
 import torch.multiprocessing as mp
+from xdist import is_xdist_worker
 
 mp_spawn = importlib.import_module("torch.multiprocessing.spawn")    # the package's ``spawn`` is its function
 
@@ -52,7 +52,7 @@ def pytest_unconfigure(config):
 
 
 def pytest_sessionfinish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER"):            # an xdist worker: its counts go to the controller
+    if is_xdist_worker(session):                          # an xdist worker: its counts go to the controller
         session.config.workeroutput["launches"] = dict(COUNTS)
 
 
