@@ -1,4 +1,4 @@
-"""Report of a sweep (or of any runs): ``python -m gvq.report [DIR ...] [--target-acc 0.9] [--out DIR]``.
+"""Report of a sweep (or of any runs): ``python -m gvq.report [DIR ...] [--target-acc 0.9 | --target-loss 1.6] [--out DIR]``.
 
 Finds every run dir under the given dirs (one holding ``metrics.csv``, ``summary.json`` or ``.hydra/``;
 default: the latest sweep under ``runs/multirun/``, else the latest run under ``runs/``), groups runs by
@@ -35,6 +35,7 @@ import pandas as pd
 
 from gvq.report.runs import ReportError, default_dirs, find_runs, group_runs, load_run
 from gvq.report.stats import build_table, group_stats
+from gvq.report.target import Target
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -116,6 +117,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gvq.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dirs", nargs="*", type=Path, help="run or sweep dirs (default: the latest sweep)")
     p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
+    p.add_argument("--target-loss", type=float, help="instead: a test loss (lower is better; a language model's "
+                   "nats per token) for 'time to target'")
     p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
     p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
     p.add_argument("--frontier", action="store_true",
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
                    help="time to --target-acc per cell of `gvq.bench overlap --out` JSONs (gvq/report/tta.py; "
                         "several: one bench run in parts, read as one)")
     args = p.parse_args(argv)
+    target = Target.loss(args.target_loss) if args.target_loss is not None else Target(args.target_acc)
     try:
         dirs = args.dirs or default_dirs()
         out = args.out or dirs[0] / "report"
@@ -131,12 +135,12 @@ def main(argv=None) -> int:
             print(write_cycle(dirs, out))
             return 0
         if args.tta:
-            print(write_tta(dirs, out, args.target_acc, args.tta))
+            print(write_tta(dirs, out, target, args.tta))
             return 0
         if args.frontier:
-            print(write_frontier(dirs, out, args.target_acc))
+            print(write_frontier(dirs, out, target))
             return 0
-        display = write_report(dirs, out, args.target_acc)
+        display = write_report(dirs, out, target)
     except ReportError as e:
         print(f"gvq.report: error: {e}", file=sys.stderr)
         return 2

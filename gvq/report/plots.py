@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gvq.report.target import as_target  # noqa: E402
+
 PER = 500                     # Fig. 7b: seconds per this many iterations
 PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
          ("wire_s", "wire (blocked on peers)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
@@ -225,7 +227,9 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
                                                                   df["reason"])],
         "clock": df["clock"],
         "final top-1": [_pm(m, s, ".4f") for m, s in zip(df["final_top1"], df["final_top1_std"])],
-        f"time to {target:g} acc": [_target(r) for _, r in df.iterrows()],
+        **({"final bpb": [_pm(m, s, ".4f") for m, s in zip(df["final_bpb"], df["final_bpb_std"])]}
+           if df["final_bpb"].notna().any() else {}),
+        f"time to {as_target(target).label}": [_target(r) for _, r in df.iterrows()],
         "aggregation / iter": [_num(v * 1e3, ".2f", " ms") for v in df["aggregate_s_per_iter"]],
         "agg. speed-up vs rar": [_num(v, ".2f", "x") for v in df["aggregation_speedup"]],
         "iter. speed-up vs rar": [_num(v, ".2f", "x") for v in df["iteration_speedup"]],

@@ -6,12 +6,14 @@ import numpy as np
 import pandas as pd
 
 from gvq.report.runs import Group, Run, setting_key
+from gvq.report.target import as_target
 from gvq.schema.columns import AMOUNTS
 
 
 # -- numbers -------------------------------------------------------------------------------------------
-def run_stats(run: Run, target: float) -> dict:
-    """One run's numbers, straight from its metrics.csv (summary.json where there is no CSV)."""
+def run_stats(run: Run, target) -> dict:
+    """One run's numbers, straight from its metrics.csv (summary.json where there is no CSV); ``target``: a
+    :class:`gvq.report.target.Target` (a number: test accuracy)."""
     m, s = run.metrics, run.summary
     if m is None or m.empty:
         return {"final_acc": s.get("final_test_acc", np.nan),
@@ -20,7 +22,9 @@ def run_stats(run: Run, target: float) -> dict:
     out["iter_s"] = (m["compute_s"] + m["aggregate_s"]).mean()
     evals = m.dropna(subset=["test_acc"]) if "test_acc" in m else m.iloc[:0]
     out["final_acc"] = evals["test_acc"].iloc[-1] if len(evals) else np.nan
-    hit = evals[evals["test_acc"] >= target]
+    if "test_bpb" in m and m["test_bpb"].notna().any():      # a language model: its held-out bits per byte
+        out["final_bpb"] = m["test_bpb"].dropna().iloc[-1]
+    hit = evals[as_target(target).reached(evals)]
     out["target_s"] = hit["wall_s"].iloc[0] if len(hit) else np.nan
     out["target_iters"] = hit["iteration"].iloc[0] + 1 if len(hit) and "iteration" in hit else np.nan
     for col in ("compression_error", "compression_ratio"):
@@ -75,6 +79,8 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
             "reason": "; ".join(sorted({r.reason for r in g.runs if r.reason})),
             "final_top1": s.get("final_acc") if done else np.nan,
             "final_top1_std": s.get("final_acc_std") if done else np.nan,
+            "final_bpb": s.get("final_bpb", np.nan) if done else np.nan,
+            "final_bpb_std": s.get("final_bpb_std", np.nan) if done else np.nan,
             "time_to_target_s": s.get("target_s", np.nan), "reached": f"{s['reached']}/{len(g.runs)}",
             "iters_to_target": s.get("target_iters", np.nan), "iters_to_target_std": s.get("target_iters_std", np.nan),
             "aggregate_s_per_iter": s.get("aggregate_s", np.nan),

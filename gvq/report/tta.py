@@ -17,6 +17,7 @@ import pandas as pd
 
 from gvq.report.intervals import Interval, best_of
 from gvq.report.runs import ReportError, Run
+from gvq.report.target import as_target
 from gvq.schema.compose import overrides_for
 
 FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
@@ -39,11 +40,11 @@ VALIDATION_TOLERANCE = 0.10       # composed within this share of measured count
 
 
 def _to_target(run: Run, target: float) -> pd.DataFrame | None:
-    """The run's rows up to and including its first evaluation at ``target`` or above (None: never)."""
+    """The run's rows up to and including its first evaluation at or beyond ``target`` (None: never)."""
     m = run.metrics
-    if m is None or "test_acc" not in m:
+    if m is None:
         return None
-    hit = m[m["test_acc"] >= target]
+    hit = m[as_target(target).reached(m)]
     return None if hit.empty else m[m["iteration"] <= hit["iteration"].iloc[0]]
 
 
@@ -270,7 +271,7 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
     the end-to-end validation."""
     it, cells, val = tables["iterations"], tables["cells"], tables["validation"]
     shape = "x".join(map(str, setting["input_shape"]))
-    lines = [f"Time to test accuracy {target:g}: iterations to it (runs, mean ± std over seeds) x seconds per "
+    lines = [f"Time to test {as_target(target).label}: iterations to it (runs, mean ± std over seeds) x seconds per "
              f"iteration of each phase's option in each cell ({bench_path}: {setting['model']}, input {shape}, "
              f"batch {setting['batch_per_rank']}/rank, clock {setting['clock']}, overrides "
              f"{' '.join(setting['set']) or 'none'}). Seconds are on that clock; evaluation excluded.", "",

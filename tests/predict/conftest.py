@@ -11,9 +11,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def calibrated(tmp_path_factory):
-    """A real calibration of the small CNN (every default aggregator)."""
+    """A real calibration of the small CNN (every default aggregator).  Session-scoped, not package-scoped:
+    make test's xdist workers take test files from every package in turn, and a package fixture is torn
+    down whenever a worker leaves the package (a calibration each time it comes back)."""
     from gvq.predict.calibrate import calibrate
     out = tmp_path_factory.mktemp("predict") / "cnn"
     calibrate("cnn", 32, 10, out)
@@ -25,7 +27,7 @@ SETTING_ENTRIES = ("fp16", "qsgd", "qsgd:compressor.bits=2")
 SETTING_SHAPE = (3, 10, 10)              # three channels: a first layer, so a gradient, unlike the default's
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def calibrated_settings(tmp_path_factory):
     """A real calibration of the small CNN over :data:`SETTING_ENTRIES` on :data:`SETTING_SHAPE` inputs
     (not the CNN's default 1 x 8 x 8), with its overlap profile."""
