@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from tests.helpers import launches
 from tests.helpers.cli import ROOT
 from tests.helpers.coverage_rooms import by_room, main, room, table
-from tests.helpers.dist import run_ranks
+from tests.helpers.dist import run_ranks, start_test_fork_server
 
 
 def _report(**files):
@@ -72,6 +73,18 @@ def test_a_group_of_ranks_and_an_interpreter_are_each_counted_once(tmp_path):
     assert after == {"rank groups": 1, "other Python processes": 1}
 
 
+def _env_var(rank, world):
+    return os.environ.get("GVQ_TEST_ADOPTED")
+
+
+def test_a_rank_adopts_the_callers_environment_as_it_is_at_launch(tmp_path, monkeypatch):
+    """A variable set after the fork server started reaches the ranks (they take the caller's environment
+    at launch, not the server's)."""
+    start_test_fork_server()
+    monkeypatch.setenv("GVQ_TEST_ADOPTED", uuid.uuid4().hex)
+    assert run_ranks(_env_var, 2, tmp_path) == [os.environ["GVQ_TEST_ADOPTED"]] * 2
+
+
 def _dies_on_one(rank, world):
     if rank == 1:
         os._exit(7)
@@ -93,12 +106,13 @@ def test_a_rank_that_dies_or_hangs_fails_its_test_by_name_and_the_next_group_is_
 
 @pytest.mark.slow
 def test_coverage_follows_a_rank_forked_from_the_fork_server(tmp_path):
-    """``make coverage``'s settings (pyproject.toml) measure code that runs only in a rank: the test above
-    run under them, ``adopt_environment``'s replacing branch (a rank's, never the caller's) is covered."""
+    """``make coverage``'s settings (pyproject.toml) measure code that runs only in a rank: the environment
+    test above run under them, ``adopt_environment``'s replacing branch (a rank's, never the caller's) is
+    covered."""
     env = dict(os.environ, COVERAGE_FILE=str(tmp_path / "cov"), COVERAGE_PROCESS_START=str(ROOT / "pyproject.toml"),
                WANDB_MODE="disabled")
     env.pop("PYTEST_ADDOPTS", None)     # the outer run's options (a --basetemp it would clear) stay its own
-    test = "tests/test_suite_tools.py::test_a_group_of_ranks_and_an_interpreter_are_each_counted_once"
+    test = "tests/test_suite_tools.py::test_a_rank_adopts_the_callers_environment_as_it_is_at_launch"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", test],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
     for cmd in (["combine", "-q"], ["json", "-q", "-o", str(tmp_path / "c.json")]):
