@@ -318,20 +318,23 @@ class SyntheticSchema:
 
 
 @dataclass
-class AustenSchema:
-    _target_: str = "gvq.data.austen"
-    root: Optional[str] = None
+class _TextWindows:
+    """What every text data set takes: its window length and the held-out windows scored."""
     context: int = 64
     n_test: Optional[int] = 256
 
 
 @dataclass
-class TextFileSchema:
+class AustenSchema(_TextWindows):
+    _target_: str = "gvq.data.austen"
+    root: Optional[str] = None
+
+
+@dataclass
+class TextFileSchema(_TextWindows):
     _target_: str = "gvq.data.text_file"
     path: str = "???"
-    context: int = 64
     test_fraction: float = 0.1
-    n_test: Optional[int] = 256
 
 
 #: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``

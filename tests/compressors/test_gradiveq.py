@@ -52,6 +52,17 @@ def _reference(comp: GradiVeQ, g: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return torch.cat(payload), recon
 
 
+def _assert_ring_sums_are_linear(comp: GradiVeQ, grads: list, numel: int) -> None:
+    """Eq. 1 through every segmentation: ranks' payloads summed per segment are the payload of the sum,
+    and decompress to its projection."""
+    ref_payload, ref_recon = _reference(comp, sum(grads))
+    for segs in _segmentations(comp, numel):
+        summed = [sum(comp.compress(g[s], s) for g in grads) for s in segs]
+        torch.testing.assert_close(torch.cat(summed), ref_payload, rtol=1e-5, atol=1e-4)
+        recon = torch.cat([comp.decompress(p, s) for p, s in zip(summed, segs)])
+        torch.testing.assert_close(recon, ref_recon, rtol=1e-5, atol=1e-4)
+
+
 def _segmentations(comp: GradiVeQ, numel: int) -> list[list[slice]]:
     cuts = comp.cuts(numel)
     rng = random.Random(0)
@@ -206,13 +217,7 @@ def test_eq6_bounds_the_loss_on_the_sampled_slices_by_lambda(lam):
 @pytest.mark.parametrize("N", [2, 3, 4])
 def test_sum_of_rank_payloads_is_the_payload_of_the_sum_and_decompresses_to_the_projection(N):
     comp = _fitted(world_size=N)
-    grads = [torch.randn(NUMEL, generator=_gen(100 + n)) * 2 for n in range(N)]
-    ref_payload, ref_recon = _reference(comp, sum(grads))
-    for segs in _segmentations(comp, NUMEL):
-        summed = [sum(comp.compress(g[s], s) for g in grads) for s in segs]
-        torch.testing.assert_close(torch.cat(summed), ref_payload, rtol=1e-5, atol=1e-4)
-        recon = torch.cat([comp.decompress(p, s) for p, s in zip(summed, segs)])
-        torch.testing.assert_close(recon, ref_recon, rtol=1e-5, atol=1e-4)
+    _assert_ring_sums_are_linear(comp, [torch.randn(NUMEL, generator=_gen(100 + n)) * 2 for n in range(N)], NUMEL)
 
 
 # a transformer's parameters: an embedding, LayerNorm vectors, attention and MLP weights with biases (no conv)
@@ -248,13 +253,7 @@ def test_rows_of_matrices_stay_linear_through_the_ring_s_segments(pool):
     numel = sum(math.prod(s) for s in TRANSFORMER)
     comp = GradiVeQ(world_size=3, pool=pool).bind(TRANSFORMER)
     comp.fit(_samples(12, numel))
-    grads = [torch.randn(numel, generator=_gen(200 + n)) for n in range(3)]
-    ref_payload, ref_recon = _reference(comp, sum(grads))
-    for segs in _segmentations(comp, numel):
-        summed = [sum(comp.compress(g[s], s) for g in grads) for s in segs]
-        torch.testing.assert_close(torch.cat(summed), ref_payload, rtol=1e-5, atol=1e-4)
-        recon = torch.cat([comp.decompress(p, s) for p, s in zip(summed, segs)])
-        torch.testing.assert_close(recon, ref_recon, rtol=1e-5, atol=1e-4)
+    _assert_ring_sums_are_linear(comp, [torch.randn(numel, generator=_gen(200 + n)) for n in range(3)], numel)
     assert comp.wire_ratio(numel) > 1
 
 
