@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.shared import once_per_run
+
 
 def pytest_collection_modifyitems(items):
     """A real calibration times messages between spawned loopback ranks: its tests are slow (make
@@ -13,13 +15,12 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def calibrated(tmp_path_factory):
-    """A real calibration of the small CNN (every default aggregator).  Session-scoped, not package-scoped:
-    make test's xdist workers take test files from every package in turn, and a package fixture is torn
-    down whenever a worker leaves the package (a calibration each time it comes back)."""
+    """A real calibration of the small CNN (every default aggregator), made once per test run: not
+    package-scoped (make test's xdist workers take test files from every package in turn, and a package
+    fixture is torn down whenever a worker leaves the package), and shared by the workers (``once_per_run``).
+    Tests read it and never write into it."""
     from gvq.predict.calibrate import calibrate
-    out = tmp_path_factory.mktemp("predict") / "cnn"
-    calibrate("cnn", 32, 10, out)
-    return out
+    return once_per_run(tmp_path_factory, "predict", lambda root: calibrate("cnn", 32, 10, root / "cnn")) / "cnn"
 
 
 #: a family at two settings beside the overlapped baseline: what a projection over settings prices
@@ -33,7 +34,8 @@ def calibrated_settings(tmp_path_factory):
     (not the CNN's default 1 x 8 x 8), with its overlap profile."""
     from gvq.predict.calibrate import calibrate
     from gvq.predict.calibrate_overlap import calibrate_overlap
-    out = tmp_path_factory.mktemp("predict_settings") / "cnn"
-    calibrate("cnn", 32, 10, out, aggregators=SETTING_ENTRIES, shape=SETTING_SHAPE)
-    calibrate_overlap(out, [], reps=3)
-    return out
+
+    def build(root):
+        calibrate("cnn", 32, 10, root / "cnn", aggregators=SETTING_ENTRIES, shape=SETTING_SHAPE)
+        calibrate_overlap(root / "cnn", [], reps=3)
+    return once_per_run(tmp_path_factory, "predict_settings", build) / "cnn"

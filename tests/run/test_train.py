@@ -209,15 +209,15 @@ def test_a_run_that_never_leaves_chance_is_not_completed(tmp_path):
 
 @pytest.mark.slow
 def test_rar_learns_fashion_mnist_well_above_chance(tmp_path, fashion_root, monkeypatch):
-    """The real data set trains: rar on a 6,000-image stratified subset, 2 ranks, 300 iterations (fixed
-    seeds) ends far above chance (0.10).  Measured here: about 0.8; the bar leaves a wide margin."""
+    """The real data set trains: rar on a 6,000-image stratified subset, 2 ranks, 150 iterations (fixed
+    seeds) ends far above chance (0.10); the bar leaves a wide margin below what it reaches."""
     monkeypatch.setenv("GVQ_DATA", str(fashion_root))
     code, summary = launch_job(tmp_path / "run", "dataset=fashion_mnist", "dataset.n_train=6000", "logger=csv",
-                               "logger.progress=false", "iterations=300", "eval_every=150", "seed=0")
+                               "logger.progress=false", "iterations=150", "eval_every=150", "seed=0")
     assert code == 0 and summary["status"] == "completed", summary
-    assert summary["final_test_acc"] >= 0.70, summary["final_test_acc"]
+    assert summary["final_test_acc"] >= 0.6, summary["final_test_acc"]
     df = pd.read_csv(tmp_path / "run" / "metrics.csv")
-    assert df.train_loss.iloc[-50:].mean() < 0.6 * df.train_loss.iloc[:10].mean()
+    assert df.train_loss.iloc[-30:].mean() < 0.6 * df.train_loss.iloc[:10].mean()
 
 
 @pytest.mark.slow
