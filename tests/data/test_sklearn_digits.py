@@ -58,19 +58,17 @@ def test_digits_cache_spares_the_import_and_survives_damage(tmp_path):
     """A second run reads the cache and never imports scikit-learn (its import is most of a short run's
     data time); a damaged cache file is rebuilt, never trusted; importing gvq.data imports nothing of it."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
-    code = ("import gvq.data as D, sys; d = D.digits(); "
-            "print('sklearn' in sys.modules, float(d.x_test.sum()), D.digits_cache_path(0.2, 0))")
+    code = ("import gvq.data as D, sys; on_import = 'sklearn' in sys.modules; d = D.digits(); "
+            "print('sklearn' in sys.modules, float(d.x_test.sum()), D.digits_cache_path(0.2, 0), on_import)")
     run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
                                  check=True, env=env).stdout.split()
     fresh, cached = run(), run()
     assert fresh[0] == "True" and cached[0] == "False"
+    assert fresh[3] == cached[3] == "False"                 # importing gvq.data imports nothing of it
     assert abs(float(fresh[1]) - float(cached[1])) < 1e-3 and cached[2].startswith(str(tmp_path))
     with open(cached[2], "wb") as fh:
         fh.write(b"PK\x03\x04 not a zip")
     assert run()[0] == "True" and run()[0] == "False"      # rebuilt from scikit-learn, then cached again
-    out = subprocess.run([sys.executable, "-c", "import gvq.data, sys; print('sklearn' in sys.modules)"],
-                         capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.strip() == "False"
 
 
 def test_digits_refuses_a_split_without_every_class(tmp_path, monkeypatch):

@@ -305,11 +305,11 @@ def test_the_orq_table_quantizes_at_one_worker(tmp_path, fashion_root, monkeypat
     from tests.helpers.launch import launch_job
     monkeypatch.setenv("GVQ_DATA", str(fashion_root))
     code, summary = launch_job(tmp_path / "run", "experiment=fmnist_orq", "aggregator=orq",
-                               "aggregator.compressor.levels=3", "iterations=30", "eval_every=15",
+                               "aggregator.compressor.levels=3", "iterations=8", "eval_every=4",
                                "dataset.n_train=600", "logger.progress=false")
     assert code == 0 and summary["status"] == "completed", summary
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
-    assert len(m) == 30 and (m.bytes_sent == 0).all() and (m.compression_error > 0.05).all()
+    assert len(m) == 8 and (m.bytes_sent == 0).all() and (m.compression_error > 0.05).all()
 
 
 @pytest.mark.parametrize("exp", ["fmnist_orq", "paper_orq"])
