@@ -12,6 +12,11 @@ from hydra.core.global_hydra import GlobalHydra
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Triton reads TRITON_INTERPRET when it is imported, so it is set for the whole run, before anything
+# imports it: without a CUDA device the kernels run on CPU tensors through the interpreter
+# (tests/compressors/test_triton.py); on a GPU they compile, as they do for users
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gvq.schema.config import register  # noqa: E402
 

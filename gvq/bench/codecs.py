@@ -11,7 +11,8 @@ and floor = max(multiply-adds x 2 / GEMM rate, bytes that must move / bandwidth)
 input, the payload, and what a codec streams from memory on every call (GradiVeQ's bases, PowerSGD's
 Q and P matrices); scalar quantizers are bandwidth-bound (their arithmetic is a few operations a value).
 Beside the times, ops and host syncs per call (``gvq.bench.opcount``: what a GPU pays a launch for; on the
-host with ``GVQ_FUSED=0`` they are the device path's).
+host with ``GVQ_FUSED=0`` they are the device path's), and the Triton kernels launched per call
+(``gvq.compressors._triton``: 0 where the codec takes the torch ops, as on the host).
 ``x_floor`` = time / floor: 1 is the hardware's limit, not an achievable target for a Python codec.
 GradiVeQ is fitted once, before timing, as ``gvq.bench aggregate`` fits it (``prepare_benchmark``): on L_t
 isotropic random samples, so d = L_t - 1 per layer at lambda 0.01 -- the paper's regime (d near L_t - 1;
@@ -36,6 +37,7 @@ from gvq.bench.common import (
 )
 from gvq.bench.opcount import count_call
 from gvq.bench.quantizers import QUANTIZERS, laplace_vector
+from gvq.compressors._triton import count_launches
 from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 
 #: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and docs/results.md use
@@ -129,7 +131,9 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     # the GPU's cost proxy, on any device: ops (each a launch + dispatch there) and host syncs per call
     for part, fn in (("compress", lambda: comp.compress(x, seg)), ("decompress", lambda: comp.decompress(payload, seg))):
         tally = count_call(fn)
-        row[f"{part}_ops"], row[f"{part}_syncs"] = tally.ops, tally.syncs
+        with count_launches() as kernels:          # Triton launches: the op counter does not see them
+            fn()
+        row[f"{part}_ops"], row[f"{part}_syncs"], row[f"{part}_launches"] = tally.ops, tally.syncs, kernels.launches
     moved = 4 * numel + payload.numel() * payload.element_size() + streamed
     row["floor_ms"] = 1e3 * max(2 * macs / (ceil[f"gemm_gflops_{dtype}"] * 1e9), moved / (ceil["mem_gbps"] * 1e9))
     row["x_floor"] = row["compress_ms"] / row["floor_ms"]
@@ -153,7 +157,8 @@ def main(argv: list[str]) -> list[dict]:
         rows = [measure_codec(name, shapes, device, ceil, args.reps) for name in args.codecs]
     setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
     print_markdown(rows, ["codec", "dtype", "payload_mb", "compress_ms", "decompress_ms", "add_ms", "floor_ms",
-                          "x_floor", "compress_ops", "compress_syncs", "decompress_ops", "decompress_syncs", "fit_s"],
+                          "x_floor", "compress_ops", "compress_launches", "compress_syncs", "decompress_ops",
+                          "decompress_launches", "decompress_syncs", "fit_s"],
                    f"codecs per call, {args.model} gradient ({sum(int(torch.Size(s).numel()) for s in shapes):,} "
                    f"values), {device.type}, 1 thread, median of {args.reps}; floor of compress from {setting}")
     if args.out:

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from gvq.compressors import _batch
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors._dither import DitherLanes
 from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401
                                       unpack, word_format)
@@ -78,9 +79,10 @@ class BucketQuantizer(Compressor):
     pads: bool = False
     pad_repeat: bool = False
 
-    def __init__(self, bucket: int | None = 2048, clip: float | None = None):
+    def __init__(self, bucket: int | None = 2048, clip: float | None = None, kernels: str = "auto"):
         self.bucket = check_bucket(bucket)
         self.clip = check_clip(clip)
+        self.kernels, self._paths = _triton.check_kernels(kernels), {}
         self.health = Health("sum")    # side info (or inputs) since the last check: NaN/Inf stay so
         self.reseed(0)
 
@@ -92,7 +94,7 @@ class BucketQuantizer(Compressor):
 
     def __getstate__(self):       # scratch buffers are not state (the dither lanes are: checkpoints
         # resume bitwise); the generator and lanes travel as bytes,
-        return {**self.__dict__, "_ws": {}, "_dgen": None, "gen": self.gen.get_state().numpy().tobytes(),
+        return {**self.__dict__, "_ws": {}, "_dgen": None, "_paths": {}, "gen": self.gen.get_state().numpy().tobytes(),
                 "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
 
     def __setstate__(self, state):  # not as tensors (spawn would share them through a file descriptor,
@@ -106,10 +108,13 @@ class BucketQuantizer(Compressor):
     def state_dict(self) -> dict:
         """The dither generators and lanes (a bitwise resume draws the same uniforms next)."""
         device = {} if self._dgen is None else {"device_gen": self._dgen.get_state()}
-        return {"gen": self.gen.get_state(), **self.lanes.state_dict(), **device}
+        return {"gen": self.gen.get_state(), **self.lanes.state_dict(), **device,
+                "triton_seed": self.triton_seed, "triton_offset": self.triton_offset}
 
     def load_state_dict(self, state: dict) -> None:
         self.gen.set_state(state["gen"])
+        self.triton_seed = state.get("triton_seed", self.triton_seed)
+        self.triton_offset = state.get("triton_offset", self.triton_offset)
         self._dgen, self._dgen_state = None, state.get("device_gen")
         self._ws = {}
         self.lanes = DitherLanes()
@@ -135,6 +140,8 @@ class BucketQuantizer(Compressor):
         self._dgen = self._dgen_state = None          # a device's generator is seeded from gen anew
         self._ws = {}                                 # and new lanes: same seed, same draws
         self.lanes = DitherLanes()
+        # the Triton path's Philox key and the count of values drawn: each call draws at fresh offsets
+        self.triton_seed, self.triton_offset = (int(seed) * 0x9E3779B97F4A7C15 + 1) % (1 << 63), 0
 
     @property
     def ideal_ratio(self) -> float:
@@ -155,6 +162,8 @@ class BucketQuantizer(Compressor):
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = (x if x.dim() == 1 else x.reshape(-1)).to(torch.float32)
         lay = self.layout(x.numel())
+        if lay.numel and self.on_triton(x.device):
+            return self.triton_compress(x, lay)
         if self.pads and not fused.enabled(x) and lay.numel:
             return _batch.compress_batch(self, x, lay, clip_rows)
         if not self.side_flags_nonfinite:
@@ -172,6 +181,23 @@ class BucketQuantizer(Compressor):
         work = self.scratch("pack", stream.shape, torch.float64, x.device) if lay.per_word > 8 else None
         pack(stream, lay, out[lay.side_bytes:], work)
         return out
+
+    def on_triton(self, device: torch.device) -> bool:
+        """Whether calls on ``device`` take the Triton kernels: chosen on the first call there, never
+        again (``compressor.kernels``; quantizers without kernels, ``triton_spec`` None, never do)."""
+        if device not in self._paths:
+            self._paths[device] = _triton.supports(self) and _triton.use_triton(self.kernels, device)
+        return self._paths[device]
+
+    def triton_spec(self) -> _triton.TritonSpec | None:
+        """What the Triton kernels compute for this quantizer; None: it has none (the torch path)."""
+        return None
+
+    def triton_compress(self, x: Tensor, lay: Layout, uniforms: Tensor | None = None) -> Tensor:
+        """The Triton path's payload; ``uniforms`` (numel,) in [0, 1): a test's, the draws' offset then
+        advancing all the same."""
+        offset, self.triton_offset = self.triton_offset, self.triton_offset + lay.numel
+        return _triton.quant_compress(self, x.contiguous(), lay, self.triton_seed, offset, uniforms)
 
     def _code_stream(self, parts, lay: Layout) -> Tensor:
         """All codes in value order, zero-padded to whole words (one copy, none if already so)."""
@@ -193,6 +219,8 @@ class BucketQuantizer(Compressor):
                              f"of {lay.numel} values; expected {lay.nbytes} uint8")
         if payload.storage_offset() % 4:              # float32 views need 4-byte alignment
             payload = payload.clone()
+        if lay.numel and self.on_triton(payload.device):
+            return _triton.quant_decompress(self, payload, lay)
         if self.pads and not fused.enabled(payload) and lay.numel:
             return _batch.decompress_batch(self, payload, lay)
         out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)

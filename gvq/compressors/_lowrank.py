@@ -52,17 +52,80 @@ class Store:
                 self.raw_at[i] = n_raw
                 n_raw += b.stop - b.start
         self.counts = counts
-        self.q = [torch.zeros(n, cols, r, dtype=dtype, device=device) for (_, cols, r), n in zip(self.keys, counts)]
-        self.phat = [torch.zeros(n, rows, r, dtype=dtype, device=device) for (rows, _, r), n in zip(self.keys, counts)]
+        self.first = [sum(counts[:c]) for c in range(len(counts))]   # each class's first row in the stacks
+        n, rows, cols, r = sum(counts), *(max((k[i] for k in self.keys), default=1) for i in range(3))
+        # stacked and zero-padded to the largest shape: one orthogonalization serves every class
+        self.q_all = torch.zeros(n, cols, r, dtype=dtype, device=device)
+        self.phat_all = torch.zeros(n, rows, r, dtype=dtype, device=device)
         self.raw = torch.zeros(n_raw, dtype=dtype, device=device)   # a pass moves it to its input's device (to)
         self.version = 0                               # bumped when the tensors move: views are rebuilt
+        self._views()
+
+    def _views(self) -> None:
+        """Each class's (count, cols, r) Q and (count, rows, r) P^: views of the padded stacks."""
+        spans = [(f, f + n, key) for f, n, key in zip(self.first, self.counts, self.keys)]
+        self.q = [self.q_all[a:b, :cols, :r] for a, b, (_, cols, r) in spans]
+        self.phat = [self.phat_all[a:b, :rows, :r] for a, b, (rows, _, r) in spans]
 
     def to(self, device: torch.device) -> None:
         if self.raw.device != device:
-            self.q = [t.to(device) for t in self.q]
-            self.phat = [t.to(device) for t in self.phat]
+            self.q_all, self.phat_all = self.q_all.to(device), self.phat_all.to(device)
             self.raw = self.raw.to(device)
+            self._views()
             self.version += 1
+
+
+class OrthWork:
+    """One batched orthogonalization's buffers, (k, n, r) zero-padded, with every view made once, so that
+    a call is products and factorizations only.  :meth:`run` is shifted Cholesky QR3 (Fukaya et al., SIAM
+    J. Sci. Comput. 2020): QR through the r x r Gram matrix, so a GPU runs batched GEMMs and tiny
+    factorizations instead of Householder QR's long chain of dependent reflector kernels.  Round one
+    shifts the Gram matrix's diagonal by a multiple of its trace, which no Cholesky can fail on (a zero or
+    rank-deficient block included: its missing directions come out short, never NaN); two more rounds,
+    with a tiny compensated shift, restore orthonormality.  Nothing is read back to the host."""
+
+    def __init__(self, k: int, n: int, r: int, dtype: torch.dtype, device: torch.device, ranks=None):
+        kw = dict(dtype=dtype, device=device)
+        self.a = torch.zeros(k, n, r, **kw)            # the input; its padding stays zero
+        self.flat = self.a.view(-1)
+        # padding columns (a block of rank < r) come out zero: not a deficiency of the block's own
+        self.unused = None if ranks is None or min(ranks, default=r) == r else \
+            (torch.arange(r) >= torch.tensor(ranks).unsqueeze(1)).to(**kw).unsqueeze(-1)
+        self.q = [torch.empty(k, n, r, **kw) for _ in range(2)]
+        self.at, self.qt = self.a.mT, [q.mT for q in self.q]
+        self.g, self.u = torch.empty(k, r, r, **kw), torch.empty(k, r, r, **kw)
+        self.gd, self.tr = self.g.diagonal(dim1=-2, dim2=-1), torch.empty(k, 1, **kw)
+        self.info = torch.empty(k, dtype=torch.int32, device=device)   # never read: the shift keeps it 0
+        self.pivots = self.u.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (k, r, 1): min over r, per block
+        self.eye, self.bad = torch.eye(r, **kw), torch.empty(k, 1, 1, dtype=torch.bool, device=device)
+        eps = torch.finfo(dtype).eps
+        # the shift that provably lets Cholesky through the Gram matrix's rounding (Fukaya et al.)
+        self.shift = 11 * (n * r + r * (r + 1)) * eps
+        self.fix = (n + r * (r + 1)) * eps               # rounds 2-3: the input is near-orthonormal
+        self.floor = torch.finfo(dtype).tiny / eps     # an all-zero block: a positive diagonal still
+
+    def run(self) -> Tensor:
+        """``q[0]`` <- orthonormal columns spanning ``a``'s (R with a positive diagonal: unique, so equal
+        to Householder QR's up to column signs)."""
+        torch.bmm(self.at, self.a, out=self.g)
+        torch.sum(self.gd, -1, keepdim=True, out=self.tr)
+        self.gd.add_(self.tr.clamp_min_(self.floor), alpha=self.shift)
+        self._solve(self.a, self.q[0])
+        for i in (0, 1):                                 # Q^T Q + s I over 1 + s: the shift cancels
+            torch.baddbmm(self.eye, self.qt[i], self.q[i], beta=self.fix / (1 + self.fix),
+                          alpha=1 / (1 + self.fix), out=self.g)
+            self._solve(self.q[i], self.q[1 - i])
+        return self.q[0]
+
+    def _solve(self, a: Tensor, out: Tensor) -> None:
+        torch.linalg.cholesky_ex(self.g, upper=True, out=(self.u, self.info))
+        torch.linalg.solve_triangular(self.u, a, upper=True, left=False, out=out)
+
+    def deficient(self) -> Tensor:
+        """After :meth:`run`: per block, whether a direction came out short (a pivot of the last round
+        under 1/2): rank-deficient input, whose Q spans fewer than r directions."""
+        pivots = self.pivots if self.unused is None else self.pivots + self.unused
+        return torch.lt(pivots.amin(-2, keepdim=True), 0.5, out=self.bad)
 
 
 class Views(NamedTuple):
@@ -72,11 +135,10 @@ class Views(NamedTuple):
     mt: Tensor           # M^T
     o: Tensor            # (k, rows, cols) the output P^ (sum Q)^T
     p: Tensor            # (k, rows, r) the P payload
-    qb: Tensor           # (k, cols, r) the Q payload
-    qbt: Tensor          # its transpose
+    qb: Tensor           # (k, cols, r) the Q payload as compress writes it
+    qbt: Tensor          # (k, r, cols) the summed Q payload as decompress reads it (in the padded input)
     q: Tensor            # (k, cols, r) the store's Q of these blocks
     phat: Tensor         # (k, rows, r) the store's P^
-    r: Tensor            # (k, r, r) scratch for QR's R
 
 
 def runs(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -89,6 +151,15 @@ def runs(items: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         else:
             out.append((key, start, n))
     return out
+
+
+def _positions(pad: Tensor, shapes: list[tuple[int, int]]) -> Tensor:
+    """Where each value of payloads laid end to end, an (n, r) block each, goes in the flat (k, N, R)
+    zero-padded ``pad``."""
+    _, n_pad, r_pad = pad.shape
+    at = [(j * n_pad * r_pad + torch.arange(n).unsqueeze(1) * r_pad + torch.arange(r)).reshape(-1)
+          for j, (n, r) in enumerate(shapes)]
+    return torch.cat(at or [torch.zeros(0, dtype=torch.long)])
 
 
 class SegLayout:
@@ -110,23 +181,33 @@ class SegLayout:
         self.g, self.o = (torch.empty(n, dtype=dt, device=device) for _ in range(2))
         self.p = torch.empty(sum(b.p_len for b in order), dtype=dt, device=device)
         self.qb = torch.empty(sum(b.q_len for _, b in low), dtype=dt, device=device)
-        self.groups, v, pa, qa = [], 0, 0, 0
+        self._padded(st, [b for _, b in low], [st.first[c] + place for (c, place), _ in low], device)
+        self.groups, v, pa, qa, j = [], 0, 0, 0, 0
         for c, a, k in runs([(c, place, 1) for (c, place), _ in low]):
             rows, cols, r = st.keys[c]
-            self.groups.append(self._views(st, c, a, k, (v, pa, qa)))
-            v, pa, qa = v + k * rows * cols, pa + k * rows * r, qa + k * cols * r
+            self.groups.append(self._views(st, c, a, k, (v, pa, qa, j)))
+            v, pa, qa, j = v + k * rows * cols, pa + k * rows * r, qa + k * cols * r, j + k
         self.p_low, self.p_raw, self.g_raw, self.o_raw = self.p[:pa], self.p[pa:], self.g[v:], self.o[v:]
         self.raws = [st.raw[at: at + k] for _, at, k in runs([(0, at, k) for at, k, _ in raw])]
         self.zeros = torch.zeros((), dtype=dt, device=device).expand(n)
         self.version = st.version
 
-    def _views(self, st: Store, c: int, a: int, k: int, at: tuple[int, int, int]) -> Views:
-        (rows, cols, r), (v, pa, qa) = st.keys[c], at
+    def _padded(self, st: Store, low: list[Block], rows_in_store: list[int], device: torch.device) -> None:
+        """The two orthogonalizations' padded inputs (P^'s, next Q's), where each payload value goes in
+        them, and the blocks' rows in the store's stacks (``at``) that their results are written to."""
+        r, dt = st.q_all.shape[2], st.q_all.dtype
+        self.p_orth = OrthWork(len(low), st.phat_all.shape[1], r, dt, device)
+        self.q_orth = OrthWork(len(low), st.q_all.shape[1], r, dt, device, [b.rank for b in low])
+        self.p_pos = _positions(self.p_orth.a, [(b.rows, b.rank) for b in low]).to(device)
+        self.q_pos = _positions(self.q_orth.a, [(b.cols, b.rank) for b in low]).to(device)
+        self.at = torch.tensor(rows_in_store, dtype=torch.long).to(device)
+
+    def _views(self, st: Store, c: int, a: int, k: int, at: tuple[int, int, int, int]) -> Views:
+        (rows, cols, r), (v, pa, qa, j) = st.keys[c], at
         m = self.g[v: v + k * rows * cols].view(k, rows, cols)
-        qb = self.qb[qa: qa + k * cols * r].view(k, cols, r)
         return Views(m, m.transpose(1, 2), self.o[v: v + k * rows * cols].view(k, rows, cols),
-                     self.p[pa: pa + k * rows * r].view(k, rows, r), qb, qb.transpose(1, 2),
-                     st.q[c][a: a + k], st.phat[c][a: a + k], torch.empty(k, r, r, dtype=m.dtype, device=m.device))
+                     self.p[pa: pa + k * rows * r].view(k, rows, r), self.qb[qa: qa + k * cols * r].view(k, cols, r),
+                     self.q_orth.a[j: j + k, :cols, :r].transpose(1, 2), st.q[c][a: a + k], st.phat[c][a: a + k])
 
     def put_raws(self, src: Tensor) -> None:
         """The store's raw runs of this segment <- ``src`` (their values end to end): one copy a run."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gvq.compressors import _triton
 from gvq.compressors.base import Compressor, Health
 
 FP16_MAX = 65504.0
@@ -22,8 +23,18 @@ class FP16(Compressor):
     ideal_ratio = 2.0
     max_abs = FP16_MAX
 
-    def __init__(self):
+    def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_triton.py)
         self.health = Health("max")       # the largest |value| sent since the last check
+        self.kernels, self._paths = _triton.check_kernels(kernels), {}
+
+    def __getstate__(self):              # the path is chosen anew per process and device
+        return {**self.__dict__, "_paths": {}}
+
+    def on_triton(self, device: torch.device) -> bool:
+        """Chosen on the first call on ``device``, never again (``compressor.kernels``)."""
+        if device not in self._paths:
+            self._paths[device] = _triton.use_triton(self.kernels, device)
+        return self._paths[device]
 
     def check_health(self) -> None:
         peak = self.health.read()
@@ -37,6 +48,8 @@ class FP16(Compressor):
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x if x.dim() == 1 else x.reshape(-1)
+        if x.numel() and self.on_triton(x.device):
+            return _triton.fp16_compress(x.to(torch.float32).contiguous(), self.health)
         if x.numel():                  # min and max in one pass (NaN propagates): max |x| at the check
             for bound in torch.aminmax(x):
                 self.health.note(bound)
@@ -49,4 +62,6 @@ class FP16(Compressor):
                              f"{n} values; expected {2 * n} uint8")
         if payload.storage_offset() % 2:
             payload = payload.clone()
+        if n and self.on_triton(payload.device):
+            return _triton.fp16_decompress(payload)
         return payload.view(torch.float16).to(torch.float32)

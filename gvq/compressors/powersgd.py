@@ -10,7 +10,7 @@ import itertools
 import torch
 from torch import Tensor
 
-from gvq.compressors._lowrank import Block, SegLayout, Store
+from gvq.compressors._lowrank import Block, OrthWork, SegLayout, Store
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
 
@@ -44,9 +44,14 @@ def block_balanced_segments(blocks: list[Block], weight, n: int) -> list[slice]:
 
 
 def orthogonalize(a: Tensor) -> Tensor:
-    """Orthonormal columns spanning ``a``'s (Householder QR: a zero column gives no NaN, unlike plain
-    Gram-Schmidt without an epsilon; deterministic, so equal inputs give equal bits on every rank)."""
-    return torch.linalg.qr(a).Q
+    """Orthonormal columns spanning those of ``a``, an (n, r) matrix or a (k, n, r) batch: the passes' own
+    Cholesky QR (:meth:`OrthWork.run`) on fresh buffers.  A zero or rank-deficient block gives short
+    columns, never NaN; deterministic, so equal inputs give equal bits on every rank."""
+    batch = a if a.dim() == 3 else a.unsqueeze(0)
+    work = OrthWork(*batch.shape, dtype=a.dtype, device=a.device)
+    work.a.copy_(batch)
+    q = work.run()
+    return q if a.dim() == 3 else q[0]
 
 
 class PowerSGD:
@@ -89,9 +94,12 @@ class PowerSGD:
     def _draw_q(self) -> None:
         """A random orthonormal Q per block, drawn on the host on purpose: the seeded host generator gives
         every rank the same Q whatever its device (a CUDA generator's stream differs); one draw and one
-        batched QR per class."""
+        batched QR per class.  Householder QR here, not the passes' Cholesky QR: this runs on the host,
+        once (or once per iteration without warm start), off the device's path, and keeps a seed's Q what
+        it always was, so earlier runs and checkpoints reproduce."""
         for c, (_, cols, r) in enumerate(self.store.keys):
-            fresh = orthogonalize(torch.randn(self.store.counts[c], cols, r, generator=self.gen, device="cpu"))
+            draw = torch.randn(self.store.counts[c], cols, r, generator=self.gen, device="cpu")
+            fresh = torch.linalg.qr(draw).Q
             self.store.q[c].copy_(fresh)
 
     def begin(self) -> None:
@@ -191,8 +199,9 @@ class PStage(_Stage):
     def decompress(self, payload, seg):
         lay = self.s.layout(seg, payload.device)
         lay.p.copy_(payload)
-        for g in lay.groups:
-            torch.linalg.qr(g.p, out=(g.phat, g.r))
+        if lay.groups:                                    # every class's P at once, zero-padded
+            lay.p_orth.flat.index_copy_(0, lay.p_pos, lay.p_low)
+            self.s.store.phat_all.index_copy_(0, lay.at, lay.p_orth.run())
         lay.put_raws(lay.p_raw)                           # the raw sums, for pass Q to write back
         # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
         return lay.zeros
@@ -216,10 +225,19 @@ class QStage(_Stage):
 
     def decompress(self, payload, seg):
         lay = self.s.layout(seg, payload.device)
-        lay.qb.copy_(payload)
+        work = lay.q_orth
+        work.flat.index_copy_(0, lay.q_pos, payload)      # every class's sum Q at once, zero-padded
         for g in lay.groups:
             torch.bmm(g.phat, g.qbt, out=g.o)
-            if self.s.warm_start:                         # scale-free: P^ = orth(M Q) ignores Q's scale
-                torch.linalg.qr(g.qb, out=(g.q, g.r))
+        if self.s.warm_start and lay.groups:              # scale-free: P^ = orth(M Q) ignores Q's scale
+            self._warm_start(lay, work.run())
         lay.take_raws(lay.o_raw)
         return lay.o.index_select(0, lay.inv)            # back to the segment's order
+
+    def _warm_start(self, lay, q: Tensor) -> None:
+        """Next iteration's Q <- ``q``, but a block whose sum Q was rank-deficient (a zero gradient, say)
+        keeps its Q: Cholesky QR leaves missing directions short, and a Q that lost a direction would
+        never regain it (M Q stays short there), where Householder QR filled them with arbitrary ones."""
+        work, st = lay.q_orth, self.s.store
+        keep = st.q_all.index_select(0, lay.at)
+        st.q_all.index_copy_(0, lay.at, torch.where(work.deficient(), keep, q))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors._bucketing import BucketQuantizer, max_abs_rows
+from gvq.compressors._triton import L2, MAX, TritonSpec
 from gvq.compressors.base import check_int
 
 
@@ -21,8 +22,9 @@ class QSGD(BucketQuantizer):
                  levels: int | None = None,         # QSGD-s by level count (odd >= 3); overrides bits
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser scale
                  clip: float | None = None,         # c: clip to +-c*RMS first (biased; less range)
-                 norm: str = "l2"):                # level scale: l2 (papers) | max (less error)
-        super().__init__(bucket, clip)
+                 norm: str = "l2",                 # level scale: l2 (papers) | max (less error)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, kernels)
         self.norm = norm
         if levels is None:
             check_int("bits", bits, 2, 16, " (QSGD: 1 sign bit + >= 1 magnitude bit; 1 bit is signsgd)")
@@ -50,6 +52,10 @@ class QSGD(BucketQuantizer):
         else:
             norm = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
         return self.dither_div(rows, norm, value=float(self.half)), norm     # L v / norm, + L in the dither
+
+    def triton_spec(self):
+        return TritonSpec(stat=L2 if self.norm == "l2" else MAX, value=float(self.half), base=float(self.half),
+                          mult=1.0 / self.half)
 
     def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side * (1.0 / self.half))   # (code - L) * norm / L

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors._bucketing import BucketQuantizer
+from gvq.compressors._triton import MEAN, TritonSpec
 
 
 class ScaledSignSGD(BucketQuantizer):
@@ -21,8 +22,9 @@ class ScaledSignSGD(BucketQuantizer):
     pads = True                    # the mean counts real values only (encode_padded)
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one scale for more values
-                 clip: float | None = None):       # c: clip to +-c*RMS first (lowers the scale)
-        super().__init__(bucket, clip)
+                 clip: float | None = None,        # c: clip to +-c*RMS first (lowers the scale)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, kernels)
 
     def _encode(self, rows):
         scale = rows.abs().mean(dim=1, keepdim=True)
@@ -33,6 +35,9 @@ class ScaledSignSGD(BucketQuantizer):
         scale = torch.linalg.vector_norm(rows, ord=1, dim=1, keepdim=True).mul_(inv_count)
         codes = torch.ge(rows, 0, out=self.scratch_like("codes", rows, torch.bool))
         return codes.view(torch.uint8), scale
+
+    def triton_spec(self):
+        return TritonSpec(stat=MEAN, value=0.0, base=0.0, mult=2.0, sign=True)   # mean|v|; v >= 0
 
     def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side * 2)                       # +-scale

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors._bucketing import BucketQuantizer, max_abs_rows
+from gvq.compressors._triton import MAX, TritonSpec
 
 
 class TernGrad(BucketQuantizer):
@@ -23,8 +24,9 @@ class TernGrad(BucketQuantizer):
     pads = True                    # norms / maxima: zero padding changes nothing    # max|v| is NaN/Inf if any value is
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, larger s_t, more error
-                 clip: float | None = None):      # c: clip to +-c*RMS first; smaller => more bias
-        super().__init__(bucket, clip)
+                 clip: float | None = None,       # c: clip to +-c*RMS first; smaller => more bias
+                 kernels: str = "auto"):          # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, kernels)
 
     def _encode(self, rows):
         st = max_abs_rows(rows)
@@ -34,6 +36,9 @@ class TernGrad(BucketQuantizer):
         """One reduction for s_t and one op for v / s_t + dither (``dither_div``)."""
         st = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
         return self.dither_div(rows, st), st
+
+    def triton_spec(self):
+        return TritonSpec(stat=MAX, value=1.0, base=1.0, mult=1.0)         # v / s_t, + 1 in the dither
 
     def decode_batch(self, codes, side):
         return torch.addcmul(side.neg(), codes, side)                         # (code - 1) * s_t

@@ -53,6 +53,7 @@ Threshold = Choice("Threshold", "lloyd mean", module=__name__)
 Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
+Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
 
 # -- links -------------------------------------------------------------------------------------------
 
@@ -90,6 +91,7 @@ class QSGDSchema(_Bucketed):
     bits: Optional[int] = 4
     levels: Optional[int] = None
     norm: Norm = Norm.l2
+    kernels: Kernels = Kernels.auto
 
 
 @dataclass
@@ -122,16 +124,19 @@ class BinGradPBSchema(_Fitted):
 @dataclass
 class SignSGDSchema(_Bucketed):
     _target_: str = "gvq.compressors.signsgd.ScaledSignSGD"
+    kernels: Kernels = Kernels.auto
 
 
 @dataclass
 class TernGradSchema(_Bucketed):
     _target_: str = "gvq.compressors.terngrad.TernGrad"
+    kernels: Kernels = Kernels.auto
 
 
 @dataclass
 class FP16Schema:
     _target_: str = "gvq.compressors.fp16.FP16"
+    kernels: Kernels = Kernels.auto
 
 
 @dataclass
