@@ -15,13 +15,10 @@ from torch import Tensor
 from gvq.compressors import _batch
 from gvq.compressors import _fused as fused
 from gvq.compressors import _triton
-from gvq.compressors._dither import DitherLanes
+from gvq.compressors._dither import DITHER_OFFSET, DitherLanes, Dithering  # noqa: F401
 from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401
                                       unpack, word_format)
 from gvq.compressors.base import Compressor, Health, check_bucket, check_clip
-
-#: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
-DITHER_OFFSET = 0.5 + 2.0 ** -17
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
@@ -59,7 +56,7 @@ def clip_rows(rows: Tensor, c: float, inv_count: Tensor | None = None, weights: 
 
 
 # ---- shared quantizer plumbing ---------------------------------------------------------------
-class BucketQuantizer(Compressor):
+class BucketQuantizer(Dithering, Compressor):
     """Base of every scalar quantizer.  Subclasses set ``name``, ``stochastic``, ``levels`` (s, the code
     alphabet), ``n_side``, ``dense`` and implement ``_encode(rows) -> (codes, side)`` and
     ``_decode(codes, side, out)`` on a 2-D batch of buckets (one row per bucket)."""
@@ -246,81 +243,6 @@ class BucketQuantizer(Compressor):
         out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
         self._decode(codes, side, out)
         return out
-
-    # -- helpers for subclasses ---------------------------------------------------------------
-    @property
-    def dither_shift(self) -> float:
-        """The constant ``dither_floor_`` adds (base + offset): an encoder that can fold it into a pass
-        it makes anyway (an addcmul, a table) says ``shifted=True`` and saves one pass."""
-        return self.dither_base + DITHER_OFFSET
-
-    def dither_floor_(self, y: Tensor, shifted: bool = False, scale: Tensor | None = None) -> Tensor:
-        """Unbiased stochastic rounding, in place: integer codes ``floor(y + base + u)`` clamped to
-        [0, levels), u fresh (``base`` = ``self.dither_base``); ``shifted``: y already holds +
-        ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not written), on the host in one fused
-        pass (``_fused.scale_dither_floor``, with the lanes' uniforms)."""
-        codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
-        if scale is not None and not shifted and fused.enabled(y) \
-                and y.is_contiguous() and y.dtype == torch.float32 and y.dim() == 2:
-            u = self.lanes.uniform16(y.numel(), y.device, self.gen)
-            fused.scale_dither_floor(y.numpy(), scale.reshape(-1).contiguous().numpy(), self.dither_shift,
-                                     u.numpy(), codes.numpy(), self.levels - 1)
-            return codes
-        # the device path: a fresh uniform in [base, base + 1) from the device's own generator (one
-        # kernel), floor(y + u) unbiased; fmin, not clamp: a NaN (a NaN/Inf input, which the side info
-        # flags) becomes the top code, never an out-of-range integer
-        if fused.enabled(y):       # the host: the lanes' uniforms, so every host path (the fused kernels,
-            # a sorted fit beside them) draws the same numbers: common random numbers for comparisons
-            if scale is not None:
-                y = torch.mul(y, scale, out=self.scratch_like("y", y))
-            y.add_(self.lanes.uniform16(y.numel(), y.device, self.gen).view(y.shape), alpha=2.0 ** -16)
-            if not shifted:
-                y.add_(self.dither_shift)
-            return codes.copy_(y).clamp_(max=self.levels - 1)          # float -> int truncates = floor
-        u = self.uniform(y, -DITHER_OFFSET if shifted else self.dither_base)
-        return self.floor_codes(torch.addcmul(u, y, scale, out=u) if scale is not None else u.add_(y))
-
-    def dither_div(self, y: Tensor, divisor: Tensor, value: float = 1.0) -> Tensor:
-        """The device path's ``dither_floor_(y, scale=value / divisor)`` in one op less: a zero divisor
-        (an all-zero bucket) gives NaN, the top code, which its zero side info decodes to 0."""
-        u = self.uniform(y, self.dither_base)
-        return self.floor_codes(torch.addcdiv(u, y, divisor, value=value, out=u))
-
-    def uniform(self, like: Tensor, lo: float) -> Tensor:
-        """A scratch of ``like``'s shape filled with fresh uniforms in [lo, lo + 1) from the device's own
-        generator: one kernel, floor(y + u) unbiased."""
-        u = self.scratch("u", like.shape, torch.float32, like.device)
-        return u.uniform_(lo, lo + 1.0, generator=self.generator_on(like.device))
-
-    def floor_codes(self, y: Tensor) -> Tensor:
-        """Integer codes of y >= 0 (the cast floors), capped at the top level by fmin, not clamp: a NaN (a
-        NaN/Inf input, which the side info flags) becomes the top code, never an out-of-range integer."""
-        torch.fmin(y, self._const("top", float(self.levels - 1), y.device), out=y)
-        return self.scratch("codes", y.shape, digit_dtype(self.levels), y.device).copy_(y)
-
-    def generator_on(self, device) -> torch.Generator:
-        """The dither's generator for ``device``: the seeded host one, or one on the device seeded from it
-        on first use there (its state travels in :meth:`state_dict`)."""
-        device = torch.device(device)
-        if device.type in ("cpu", "meta"):
-            return self.gen
-        if self._dgen is None or self._dgen.device != device:
-            state, self._dgen = self._dgen_state, torch.Generator(device=device)
-            if state is not None:
-                self._dgen.set_state(state)
-            else:
-                self._dgen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen, device="cpu")))
-        return self._dgen
-
-    _dgen: torch.Generator | None = None
-    _dgen_state: Tensor | None = None
-
-    def _const(self, tag: str, value: float, device) -> Tensor:
-        """A cached 0-d float32 ``value`` on ``device`` (an op's operand without a host-to-device copy)."""
-        key = (tag, value, torch.device(device))
-        if key not in self._ws:
-            self._ws[key] = torch.tensor(value, dtype=torch.float32, device=device)
-        return self._ws[key]
 
     def round_to_levels(self, rows: Tensor, levels: Tensor) -> Tensor:
         """Eq. (7): random rounding of each value to one of its two neighbouring levels, unbiased.
