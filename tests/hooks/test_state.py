@@ -22,7 +22,7 @@ from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import GvqHookState, gvq_hook
 from gvq.hooks.config import build_aggregator
 from gvq.schema.columns import BY_NAME
-from tests.helpers.dist import run_ranks
+from tests.helpers.dist import once_per_key, run_cases, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -104,10 +104,24 @@ ANY_BUCKET = ["fp16", "linear", "orq", "bingrad_b", "bingrad_pb", "signsgd", "te
 PER_PARAMETER = ["powersgd", "gradiveq"]            # state per parameter: the per-bucket contract
 
 
-@pytest.mark.parametrize("option,world", [("rar", 2), ("rar", 3), ("qsgd", 2), ("qsgd", 3)]
-                         + [(o, 2) for o in ANY_BUCKET + PER_PARAMETER])
-def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
-    for r in run_ranks(_hook_vs_post_backward, world, tmp_path, option, 3):
+BUCKET_CASES = [("rar", 2), ("rar", 3), ("qsgd", 2), ("qsgd", 3)] + [(o, 2) for o in ANY_BUCKET + PER_PARAMETER]
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory):
+    """``hooked(option, world)``: every rank's ``_hook_vs_post_backward`` records over 3 iterations; the
+    options of one world size run one after another in one group of ranks (a group per option paid a
+    rendezvous each), each with its own model, DDP wrapper and state."""
+    def run(world):
+        cases = tuple((o, 3) for o, w in BUCKET_CASES if w == world)
+        return run_cases(_hook_vs_post_backward, world, tmp_path_factory.mktemp(f"hooked-{world}"), cases)
+    group = once_per_key(run)
+    return lambda option, world: group(world, world)[(option, 3)]
+
+
+@pytest.mark.parametrize("option,world", BUCKET_CASES)
+def test_each_bucket_equals_the_post_backward_result(hooked, option, world):
+    for r in hooked(option, world):
         for i, it in enumerate(r):                   # DDP: one bucket, then its rebuilt small ones
             assert it["stats"]["buckets"] == len(it["buckets"]) >= (1 if i == 0 else 2)
             for pos, ref in it["buckets"]:           # same arithmetic on the same vector: tight
@@ -120,8 +134,8 @@ def test_each_bucket_equals_the_post_backward_result(tmp_path, option, world):
             assert set(s) <= set(BY_NAME), set(s) - set(BY_NAME)      # declared columns only
 
 
-def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(tmp_path):
-    r = run_ranks(_hook_vs_post_backward, 2, tmp_path, "rar", 3)[0]
+def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(hooked):
+    r = hooked("rar", 2)[0]
     layouts = [it["records"] for it in r]
     for layout in layouts:
         assert sorted(i for pos in layout for i in pos) == list(range(6))
