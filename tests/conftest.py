@@ -1,6 +1,7 @@
 """Shared fixtures: in-process Hydra composition and a spawner for gloo ranks."""
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -26,14 +27,27 @@ pytest_plugins = ["tests.helpers.launches"]      # counts the processes the suit
 
 
 @pytest.fixture
-def compose_cfg():
-    """compose_cfg(*overrides) -> the composed DictConfig, as the CLI would build it."""
+def compose_cfg(_composed):
+    """compose_cfg(*overrides) -> the composed DictConfig, as the CLI would build it.  A composition is
+    made once per worker and each test gets its own copy (the schema-wide tests compose every option
+    several times over); a refusal is raised every time, never kept."""
     def _compose(*overrides, return_hydra_config=False):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-            return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+        key = (overrides, return_hydra_config)
+        if key not in _composed:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+                _composed[key] = compose("config", overrides=list(overrides),
+                                         return_hydra_config=return_hydra_config)
+        return copy.deepcopy(_composed[key])
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def _composed() -> dict:
+    """What ``compose_cfg`` composed in this worker, by overrides: composition reads only conf/ and the
+    registered schemas (interpolations resolve when read), so one composition serves every test."""
+    return {}
 
 
 def _threads(n: int):
