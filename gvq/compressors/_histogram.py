@@ -180,8 +180,8 @@ class HistogramQuantizer(BucketQuantizer):
     absolute: bool = False     # the fused kernel's grid: (min, max) of a bucket, or (0, max|v|)
     pad_repeat = True          # padding repeats a real value, weighted 0: bounds and counts stay real
 
-    def __init__(self, bucket: int | None, clip: float | None, fit: str):
-        super().__init__(bucket, clip)
+    def __init__(self, bucket: int | None, clip: float | None, fit: str, kernels: str = "auto"):
+        super().__init__(bucket, clip, kernels)
         self.fit = check_fit(fit)
 
     @property

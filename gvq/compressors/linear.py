@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors._bucketing import MAX_LEVELS
-from gvq.compressors._histogram import LevelFit, LevelQuantizer, cumulative, rank_edge
+from gvq.compressors._histogram import LevelFit, LevelQuantizer, bins_for, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 
@@ -49,8 +50,14 @@ class Linear(LevelQuantizer):
     def __init__(self, levels: int = 5,             # fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact levels)
-        super().__init__(bucket, clip, fit)
+                 fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact levels)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, fit, kernels)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels
 
+    def triton_spec(self):
+        """The Triton kernels fit the histogram's quantiles (few levels, no clipping); else torch."""
+        if self.fit != "histogram" or self.clip or self.levels > _triton.FIT_MAX_LEVELS:
+            return None
+        return _triton.FitSpec("linear_fit", bins_for)

@@ -1,5 +1,6 @@
 """The Triton path of the scalar quantizers and fp16 (gvq/compressors/_triton.py), proven on the CPU by
-Triton's interpreter: fed the torch device path's uniforms, the same codes and decoded values; drawing
+Triton's interpreter (the fitted Linear-s too): fed the torch device path's uniforms, the same codes and
+decoded values; drawing
 its own, unbiased, fresh every call and replayed from a checkpoint; at most 3 launches a compress and 2
 a decompress.  Inputs of at most 16 buckets (the interpreter is slow)."""
 from __future__ import annotations
@@ -13,14 +14,19 @@ from gvq.compressors import _batch, _triton
 from gvq.compressors._bucketing import clip_rows
 from gvq.compressors._packing import unpack
 from gvq.compressors.fp16 import FP16
+from gvq.compressors.linear import Linear
 from gvq.compressors.qsgd import QSGD
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.terngrad import TernGrad
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":      # tests/conftest.py sets it where no CUDA device is seen
-    pytest.skip("TRITON_INTERPRET is not 1: these tests run the kernels on CPU tensors through the "
-                "interpreter (on a GPU, make gpu-check runs them compiled)", allow_module_level=True)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # tests/conftest.py sets it where no CUDA is seen
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("TRITON_INTERPRET is not 1 and no CUDA device: the kernels can run neither interpreted on "
+                "CPU tensors nor compiled", allow_module_level=True)
+#: where the kernels run: CPU tensors through the interpreter (make test), or compiled on the GPU, where
+#: make gpu-check runs the tests marked ``cuda`` (the rest feed CPU tensors to the interpreter)
+DEVICE = "cpu" if INTERPRETED else "cuda"
 
 # the interpreter runs numpy: NaN/Inf inputs and 0 / 0 (an all-zero bucket) warn there, as they should
 pytestmark = [pytest.mark.usefixtures("one_thread_per_module"),
@@ -35,11 +41,15 @@ CODECS = {
     "terngrad": TernGrad,
     "terngrad_clipped": lambda **kw: TernGrad(clip=2.5, **kw),
     "signsgd": ScaledSignSGD,
+    "linear5": Linear,
+    "linear9_bucket1024": lambda **kw: Linear(levels=9, bucket=1024, **kw),
 }
 #: unbiased (stochastic rounding, no clipping, which biases the outliers by design): one of each alphabet
-UNBIASED = ["qsgd2", "qsgd4", "qsgd5_levels", "terngrad"]
-#: whose scale is a maximum: exact on any float input (sums are exact only on the grid input)
+UNBIASED = ["qsgd2", "qsgd4", "qsgd5_levels", "terngrad", "linear5"]
+#: whose scale is a maximum: exact on any float input (sums are exact only on the grid input); the fitted
+#: levels sum nothing but integer counts, so they are exact on any floats too
 MAX_SCALED = ["qsgd4_max", "terngrad"]
+FITTED = ["linear5", "linear9_bucket1024"]
 CONV = (64, 16, 3, 3)        # a conv weight's gradient: 9216 values, 4.5 buckets of 2048 (a ragged last one)
 
 
@@ -64,12 +74,16 @@ def torch_path(q, x, u01):
     m, width = _batch.batch_shape(lay)
 
     def supplied(like, lo):
-        u = torch.zeros(m * width)
+        u = torch.zeros(m * width, device=like.device)
         u[: x.numel()] = u01
         return (u + lo).view(like.shape)
     q.uniform = supplied
-    payload = _batch.compress_batch(q, x, lay, clip_rows)
-    return payload, _batch.decompress_batch(q, payload, lay)
+    os.environ["GVQ_FUSED"] = "0"      # the device path's ops on CPU tensors (no numba dither lanes)
+    try:
+        payload = _batch.compress_batch(q, x, lay, clip_rows)
+        return payload, _batch.decompress_batch(q, payload, lay)
+    finally:
+        del os.environ["GVQ_FUSED"]
 
 
 def triton_path(q, x, u01=None):
@@ -87,16 +101,18 @@ def assert_same_payload(q, mine, ref, numel):
 
 
 def compare_paths(name, x, seed=3):
-    u01 = torch.rand(x.numel(), generator=torch.Generator().manual_seed(seed))
+    u01 = torch.rand(x.numel(), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    x = x.to(DEVICE)
     mine_q, ref_q = CODECS[name](kernels="triton"), CODECS[name](kernels="torch")
     mine, mine_dec = triton_path(mine_q, x, u01)
     ref, ref_dec = torch_path(ref_q, x, u01)
     assert_same_payload(mine_q, mine, ref, x.numel())
     assert torch.equal(mine_dec, ref_dec)
-    return mine_dec
+    return mine_dec.cpu()
 
 
 # ---- the same codes as the torch path, fed the same uniforms -------------------------------------------
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", sorted(CODECS))
 def test_codes_and_decoded_values_equal_the_torch_paths(name):
     compare_paths(name, grid_gradient())
@@ -105,6 +121,22 @@ def test_codes_and_decoded_values_equal_the_torch_paths(name):
 @pytest.mark.parametrize("name", MAX_SCALED)
 def test_max_scaled_codecs_equal_the_torch_path_on_any_floats(name):
     compare_paths(name, float_gradient())
+
+
+@pytest.mark.parametrize("name", FITTED)
+@pytest.mark.parametrize("numel", [CONV[0] * CONV[1] * 9, 700])
+def test_fitted_levels_equal_the_torch_paths_on_any_floats(name, numel):
+    """700 values: one bucket narrower than ``bucket``, whose histogram has the torch batch's bins."""
+    compare_paths(name, float_gradient()[:numel])
+
+
+@pytest.mark.parametrize("make", [lambda: Linear(clip=2.0, kernels="triton"),
+                                  lambda: Linear(fit="sorted", kernels="triton"),
+                                  lambda: Linear(levels=_triton.FIT_MAX_LEVELS + 1, kernels="triton")])
+def test_fitted_quantizers_keep_the_torch_path_where_their_kernels_do_not_fit(make):
+    with _triton.count_launches() as c:
+        make().compress(grid_gradient()[:4096], slice(0, 4096))
+    assert c.launches == 0
 
 
 @pytest.mark.parametrize("name", ["qsgd4", "signsgd", "terngrad_clipped"])
@@ -156,7 +188,7 @@ def test_in_kernel_draws_are_unbiased(name):
     assert abs(z) < 5
 
 
-@pytest.mark.parametrize("name", ["qsgd4", "terngrad_clipped"])
+@pytest.mark.parametrize("name", ["qsgd4", "terngrad_clipped", "linear5"])
 def test_two_calls_draw_fresh_dithers_and_a_checkpoint_replays_them(name, tmp_path):
     q, fresh = CODECS[name](kernels="triton"), CODECS[name](kernels="triton")
     q.reseed(11)
