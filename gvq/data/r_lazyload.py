@@ -1,4 +1,4 @@
-"""Jane Austen's six novels from Debian's ``r-cran-janeaustenr``, as a byte-level corpus; nothing downloads.
+"""Jane Austen's six novels from Debian's ``r-cran-janeaustenr``, as a text corpus; nothing downloads.
 
 The package keeps the novels in an R lazy-load database: ``data/Rdata.rdx`` (gzip of one serialized R
 list: each object's offset and length in the ``.rdb``) and ``data/Rdata.rdb`` (per object: a 4-byte
@@ -17,7 +17,7 @@ import struct
 import warnings
 import zlib
 
-from gvq.data.tokens import TokenData, byte_windows
+from gvq.data.tokens import TokenData, text_windows
 
 NOVELS = ("sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion")
 AUSTEN_SHA256 = "f2516f2139e3cecf49657122fed58ac46313f1fdff32a26fc66789293e92d573"
@@ -32,11 +32,13 @@ FIX = ("run make setup (as root it unpacks Debian's r-cran-janeaustenr without R
        "r-cran-janeaustenr && dpkg-deb -x r-cran-janeaustenr_*.deb DIR), then set GVQ_DATA=DIR or dataset.root=DIR")
 
 
-def austen(root: str | None = None, context: int = 64, n_test: int | None = 256) -> TokenData:
-    """Five novels to train on, windows of *Persuasion* held out (``n_test`` spread evenly; ``None``: all)."""
+def austen(root: str | None = None, context: int = 64, n_test: int | None = 256, tokenizer: str = "bytes",
+           vocab_size: int = 1024) -> TokenData:
+    """Five novels to train on, windows of *Persuasion* held out (``n_test`` spread evenly; ``None``: all);
+    bytes, or a BPE of ``vocab_size`` learned from the five (:mod:`gvq.data.bpe`)."""
     text = austen_text(root)
     cut = len(text) - PERSUASION_BYTES
-    return byte_windows(text[:cut], text[cut:], context, n_test)
+    return text_windows(text[:cut], text[cut:], context, n_test, tokenizer, vocab_size)
 
 
 def austen_text(root: str | None = None) -> bytes:

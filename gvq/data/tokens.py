@@ -3,8 +3,10 @@
 A corpus is cut into non-overlapping windows of ``context`` tokens; a window's targets are its tokens
 shifted by one (the token after the window's last is the next window's first).  Windows, not random
 offsets: an epoch is then a permutation of a fixed set, so the batch stream stays the pure function of
-``(seed, epoch, rank, batch)`` that resume relies on (:mod:`gvq.data.batches`).  Tokens are bytes (V = 256):
-no tokenizer file to ship, and bits per byte compare across corpora.
+``(seed, epoch, rank, batch)`` that resume relies on (:mod:`gvq.data.batches`).  Tokens are bytes (V = 256)
+by default: no tokenizer file to ship, and bits per byte compare across corpora.  ``tokenizer="bpe"`` trains
+a byte-level BPE on the training text (:mod:`gvq.data.bpe`); bits per byte still compare, through
+``bytes_per_token``.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ BYTE_VOCAB = 256
 
 @dataclass
 class TokenData(TensorData):
-    """Windows of token ids: x ``(N, context)`` as stored (uint8 bytes), y ``(N, context)`` int64 targets.
-    ``num_classes`` is the vocabulary; ``bytes_per_token`` turns nats per token into bits per byte."""
+    """Windows of token ids: x ``(N, context)`` as stored (uint8 bytes, int32 BPE ids), y ``(N, context)``
+    int64 targets.  ``num_classes`` is the vocabulary; ``bytes_per_token`` (the held-out text's bytes over its
+    tokens) turns nats per token into bits per byte."""
     bytes_per_token: float = 1.0
 
     def __post_init__(self):
@@ -53,14 +56,47 @@ def spaced(n: int, keep: int | None) -> torch.Tensor:
 
 def byte_windows(train: bytes, test: bytes, context: int, n_test: int | None) -> TokenData:
     """A byte-level :class:`TokenData` from the training and held-out texts."""
-    xtr, ytr = windows(np.frombuffer(train, dtype=np.uint8), context)
-    xte, yte = windows(np.frombuffer(test, dtype=np.uint8), context)
+    return _token_data(np.frombuffer(train, dtype=np.uint8), np.frombuffer(test, dtype=np.uint8), context,
+                       n_test, BYTE_VOCAB, 1.0)
+
+
+def bpe_windows(train: bytes, test: bytes, context: int, n_test: int | None, vocab_size: int) -> TokenData:
+    """A :class:`TokenData` in the ids of a BPE learned from ``train`` alone (cached)."""
+    from gvq.data.bpe import bpe_ids, bpe_tokenizer     # here: only tokenizer=bpe needs HF tokenizers
+    tok = bpe_tokenizer(train, vocab_size)
+    test_ids = bpe_ids(tok, test, "held-out")
+    return _token_data(bpe_ids(tok, train, "training"), test_ids, context, n_test, tok.get_vocab_size(),
+                       len(test) / max(len(test_ids), 1))
+
+
+def _token_data(train, test, context: int, n_test: int | None, vocab: int, bytes_per_token: float) -> TokenData:
+    xtr, ytr = windows(train, context)
+    xte, yte = windows(test, context)
     keep = spaced(len(yte), n_test)
-    return TokenData(xtr, ytr, xte[keep], yte[keep], num_classes=BYTE_VOCAB, in_channels=1)
+    return TokenData(xtr, ytr, xte[keep], yte[keep], num_classes=vocab, in_channels=1,
+                     bytes_per_token=bytes_per_token)
 
 
-def text_file(path: str, context: int = 64, test_fraction: float = 0.1, n_test: int | None = 256) -> TokenData:
-    """A UTF-8 (or any) text file as a corpus: its last ``test_fraction`` of bytes held out."""
+def text_windows(train: bytes, test: bytes, context: int, n_test: int | None, tokenizer: str = "bytes",
+                 vocab_size: int = 1024) -> TokenData:
+    """The texts as windows of ``tokenizer``'s tokens: ``bytes`` (V = 256) or ``bpe`` (V = ``vocab_size``)."""
+    if tokenizer == "bpe":
+        return bpe_windows(train, test, context, n_test, vocab_size)
+    if tokenizer != "bytes":
+        raise ValueError(f"dataset.tokenizer={tokenizer!r}: must be bytes or bpe")
+    return byte_windows(train, test, context, n_test)
+
+
+def char_boundary(raw: bytes, cut: int) -> int:
+    """``cut`` moved forward past UTF-8 continuation bytes, so neither side starts inside a character."""
+    while cut < len(raw) and 0x80 <= raw[cut] < 0xC0:
+        cut += 1
+    return cut
+
+
+def text_file(path: str, context: int = 64, test_fraction: float = 0.1, n_test: int | None = 256,
+              tokenizer: str = "bytes", vocab_size: int = 1024) -> TokenData:
+    """A UTF-8 (or, as bytes, any) text file as a corpus: its last ``test_fraction`` of bytes held out."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
     try:
@@ -69,4 +105,6 @@ def text_file(path: str, context: int = 64, test_fraction: float = 0.1, n_test: 
     except OSError as e:
         raise FileNotFoundError(f"dataset.path={path}: {e.strerror}") from None
     cut = len(raw) - int(len(raw) * test_fraction)
-    return byte_windows(raw[:cut], raw[cut:], context, n_test)
+    if tokenizer == "bpe":                 # a BPE reads characters; bytes keep the cut they always had
+        cut = char_boundary(raw, cut)
+    return text_windows(raw[:cut], raw[cut:], context, n_test, tokenizer, vocab_size)

@@ -54,6 +54,7 @@ Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
 Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
+Tokenizer = Choice("Tokenizer", "bytes bpe", module=__name__)   # dataset.tokenizer (gvq/data/bpe.py)
 
 # -- links -------------------------------------------------------------------------------------------
 
@@ -100,14 +101,15 @@ class _Fitted(_Bucketed):
 
 
 @dataclass
-class LinearSchema(_Fitted):
-    _target_: str = "gvq.compressors.linear.Linear"
+class ORQSchema(_Fitted):
+    _target_: str = "gvq.compressors.orq.ORQ"
     levels: int = 5
 
 
 @dataclass
-class ORQSchema(LinearSchema):
-    _target_: str = "gvq.compressors.orq.ORQ"
+class LinearSchema(ORQSchema):
+    _target_: str = "gvq.compressors.linear.Linear"
+    kernels: Kernels = Kernels.auto       # Linear has fused Triton kernels; ORQ not yet
 
 
 @dataclass
@@ -324,9 +326,11 @@ class SyntheticSchema:
 
 @dataclass
 class _TextWindows:
-    """What every text data set takes: its window length and the held-out windows scored."""
+    """What every text data set takes: its window length, the held-out windows scored, its tokens."""
     context: int = 64
     n_test: Optional[int] = 256
+    tokenizer: Tokenizer = Tokenizer.bytes
+    vocab_size: int = 1024      # bpe only
 
 
 @dataclass
