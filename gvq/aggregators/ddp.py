@@ -22,6 +22,20 @@ log = logging.getLogger("gvq")
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
+def wrap_ddp(model: torch.nn.Module, bucket_cap_mb: float | None = None) -> DistributedDataParallel:
+    """``model`` in torch DDP as every gvq comparison wraps it (the DDP aggregators, the overlapped hook,
+    the benches' torch DDP): on the model's device, buckets of ``bucket_cap_mb`` (None: DDP's defaults, its
+    small first bucket included) and no per-forward buffer sync: ranks keep their own BN statistics and
+    evaluate with rank 0's, as for every other aggregator, so DDP's broadcast each forward would be extra,
+    uncounted communication."""
+    dev = next(model.parameters()).device
+    kw = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS
+          else {"broadcast_buffers": False})        # the older spelling (deprecated in 2.13)
+    if bucket_cap_mb is not None:
+        kw["bucket_cap_mb"] = bucket_cap_mb
+    return DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+
+
 class _Timing:
     """Comm hook state: the wrapped hook's state plus launch / completion times of this iteration, and
     which parameters (model order) each DDP bucket holds, for the PowerSGD memory's state_dict."""
@@ -86,14 +100,7 @@ class DDPAggregator(Aggregator):
                         "(sudo python -m gvq.bench netns train).", self.name, ctx.bandwidth_bps)
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
-        dev = next(model.parameters()).device
-        # no per-forward buffer sync: our runner keeps per-rank BN statistics and evaluates with rank 0's
-        # (as for every other aggregator); DDP's broadcast each forward would be extra, uncounted comm
-        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS
-                else {"broadcast_buffers": False})        # the older spelling (deprecated in 2.13)
-        if self.bucket_cap_mb is not None:
-            sync["bucket_cap_mb"] = self.bucket_cap_mb
-        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
+        ddp = wrap_ddp(model, self.bucket_cap_mb)
         if self.hook == "powersgd":
             inner_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=self.rank,
                                              start_powerSGD_iter=self.start_iter,

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
+from gvq.aggregators.ddp import wrap_ddp
 from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
                               clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
@@ -66,8 +67,7 @@ class _Mode:
         self.name, self.agg = spec.label, None
         net = build_model(args.model, args.num_classes, shape[0]).to(device)
         if spec.option == "torch_ddp":
-            net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device] if device.type == "cuda"
-                                                            else None)
+            net = wrap_ddp(net)           # as gvq's own DDP options wrap it (no per-forward buffer sync)
         elif spec.option != "local":
             # as the runner builds it: aggregator.overlap=true runs the ring inside backward, via DDP
             self.agg = make_aggregator(spec.option, list(spec.overrides))

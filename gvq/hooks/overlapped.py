@@ -16,17 +16,15 @@ backward itself waited, and the training loop moves that wait out of ``compute_s
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import Aggregator, check_bucket_cap
+from gvq.aggregators.ddp import wrap_ddp
 from gvq.aggregators.flat import FlatAggregator
 from gvq.comm import clock
 from gvq.hooks.state import GvqHookState, gvq_hook, require_hookable
 
-_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 class Overlapped(Aggregator):
@@ -55,11 +53,7 @@ class Overlapped(Aggregator):
         self.ctx = ctx
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
-        dev = next(model.parameters()).device
-        kw = {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
-        if self.bucket_cap_mb is not None:        # unset: DDP's defaults, its small first bucket included
-            kw["bucket_cap_mb"] = self.bucket_cap_mb
-        ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+        ddp = wrap_ddp(model, self.bucket_cap_mb)
         # the run's lanes (virtual time included); DDP's group, named: nothing to infer
         self.state = GvqHookState(self.inner, lanes=clock.lanes(), group=ddp.process_group)
         ddp.register_comm_hook(self.state, gvq_hook)

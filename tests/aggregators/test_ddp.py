@@ -167,3 +167,23 @@ def test_powersgd_hook_memory_follows_parameters_across_rebucketing():
     assert [i for i, _, _ in ddp_memory.pq_layout(state, [0, 1, 2, 3])] == [0, 2, 3]
     assert torch.equal(st.p_memory_dict[0], torch.cat([torch.full((pq[i][0],), tag[i] + 1) for i in (0, 2, 3)]))
     assert torch.equal(st.q_memory_dict[0], torch.cat([torch.full((pq[i][1],), tag[i] + 2) for i in (0, 2, 3)]))
+
+
+def _buffers_after_forward(rank, world):
+    from gvq.aggregators.ddp import wrap_ddp
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ddp = wrap_ddp(net, bucket_cap_mb=0.001)           # (construction copies rank 0's state to all)
+    net[1].running_mean.fill_(float(rank))             # then each rank's own statistics
+    ddp.eval()                                         # the forward leaves the running stats as they are
+    ddp(torch.ones(2, 4))
+    return net[1].running_mean.clone(), ddp.bucket_bytes_cap
+
+
+@pytest.mark.slow
+def test_wrap_ddp_keeps_each_ranks_buffers_and_takes_the_bucket_cap(tmp_path):
+    """Every gvq comparison wraps the model one way (the DDP options, the overlapped hook, the benches'
+    torch DDP): DDP's per-forward buffer broadcast off, so no mode sends more than it is charged for."""
+    (mean0, cap), (mean1, _) = run_ranks(_buffers_after_forward, 2, tmp_path)
+    assert torch.equal(mean0, torch.zeros(4)) and torch.equal(mean1, torch.ones(4))   # not rank 0's
+    assert cap == int(0.001 * 1024 * 1024)
