@@ -90,7 +90,7 @@ class OrthWork:
         self.flat = self.a.view(-1)
         # padding columns (a block of rank < r) come out zero: not a deficiency of the block's own
         self.unused = None if ranks is None or min(ranks, default=r) == r else \
-            (torch.arange(r) >= torch.tensor(ranks).unsqueeze(1)).to(**kw).unsqueeze(-1)
+            (torch.arange(r, device=device) >= torch.tensor(ranks, device=device).unsqueeze(1)).to(dtype).unsqueeze(-1)
         self.q = [torch.empty(k, n, r, **kw) for _ in range(2)]
         self.at, self.qt = self.a.mT, [q.mT for q in self.q]
         self.g, self.u = torch.empty(k, r, r, **kw), torch.empty(k, r, r, **kw)

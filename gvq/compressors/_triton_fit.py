@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gvq.compressors._triton_quant import _radix_powers, _store_bytes
+from gvq.compressors._triton_quant import _radix_powers, _store_bytes, read_digits
 
 
 @triton.jit
@@ -139,13 +139,6 @@ def fit_decode_words(data_ptr, side_ptr, out_ptr, numel, bucket, n_words, radix,
                      K: tl.constexpr, KP: tl.constexpr, WB: tl.constexpr, WBP: tl.constexpr,
                      BLOCK_W: tl.constexpr):
     """A block of wire words back to values: each code's level, looked up in its bucket's side floats."""
-    w = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
-    byte = tl.arange(0, WBP)[None, :]
-    raw = tl.load(data_ptr + w * WB + byte, mask=(w < n_words) & (byte < WB), other=0)
-    word = tl.sum(raw.to(tl.int64) << (8 * byte), axis=1)[:, None]
-    j = tl.arange(0, KP)[None, :]
-    idx = w * K + j
-    real = (j < K) & (idx < numel)
-    code = ((word // _radix_powers(j, radix, KP)) % radix).to(tl.int32)
-    code = tl.minimum(code, S - 1)                 # a corrupt digit must not read past the bucket's levels
+    idx, real, code = read_digits(data_ptr, numel, n_words, radix, K, KP, WB, WBP, BLOCK_W)
+    code = tl.minimum(code.to(tl.int32), S - 1)                 # a corrupt digit must not read past the bucket's levels
     tl.store(out_ptr + idx, tl.load(side_ptr + (idx // bucket) * S + code, mask=real, other=0.0), mask=real)

@@ -86,10 +86,10 @@ def _store_bytes(out_ptr, w, word, n_words, WB: tl.constexpr, WBP: tl.constexpr)
 
 
 @triton.jit
-def decode_words(data_ptr, side_ptr, out_ptr, numel, bucket, n_words, radix, mult,
-                 K: tl.constexpr, KP: tl.constexpr, WB: tl.constexpr, WBP: tl.constexpr, BLOCK_W: tl.constexpr):
-    """A block of wire words back to values: digit k of each word, ``code * (side * mult) - side``
-    rounded once (the torch path's addcmul)."""
+def read_digits(data_ptr, numel, n_words, radix, K: tl.constexpr, KP: tl.constexpr, WB: tl.constexpr,
+                WBP: tl.constexpr, BLOCK_W: tl.constexpr):
+    """This program's block of wire words as (value index, real, digit) rows of K digits each: what
+    every decode kernel reads before it maps digits to values."""
     w = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)[:, None]
     byte = tl.arange(0, WBP)[None, :]
     raw = tl.load(data_ptr + w * WB + byte, mask=(w < n_words) & (byte < WB), other=0)
@@ -97,7 +97,16 @@ def decode_words(data_ptr, side_ptr, out_ptr, numel, bucket, n_words, radix, mul
     j = tl.arange(0, KP)[None, :]
     idx = w * K + j
     real = (j < K) & (idx < numel)
-    code = ((word // _radix_powers(j, radix, KP)) % radix).to(tl.float64)
+    return idx, real, (word // _radix_powers(j, radix, KP)) % radix
+
+
+@triton.jit
+def decode_words(data_ptr, side_ptr, out_ptr, numel, bucket, n_words, radix, mult,
+                 K: tl.constexpr, KP: tl.constexpr, WB: tl.constexpr, WBP: tl.constexpr, BLOCK_W: tl.constexpr):
+    """A block of wire words back to values: digit k of each word, ``code * (side * mult) - side``
+    rounded once (the torch path's addcmul)."""
+    idx, real, code = read_digits(data_ptr, numel, n_words, radix, K, KP, WB, WBP, BLOCK_W)
+    code = code.to(tl.float64)
     side = tl.load(side_ptr + idx // bucket, mask=real, other=0.0)
     # torch's CPU addcmul is one fused multiply-add; the interpreter's tl.fma rounds twice: in float64
     # the product and the difference are exact, so one rounding to float32 is the fma's, everywhere
