@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _fused as fused
-from gvq.compressors._bucketing import BucketQuantizer, check_finite, digit_dtype
+from gvq.compressors._bucketing import BucketQuantizer, check_finite
+from gvq.compressors._packing import digit_dtype
 from gvq.compressors.base import check_choice
 
 FITS = ("histogram", "sorted")

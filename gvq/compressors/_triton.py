@@ -1,7 +1,7 @@
 """The codecs' third path: fused Triton kernels (:mod:`._triton_quant`; the fitted quantizers'
-:mod:`._triton_fit`) for the scalar quantizers and fp16, chosen once per device (:func:`use_triton`),
-launched and counted here.  Triton is optional (``pip install 'gvq[gpu]'``): nothing here imports it
-until a kernel runs.
+:mod:`._triton_fit`, Linear-s and ORQ-s, and :mod:`._triton_bin`, BinGrad-b and -pb) for the scalar
+quantizers and fp16, chosen once per device (:func:`use_triton`), launched and counted here.  Triton is
+optional (``pip install 'gvq[gpu]'``): nothing here imports it until a kernel runs.
 
 See docs/design.md#gvqcompressors_tritonpy for how it works and why.
 """
@@ -38,17 +38,23 @@ class TritonSpec(NamedTuple):
 
 
 class FitSpec(NamedTuple):
-    """A fitted quantizer's kernels (:mod:`._triton_fit`): its levels fitted per bucket on a histogram
-    (``_histogram.encode_on_grid``), sent as its side floats; ``fit`` the kernel that fits them, ``bins``
-    the bins of a bucket of n values (``_histogram.bins_for``: passed in, as _histogram imports this)."""
+    """A fitted quantizer's kernels: its side floats fitted per bucket on a histogram; ``fit`` the kernel
+    that fits them, ``bins`` the bins of a bucket of n values (``_histogram.bins_for``: passed in, as
+    _histogram imports this).  ``binary``: BinGrad's two codes (:mod:`._triton_bin`), a threshold or a
+    clip level, else s levels rounded between (:mod:`._triton_fit`, ``_histogram.encode_on_grid``);
+    ``mean``: BinGrad-b's threshold the mean; ``mult``: decoded as a :class:`TritonSpec`'s
+    ``code * side * mult - side`` (BinGrad-pb), else each code's side float looked up."""
     fit: str
     bins: Callable[[int], int]
+    binary: bool = False
+    mean: bool = False
+    mult: float | None = None
 
 
 @functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401 - imported only to learn whether it imports
     except ImportError:
         return False
     return True
@@ -77,20 +83,23 @@ def use_triton(kernels: str, device: torch.device) -> bool:
 
 # ---- launches: the one place a kernel is started, so a test can count them ------------------------
 class LaunchCount:
-    """Kernel launches since :func:`count_launches` began, by kernel name."""
+    """Kernel launches since :func:`count_launches` began, by kernel name; ``run`` False: counted, not
+    started."""
 
-    def __init__(self):
-        self.launches, self.by_name = 0, {}
+    def __init__(self, run: bool = True):
+        self.launches, self.by_name, self.run = 0, {}, run
 
 
 _COUNTERS: list[LaunchCount] = []
 
 
 @contextmanager
-def count_launches():
+def count_launches(run: bool = True):
     """``with count_launches() as c: codec.compress(x, seg)``; then ``c.launches`` (a
-    ``TorchDispatchMode`` does not see Triton launches)."""
-    tally = LaunchCount()
+    ``TorchDispatchMode`` does not see Triton launches).  ``run=False`` counts without starting a kernel
+    (the outputs are left unwritten): a whole model's gradient, which the interpreter would take minutes
+    over, counted in no time."""
+    tally = LaunchCount(run)
     _COUNTERS.append(tally)
     try:
         yield tally
@@ -102,7 +111,8 @@ def launch_kernel(kernel, grid: tuple, *args, **meta) -> None:
     for tally in _COUNTERS:
         tally.launches += 1
         tally.by_name[kernel.__name__] = tally.by_name.get(kernel.__name__, 0) + 1
-    kernel[grid](*args, **meta)
+    if all(tally.run for tally in _COUNTERS):
+        kernel[grid](*args, **meta)
 
 
 def _kernels():
@@ -126,7 +136,8 @@ def quant_compress(q, x: Tensor, lay, seed: int, offset: int, uniforms: Tensor |
     at (``seed``, ``offset`` + value index)."""
     k, spec = _kernels(), q.triton_spec()
     if isinstance(spec, FitSpec):
-        return fit_compress(q, spec, x, lay, seed, offset, uniforms)
+        fit = bin_compress if spec.binary else fit_compress
+        return fit(q, spec, x, lay, seed, offset, uniforms)
     m = lay.n_buckets
     out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
     side = out[: lay.side_bytes].view(torch.float32)
@@ -143,12 +154,13 @@ def quant_compress(q, x: Tensor, lay, seed: int, offset: int, uniforms: Tensor |
 
 def quant_decompress(q, payload: Tensor, lay) -> Tensor:
     """Inverse of :func:`quant_compress`, one launch."""
-    if isinstance(q.triton_spec(), FitSpec):
+    spec = q.triton_spec()
+    if isinstance(spec, FitSpec) and spec.mult is None:
         return fit_decompress(q, payload, lay)
     out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)
     side = payload[: lay.side_bytes].view(torch.float32)
     launch_kernel(_kernels().decode_words, (-(-lay.n_words // BLOCK_WORDS),), payload[lay.side_bytes:], side, out,
-           lay.numel, q.bucket, lay.n_words, lay.radix, q.triton_spec().mult, **_word_meta(lay))
+           lay.numel, q.bucket, lay.n_words, lay.radix, spec.mult, **_word_meta(lay))
     return out
 
 
@@ -166,17 +178,41 @@ def fit_compress(q, spec: FitSpec, x: Tensor, lay, seed: int, offset: int, unifo
     width = min(q.bucket, lay.numel)                     # the torch path's batch width: its bins
     bins = spec.bins(width)
     out = torch.empty(lay.nbytes, dtype=torch.uint8, device=dev)   # fresh: may still be in flight
-    grid = q.scratch("triton_grid", (3, m), torch.float32, dev)
+    grid = torch.empty(3, m, dtype=torch.float32, device=dev)   # fresh: its spans are noted until the check
     edges = q.scratch("triton_edges", (m, s), torch.int32, dev)
     ca = q.scratch("triton_ca", (m, s - 1, 2), torch.float32, dev)
     launch_kernel(getattr(k, spec.fit), (m,), x, _fractions(s, dev), out[: lay.side_bytes].view(torch.float32),
                   grid, edges, ca, lay.numel, q.bucket, m, bins, bins * (1 - 2.0 ** -20), q.dither_shift,
-                  S=s, BLOCK=triton_pow2(width), BINS_P=triton_pow2(bins))
+                  S=s, SP=triton_pow2(s), BLOCK=triton_pow2(width), BINS_P=triton_pow2(bins))
     q.health.note(grid[2])              # NaN/Inf inputs make the spans so: read at the iteration's check
     launch_kernel(k.fit_encode_words, (-(-lay.n_words // BLOCK_WORDS),), x, grid, edges, ca,
                   x if uniforms is None else uniforms, out[lay.side_bytes:], lay.numel, q.bucket, m,
                   lay.n_words, lay.radix, bins, float(s - 1), -DITHER_OFFSET, seed, offset,
                   S=s, HAS_U=uniforms is not None, **_word_meta(lay))
+    return out
+
+
+def bin_compress(q, spec: FitSpec, x: Tensor, lay, seed: int, offset: int, uniforms: Tensor | None) -> Tensor:
+    """BinGrad's payload in two launches: a program per bucket fits its side floats and one parameter
+    the encode reads (the threshold b0, or 0.5 / b1), then every wire word is coded and packed; arguments
+    as :func:`quant_compress`.  Floats as the torch path's (``_histogram.bin_counts``: float64 where
+    float32 would round the prefix sums; its padded batch, where a bucket is ragged)."""
+    from gvq.compressors import _triton_bin as k        # imports triton: only once a kernel runs
+    m, dev = lay.n_buckets, x.device
+    width = min(q.bucket, lay.numel)                     # the torch path's batch width: its bins
+    bins = spec.bins(width)
+    out = torch.empty(lay.nbytes, dtype=torch.uint8, device=dev)   # fresh: may still be in flight
+    par = q.scratch("triton_par", (m,), torch.float32, dev)
+    health = torch.empty(m, dtype=torch.float32, device=dev)       # fresh: noted until the check
+    # a round-off the torch path does not make would move a level: no multiply-add fused on the GPU
+    launch_kernel(getattr(k, spec.fit), (m,), x, out[: lay.side_bytes].view(torch.float32), par, health,
+                  lay.numel, q.bucket, bins, bins * (1 - 2.0 ** -20), 1 << bins.bit_length(), MEAN=spec.mean,
+                  PADDED=m * width > lay.numel, F64=width * bins >= 1 << 23, BLOCK=triton_pow2(width),
+                  BINS_P=triton_pow2(bins), enable_fp_fusion=False)
+    q.health.note(health)
+    launch_kernel(k.bin_encode_words, (-(-lay.n_words // BLOCK_WORDS),), x, par,
+                  x if uniforms is None else uniforms, out[lay.side_bytes:], lay.numel, q.bucket, lay.n_words,
+                  lay.radix, seed, offset, PB=q.stochastic, HAS_U=uniforms is not None, **_word_meta(lay))
     return out
 
 

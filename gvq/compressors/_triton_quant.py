@@ -65,12 +65,12 @@ def encode_words(x_ptr, side_ptr, lim_ptr, u_ptr, out_ptr, numel, bucket, n_word
         y = tl.where(y < top, y, top)              # fmin: a NaN (0 / 0, an all-zero bucket) is the top code
         code = y.to(tl.int32).to(tl.int64)
     code = tl.where(real, code, 0)                 # the last word zero-padded, as the host path packs it
-    word = tl.sum(code * _radix_powers(j, radix, KP), axis=1)
-    _store_bytes(out_ptr, w, word, n_words, WB, WBP)
+    word = tl.sum(code * radix_powers(j, radix, KP), axis=1)
+    store_bytes(out_ptr, w, word, n_words, WB, WBP)
 
 
 @triton.jit
-def _radix_powers(j, radix, KP: tl.constexpr):
+def radix_powers(j, radix, KP: tl.constexpr):
     """radix**j (j a (1, KP) row of digit places), int64, without an integer pow."""
     power = tl.full((1, KP), 1, tl.int64)
     for i in tl.static_range(KP - 1):
@@ -79,7 +79,7 @@ def _radix_powers(j, radix, KP: tl.constexpr):
 
 
 @triton.jit
-def _store_bytes(out_ptr, w, word, n_words, WB: tl.constexpr, WBP: tl.constexpr):
+def store_bytes(out_ptr, w, word, n_words, WB: tl.constexpr, WBP: tl.constexpr):
     byte = tl.arange(0, WBP)[None, :]
     bits = (word[:, None] >> (8 * byte)) & 0xFF
     tl.store(out_ptr + w * WB + byte, bits.to(tl.uint8), mask=(w < n_words) & (byte < WB))
@@ -97,7 +97,7 @@ def read_digits(data_ptr, numel, n_words, radix, K: tl.constexpr, KP: tl.constex
     j = tl.arange(0, KP)[None, :]
     idx = w * K + j
     real = (j < K) & (idx < numel)
-    return idx, real, (word // _radix_powers(j, radix, KP)) % radix
+    return idx, real, (word // radix_powers(j, radix, KP)) % radix
 
 
 @triton.jit

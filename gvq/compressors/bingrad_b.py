@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors._bucketing import has_data, prefix_sums
 from gvq.compressors._histogram import (
     HistogramQuantizer,
@@ -79,12 +80,19 @@ class BinGradB(HistogramQuantizer):
     def __init__(self, threshold: str = "lloyd",    # lloyd (Eq. 17 fixed point) | mean (one pass)
                  bucket: int | None = 2048,         # larger => fewer side floats, two levels for more values
                  clip: float | None = None,         # c: clip to +-c*RMS first
-                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact)
-        super().__init__(bucket, clip, fit)
+                 fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, fit, kernels)
         self.threshold = threshold
 
     def fused_kernel(self):
         return fused.encode_bingrad_b if self.threshold == "lloyd" else None
+
+    def triton_spec(self):
+        """The Triton kernels: Lloyd on the histogram, or the mean (no clipping); else torch."""
+        if self.fit != "histogram" or self.clip:
+            return None
+        return _triton.FitSpec("bingrad_b_fit", bins_for, binary=True, mean=self.threshold == "mean")
 
     def _encode_histogram(self, rows, inv_count=None, weights=None):
         """Lloyd on the bucket's histogram (a threshold on a bin edge), then the exact side means."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors._histogram import HistogramQuantizer, bin_counts, bins_for, cumulative, grid_coords
 
 
@@ -38,19 +39,22 @@ def pb_level_grid(q, rows: torch.Tensor, inv_count=None, weights=None) -> torch.
     e = torch.searchsorted(f, torch.zeros(m, 1, dtype=f.dtype, device=f.device)).clamp_(1, bins)
     f0, f1 = f.gather(1, e - 1), f.gather(1, e)
     b_t = (e - 1) + (-f0 / torch.where(f1 > f0, f1 - f0, 1.0)).clamp_(0.0, 1.0)
-    return pb_refine(q, t, b_t.float(), sc, top, inv_count, weights)
+    return pb_refine(q, rows, t, b_t.float(), sc, top, inv_count, weights)
 
 
-def pb_refine(q, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.Tensor, inv_count=None,
-              weights=None) -> torch.Tensor:
-    """One exact step from the estimate b (t units): r = sum_{t >= b} t / n is the root of f if no value
-    lies in [b, r) (it holds on that piece), else the minimiser is at a jump of f, at the first value
-    above b: b1 = min(r, that value).  Exact for constant and sparse buckets.  Float 0/1 masks: bool ops
-    are slower.  (Padding repeats a real value: the minimum ignores it, the sum weighs it 0.)"""
+def pb_refine(q, rows: torch.Tensor, t: torch.Tensor, b: torch.Tensor, sc: torch.Tensor, top: torch.Tensor,
+              inv_count=None, weights=None) -> torch.Tensor:
+    """One exact step from the estimate b (t units, t = |rows| sc): r = sum_{t >= b} t / n is the root of
+    f if no value lies in [b, r) (it holds on that piece), else the minimiser is at a jump of f, at the
+    first value above b: b1 = min(r, that value).  Exact for constant and sparse buckets.  The sum is
+    taken over |v| and scaled once: exact in float32 on a grid of values (the t are not), so the Triton
+    path, which sums in another order, agrees bitwise there.  Float 0/1 masks: bool ops are slower.
+    (Padding repeats a real value: the minimum ignores it, the sum weighs it 0.)"""
     below = torch.lt(t, b, out=q.scratch_like("below", t))
     first_above = torch.add(t, below, alpha=2.0 ** 30, out=q.scratch_like("z", t)).amin(dim=1, keepdim=True)
-    tw = t if weights is None else t * weights
-    r = tw.sum(dim=1, keepdim=True) - below.mul_(tw).sum(dim=1, keepdim=True)
+    a = torch.abs(rows, out=q.scratch_like("z", t))
+    aw = a if weights is None else a.mul_(weights)
+    r = (aw.sum(dim=1, keepdim=True) - below.mul_(aw).sum(dim=1, keepdim=True)).mul_(sc)
     r = r / t.shape[1] if inv_count is None else r * inv_count
     b1 = torch.minimum(r, first_above)
     return torch.where(sc > 0, b1 / sc, top)                  # back from bin units (top: an all-zero bucket)
@@ -66,12 +70,19 @@ class BinGradPB(HistogramQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
-                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact b1)
-        super().__init__(bucket, clip, fit)
+                 fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact b1)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, fit, kernels)
         self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 
     def fused_kernel(self):
         return fused.encode_bingrad_pb
+
+    def triton_spec(self):
+        """The Triton kernels fit b1 on the histogram (no clipping); decoded as code * 2 b1 - b1."""
+        if self.fit != "histogram" or self.clip:
+            return None
+        return _triton.FitSpec("bingrad_pb_fit", bins_for, binary=True, mult=2.0)
 
     def _encode_histogram(self, rows, inv_count=None, weights=None):
         return self._round_at(rows, pb_level_grid(self, rows, inv_count, weights))

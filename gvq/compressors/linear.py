@@ -15,7 +15,7 @@ import torch
 
 from gvq.compressors import _fused as fused
 from gvq.compressors import _triton
-from gvq.compressors._bucketing import MAX_LEVELS
+from gvq.compressors._packing import MAX_LEVELS
 from gvq.compressors._histogram import LevelFit, LevelQuantizer, bins_for, cumulative, rank_edge
 from gvq.compressors.base import check_int
 

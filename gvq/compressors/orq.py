@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors._bucketing import prefix_sums
-from gvq.compressors._histogram import LevelFit, LevelQuantizer, cumulative, rank_edge
+from gvq.compressors._histogram import LevelFit, LevelQuantizer, bins_for, cumulative, rank_edge
 from gvq.compressors.base import check_int
 
 MAX_K = 15                         # 2**15 + 1 levels: codes still fit 16 bits
@@ -75,11 +76,18 @@ class ORQ(LevelQuantizer):
     def __init__(self, levels: int = 5,             # s = 2**K + 1; fewer => more compression, more error
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
-                 fit: str = "histogram"):           # histogram (no sort, faster) | sorted (exact levels)
-        super().__init__(bucket, clip, fit)
+                 fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact levels)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+        super().__init__(bucket, clip, fit, kernels)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
         k = halving_rounds(levels)
         if (1 << k) + 1 != levels:
             raise ValueError(f"levels={levels}: ORQ needs levels = 2^K + 1 (3, 5, 9, 17, ...)")
         self.levels, self.k, self.n_side = levels, k, levels
+
+    def triton_spec(self):
+        """The Triton kernels run Algorithm 1 on the histogram (few levels, no clipping); else torch."""
+        if self.fit != "histogram" or self.clip or self.levels > _triton.FIT_MAX_LEVELS:
+            return None
+        return _triton.FitSpec("orq_fit", bins_for)
 
