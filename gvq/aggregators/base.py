@@ -35,7 +35,7 @@ class Bucket:
     flat: torch.Tensor                 # this rank's gradients of ``params``, concatenated; becomes their mean
     params: tuple[int, ...]            # positions in the aggregator's ``params``, in ``flat``'s order
     iteration: int
-    state: dict[str, torch.Tensor]     # ``per_parameter``'s shares, laid out as ``flat``
+    state: dict[str, torch.Tensor]     # ``per_parameter()``'s shares, laid out as ``flat``
     notes: dict = field(default_factory=dict)   # what :meth:`measure` leaves for :meth:`measure_after`
 
 
@@ -136,6 +136,12 @@ class Aggregator:
         in the vector's order) at ``n`` ranks in its present phase: what :mod:`gvq.predict` prices.
         None: none declared (torch DDP's own collectives), and the cost model refuses to price it."""
         return None
+
+    def extra_passes(self) -> int:
+        """Whole-vector passes its :meth:`FlatAggregator.average` makes outside its :meth:`rings`, in its
+        present phase, each about one vector add (PowerSGD: M = g + e, two copies, e -= the mean):
+        :mod:`gvq.predict` prices them beside the rings.  Default: none."""
+        return 0
 
     def summary(self) -> dict:
         """Run-level figures for ``summary.json``'s ``aggregator`` (GradiVeQ: refreshes, relays).

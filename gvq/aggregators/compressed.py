@@ -20,7 +20,8 @@ class CompressedAggregator(FlatAggregator):
 
     extra_fields = ("compression_error",)
 
-    def __init__(self, compressor: Compressor, topology: str = "ring", hop: str = "auto"):
+    def __init__(self, compressor: Compressor, *, topology: str, hop: str):
+        """The knobs as given (their defaults live in the compressed options' schema)."""
         if hop == "sum" and not compressor.additive:
             raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
                              "payloads cannot be summed in the compressed domain; use hop=auto or reencode")

@@ -77,8 +77,9 @@ class DDPAggregator(Aggregator):
     #: averages during backward: the loop trains :meth:`wrap`'s DistributedDataParallel
     inside_backward = True
 
-    def __init__(self, hook: str = "allreduce", rank: int = 2, start_iter: int = 10,
-                 min_compression_rate: float = 2.0, bucket_cap_mb: float | None = None):
+    def __init__(self, *, hook: str, rank: int, start_iter: int, min_compression_rate: float,
+                 bucket_cap_mb: float | None):
+        """Every knob as given (its default lives in ``DDPSchema``: :func:`gvq.schema.options.knobs`)."""
         check_int("aggregator.rank", rank, 1)
         # the torch hook refuses start_iter < 2 with error feedback / warm start (DDP rebuilds buckets at 1)
         check_int("aggregator.start_iter", start_iter, 2)

@@ -11,16 +11,57 @@ from gvq.aggregators.compressed import CompressedAggregator
 from gvq.aggregators.dtypes import widest_dtype
 
 
+class ErrorFeedback:
+    """One rank's error-feedback memory e: what its payloads left out, added to its next vector before
+    that is compressed.  :class:`ErrorFeedbackAggregator`, GradiVeQ (``error_feedback=true``) and PowerSGD
+    each hold one.  Laid out as the whole flat gradient, each parameter's block where its values are, so
+    a DDP bucket works on its parameters' share (``bucket.state[key]``: :meth:`share`) and any bucketing
+    sees the same memory; a checkpoint keeps it under ``key``."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device, key: str = "error"):
+        self.memory = torch.zeros(numel, dtype=dtype, device=device)
+        self.key = key
+
+    def per_parameter(self) -> dict[str, torch.Tensor]:
+        """The memory as its owner's :meth:`FlatAggregator.per_parameter` lists it."""
+        return {self.key: self.memory}
+
+    def share(self, bucket) -> torch.Tensor:
+        """The memory's share of a :class:`gvq.aggregators.base.Bucket` (all of it for every parameter)."""
+        return bucket.state[self.key]
+
+    @staticmethod
+    def feed_(x: torch.Tensor, e: torch.Tensor) -> None:
+        """Before compressing: x <- x + e (PowerSGD feeds the gradient into its memory instead, e <- e + g,
+        so that M keeps the memory's precision when the gradient is 16-bit: the same sum)."""
+        x.add_(e)
+
+    @staticmethod
+    def keep_(e: torch.Tensor, kept: torch.Tensor, sent: torch.Tensor | None = None, alpha: float = 1.0) -> None:
+        """After: e <- kept - alpha * sent, what the payload left out (``sent`` None: ``kept`` is it;
+        ``kept`` may be ``e`` itself).  A sum that went out exact leaves e <- 0 (``e.zero_()``)."""
+        if sent is None:
+            e.copy_(kept)
+        else:
+            torch.sub(kept, sent, alpha=alpha, out=e)
+
+    def state_dict(self) -> dict:
+        return {self.key: self.memory.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.copy_(state[self.key])
+
+
 def feed_back(comp, flat: torch.Tensor, error: torch.Tensor, transmitted: torch.Tensor,
               segs: list[slice], clock) -> None:
     """In place: flat <- g' = g + e; transmitted <- Q(g') segment by segment; error <- g' - Q(g')."""
-    flat.add_(error)
+    ErrorFeedback.feed_(flat, error)
     for s in segs:
         with clock("compress"):
             payload = comp.compress(flat[s], s)
         with clock("decompress"):
             transmitted[s] = comp.decompress(payload, s)
-    torch.sub(flat, transmitted, out=error)
+    ErrorFeedback.keep_(error, flat, transmitted)
 
 
 def fed_back_error(error: torch.Tensor, transmitted: torch.Tensor) -> float:
@@ -35,22 +76,21 @@ class ErrorFeedbackAggregator(CompressedAggregator):
 
     extra_fields = ("compression_error",)
 
-    def __init__(self, compressor, topology: str = "ring", hop: str = "auto"):
-        super().__init__(compressor, topology, hop)
+    def __init__(self, compressor, *, topology: str, hop: str):
+        super().__init__(compressor, topology=topology, hop=hop)
         self.name = f"{self.name}+ef"
 
     def bind(self, params, ctx):
         super().bind(params, ctx)
         device = self.params[0].device if self.params else torch.device("cpu")
-        # one flat memory laid out as the whole gradient (a checkpoint keeps it as it is); a DDP bucket
-        # reads and writes its parameters' share of it, so any bucketing sees the same memory.  In the
-        # widest parameter dtype, float32 at least: no parameter's share is rounded below its precision
+        # in the widest parameter dtype, float32 at least: no parameter's share is rounded below its precision
         dtype = widest_dtype((p.dtype for p in self.params), at_least=torch.float32)
-        self.error = torch.zeros(self.offsets[-1], dtype=dtype, device=device)
-        self.transmitted = torch.zeros_like(self.error)      # this rank's last t = Q(g')
+        self.feedback = ErrorFeedback(self.offsets[-1], dtype, device)
+        self.transmitted = torch.zeros_like(self.feedback.memory)      # this rank's last t = Q(g')
 
-    #: error memory and this rank's last transmitted Q(g'), per parameter: a bucket feeds back its share
-    per_parameter = ("error", "transmitted")
+    def per_parameter(self):
+        """The error memory and this rank's last transmitted Q(g'): a bucket feeds back its share."""
+        return {**self.feedback.per_parameter(), "transmitted": self.transmitted}
 
     def measure(self, bucket):
         return {}          # the error of g' falls out of feed_back for free (see measure_after)
@@ -58,16 +98,16 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     def average(self, bucket):
         n, flat = self.ctx.world_size, bucket.flat
         segs = self.segments(flat.numel(), n) if self.topology == "ring" else [slice(0, flat.numel())]
-        feed_back(self.compressor, flat, bucket.state["error"], bucket.state["transmitted"], segs,
+        feed_back(self.compressor, flat, self.feedback.share(bucket), bucket.state["transmitted"], segs,
                   self.stopwatch)
         return super().average(bucket)
 
     def measure_after(self, bucket):
-        return {"compression_error": fed_back_error(bucket.state["error"], bucket.state["transmitted"])}
+        return {"compression_error": fed_back_error(self.feedback.share(bucket), bucket.state["transmitted"])}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "error": self.error.clone()}
+        return {**super().state_dict(), **self.feedback.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.error.copy_(state["error"])
+        self.feedback.load_state_dict(state)

@@ -17,8 +17,8 @@ class FlatAggregator(Aggregator):
     """The shared implementation: every aggregator is written once, as :meth:`average` of one
     :class:`Bucket` (by default the sum over its declared :meth:`rings`, through
     :class:`gvq.comm.p2p.P2P`, divided by N).  Post-backward, :meth:`aggregate` averages the whole-model
-    bucket; :mod:`gvq.hooks` calls :meth:`average_bucket_` per DDP bucket, between
-    :meth:`start_iteration` and :meth:`finish_iteration` as :meth:`aggregate` does.  Subclasses
+    bucket; :mod:`gvq.hooks` calls :meth:`average_bucket_` per DDP bucket, in the iteration frame
+    :meth:`aggregate` runs in too (:meth:`begin_iteration`, :meth:`end_iteration`).  Subclasses
     declare :meth:`rings` (and :meth:`average` where a ring is not all), and if they measure something
     untimed, :meth:`measure` / :meth:`measure_after`."""
 
@@ -26,9 +26,6 @@ class FlatAggregator(Aggregator):
     virtual_time = True
     #: every one averages any DDP bucket (:meth:`average_bucket_`)
     any_bucket = True
-    #: attributes holding per-parameter state laid out as the whole flat gradient (error memory): a
-    #: bucket sees its parameters' share as ``bucket.state[name]``, written back after :meth:`average`
-    per_parameter: tuple[str, ...] = ()
     #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
     #: see :meth:`__getstate__`)
     params: list[torch.nn.Parameter] | None = None
@@ -128,24 +125,36 @@ class FlatAggregator(Aggregator):
         """Before the iteration's first vector: per-iteration decisions every vector shares (GradiVeQ's
         schedule phase, PowerSGD's fresh Q).  Default: none."""
 
-    def average_bucket_(self, flat: torch.Tensor, params, iteration: int) -> dict:
-        """Average one vector in place: ``flat`` is the concatenated gradients of ``self.params[i]`` for
-        ``i`` in ``params``, in that order (post-backward: every parameter; the hook: a DDP bucket).  The
-        per-parameter state's share (:attr:`per_parameter`) is gathered into the :class:`Bucket`, then
-        :meth:`measure` (untimed), :meth:`average` (``aggregate_s``), :meth:`measure_after` (untimed),
-        and the share is scattered back: so a bucket rebuild loses nothing.  Returns the measurements."""
+    def per_parameter(self) -> dict[str, torch.Tensor]:
+        """State laid out as the whole flat gradient, each parameter's block where its values are (error
+        feedback's memory), by the name a :class:`Bucket`'s ``state`` gives its share.  Default: none."""
+        return {}
+
+    def bucket_of(self, flat: torch.Tensor, params, iteration: int) -> Bucket:
+        """The :class:`Bucket` :meth:`average` sees for ``flat``, the concatenated gradients of
+        ``self.params[i]`` for ``i`` in ``params``: with its parameters' share of :meth:`per_parameter`
+        (the state itself for every parameter, else a gathered copy that :meth:`average_bucket_` writes
+        back).  Tools that replay :meth:`measure` or :meth:`average` build their vector with it."""
         params = tuple(params)
         whole = params == self.everything
-        state = {k: getattr(self, k) if whole else self.gather(getattr(self, k), params) for k in self.per_parameter}
-        bucket = Bucket(flat, params, iteration, state)
+        return Bucket(flat, params, iteration, {k: v if whole else self.gather(v, params)
+                                                for k, v in self.per_parameter().items()})
+
+    def average_bucket_(self, flat: torch.Tensor, params, iteration: int) -> dict:
+        """Average one vector in place: ``flat`` is the concatenated gradients of ``self.params[i]`` for
+        ``i`` in ``params``, in that order (post-backward: every parameter; the hook: a DDP bucket).  Its
+        :meth:`bucket_of` (the per-parameter state's share), then :meth:`measure` (untimed),
+        :meth:`average` (``aggregate_s``), :meth:`measure_after` (untimed), and the share is scattered
+        back: so a bucket rebuild loses nothing.  Returns the measurements."""
+        bucket = self.bucket_of(flat, params, iteration)
         extra = self.measure(bucket)
         t0 = clock.now()
         extra.update(self.average(bucket) or {})
         extra["aggregate_s"] = clock.now() - t0
         extra.update(self.measure_after(bucket))
-        if not whole:
-            for k in self.per_parameter:
-                self.scatter_(getattr(self, k), params, state[k])
+        if bucket.params != self.everything:
+            for k, whole in self.per_parameter().items():
+                self.scatter_(whole, bucket.params, bucket.state[k])
         return extra
 
     def average(self, bucket: Bucket) -> dict | None:
@@ -178,6 +187,17 @@ class FlatAggregator(Aggregator):
         Default: none."""
         return {}
 
+    # -- the iteration frame: post-backward (aggregate) and the hook (gvq.hooks.state) both open and close
+    # -- an iteration with these, one average_bucket_ per vector in between ------------------------------
+    def begin_iteration(self, iteration: int) -> None:
+        """Open an iteration: the counters at zero, then :meth:`start_iteration`."""
+        self.reset_counters()
+        self.start_iteration(iteration)
+
+    def end_iteration(self, iteration: int) -> dict:
+        """Close it: :meth:`finish_iteration`'s columns, then the counters since :meth:`begin_iteration`."""
+        return {**self.finish_iteration(iteration), **self.counters()}
+
     def reset_counters(self) -> None:
         """Start an iteration's byte count, wire time and codec stopwatch at zero."""
         self.p2p.reset()
@@ -189,19 +209,18 @@ class FlatAggregator(Aggregator):
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
 
     def aggregate(self, iteration: int) -> dict:
-        """Replace every grad by the mean over ranks: the whole-model bucket, between
-        :meth:`start_iteration` and :meth:`finish_iteration` as the hook runs its buckets;
-        ``aggregate_s`` adds flatten / unflatten and the finish (a refit), not the untimed measurements."""
-        self.reset_counters()
-        self.start_iteration(iteration)
+        """Replace every grad by the mean over ranks: the whole-model bucket, in the iteration frame the
+        hook runs its buckets in (:meth:`begin_iteration`, :meth:`end_iteration`); ``aggregate_s`` adds
+        flatten / unflatten and the end (a refit), not the untimed measurements."""
+        self.begin_iteration(iteration)
         t0 = clock.now()
         flat = self.flatten()
         t_flat = clock.now() - t0
         stats = self.average_bucket_(flat, self.everything, iteration)
         t0 = clock.now()
-        stats.update(self.finish_iteration(iteration))
+        end = self.end_iteration(iteration)
         self.unflatten(flat)
-        return {**stats, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0, **self.counters()}
+        return {**stats, **end, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0}
 
     def close(self) -> None:
         p2p = self.__dict__.get("p2p")        # None: setup never ran

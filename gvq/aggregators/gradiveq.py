@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gvq.aggregators.base import check_int, equal_segments
+from gvq.aggregators.error_feedback import ErrorFeedback
 from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.gradiveq_relay import fit_everywhere
 from gvq.comm import clock
@@ -69,10 +70,11 @@ class GradiVeQAggregator(FlatAggregator):
     refused_dtypes = ((torch.float64, "its payloads, PCA bases and samples are float32: cast the model "
                        "to float32 or bfloat16, or use rar, powersgd or a quantizer, which keep float64"),)
 
-    def __init__(self, compressor: GradiVeQ, L_t: int = 100, L_c: int = 400, warmup: int = 0,
-                 sampling: str = "qsgd", qsgd_bits: int = 4, qsgd_bucket: int = 2048, qsgd_norm: str = "max",
-                 monitor_threshold: float | None = None, pieces: int = 4, warmup_by: str = "rar",
-                 samples_in_warmup: bool = False, error_feedback: bool = False):
+    def __init__(self, compressor: GradiVeQ, *, L_t: int, L_c: int, warmup: int, sampling: str, qsgd_bits: int,
+                 qsgd_bucket: int | None, qsgd_norm: str, monitor_threshold: float | None, pieces: int,
+                 warmup_by: str, samples_in_warmup: bool, error_feedback: bool):
+        """Every knob as given (its default lives in ``GradiVeQAggregatorSchema``; build one from it with
+        :func:`gvq.schema.options.knobs`)."""
         if not isinstance(compressor, GradiVeQ):
             raise ValueError(f"aggregator.compressor: must be a GradiVeQ compressor, got "
                              f"{type(compressor).__name__}")
@@ -94,9 +96,9 @@ class GradiVeQAggregator(FlatAggregator):
         if not isinstance(error_feedback, bool):
             raise ValueError(f"aggregator.error_feedback={error_feedback!r}: must be true or false")
         # error feedback on the projection's residual: what a rank's payload left out is added to its next
-        # vector (held per parameter: any bucketing sees the same memory)
+        # vector (an ErrorFeedback, bound with the parameters)
         self.error_feedback = error_feedback
-        self.per_parameter = ("residual",) if error_feedback else ()
+        self.feedback: ErrorFeedback | None = None
         self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
         try:        # built here so that bad bits / bucket fail at preflight, like every other knob
             self.qsgd = QSGD(bits=qsgd_bits, bucket=qsgd_bucket, norm=qsgd_norm)
@@ -122,7 +124,11 @@ class GradiVeQAggregator(FlatAggregator):
         self._device = self.params[0].device if self.params else torch.device("cpu")
         self._c_ratio = NAN
         if self.error_feedback:     # in the codec's layout, float32; each parameter's block where its values are
-            self.residual = torch.zeros(comp.layout.numel, dtype=torch.float32, device=self._device)
+            self.feedback = ErrorFeedback(comp.layout.numel, torch.float32, self._device, key="residual")
+
+    def per_parameter(self):
+        """With error feedback, its memory (the projection's residual): a bucket feeds back its share."""
+        return self.feedback.per_parameter() if self.feedback is not None else {}
 
     # -- one vector: the whole gradient after backward, or one DDP bucket ------------------------------
     def start_iteration(self, iteration: int) -> None:
@@ -166,8 +172,8 @@ class GradiVeQAggregator(FlatAggregator):
         x = codec.flatten(views, out=buf)
         (ring,) = self.rings(params, n)
         tot.numel += x.numel()
-        if self.error_feedback:
-            self._feed_back(codec, x, bucket.state["residual"], tot.phase == "compress")
+        if self.feedback is not None:
+            self._feed_back(codec, x, self.feedback.share(bucket), tot.phase == "compress")
         if tot.phase == "compress":
             with self.codec_session(x, params):   # Eq. 7's sums, read off this rank's own payloads
                 ring.run_(x, self.p2p, self.stopwatch)
@@ -185,12 +191,12 @@ class GradiVeQAggregator(FlatAggregator):
         """x <- x + e.  Compressed: e <- what this rank's payload of x leaves out (a compress and a
         decompress more, timed as the codec's).  Uncompressed: the held-back e goes out whole in this exact
         sum, e <- 0."""
-        x.add_(residual)
+        self.feedback.feed_(x, residual)
         if not compressed:
             residual.zero_()
             return
         with self.stopwatch("compress"):
-            residual.copy_(codec.own_residual(x))
+            self.feedback.keep_(residual, codec.own_residual(x))
 
     def _keep_sample(self, x: torch.Tensor, params: tuple[int, ...]) -> None:
         """A vector's sum into this sampling iteration's row, at its layers' places in the whole layout."""
@@ -309,7 +315,7 @@ class GradiVeQAggregator(FlatAggregator):
                 "relays": self.relays, "monitor_stops": self.monitor_stops,
                 "samples": self._samples[: self.count].clone() if keep else None,
                 "compressor": self.compressor.state_dict(), "qsgd": self.qsgd.state_dict(),   # its dither too
-                **({"residual": self.residual.clone()} if self.error_feedback else {})}
+                **(self.feedback.state_dict() if self.feedback is not None else {})}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore after :meth:`setup` (same model, same world size)."""
@@ -330,8 +336,8 @@ class GradiVeQAggregator(FlatAggregator):
                                         device=self._device)
             self._samples[: self.count].copy_(sd["samples"])
         self.qsgd.load_state_dict(sd["qsgd"])
-        if self.error_feedback:
-            self.residual.copy_(sd["residual"])
+        if self.feedback is not None:
+            self.feedback.load_state_dict(sd)
         if self.compressor.fitted:
             self._after_fit()
 

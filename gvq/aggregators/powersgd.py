@@ -10,6 +10,7 @@ import torch
 from gvq.aggregators.base import check_int, equal_segments
 from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
+from gvq.aggregators.error_feedback import ErrorFeedback
 from gvq.comm.ring import Ring
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
 
@@ -20,8 +21,8 @@ class PowerSGDAggregator(FlatAggregator):
     name = "powersgd"
     extra_fields = ("compression_error",)
 
-    def __init__(self, rank: int = 2, start_iter: int = 10, min_compression_rate: float = 2.0,
-                 warm_start: bool = True):
+    def __init__(self, *, rank: int, start_iter: int, min_compression_rate: float, warm_start: bool):
+        """Every knob as given (its default lives in ``PowerSGDSchema``: :func:`gvq.schema.options.knobs`)."""
         self.rank = check_int("aggregator.rank", rank, 1)
         self.start_iter = check_int("aggregator.start_iter", start_iter, 0)
         if isinstance(min_compression_rate, bool) or not isinstance(min_compression_rate, (int, float)) \
@@ -40,13 +41,13 @@ class PowerSGDAggregator(FlatAggregator):
         # 16-bit gradients are factored in float32 (no 16-bit QR; their sums would round at every hop)
         self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
                                  self.warm_start, seed=ctx.seed, dtype=self.compute_dtype(self.params))
-        # error memory laid out as the whole gradient (blocks are parameters), in that dtype too, so no
-        # parameter's share is rounded below its precision; a DDP bucket reads and writes its
-        # parameters' share, so any bucketing sees the same memory
-        self.error = torch.zeros(self.offsets[-1], dtype=self.low_rank.dtype, device=device)
+        # error memory (blocks are parameters) in that dtype too: no parameter's share is rounded below
+        # its precision
+        self.feedback = ErrorFeedback(self.offsets[-1], self.low_rank.dtype, device)
 
-    #: error memory per parameter (blocks are parameters): a bucket feeds back its share
-    per_parameter = ("error",)
+    def per_parameter(self):
+        """The error memory: a bucket feeds back its share."""
+        return self.feedback.per_parameter()
 
     @staticmethod
     def compute_dtype(tensors) -> torch.dtype:
@@ -69,6 +70,10 @@ class PowerSGDAggregator(FlatAggregator):
             block_balanced_segments(low.blocks, lambda b: b.q_len, n)))
         return [Ring("additive", p_segs, low.p_stage, "P"), Ring("additive", q_segs, low.q_stage, "Q")]
 
+    def extra_passes(self) -> int:
+        """Compressed: M = g + e, its copies into ``flat`` and the P pass's scratch, e -= the mean."""
+        return 4 if self.compressing else 0
+
     @property
     def compression_ratio(self) -> float:
         """fp32 gradient bytes over the payload bytes of both passes."""
@@ -83,7 +88,7 @@ class PowerSGDAggregator(FlatAggregator):
     def measure(self, bucket):
         # ||M||^2 for compression_error, untimed; every rank pays it so none waits for rank 0
         if self.compressing:
-            flat, error = bucket.flat, bucket.state["error"]
+            flat, error = bucket.flat, self.feedback.share(bucket)
             bucket.notes["m_sq"] = float(torch.linalg.vector_norm(flat + error)) ** 2
             bucket.notes["raw_sq"] = sum(float(flat[s].pow(2).sum()) for s in self._raw(bucket.params))
         return {}
@@ -97,19 +102,20 @@ class PowerSGDAggregator(FlatAggregator):
         if not self.compressing:
             super().average(bucket)
             return {"phase": "allreduce"}
-        n, flat, error = self.ctx.world_size, bucket.flat, bucket.state["error"]
+        n, flat, fb = self.ctx.world_size, bucket.flat, self.feedback
+        error = fb.share(bucket)
         p_ring, q_ring = self.rings(bucket.params, n)
         self.plan(bucket.params).q_local = []
         with self.stopwatch("compress"):
-            error.add_(flat)                        # M = g + e, kept in the memory buffer
+            fb.feed_(error, flat)                   # M = g + e, kept in the memory buffer
             flat.copy_(error)                       # pass Q reads M from flat and overwrites it
             scratch = error.clone()                 # pass P reads M from scratch (its write-back is void)
         p_ring.run_(scratch, self.p2p, self.stopwatch)
         q_ring.run_(flat, self.p2p, self.stopwatch)
         with self.stopwatch("compress"):
-            error.sub_(flat, alpha=1.0 / n)
+            fb.keep_(error, error, flat, alpha=1.0 / n)     # e = M - the mean P^ P^T M
             for s in self._raw(bucket.params):
-                error[s] = 0.0
+                error[s] = 0.0                      # sent exact
         flat.div_(n)
         return {"phase": "powersgd"}
 
@@ -140,8 +146,8 @@ class PowerSGDAggregator(FlatAggregator):
         self.start_iter, self.compressing = 0, True
 
     def state_dict(self) -> dict:
-        return {"powersgd": self.low_rank.state_dict(), "error": self.error.clone()}
+        return {"powersgd": self.low_rank.state_dict(), **self.feedback.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.low_rank.load_state_dict(state["powersgd"])
-        self.error.copy_(state["error"])
+        self.feedback.load_state_dict(state)

@@ -44,7 +44,7 @@ def rel_errors(x: Tensor, ref: Tensor, mask: Tensor) -> tuple[float, float]:
 # -- PowerSGD ------------------------------------------------------------------------------------------
 def powersgd_bytes(shapes, rank: int, min_compression_rate: float = 2.0) -> int:
     """PowerSGD's payload bytes per iteration (both passes), as the aggregator sends them."""
-    return PowerSGD(shapes, rank, min_compression_rate).bytes_per_iteration
+    return PowerSGD(shapes, rank, min_compression_rate, warm_start=True).bytes_per_iteration   # bytes: either way
 
 
 def powersgd_run(grads: list[Tensor], shapes, rank: int, start: int, ef: bool,

@@ -80,7 +80,7 @@ def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100, time
 def powersgd_state(shapes, device: torch.device):
     from gvq.compressors.powersgd import PowerSGD
     agg = make_aggregator("powersgd", [])
-    state = PowerSGD(shapes, agg.rank, agg.min_compression_rate)
+    state = PowerSGD(shapes, agg.rank, agg.min_compression_rate, agg.warm_start)
     state.to(device)
     macs = sum(b.rows * b.cols * b.rank for b in state.blocks if b.rank)        # per pass
     streamed = 4 * sum((b.rows + b.cols) * b.rank for b in state.blocks if b.rank)
@@ -129,7 +129,8 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
            "decompress_ms": 1e3 * median_seconds(lambda: comp.decompress(payload, seg), reps, device)}
     row["add_ms"] = 1e3 * median_seconds(lambda: payload + payload, reps, device) if comp.additive else float("nan")
     # the GPU's cost proxy, on any device: ops (each a launch + dispatch there) and host syncs per call
-    for part, fn in (("compress", lambda: comp.compress(x, seg)), ("decompress", lambda: comp.decompress(payload, seg))):
+    for part, fn in (("compress", lambda: comp.compress(x, seg)),
+                     ("decompress", lambda: comp.decompress(payload, seg))):
         tally = count_call(fn)
         with count_launches() as kernels:          # Triton launches: the op counter does not see them
             fn()

@@ -3,9 +3,10 @@
 
 The state owns one set-up gvq ring aggregator (``conf/aggregator/`` options that sum through gvq's P2P)
 and a per-rank :class:`gvq.hooks.thread.CommThread`.  Per iteration, on that thread, in DDP's bucket
-order: ``start_iteration(it)`` before the first bucket, ``average_bucket_(flat, params, it)`` per
-bucket (per-parameter state, so DDP's bucket rebuild after the first iteration loses nothing),
-``finish_iteration(it)`` after the last.
+order, in the aggregator's iteration frame (the one post-backward aggregation runs in):
+``begin_iteration(it)`` before the first bucket, ``average_bucket_(flat, params, it)`` per bucket
+(per-parameter state, so DDP's bucket rebuild after the first iteration loses nothing),
+``end_iteration(it)`` after the last.
 
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations as objects
 (``dist.GradBucket``, ``torch.futures.Future[torch.Tensor]``).
@@ -150,8 +151,7 @@ class GvqHookState:
         agg = self.aggregator
         if self._open is None:
             self._finished.clear()
-            agg.reset_counters()
-            agg.start_iteration(self.iteration)
+            agg.begin_iteration(self.iteration)          # the frame post-backward aggregation opens too
             self._open = IterationRecord(self.iteration)
         lane = self.lanes.comm
         lane.advance_to(job.t_ready)              # a bucket starts no earlier than backward made it
@@ -165,9 +165,9 @@ class GvqHookState:
 
     def _close_iteration(self) -> None:
         agg, rec = self.aggregator, self._open
-        extra = agg.finish_iteration(rec.iteration) or {}
+        extra = agg.end_iteration(rec.iteration)         # its columns and counters, as post-backward
         rec.t_done = self.t_done = self.lanes.comm.now()
-        self._last = {**rec.result(), **agg.counters(), **extra}
+        self._last = {**rec.result(), **extra}
         self._open, self.iteration = None, self.iteration + 1
         self.layout, self._layout, self._resumed = self._layout, [], None
         self._finished.set()

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gvq.aggregators.base import Bucket
 from gvq.predict.structure import (
     AGGREGATORS,
     SETTINGS,
@@ -245,7 +244,7 @@ def measure_cost(agg, numel: int, reps: int = 5) -> float:
     a whole-gradient compress + decompress before the ring; PowerSGD's: a norm before, its payloads'
     after), which every rank runs untimed as aggregation but inside the iteration (``agg`` is in its
     benchmark state: ``prepare_benchmark`` pinned the compressed phase)."""
-    bucket = Bucket(torch.randn(numel) * 1e-2, agg.everything, 0, {k: getattr(agg, k) for k in agg.per_parameter})
+    bucket = agg.bucket_of(torch.randn(numel) * 1e-2, agg.everything, 0)
 
     def run():
         agg.measure(bucket)
@@ -269,13 +268,14 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
            "vector": vector_ops(), "msg": message_cost(),
            "cache": "cold" if cold else "warm", "codecs": {}, "measure": {}}
     cal["compute_s"] = statistics.median(cal["compute_samples"])
-    struct = {"model": model, "aggregators": {}}
+    struct = {"model": model, "aggregators": {}, "passes": {}}
     for name, entry in named.items():
         agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=shape[0])
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel
         struct["aggregators"][name] = {str(n): stored(rounds(name, agg, n)) for n in structure_ns()}
+        struct["passes"][name] = agg.extra_passes()           # beside the rings (the cost model adds them)
         print(f"gvq.predict calibrate: {name} measured", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(cal, indent=1))

@@ -2,9 +2,9 @@
 writes ``overlap.json`` beside ``calibration.json``.
 
 * DDP's buckets, formed as torch forms them when it rebuilds its buckets after the first iteration:
-  parameters in the order backward produced their gradients, cut at DDP's default first bucket (:func:`gvq.comm.internals.ddp_first_bucket_bytes`)
-  for the first bucket and ``bucket_cap_mb`` after it (no small first bucket once ``bucket_cap_mb`` is
-  set, as ``aggregator.bucket_cap_mb`` sets it);
+  parameters in the order backward produced their gradients, cut at DDP's default first bucket
+  (:func:`gvq.comm.internals.ddp_first_bucket_bytes`) for the first bucket and ``bucket_cap_mb`` after it
+  (no small first bucket once ``bucket_cap_mb`` is set, as ``aggregator.bucket_cap_mb`` sets it);
 * backward timed apart from forward and the optimizer step, and when, within backward, each
   parameter's gradient was produced (a hook per parameter, CPU time of the one thread): a bucket is
   ready when its last gradient is;

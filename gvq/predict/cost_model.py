@@ -2,11 +2,11 @@
 measured costs (``calibration.json``) and the ring structure (``structure.json``), replayed by
 :mod:`gvq.predict.schedule`; plus compute, for whole iterations.
 
-Scales as in virtual time: codec work (compress, decompress, payload adds, PowerSGD's bookkeeping) x
-``codec_scale``; forward / backward / step x ``compute_scale``; the uncompressed ring's adds, the division
-by N and message posting at 1.  An iteration = compute + aggregation (every rank starts aggregating at
-once, as after the runner's per-iteration clock sync, and waits for the slowest rank's gradient: see
-``slowest``); aggregation = the slowest rank's.
+Scales as in virtual time: codec work (compress, decompress, payload adds, the passes an aggregator
+declares outside its rings: ``Aggregator.extra_passes``) x ``codec_scale``; forward / backward / step x
+``compute_scale``; the uncompressed ring's adds, the division by N and message posting at 1.  An iteration =
+compute + aggregation (every rank starts aggregating at once, as after the runner's per-iteration clock sync,
+and waits for the slowest rank's gradient: see ``slowest``); aggregation = the slowest rank's.
 """
 from __future__ import annotations
 
@@ -33,11 +33,18 @@ class Calibrated:
     @classmethod
     def load(cls, folder: Path) -> Calibrated:
         try:
-            return cls(json.loads((folder / "calibration.json").read_text()),
-                       json.loads((folder / "structure.json").read_text()))
+            cal = json.loads((folder / "calibration.json").read_text())
+            struct = json.loads((folder / "structure.json").read_text())
         except FileNotFoundError as e:
             raise PredictError(f"gvq.predict: {e.filename} missing: run `python -m gvq.predict calibrate` "
                              f"first (--calibration {folder})") from None
+        struct["passes"] = declared_passes(cal, struct)
+        return cls(cal, struct)
+
+    def passes(self, name: str) -> int:
+        """Whole-vector passes aggregator ``name``'s ``average`` makes outside its rings
+        (``Aggregator.extra_passes``), each priced as a vector add at the codec scale."""
+        return int(self.struct["passes"][name])
 
     @property
     def aggregators(self) -> list[str]:
@@ -46,6 +53,21 @@ class Calibrated:
     @property
     def world_sizes(self) -> list[int]:
         return sorted(int(n) for n in next(iter(self.struct["aggregators"].values())))
+
+
+def declared_passes(cal: dict, struct: dict) -> dict[str, int]:
+    """``structure.json``'s passes outside the rings, per aggregator; a file written before calibrate
+    stored them gets them from its aggregators, built as calibrate built them (nothing timed)."""
+    if "passes" in struct:
+        return struct["passes"]
+    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_shape
+    out = {}
+    for name, entry in calibrated_entries(cal, struct).items():
+        agg, _ = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"],
+                                   calibrated_shape(cal)[0])
+        out[name] = agg.extra_passes()
+        agg.close()
+    return out
 
 
 def op_cost(fit, values, scale: float) -> np.ndarray:
@@ -133,8 +155,7 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
     for rnd in per_n[str(n)]:
         t = replay_ring(rnd, cal, link, codec_scale, t)
     extra = float(op_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
-    if name.startswith("powersgd"):                                    # M = g + e, two copies, e -= ...
-        extra += 4 * float(op_cost(cal["vector"]["add"], numel, codec_scale))
+    extra += m.passes(name) * float(op_cost(cal["vector"]["add"], numel, codec_scale))
     return float(t.max()) + extra
 
 

@@ -149,7 +149,7 @@ class Overlap:
                                      f"{', '.join(sorted(b['rounds'], key=int))})")
             v = b["values"] * numel
             lane = (float(M.op_cost(cal["vector"]["div"], v, 1.0)) + cal["measure"].get(name, 0.0) * b["values"])
-            extra = 4 * float(M.op_cost(cal["vector"]["add"], v, codec_scale)) if name.startswith("powersgd") else 0.0
+            extra = self.m.passes(name) * float(M.op_cost(cal["vector"]["add"], v, codec_scale))
             scale = codec_scale * b["codec_factor"]          # the bucket's own codec (GradiVeQ's restricted)
             ready.append(max(self.ov["profile"]["ready"][i] for i in b["params"]))
             costs.append(BucketCost(self._ring(rnds, n, S.Link(bps, alpha, *msg), scale) + extra,

@@ -124,6 +124,10 @@ def stale_rings(folder) -> tuple[int, list[str]]:
                     total += 1
                     if stored(bucket_rounds(name, agg, e["params"], int(n))) != rnds:
                         stale.append(f"{name}, {cap} buckets, bucket {e['params'][:3]}..., N={n}")
+        if "passes" in struct:
+            total += 1
+            if struct["passes"][name] != agg.extra_passes():
+                stale.append(f"{name}: passes outside its rings")
         agg.close()
     return total, stale
 

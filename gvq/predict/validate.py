@@ -30,8 +30,8 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
     cal, cells = m.cal, {}
     common = ["--model", cal["model"], "--num-classes", str(cal["num_classes"]), "--set", *SETTINGS]
     for n in worlds:
-        for r in _virtual_bench("aggregate", ["--world-size", str(n), "--bandwidth", *map(str, links), "--reps", str(reps),
-                                      "--warmup", "2", "--aggregators", *names, *common]):
+        for r in _virtual_bench("aggregate", ["--world-size", str(n), "--bandwidth", *map(str, links),
+                                              "--reps", str(reps), "--warmup", "2", "--aggregators", *names, *common]):
             cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
     for b in links:
         before = _compute_now(cal)                     # samples before and after: the drift averaged

@@ -60,9 +60,10 @@ def check_knobs(cfg) -> None:
     even for an aggregator that does not read it: it is a typo either way)."""
     from gvq.aggregators.gradiveq import GradiVeQAggregator
     from gvq.compressors.gradiveq.codec import GradiVeQ
+    from gvq.schema.options import GradiVeQAggregatorSchema, knobs
     try:
-        GradiVeQAggregator(GradiVeQ(lam=cfg["lambda"], K=cfg.K, s=cfg.s), L_t=cfg.L_t, L_c=cfg.L_c,
-                           warmup=cfg.warmup)
+        GradiVeQAggregator(GradiVeQ(lam=cfg["lambda"], K=cfg.K, s=cfg.s),
+                           **knobs(GradiVeQAggregatorSchema, L_t=cfg.L_t, L_c=cfg.L_c, warmup=cfg.warmup))
     except ValueError as e:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
 
@@ -89,7 +90,8 @@ def _validate_optim(o) -> None:
         _require(key not in o or lo <= o[key] < hi, f"optim.{key}={o.get(key)}: must be {allowed}")
     _require("betas" not in o or (len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas)),
              f"optim.betas={list(o.get('betas', []))}: two decay rates in [0, 1)")
-    _require(o.clip_norm is None or o.clip_norm > 0, f"optim.clip_norm={o.clip_norm}: must be > 0 (or null: no clipping)")
+    _require(o.clip_norm is None or o.clip_norm > 0,
+             f"optim.clip_norm={o.clip_norm}: must be > 0 (or null: no clipping)")
     _require(all(0 < m < 1 for m in o.milestones), f"optim.milestones={list(o.milestones)}: fractions in (0, 1)")
     _require(0 < o.gamma <= 1, f"optim.gamma={o.gamma}: must be in (0, 1]")
     _require(o.warmup_iters >= 0, f"optim.warmup_iters={o.warmup_iters}: must be >= 0")

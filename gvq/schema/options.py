@@ -4,14 +4,16 @@
 Each option file names its schema first in its defaults list (``/schema/aggregator/qsgd@_here_``), so
 OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
 choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema's fields are its
-``_target_``'s keyword arguments, with the same defaults (``tests/schema/test_options.py`` holds them to the
-signature), but for :data:`WRAPPING_KEYS` and :data:`SCHEDULE_KEYS` (the run's); what a constructor's value means is said in the
-option files.  No torch here: the CLI imports this before Hydra composes.
+``_target_``'s keyword arguments, but for :data:`WRAPPING_KEYS` and :data:`SCHEDULE_KEYS` (the run's); an
+aggregator's knobs have their default here only (its constructor takes what it is given: :func:`knobs`
+builds one from the schema), every other constructor's defaults equal these (``tests/schema/test_options.py``
+holds both to the signatures); what a constructor's value means is said in the option files.  No torch
+here: the CLI imports this before Hydra composes.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, List, Optional
 
 # -- choices -----------------------------------------------------------------------------------------
@@ -64,14 +66,17 @@ class NetSchema:
     """An emulated per-rank link and the clock runs are timed on: the one home of every ``net.*``
     default (conf/net/*.yaml set only what differs; the benchmarks read them here too, and take any key
     as ``--set net.KEY=VALUE``); gvq.run.validate holds the clock's rules."""
-    bandwidth_bps: Optional[float] = None    # bit/s per rank's outgoing link; lower => the wire dominates; null: unshaped
+    bandwidth_bps: Optional[float] = None    # bit/s per rank's outgoing link; lower => the wire dominates;
+                                             # null: unshaped
     latency_s: float = 0.0                   # extra per-message latency (s) on top of the real transport's own
     # wall | virtual: each rank's time = its own CPU time x the scales below + the link model, computed
     # (nothing sleeps): N ranks on fewer cores, or faster machines
     clock: Clock = Clock.wall
     compute_scale: float = 1.0               # virtual only: forward/backward/step CPU time x this (1/6 => a GPU)
-    codec_scale: float = 1.0                 # virtual only: compress/decompress/PCA CPU time x this (lower => cheaper codecs)
-    exclusive: bool = True                   # virtual only: one timed phase per core at a time (no co-runner contention)
+    codec_scale: float = 1.0                 # virtual only: compress/decompress/PCA CPU time x this
+                                             # (lower => cheaper codecs)
+    exclusive: bool = True                   # virtual only: one timed phase per core at a time
+                                             # (no co-runner contention)
     # virtual, aggregator.overlap=true: the communication thread's CPU on the rank's one core (shared: it
     # delays backward) or a core of its own (own: only waits couple them; faster)
     comm_core: CommCore = CommCore.shared
@@ -98,6 +103,7 @@ class QSGDSchema(_Bucketed):
 @dataclass
 class _Fitted(_Bucketed):
     fit: Fit = Fit.histogram
+    kernels: Kernels = Kernels.auto       # every fitted quantizer has fused Triton kernels
 
 
 @dataclass
@@ -109,7 +115,6 @@ class ORQSchema(_Fitted):
 @dataclass
 class LinearSchema(ORQSchema):
     _target_: str = "gvq.compressors.linear.Linear"
-    kernels: Kernels = Kernels.auto       # Linear has fused Triton kernels; ORQ not yet
 
 
 @dataclass
@@ -376,3 +381,24 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
 
 #: keyword arguments a constructor takes that no option file sets: supplied when it is built
 RUNTIME_KWARGS = frozenset({"world_size", "num_classes", "in_channels", "model"})
+
+
+def knobs(schema: type, **given) -> dict:
+    """The keyword arguments ``schema`` gives its ``_target_``: each field's default (the one home of
+    an aggregator knob's default: its constructor has none), ``given`` instead where named, less the
+    run's keys (:data:`WRAPPING_KEYS`, :data:`SCHEDULE_KEYS`) and nested option nodes (a compressor is
+    built apart).  ``PowerSGDAggregator(**knobs(PowerSGDSchema, rank=4))``: rank 4, every other knob at
+    its schema default (an option file may set more: ``gvq.hooks.config.build_aggregator`` composes one)."""
+    runs = ((WRAPPING_KEYS if issubclass(schema, _Overlap) else ())        # the run's keys, where inherited
+            + (SCHEDULE_KEYS if issubclass(schema, _Schedule) else ()))
+    out = {}
+    for f in fields(schema):
+        if f.name == "_target_" or f.name in runs:
+            continue
+        value = f.default_factory() if f.default is MISSING else f.default
+        if not is_dataclass(value):
+            out[f.name] = value.value if isinstance(value, enum.Enum) else value
+    unknown = set(given) - set(out)
+    if unknown:
+        raise TypeError(f"{schema.__name__}: no knob {', '.join(sorted(unknown))}")
+    return {**out, **given}

@@ -17,6 +17,7 @@ from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.qsgd import QSGD
 from gvq.hooks.builder import aggregator_from
+from gvq.schema.options import DDPSchema, GradiVeQAggregatorSchema, PowerSGDSchema, knobs
 
 ONE_FORMAT = re.compile(r"^[A-Za-z_.]+=\S+: must be an integer (>= -?\d+|in \[-?\d+, \d+\])")
 
@@ -31,9 +32,9 @@ def test_equal_segments_tile_the_vector_and_differ_by_at_most_one(numel, n):
 
 
 @pytest.mark.parametrize("make,key", [
-    (lambda: GradiVeQAggregator(GradiVeQ(), L_t=1), "L_t"),
-    (lambda: GradiVeQAggregator(GradiVeQ(), pieces=0), "aggregator.pieces"),
-    (lambda: PowerSGDAggregator(rank=1.5), "aggregator.rank"),
+    (lambda: GradiVeQAggregator(GradiVeQ(), **knobs(GradiVeQAggregatorSchema, L_t=1)), "L_t"),
+    (lambda: GradiVeQAggregator(GradiVeQ(), **knobs(GradiVeQAggregatorSchema, pieces=0)), "aggregator.pieces"),
+    (lambda: PowerSGDAggregator(**knobs(PowerSGDSchema, rank=1.5)), "aggregator.rank"),
     (lambda: QSGD(bits=17), "bits"),
     (lambda: check_int("warmup", True, 0), "warmup"),          # a bool is not an integer here
 ])
@@ -113,10 +114,41 @@ def test_average_bucket_averages_a_vector_of_any_parameters_in_place():
         agg.close()
 
 
+def test_post_backward_aggregation_runs_the_iteration_frame_the_hook_runs():
+    """aggregate = begin_iteration, one average_bucket_ of every parameter, end_iteration (whose columns and
+    counters it returns): the frame gvq.hooks.state runs DDP's buckets in."""
+    calls = []
+
+    class Recording(RingAllReduce):
+        def begin_iteration(self, iteration):
+            calls.append(("begin", iteration))
+            super().begin_iteration(iteration)
+
+        def average_bucket_(self, flat, params, iteration):
+            calls.append(("bucket", tuple(params)))
+            return super().average_bucket_(flat, params, iteration)
+
+        def end_iteration(self, iteration):
+            calls.append(("end", iteration))
+            return {**super().end_iteration(iteration), "framed": 1.0}
+
+    agg = Recording()
+    agg.setup([torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))], RunContext(0, 1))
+    try:
+        for p in agg.params:
+            p.grad.fill_(2.0)
+        stats = agg.aggregate(3)
+        assert calls == [("begin", 3), ("bucket", (0, 1)), ("end", 3)]
+        assert stats["framed"] == 1.0 and set(agg.counters()) <= set(stats) and stats["aggregate_s"] >= 0
+        assert all(bool((p.grad == 2.0).all()) for p in agg.params)       # one rank: the mean is its own
+    finally:
+        agg.close()
+
+
 def test_a_set_up_aggregator_pickles_without_its_transport():
     """Sockets and threads stay with the process that opened them: unpickled, ``p2p`` is None (a hook
     state opens a new one on first use), the original keeps its own, and the state travels whole."""
-    agg = GradiVeQAggregator(GradiVeQ(), L_t=2)
+    agg = GradiVeQAggregator(GradiVeQ(), **knobs(GradiVeQAggregatorSchema, L_t=2))
     agg.setup([torch.nn.Parameter(torch.zeros(4, 2, 3, 3)), torch.nn.Parameter(torch.zeros(4))], RunContext(0, 1))
     try:
         copy = pickle.loads(pickle.dumps(agg))
@@ -133,9 +165,11 @@ def test_bucket_cap_is_checked_in_one_place_for_torch_ddp_and_the_gvq_hook(bad):
     from gvq.aggregators.ddp import DDPAggregator
     from gvq.hooks.overlapped import Overlapped
     lines = []
-    for build in (lambda: DDPAggregator(bucket_cap_mb=bad), lambda: Overlapped(RingAllReduce(), bad)):
+    for build in (lambda: DDPAggregator(**knobs(DDPSchema, bucket_cap_mb=bad)),
+                  lambda: Overlapped(RingAllReduce(), bad)):
         with pytest.raises(ValueError) as e:
             build()
         lines.append(str(e.value))
     assert lines[0] == lines[1] == f"aggregator.bucket_cap_mb={bad!r}: must be > 0 (or unset)"
-    assert Overlapped(RingAllReduce(), 2).bucket_cap_mb == 2.0 and DDPAggregator().bucket_cap_mb is None
+    assert Overlapped(RingAllReduce(), 2).bucket_cap_mb == 2.0
+    assert DDPAggregator(**knobs(DDPSchema)).bucket_cap_mb is None

@@ -1,5 +1,5 @@
-"""The per-bucket contract of gvq/aggregators/base.py (``start_iteration``, ``average_bucket_``,
-``finish_iteration``), as gvq.hooks drives it, for every ring option of conf/aggregator/, on 2-3 gloo
+"""The per-bucket contract of gvq/aggregators/base.py (``begin_iteration``, ``average_bucket_``,
+``end_iteration``), as gvq.hooks drives it, for every ring option of conf/aggregator/, on 2-3 gloo
 ranks with synthetic gradients:
 
 * one bucket holding every parameter (DDP's first iteration) gives post-backward ``aggregate()``'s
@@ -84,15 +84,14 @@ def post_backward(agg, rank: int, it: int) -> torch.Tensor:
 
 
 def bucketed(agg, rank: int, it: int, buckets) -> torch.Tensor:
-    """One iteration as the hook runs it: ``start``, each bucket averaged in place, ``finish``."""
+    """One iteration as the hook runs it: ``begin``, each bucket averaged in place, ``end``."""
     g, out = grads(rank, it), torch.empty(sum(NUMELS))
-    agg.reset_counters()
-    agg.start_iteration(it)
+    agg.begin_iteration(it)
     for params in buckets:
         flat = torch.cat([g[i].reshape(-1) for i in params])
         agg.average_bucket_(flat, params, it)
         agg.scatter_(out, params, flat)
-    agg.finish_iteration(it)
+    agg.end_iteration(it)
     return out
 
 

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import DDPAggregator
+from gvq.schema.options import DDPSchema, knobs
 from tests.helpers.dist import run_ranks
 
 
@@ -22,7 +23,7 @@ def _mean_grad_check(rank, world):
         net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
         x = torch.randn(8, 5, generator=torch.Generator().manual_seed(rank))
         local = torch.autograd.grad(net(x).square().sum(), list(net.parameters()))
-        agg = DDPAggregator(hook=hook)
+        agg = DDPAggregator(**knobs(DDPSchema, hook=hook))
         agg.setup(list(net.parameters()), RunContext(rank, world))
         model = agg.wrap(net)
         model(x).square().sum().backward()
@@ -53,7 +54,7 @@ def _bucket_counts(rank, world):
     for cap in (None, 25.0):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 4))
-        agg = DDPAggregator(bucket_cap_mb=cap)
+        agg = DDPAggregator(**knobs(DDPSchema, bucket_cap_mb=cap))
         agg.setup(list(net.parameters()), RunContext(rank, world))
         model = agg.wrap(net)
         counts = []
@@ -100,8 +101,8 @@ def test_ddp_aggregators_and_powersgd_train_digits_to_the_rar_band(compose_cfg, 
 
 
 @pytest.mark.parametrize("make,key", [
-    (lambda: DDPAggregator(hook="powersgd", rank=0), "aggregator.rank"),
-    (lambda: DDPAggregator(hook="powersgd", start_iter=1), "aggregator.start_iter"),
+    (lambda: DDPAggregator(**knobs(DDPSchema, hook="powersgd", rank=0)), "aggregator.rank"),
+    (lambda: DDPAggregator(**knobs(DDPSchema, hook="powersgd", start_iter=1)), "aggregator.start_iter"),
 ])
 def test_bad_knobs_raise_value_error_naming_the_key(make, key):
     with pytest.raises(ValueError, match=key):
@@ -113,7 +114,7 @@ def _powersgd_state_roundtrip(rank, world, path):
     def wrapped():
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 4))
-        agg = DDPAggregator(hook="powersgd", rank=1, start_iter=2, min_compression_rate=0.5)
+        agg = DDPAggregator(**knobs(DDPSchema, hook="powersgd", rank=1, start_iter=2, min_compression_rate=0.5))
         agg.setup(list(net.parameters()), RunContext(rank, world))
         return agg, agg.wrap(net)
 

@@ -165,8 +165,8 @@ def test_the_flat_gradient_and_error_memories_are_in_the_widest_dtype():
     flat.mul_(1 + 2.0 ** -40)                   # below float32's precision: kept for the float64 layer
     rar.unflatten(flat)
     assert float(net.fcs[0].weight.grad[0, 0]) == 1 + 2.0 ** -40 and net.fcs[1].weight.grad.dtype == BF16
-    assert powersgd.error.dtype == F64 and powersgd.low_rank.dtype == F64 and ef.error.dtype == F64
-    assert powersgd16.low_rank.dtype == F32 and powersgd16.error.dtype == F32   # no bf16 QR: float32
+    assert powersgd.feedback.memory.dtype == F64 and powersgd.low_rank.dtype == F64 and ef.feedback.memory.dtype == F64
+    assert powersgd16.low_rank.dtype == F32 and powersgd16.feedback.memory.dtype == F32   # no bf16 QR: float32
     for agg in aggs:
         agg.close()
 

@@ -7,18 +7,18 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.compressed import CompressedAggregator
-from gvq.aggregators.error_feedback import ErrorFeedbackAggregator
+from gvq.aggregators.error_feedback import ErrorFeedback, ErrorFeedbackAggregator
 from gvq.compressors.signsgd import ScaledSignSGD
 from tests.helpers.dist import run_ranks
 from tests.helpers.toy_compressors import Projection
 
-pytestmark = pytest.mark.slow          # every test here starts processes (make test-fast skips them)
+SLOW = pytest.mark.slow          # a test that starts processes (make test-fast skips it)
 
 
 def _ef_case(rank, world, make, topology, iters, ef):
     params = [torch.nn.Parameter(torch.zeros(64))]
     cls = ErrorFeedbackAggregator if ef else CompressedAggregator
-    agg = cls(make(), topology=topology)
+    agg = cls(make(), topology=topology, hop="auto")
     agg.setup(params, RunContext(rank, world))
     g = torch.Generator().manual_seed(rank)
     base = torch.linspace(-1, 1, 64) ** 3                       # a persistent, uneven direction
@@ -27,21 +27,25 @@ def _ef_case(rank, world, make, topology, iters, ef):
         grad = base + 0.3 * torch.randn(64, generator=g)
         true = grad.clone()
         dist.all_reduce(true)
-        e_prev = agg.error.clone() if ef else None
+        e_prev = agg.feedback.memory.clone() if ef else None
         params[0].grad.copy_(grad)
         agg.aggregate(it)
         out["sum_agg"] += params[0].grad
         out["sum_true"] += true / world
         if ef:
-            out["checks"].append((grad, e_prev, agg.transmitted.clone(), agg.error.clone(),
+            out["checks"].append((grad, e_prev, agg.transmitted.clone(), agg.feedback.memory.clone(),
                                   params[0].grad.clone()))
     agg.close()
     return out
 
 
 def _ef_cases(rank, world):
-    sign = lambda: ScaledSignSGD(bucket=16)     # noqa: E731  (biased: the case EF exists for)
-    proj = lambda: Projection(unit=8, d=3)      # noqa: E731  (additive: the pipelined ring, mode b)
+    def sign():                     # biased: the case EF exists for
+        return ScaledSignSGD(bucket=16)
+
+    def proj():                     # additive: the pipelined ring, mode b
+        return Projection(unit=8, d=3)
+
     return {"sign_allgather": _ef_case(rank, world, sign, "allgather", 80, True),
             "sign_allgather_plain": _ef_case(rank, world, sign, "allgather", 80, False),
             "sign_ring": _ef_case(rank, world, sign, "ring", 5, True),
@@ -53,6 +57,7 @@ def ef_run(tmp_path_factory):
     return run_ranks(_ef_cases, 2, tmp_path_factory.mktemp("ef"))
 
 
+@SLOW
 @pytest.mark.parametrize("case", ["sign_allgather", "sign_ring", "proj_ring"])
 def test_error_feedback_original_equals_transmitted_plus_residual(ef_run, case):
     for r in ef_run:
@@ -63,6 +68,7 @@ def test_error_feedback_original_equals_transmitted_plus_residual(ef_run, case):
             assert bool((gap <= 2.0 ** -24 * (original - sent).double().abs()).all())
 
 
+@SLOW
 @pytest.mark.parametrize("case", ["sign_allgather", "proj_ring"])
 def test_error_feedback_transmitted_is_what_the_ring_sums(ef_run, case):
     """Deterministic compressors on allgather and on the additive ring send exactly t = Q(g')."""
@@ -72,6 +78,7 @@ def test_error_feedback_transmitted_is_what_the_ring_sums(ef_run, case):
         assert torch.allclose(ef_run[0][case]["checks"][k][4], mean_sent, atol=1e-5)
 
 
+@SLOW
 def test_error_feedback_bounds_the_accumulated_error_of_a_biased_compressor(ef_run):
     def drift(case):
         r = ef_run[0][case]
@@ -79,3 +86,40 @@ def test_error_feedback_bounds_the_accumulated_error_of_a_biased_compressor(ef_r
     with_ef, without = drift("sign_allgather"), drift("sign_allgather_plain")
     assert with_ef < 0.05 and with_ef < without / 5, (with_ef, without)   # measured: 0.027 vs 0.33
 
+
+
+def test_error_feedback_adds_the_memory_before_and_keeps_what_the_payload_left_out():
+    x, e = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, -0.5, 0.25])
+    ErrorFeedback.feed_(x, e)
+    assert torch.equal(x, torch.tensor([1.5, 1.5, 3.25]))
+    ErrorFeedback.keep_(e, x, torch.tensor([1.0, 2.0, 3.0]))        # e <- g' - t
+    assert torch.equal(e, torch.tensor([0.5, -0.5, 0.25]))
+    ErrorFeedback.keep_(e, e, torch.tensor([1.0, 1.0, 1.0]), alpha=0.5)  # in place: e <- e - sent / 2
+    assert torch.equal(e, torch.tensor([0.0, -1.0, -0.25]))
+    ErrorFeedback.keep_(e, torch.tensor([7.0, 8.0, 9.0]))           # what was left out, given whole
+    assert torch.equal(e, torch.tensor([7.0, 8.0, 9.0]))
+
+
+@pytest.mark.parametrize("option,overrides,key", [
+    ("powersgd", {}, "error"),
+    ("gradiveq", {"error_feedback": True}, "residual"),
+    ("signsgd", {"_target_": "gvq.aggregators.error_feedback.ErrorFeedbackAggregator"}, "error"),
+])
+def test_every_aggregator_that_feeds_back_holds_one_error_feedback_and_checkpoints_it_under_its_old_key(
+        option, overrides, key):
+    """GradiVeQ, PowerSGD and error feedback compose the one :class:`ErrorFeedback`: a bucket's state is
+    its memory, and a checkpoint keeps it under the key checkpoints written before it had (they load)."""
+    from gvq.hooks.config import build_aggregator
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in ((6, 2, 3, 3), (6,), (5, 6, 3, 3))]
+    a, b = (build_aggregator(option, **overrides) for _ in range(2))
+    for agg in (a, b):
+        agg.setup(params, RunContext(0, 1))
+    try:
+        assert isinstance(a.feedback, ErrorFeedback) and a.per_parameter()[key] is a.feedback.memory
+        a.feedback.memory.normal_()
+        saved = a.state_dict()
+        assert torch.equal(saved[key], a.feedback.memory) and saved[key] is not a.feedback.memory
+        b.load_state_dict(saved)
+        assert torch.equal(b.feedback.memory, a.feedback.memory)
+    finally:
+        a.close(), b.close()

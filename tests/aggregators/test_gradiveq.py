@@ -15,6 +15,7 @@ from gvq.aggregators.base import RunContext
 from gvq.aggregators.gradiveq import GradiVeQAggregator
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.hooks.builder import aggregator_from
+from gvq.schema.options import GradiVeQAggregatorSchema, knobs
 from tests.helpers.launch import launch_job
 from tests.helpers.dist import run_ranks
 
@@ -61,7 +62,7 @@ def _set_grads(params, flat: torch.Tensor) -> None:
 
 def _make(world: int, rank: int = 0, **kw) -> tuple[GradiVeQAggregator, list]:
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-    agg = GradiVeQAggregator(GradiVeQ(lam=kw.pop("lam", 0.01)), **kw)
+    agg = GradiVeQAggregator(GradiVeQ(lam=kw.pop("lam", 0.01)), **knobs(GradiVeQAggregatorSchema, **kw))
     agg.setup(params, RunContext(rank, world, seed=0))
     return agg, params
 
@@ -216,13 +217,13 @@ def test_prepare_benchmark_pins_the_compressed_phase_with_d_near_L_t():
 ])
 def test_bad_knobs_raise_one_line_errors_naming_the_key(kw, key):
     with pytest.raises(ValueError) as e:
-        GradiVeQAggregator(GradiVeQ(), **kw)
+        GradiVeQAggregator(GradiVeQ(), **knobs(GradiVeQAggregatorSchema, **kw))
     assert str(e.value).startswith(key) and "\n" not in str(e.value)
 
 
 def test_compressor_must_be_gradiveq():
     with pytest.raises(ValueError, match="aggregator.compressor"):
-        GradiVeQAggregator(object())
+        GradiVeQAggregator(object(), **knobs(GradiVeQAggregatorSchema))
 
 
 def test_cli_style_composition_instantiates(compose_cfg):
@@ -369,9 +370,9 @@ def test_error_feedback_on_the_projections_residual_loses_nothing_over_a_run():
         given += agg.compressor.flatten(grads)
         out += agg.compressor.flatten([p.grad for p in params])
     assert phases == ["warmup"] + ["sample"] * 3 + ["compress"] * 4
-    assert float(agg.residual.abs().max()) > 0                      # the last payload left something out
-    torch.testing.assert_close(out + agg.residual, given, rtol=1e-4, atol=1e-4)
-    assert agg.per_parameter == ("residual",) and "residual" in agg.state_dict()
+    assert float(agg.feedback.memory.abs().max()) > 0                      # the last payload left something out
+    torch.testing.assert_close(out + agg.feedback.memory, given, rtol=1e-4, atol=1e-4)
+    assert list(agg.per_parameter()) == ["residual"] and "residual" in agg.state_dict()
     agg.close()
     plain = build_aggregator("gradiveq")
-    assert plain.per_parameter == () and plain.error_feedback is False
+    assert plain.per_parameter() == {} and plain.feedback is None and plain.error_feedback is False

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gvq.aggregators.base import Bucket, RunContext
+from gvq.aggregators.base import RunContext
 from gvq.aggregators.powersgd import PowerSGDAggregator
 from gvq.compressors.powersgd import orthogonalize, plan
+from gvq.schema.options import PowerSGDSchema, knobs
 from tests.helpers.dist import run_ranks
 from tests.helpers.grads import SHAPES, flat, grads_at, set_grads
 
@@ -15,7 +16,7 @@ ITERS = 3                       # iteration 0 uncompressed (start_iter=1), then 
 
 def _powersgd_run(rank, world):
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-    agg = PowerSGDAggregator(rank=2, start_iter=1)
+    agg = PowerSGDAggregator(**knobs(PowerSGDSchema, rank=2, start_iter=1))
     agg.setup(params, RunContext(rank, world, seed=7))
     q0 = {i: q.clone() for i, q in agg.low_rank.q.items()}
     out = {"q0": q0, "stats": [], "result": [], "phat": []}
@@ -120,24 +121,24 @@ def test_compression_error_is_a_public_untimed_measurement_of_the_local_projecti
     """compression_error(bucket): this rank's ||M - P^ P^T M||^2 / ||M||^2 on the vector just averaged,
     the CSV column's value, read without touching the stopwatch, the wire or the state (one rank)."""
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-    agg = PowerSGDAggregator(rank=2, start_iter=0)
+    agg = PowerSGDAggregator(**knobs(PowerSGDSchema, rank=2, start_iter=0))
     agg.setup(params, RunContext(0, 1, seed=3))
     try:
         m = flat(grads_at(0, 0))                    # M = g: the error memory starts at zero
         agg.reset_counters()
         agg.start_iteration(0)
-        bucket = Bucket(m.clone(), agg.everything, 0, {"error": agg.error})     # the whole-model vector
+        bucket = agg.bucket_of(m.clone(), agg.everything, 0)          # the whole-model vector
         agg.measure(bucket)
         agg.average(bucket)
         blocks = plan(SHAPES, 2, 2.0)
         lost = sum(float((mb - ph @ (ph.t() @ mb)).pow(2).sum())
                    for i, b in enumerate(blocks) if b.rank
                    for mb, ph in [(m[b.start: b.stop].view(b.rows, b.cols), agg.low_rank.phat[i])])
-        counters, error = agg.counters(), agg.error.clone()
+        counters, error = agg.counters(), agg.feedback.memory.clone()
         got = agg.compression_error(bucket)
         assert got == pytest.approx(lost / float(m.pow(2).sum()), rel=1e-3) and 0 < got < 1
         assert got == agg.measure_after(bucket)["compression_error"]
-        assert agg.counters() == counters and torch.equal(agg.error, error)
+        assert agg.counters() == counters and torch.equal(agg.feedback.memory, error)
         assert agg.compression_error(bucket) == pytest.approx(got, rel=1e-12)   # reading twice: same value
     finally:
         agg.close()
@@ -145,11 +146,11 @@ def test_compression_error_is_a_public_untimed_measurement_of_the_local_projecti
 
 def test_prepare_benchmark_pins_the_compressed_phase_so_measurements_run():
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-    agg = PowerSGDAggregator(rank=2, start_iter=10)
+    agg = PowerSGDAggregator(**knobs(PowerSGDSchema, rank=2, start_iter=10))
     agg.setup(params, RunContext(0, 1))
     agg.prepare_benchmark([torch.zeros(s) for s in SHAPES])
     assert agg.compressing and agg.start_iter == 0
-    bucket = Bucket(flat(grads_at(0, 0)), agg.everything, 0, {"error": agg.error})
+    bucket = agg.bucket_of(flat(grads_at(0, 0)), agg.everything, 0)
     agg.measure(bucket)
     assert agg.measure_after(bucket)["compression_error"] >= 0.0
     agg.close()
@@ -158,10 +159,10 @@ def test_prepare_benchmark_pins_the_compressed_phase_so_measurements_run():
 # -- error feedback --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make,key", [
-    (lambda: PowerSGDAggregator(rank=0), "aggregator.rank"),
-    (lambda: PowerSGDAggregator(rank=1.5), "aggregator.rank"),
-    (lambda: PowerSGDAggregator(start_iter=-1), "aggregator.start_iter"),
-    (lambda: PowerSGDAggregator(min_compression_rate=0), "aggregator.min_compression_rate"),
+    (lambda: PowerSGDAggregator(**knobs(PowerSGDSchema, rank=0)), "aggregator.rank"),
+    (lambda: PowerSGDAggregator(**knobs(PowerSGDSchema, rank=1.5)), "aggregator.rank"),
+    (lambda: PowerSGDAggregator(**knobs(PowerSGDSchema, start_iter=-1)), "aggregator.start_iter"),
+    (lambda: PowerSGDAggregator(**knobs(PowerSGDSchema, min_compression_rate=0)), "aggregator.min_compression_rate"),
 ])
 def test_bad_knobs_raise_value_error_naming_the_key(make, key):
     with pytest.raises(ValueError, match=key):
@@ -171,10 +172,10 @@ def test_bad_knobs_raise_value_error_naming_the_key(make, key):
 
 def test_powersgd_state_roundtrips_for_a_bitwise_resume():
     params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-    a, b = PowerSGDAggregator(rank=2), PowerSGDAggregator(rank=2)
+    a, b = (PowerSGDAggregator(**knobs(PowerSGDSchema, rank=2)) for _ in range(2))
     a.setup(params, RunContext(0, 2, seed=1))
     b.setup(params, RunContext(0, 2, seed=2))
-    a.error.normal_()
+    a.feedback.memory.normal_()
     b.load_state_dict(a.state_dict())
-    assert torch.equal(a.error, b.error)
+    assert torch.equal(a.feedback.memory, b.feedback.memory)
     assert all(torch.equal(a.low_rank.q[i], b.low_rank.q[i]) for i in a.low_rank.q)

@@ -11,13 +11,14 @@ from gvq.aggregators.rar import RingAllReduce
 from gvq.hooks import Overlapped
 from gvq.hooks.builder import aggregator_from
 from gvq.hooks.config import build_aggregator
+from gvq.schema.options import DDPSchema, knobs
 
 
 def test_overlap_refuses_an_aggregator_outside_gvqs_ring():
     with pytest.raises(ValueError, match="overlap"):
-        Overlapped(DDPAggregator())
+        Overlapped(DDPAggregator(**knobs(DDPSchema)))
     with pytest.raises(ValueError, match="aggregator.overlap=true: DDPAggregator .*torch DDP overlaps by itself"):
-        aggregator_from({"_target_": "gvq.aggregators.ddp.DDPAggregator", "overlap": True})
+        aggregator_from({"_target_": "gvq.aggregators.ddp.DDPAggregator", **knobs(DDPSchema), "overlap": True})
 
 
 def test_the_run_decides_the_wrapping_and_no_ring_aggregator_sees_its_keys(compose_cfg):

@@ -76,19 +76,19 @@ def _hook_vs_post_backward(rank, world, option, iterations):
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         stats = state.iteration_stats()
         expected = []
-        twin.start_iteration(it)                    # the calls the communication thread makes
+        twin.begin_iteration(it)                    # the calls the communication thread makes
         for flat, pos in records:                   # the same buckets, in the same order, post-backward
             pieces = flat.split([twin.params[i].numel() for i in pos])
             ref = torch.cat([pieces[k] for k in sorted(range(len(pos)), key=pos.__getitem__)])
             twin.average_bucket_(ref, sorted(pos), it)    # (the hook sums a bucket in parameter order)
             expected.append(ref)
-        twin.finish_iteration(it)
+        end = twin.end_iteration(it)
         means = [g.clone() for g in local]
         for m in means:
             dist.all_reduce(m)
         out.append({"buckets": [(sorted(pos), ref) for (_, pos), ref in zip(records, expected)],
                     "grads": [p.grad.clone() for p in net.parameters()], "means": [m / world for m in means],
-                    "stats": stats, "records": [pos for _, pos in records]})
+                    "stats": stats, "records": [pos for _, pos in records], "end": sorted(end)})
         for p in net.parameters():
             p.grad = None
     state.close()
@@ -132,6 +132,7 @@ def test_each_bucket_equals_the_post_backward_result(hooked, option, world):
             s = it["stats"]
             assert s["comm_s"] >= s["exposed_s"] >= 0 and s["bytes_sent"] > 0 and s["averaging_s"] > 0
             assert set(s) <= set(BY_NAME), set(s) - set(BY_NAME)      # declared columns only
+            assert set(it["end"]) <= set(s)          # the iteration frame's columns and counters, as post-backward
 
 
 def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(hooked):
@@ -184,7 +185,7 @@ def _lose_peer(rank, world):
     try:
         torch.nn.functional.cross_entropy(ddp(_batch(0, 0)[0]), _batch(0, 0)[1]).backward()
         message = None
-    except Exception as e:                          # noqa: BLE001 (what backward raised)
+    except Exception as e:                          # what backward raised
         message = str(e)
     elapsed = time.monotonic() - t0
     state.close()
@@ -221,7 +222,7 @@ def _failing_bucket(rank, world):
     for it in range(3):                             # the first iteration is one bucket: fine
         try:
             torch.nn.functional.cross_entropy(ddp(_batch(rank, it)[0]), _batch(rank, it)[1]).backward()
-        except Exception as e:                      # noqa: BLE001 (what backward raised)
+        except Exception as e:                      # what backward raised
             messages.append(str(e))
     state.close()
     return messages
@@ -275,7 +276,8 @@ def _train_in(rank, world, dtype):
             torch.nn.functional.cross_entropy(ddp(x.to(dtype)), y).backward()
             opt.step()
         stats = state.iteration_stats()
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), {p.grad.dtype for p in net.parameters()}, stats
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    return flat, {p.grad.dtype for p in net.parameters()}, stats
 
 
 def test_powersgd_keeps_a_float64_models_precision_through_the_hook(tmp_path):
@@ -380,7 +382,7 @@ def _paused(rank, world, timeout_s, gave_up):
         try:
             _step(ddp, rank, it)
             state.iteration_stats()
-        except Exception as e:                  # noqa: BLE001 (what backward raised)
+        except Exception as e:                  # what backward raised
             errors.append(str(e))
             Path(gave_up).touch()
             break

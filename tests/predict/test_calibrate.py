@@ -36,6 +36,7 @@ def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     assert set(cal["measure"]) == set(AGGREGATORS) and cal["measure"]["qsgd"] > cal["measure"]["rar"]
     struct = json.loads((calibrated / "structure.json").read_text())
     assert list(struct["aggregators"]) == list(AGGREGATORS)
+    assert struct["passes"] == {name: 4 if name == "powersgd" else 0 for name in AGGREGATORS}   # extra_passes
     for name, per_n in struct["aggregators"].items():         # small N: every piece timed, in ring order
         for rnd in (r for r in per_n["4"] if r["kind"] != "plain"):
             timed = cal["codecs"][rnd["key"]]["pieces"]["4"]
@@ -83,4 +84,5 @@ def test_settings_of_one_name_or_malformed_are_refused_in_one_line(capsys):
     for bad in (["qsgd:"], ["qsgd:compressor.bits=2", "qsgd:compressor.bits=2"]):
         with pytest.raises(SystemExit):
             main(["--aggregators", *bad])
-        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m gvq.predict calibrate: error: --aggregators")
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("python -m gvq.predict calibrate: error: --aggregators")

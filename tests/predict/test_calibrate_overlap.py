@@ -70,7 +70,8 @@ def test_bucket_entries_hold_each_buckets_own_rings_adding_up_to_the_whole():
                         assert sum(map(sum, rnd["vals"])) == round(e["values"] * numel)
             whole = [sum(map(sum, r["bytes"])) for r in rounds(name, agg, n)]
             for k, w in enumerate(whole):                       # every ring's payload, bucket by bucket
-                assert sum(sum(map(sum, e["rounds"][str(n)][k]["bytes"])) for e in entries) == pytest.approx(w, rel=0.02)
+                sent = sum(sum(map(sum, e["rounds"][str(n)][k]["bytes"])) for e in entries)
+                assert sent == pytest.approx(w, rel=0.02)
 
 
 def test_a_gradiveq_bucket_is_cut_into_its_own_pieces_and_its_codec_timed():

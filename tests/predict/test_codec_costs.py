@@ -67,10 +67,12 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
     assert M.aggregation(priced, "rar", 4, 1e9) == M.aggregation(m, "rar", 4, 1e9)      # nothing to price
     assert M.aggregation(priced, "qsgd", 4, 1e9) != M.aggregation(m, "qsgd", 4, 1e9)
     slow = {k: {**r, "compress_ms": 50.0, "floor_ms": 0.0} for k, r in rows.items()}
-    assert M.aggregation(C.priced_model(m, slow, ["qsgd"])[0], "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
+    slowed = C.priced_model(m, slow, ["qsgd"])[0]
+    assert M.aggregation(slowed, "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
     with pytest.raises(M.PredictError, match="--codec-map powersgd-P=LABEL"):
         C.priced_model(m, rows, ["powersgd"])
-    assert "gradiveq_bf16" in C.priced_model(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0].aggregators
+    mapped = C.priced_model(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0]
+    assert "gradiveq_bf16" in mapped.aggregators
 
 
 def test_the_commands_take_the_codec_costs(calibrated, tmp_path, capsys):

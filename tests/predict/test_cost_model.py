@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from gvq.predict import cost_model as M
+from gvq.predict import schedule as S
 
 
 def test_iteration_is_compute_plus_aggregation_and_scales_apply(calibrated):
@@ -79,3 +80,51 @@ def test_pieces_timed_at_an_n_are_used_as_timed_and_curves_elsewhere(calibrated)
             op[:] = [10 * t for t in op]
         m.cache.clear()
         assert M.aggregation(m, name, 4, 1e9) > before
+
+
+def _old_aggregation(m, name, n, bps, codec_scale):
+    """The cost model as it priced an aggregation while it named PowerSGD to price its passes outside
+    the rings: what the declaration (``Aggregator.extra_passes``) must leave unchanged."""
+    link, t = S.Link(bps, 0.0, *m.cal["msg"]), np.zeros(n)
+    for rnd in m.struct["aggregators"][name][str(n)]:
+        t = M.replay_ring(rnd, m.cal, link, codec_scale, t)
+    extra = float(M.op_cost(m.cal["vector"]["div"], m.struct["numel"], 1.0))
+    if name.startswith("powersgd"):
+        extra += 4 * float(M.op_cost(m.cal["vector"]["add"], m.struct["numel"], codec_scale))
+    return float(t.max()) + extra
+
+
+def test_passes_declared_outside_the_rings_price_every_aggregator_as_before(calibrated, tmp_path):
+    """calibrate stores each aggregator's declared passes (PowerSGD's four, none elsewhere); priced from
+    them, every default aggregator costs what it cost while the model named PowerSGD; a structure.json
+    from before the declaration gets them from its aggregators, with the same prices."""
+    import json
+    import shutil
+    m = M.Calibrated.load(calibrated)
+    assert m.struct["passes"] == {name: 4 if name == "powersgd" else 0 for name in m.aggregators}
+    for name in m.aggregators:
+        for n, bps, scale in ((2, 1e8, 1.0), (4, 5e9, 0.5), (16, 1e7, 2.0)):
+            assert M.aggregation(m, name, n, bps, codec_scale=scale) == pytest.approx(
+                _old_aggregation(m, name, n, bps, scale), rel=1e-12), (name, n)
+    shutil.copytree(calibrated, tmp_path / "old")
+    struct = json.loads((tmp_path / "old" / "structure.json").read_text())
+    del struct["passes"]
+    (tmp_path / "old" / "structure.json").write_text(json.dumps(struct))
+    assert M.Calibrated.load(tmp_path / "old").struct["passes"] == m.struct["passes"]
+
+
+def test_an_aggregator_declaring_passes_outside_its_rings_is_priced_for_them(calibrated, tmp_path):
+    """Not by its name: qsgd declaring two passes (as calibrate stores a declaration) costs two vector
+    adds more, at the codec scale, post-backward; nothing else changes."""
+    import json
+    import shutil
+    shutil.copytree(calibrated, tmp_path / "cnn")
+    struct = json.loads((tmp_path / "cnn" / "structure.json").read_text())
+    struct["passes"]["qsgd"] = 2
+    (tmp_path / "cnn" / "structure.json").write_text(json.dumps(struct))
+    plain, declared = M.Calibrated.load(calibrated), M.Calibrated.load(tmp_path / "cnn")
+    add = float(M.op_cost(plain.cal["vector"]["add"], plain.struct["numel"], 0.5))
+    assert add > 0
+    assert M.aggregation(declared, "qsgd", 4, 1e9, codec_scale=0.5) == pytest.approx(
+        M.aggregation(plain, "qsgd", 4, 1e9, codec_scale=0.5) + 2 * add, rel=1e-12)
+    assert M.aggregation(declared, "fp16", 4, 1e9) == M.aggregation(plain, "fp16", 4, 1e9)

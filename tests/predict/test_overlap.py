@@ -74,7 +74,7 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
     import shutil
 
     from gvq.predict.calibrate_overlap import calibrate_overlap
-    from gvq.predict.cost_model import PredictError
+    from gvq.predict.cost_model import PredictError, op_cost
     from gvq.predict.overlap import Overlap
     own_copy = tmp_path / "cnn"                   # the calibration is shared by the run's tests: read only
     shutil.copytree(calibrated, own_copy)
@@ -88,6 +88,12 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
             assert 0 < got["iter_s"] < 10 and got["buckets"] == len(ov.ov["buckets"][name][cap])
         post = ov.post_iteration(name, 3, 1e9, host=True)
         assert post["iter_s"] > ov.phases(3, 1.0).total
+    _, plain = ov.bucket_costs("qsgd", 3, 1e9, 0.0, 1.0)
+    ov.m.struct["passes"]["qsgd"] = 2                  # declared passes outside the rings: each bucket's
+    ov.m.cache.clear()
+    for b, got, e in zip(plain, ov.bucket_costs("qsgd", 3, 1e9, 0.0, 1.0)[1], ov.ov["buckets"]["qsgd"]["default"]):
+        add = 2 * float(op_cost(ov.m.cal["vector"]["add"], e["values"] * ov.m.struct["numel"], 1.0))
+        assert got.ring == pytest.approx(b.ring + add) and got.work == pytest.approx(b.work + add)
     ov.ov["host_msg"]["3"] = [own[0] + 1e-3, own[1]]             # dearer messages: dearer rings
     for price in (ov.iteration, ov.post_iteration):
         assert price("rar", 3, 1e9, host=True)["iter_s"] > price("rar", 3, 1e9, host=False)["iter_s"]

@@ -56,8 +56,7 @@ def _refusal(compose_cfg, *overrides) -> str:
 def _schema_nodes(node, where):
     """(path, typed node) for the option's node and its typed children (an aggregator's compressor)."""
     yield where, node
-    for key in node:
-        child = node._get_node(key)
+    for key, child in node.items_ex(resolve=False):     # a container child: its node
         if OmegaConf.is_dict(child) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
             yield from _schema_nodes(child, f"{where}.{key}")
 
@@ -121,7 +120,7 @@ def test_schema_fields_are_the_constructors_keyword_arguments(key):
         taken = set(fields) - set(WRAPPING_KEYS) - set(SCHEDULE_KEYS)
         assert taken <= set(params), f"{schema.__name__}: {taken - set(params)} not taken"
         assert set(params) - RUNTIME_KWARGS <= set(fields), f"{schema.__name__}: {set(params) - set(fields)} missing"
-        for name, f in fields.items():
+        for name in fields:
             if name not in params:
                 continue                               # a wrapping key: the run's, no constructor default
             default = _default(schema, name)
@@ -140,6 +139,38 @@ def _schema_classes(schema):
 def _default(schema, name):
     f = next(f for f in dataclasses.fields(schema) if f.name == name)
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+#: (option schema, constructor) of every aggregator, and ErrorFeedbackAggregator: the ``_target_`` a
+#: compressed option takes for error feedback
+AGGREGATOR_TARGETS = sorted({(k, _default(s, "_target_")) for k, s in OPTION_SCHEMAS.items() if k[0] == "aggregator"}
+                            | {(("aggregator", "qsgd"), "gvq.aggregators.error_feedback.ErrorFeedbackAggregator")})
+
+
+@pytest.mark.parametrize("key,target", AGGREGATOR_TARGETS, ids=[t.rpartition(".")[2] for _, t in AGGREGATOR_TARGETS])
+def test_an_aggregators_knobs_have_their_default_in_the_schema_only(key, target):
+    """One home per default: an aggregator's constructor takes every knob keyword-only and without a
+    default of its own (one could differ from the schema's, or silently duplicate it); tests and tools
+    build from the schema (``gvq.schema.options.knobs``)."""
+    schema, params = OPTION_SCHEMAS[key], inspect.signature(get_object(target)).parameters
+    offered = [f.name for f in dataclasses.fields(schema) if f.name != "_target_" and f.name in params]
+    for name in offered:
+        p, default = params[name], _default(schema, name)
+        assert p.default is inspect.Parameter.empty, \
+            f"{target}({name}={p.default!r}): the default is {schema.__name__}'s ({default!r}) only"
+        assert dataclasses.is_dataclass(default) or p.kind is p.KEYWORD_ONLY, f"{target}: {name} not keyword-only"
+
+
+def test_knobs_are_the_schemas_defaults_with_the_given_ones_instead():
+    from gvq.aggregators.powersgd import PowerSGDAggregator
+    from gvq.schema.options import GradiVeQAggregatorSchema, PowerSGDSchema, knobs
+    got = knobs(PowerSGDSchema, rank=4)
+    assert got == {"rank": 4, "start_iter": 10, "min_compression_rate": 2.0, "warm_start": True}
+    assert PowerSGDAggregator(**got).rank == 4
+    g = knobs(GradiVeQAggregatorSchema)          # nested compressor and the run's overlap keys left out
+    assert "compressor" not in g and "overlap" not in g and g["sampling"] == "qsgd" and type(g["sampling"]) is str
+    with pytest.raises(TypeError, match="no knob rnk"):
+        knobs(PowerSGDSchema, rnk=4)
 
 
 def test_every_schema_is_named_by_an_option_file():
