@@ -3,8 +3,8 @@ B = 1 Mbit/s..100 Gbit/s x compute scale {1, 1/6, 1/50}, for each calibrated mod
 (every cell, every aggregator, its bound) and one heatmap per model (``projection_<model>.png``: the
 winner's colour, its margin over the second in the cell, and the line beyond which GradiVeQ-RAR is no
 longer faster than uncompressed RAR), and ``crossovers.csv``: per N, the link speed where GradiVeQ-RAR stops
-paying off and up to which link each aggregator stays bandwidth-bound.  Aggregation does not depend on the compute scale (every rank
-starts it together), so it is simulated once per (aggregator, N, B).
+paying off and up to which link each aggregator stays bandwidth-bound.  Aggregation does not depend on the
+compute scale (every rank starts it together), so it is simulated once per (aggregator, N, B).
 """
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import pandas as pd
 from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
 from gvq.predict.__main__ import ROOT_DIR, row
+from gvq.predict.project_names import calibrated_name
 
 LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
 SCALES = [1.0, 1 / 6, 1 / 50]
+FP16 = "fp16"                # overlapped, the reference every --overlap gain (margin) is over
 
 
 def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0) -> pd.DataFrame:
@@ -125,7 +127,8 @@ def main(argv=None):
     codec_costs.add_arguments(p)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    pricing = lambda m: codec_costs.apply(m, args, args.aggregators)      # noqa: E731
+    def pricing(m):
+        return codec_costs.apply(m, args, args.aggregators)
     if args.overlap:
         iters, spread, left = frontier_iterations(args.frontier) if args.frontier else ({}, {}, [])
         if left:
@@ -197,7 +200,7 @@ def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None,
 def _fastest(g: pd.DataFrame) -> dict:
     """One cell's fastest (aggregator, mode) per iteration, runner-up, gain over overlapped fp16, GradiVeQ vs RAR."""
     g = g.sort_values("iter_s")
-    fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["iter_s"]
+    fp16 = g[(g["aggregator"] == FP16) & (g["mode"] == "overlap")]["iter_s"]
     best = g.groupby("aggregator")["iter_s"].min()
     gv = next((a for a in best.index if a.startswith("gradiveq")), None)
     return {"winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "winner_s": g["iter_s"].iloc[0],
@@ -217,7 +220,7 @@ def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float], spread: dict[st
     g = g.sort_values("tta_s")
     if not len(g):
         return {"tta_winner": None, "tta_s": np.nan, "tta_margin": np.nan, "tta_tied": ""}
-    fp16 = g[(g["aggregator"] == "fp16") & (g["mode"] == "overlap")]["tta_s"]
+    fp16 = g[(g["aggregator"] == FP16) & (g["mode"] == "overlap")]["tta_s"]
     tied = g.iloc[1:][g["lo"].iloc[1:] <= g["hi"].iloc[0]]
     return {"tta_winner": f"{g['aggregator'].iloc[0]} {g['mode'].iloc[0]}", "tta_s": g["tta_s"].iloc[0],
             "tta_margin": fp16.iloc[0] / g["tta_s"].iloc[0] if len(fp16) else np.nan,
@@ -229,13 +232,15 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
                     optional: frozenset = frozenset()) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
-    ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``); ``pricing``: the codec costs
-    (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a frontier's settings that
-    were not calibrated: left out, said so), where any other it lacks is refused in one line."""
+    ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``);
+    ``pricing``: the codec costs (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a
+    frontier's settings that were not calibrated: left out, said so), where any other it lacks is refused in one
+    line."""
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
         ov = Overlap.load(calibration / model, pricing)
+        iters, spread, optional = _as_calibrated(model, ov.m, iters, spread, optional)
         unknown = sorted(set(iters or {}) - set(ov.m.aggregators))
         if set(unknown) - optional:         # a misspelt setting would drop out of the ranking unseen
             raise M.PredictError(f"gvq.predict project: --iterations-to-target {', '.join(map(repr, unknown))}: not "
@@ -250,7 +255,8 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
             plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"]), f"{model}, time to target",
                  out / f"projection_overlap_tta_{model}.png")
         frames.append(win)
-    full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"], ascending=[True, False, True, True])
+    full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"],
+                                         ascending=[True, False, True, True])
     full.to_csv(out / "projection_overlap.csv", index=False)
     show = full.assign(link=full["link_bps"].map(lambda b: f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M"))
     print("# winner (aggregator, mode) per cell and its gain over overlapped fp16 (virtual-time terms)")
@@ -260,6 +266,22 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         cols += ["tta_winner", "tta_margin"] + (["tta_tied"] if spread else [])
     print(show[cols].to_markdown(index=False, floatfmt=".3g"))
     return full
+
+
+def _as_calibrated(model: str, m, iters, spread, optional):
+    """The report's names of ``iters``, ``spread`` and ``optional`` as the calibration ``m`` names them (its
+    default under ``qsgd``, the report's ``qsgd bits=4``: :func:`calibrated_name`), each renaming said; and
+    a calibration without fp16, the reference every gain is over, said once."""
+    if FP16 not in m.aggregators:
+        print(f"gvq.predict project: {model}: fp16 not calibrated: no gain over overlapped fp16 (margin left "
+              "empty); calibrate with --aggregators fp16 ...", flush=True)
+    names = {k: calibrated_name(k, m.aggregators, m.cal.get("settings", ())) for k in (iters or {})}
+    for k, v in names.items():
+        if k != v:
+            print(f"gvq.predict project: {model}: {k!r} is the calibrated {v!r} (its defaults)", flush=True)
+    return ({names[k]: v for k, v in (iters or {}).items()} if iters is not None else None,
+            {names.get(k, k): v for k, v in spread.items()} if spread is not None else None,
+            frozenset(names.get(k, k) for k in optional))
 
 
 def frontier_iterations(path: Path) -> tuple[dict[str, float], dict[str, float], list[str]]:

@@ -1,10 +1,11 @@
-"""Report of a sweep (or of any runs): ``python -m gvq.report [DIR ...] [--target-acc 0.9 | --target-loss 1.6] [--out DIR]``.
+"""Report of a sweep (or of any runs):
+``python -m gvq.report [DIR ...] [--target-acc 0.9 | --target-loss 1.6] [--out DIR]``.
 
 Finds every run dir under the given dirs (one holding ``metrics.csv``, ``summary.json`` or ``.hydra/``;
 default: the latest sweep under ``runs/multirun/``, else the latest run under ``runs/``), groups runs by
 their overrides minus ``seed`` (several seeds => mean +- std), and writes into ``<first DIR>/report/``:
 ``curves.png`` (test accuracy and train loss against iteration and wall-clock), ``breakdown.png``
-(computation vs aggregation time per 500 iterations, aggregation split into compress / wire / decompress
+(computation vs aggregation time per iteration, aggregation split into compress / wire / decompress
 / other, as GradiVeQ's Fig. 7b), ``table.csv`` / ``table.md`` and a self-contained ``report.html``.
 
 ``--tta BENCH_JSON``: instead, time to ``--target-acc`` per cell of a ``python -m gvq.bench overlap --out``
@@ -129,7 +130,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     target = Target.loss(args.target_loss) if args.target_loss is not None else Target(args.target_acc)
     try:
-        dirs = args.dirs or default_dirs()
+        skipped: list[Path] = []
+        dirs = args.dirs or default_dirs(skipped=skipped)
+        for sweep in skipped:
+            print(f"gvq.report: skipped {sweep}: a sweep dir with no run in it", file=sys.stderr)
         out = args.out or dirs[0] / "report"
         if args.cycle:
             print(write_cycle(dirs, out))

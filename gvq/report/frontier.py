@@ -6,7 +6,8 @@ setting is *dominated* when another sends no more bytes, is not worse beyond the
 on one axis (fewer bytes, or a band wholly better); the rest are the frontier.  A difference inside the
 seed spread does not count, and a setting some seed of which never reached the target is behind every
 setting all of whose seeds did (its iterations count as never).  Runs that ended at chance stay in their
-setting's band (dropping them would flatter it) and are counted.  A setting with fewer than
+setting's band (dropping them would flatter it) and are counted; a setting every seed of which ended at
+chance is never on the frontier and ranks no other.  A setting with fewer than
 :data:`MIN_SEEDS` seeds (a screen) is shown but neither ranked nor ranks others: it has no band.
 """
 from __future__ import annotations
@@ -85,7 +86,10 @@ def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
         "MB_per_iter": t["bytes_per_iter"] / 1e6, "final_acc": t["final_top1"], "final_acc_std": t["final_top1_std"],
         "iters_to_target": t["iters_to_target"], "iters_to_target_std": t["iters_to_target_std"],
         "reached": t["reached"]})
-    out["ranked"] = t["runs"] >= MIN_SEEDS
+    # a setting every seed of which ended at chance learned nothing: however cheap, it is no trade-off,
+    # so it is neither on the frontier nor pushes a setting that learned off it
+    out["all_at_chance"] = t["collapsed"] == t["runs"]
+    out["ranked"] = (t["runs"] >= MIN_SEEDS) & ~out["all_at_chance"]
     ranked = list(np.flatnonzero(out["ranked"]))
     out["frontier_acc"] = out["frontier_iters"] = False
     on_acc = dominated([cost[i] for i in ranked], [acc[i] for i in ranked], higher=True)
@@ -96,8 +100,15 @@ def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("MB_per_iter").reset_index(drop=True)
 
 
-def frontier_markdown(df: pd.DataFrame, target: float) -> str:
-    shown = pd.DataFrame({
+def _place(on: bool, ranked: bool, at_chance: bool) -> str:
+    if at_chance:
+        return "no: every seed at chance"
+    return ("yes" if on else "") if ranked else "unranked"
+
+
+def frontier_display(df: pd.DataFrame, target: float) -> pd.DataFrame:
+    """The frontier as ``frontier.md`` and ``report.html`` show it: bands as ± std, the frontier marked."""
+    return pd.DataFrame({
         "setting": df["setting"], "MB/iter": df["MB_per_iter"].map(lambda v: f"{v:.3g}"),
         "final acc": [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else f"{m:.4f}" for m, s in
                       zip(df["final_acc"], df["final_acc_std"])],
@@ -105,12 +116,21 @@ def frontier_markdown(df: pd.DataFrame, target: float) -> str:
                                  else f"never ({r})" for m, s, r in
                                  zip(df["iters_to_target"], df["iters_to_target_std"], df["reached"])],
         "at chance": df["at_chance"],
-        **{f"frontier ({axis})": [("yes" if on else "") if ranked else "unranked" for on, ranked in
-                                  zip(df[f"frontier_{axis}"], df["ranked"])] for axis in ("acc", "iters")}})
-    return (f"Accuracy-cost frontier (mean ± std over seeds; a setting is on the frontier unless another sends "
-            f"no more bytes, is as good within the seed bands and cheaper or wholly better; iterations to the "
-            f"target over the seeds that reached it, (k/n) how many did; fewer than {MIN_SEEDS} seeds: no band, "
-            f"unranked):\n\n{shown.to_markdown(index=False)}\n")
+        **{f"frontier ({axis})": [_place(on, ranked, chance) for on, ranked, chance in
+                                  zip(df[f"frontier_{axis}"], df["ranked"], df["all_at_chance"])]
+           for axis in ("acc", "iters")}})
+
+
+#: what the frontier table's marks mean, said under it wherever it is shown
+FRONTIER_NOTE = ("mean ± std over seeds; a setting is on the frontier unless another sends no more bytes, is as "
+                 "good within the seed bands and cheaper or wholly better; iterations to the target over the seeds "
+                 f"that reached it, (k/n) how many did; fewer than {MIN_SEEDS} seeds: no band, unranked; every seed "
+                 "at chance: never on it")
+
+
+def frontier_markdown(df: pd.DataFrame, target: float) -> str:
+    shown = frontier_display(df, target)
+    return f"Accuracy-cost frontier ({FRONTIER_NOTE}):\n\n{shown.to_markdown(index=False)}\n"
 
 
 def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
@@ -124,7 +144,8 @@ def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
                                  (axes[1], "iters_to_target", "frontier_iters", f"iterations to {target:g}")):
         ok = df[np.isfinite(df[col])]
         for name, part, style in (("frontier", ok[ok[flag]], "o"), ("dominated", ok[ok["ranked"] & ~ok[flag]], "o"),
-                                  (f"unranked (< {MIN_SEEDS} seeds)", ok[~ok["ranked"]], "x")):
+                                  (f"unranked (< {MIN_SEEDS} seeds)", ok[~ok["ranked"] & ~ok["all_at_chance"]], "x"),
+                                  ("every seed at chance", ok[ok["all_at_chance"]], "v")):
             ax.errorbar(part["MB_per_iter"], part[col], yerr=part[col + "_std"].fillna(0), fmt=style,
                         mfc="none" if name == "dominated" else None, capsize=3, label=name)
         front = ok[ok[flag]].sort_values("MB_per_iter")
@@ -132,11 +153,23 @@ def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
         for _, r in ok.iterrows():
             part_reached = col == "iters_to_target" and r["reached"].split("/")[0] != r["reached"].split("/")[1]
             text = f"{r['setting']} ({r['reached']} reached)" if part_reached else r["setting"]
-            ax.annotate(text, (r["MB_per_iter"], r[col]), fontsize=6, alpha=0.8)
-        ax.set_xscale("log")
+            ax.annotate(text, (r["MB_per_iter"], r[col]), xytext=(4, 4), textcoords="offset points", fontsize=6,
+                        alpha=0.8)
+        _log_ticks(ax)
         ax.set_xlabel("MB a rank sends per iteration")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _log_ticks(ax) -> None:
+    """A log x axis labelled legibly: labels at 1, 2 and 5 of each decade, as plain numbers, slanted, and no
+    minor labels (matplotlib labels every minor tick of a span under a decade, and they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)

@@ -1,23 +1,20 @@
 """Rendering for :mod:`gvq.report`: figures (matplotlib, Agg), the display table and ``report.html``."""
 from __future__ import annotations
 
-import base64
-import html
 import math
 import textwrap
-from datetime import datetime
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from gvq.report.target import as_target  # noqa: E402
+from gvq.report import html as report_html
+from gvq.report.target import as_target
 
-PER = 500                     # Fig. 7b: seconds per this many iterations
 PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
          ("wire_s", "wire (blocked on peers)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
          ("other_s", "other aggregation", "tab:purple"),
@@ -133,7 +130,9 @@ def plot_curves(groups, path: Path, setting: str) -> Path:
 
 
 def breakdown(groups, stats_of) -> pd.DataFrame:
-    """Seconds per ``PER`` iterations of each completed group, stacking to compute_s + aggregate_s.
+    """Seconds per iteration (the mean over each group's iterations) of each completed group, stacking to
+    compute_s + aggregate_s (GradiVeQ's Fig. 7b stacks seconds per 500 iterations; a run of another length
+    would misread that unit, so the bars are per iteration).
     Post-backward: aggregation is all exposed, split into compress / wire / decompress and ``other_s``
     (aggregate_s minus those; each part is a max over ranks, so clipped at 0).  Overlapped
     (``exposed_s`` logged): the codec and wire work ran on the communication thread during backward, so
@@ -151,15 +150,15 @@ def breakdown(groups, stats_of) -> pd.DataFrame:
 
 
 def _parts(s: dict) -> dict:
-    total = PER * (s["compute_s"] + s["aggregate_s"])
-    exposed, comm = (PER * _or0(s.get(k)) for k in ("exposed_s", "comm_s"))
+    total = s["compute_s"] + s["aggregate_s"]
+    exposed, comm = (_or0(s.get(k)) for k in ("exposed_s", "comm_s"))
     if "exposed_s" in s and not math.isnan(s["exposed_s"]):
         row = dict.fromkeys(("compress_s", "wire_s", "decompress_s", "other_s"), 0.0)
         return {**row, "compute_s": max(0.0, total - exposed), "exposed_s": exposed,
-                "hidden_s": max(0.0, comm - exposed), "aggregate_s": PER * s["aggregate_s"]}
-    row = {k: PER * _or0(s.get(k)) for k in ("compute_s", "compress_s", "wire_s", "decompress_s")}
-    row["other_s"] = max(0.0, PER * s["aggregate_s"] - row["compress_s"] - row["wire_s"] - row["decompress_s"])
-    return {**row, "exposed_s": 0.0, "hidden_s": 0.0, "aggregate_s": PER * s["aggregate_s"]}
+                "hidden_s": max(0.0, comm - exposed), "aggregate_s": s["aggregate_s"]}
+    row = {k: _or0(s.get(k)) for k in ("compute_s", "compress_s", "wire_s", "decompress_s")}
+    row["other_s"] = max(0.0, s["aggregate_s"] - row["compress_s"] - row["wire_s"] - row["decompress_s"])
+    return {**row, "exposed_s": 0.0, "hidden_s": 0.0, "aggregate_s": s["aggregate_s"]}
 
 
 def _or0(v) -> float:
@@ -171,16 +170,18 @@ def plot_breakdown(table: pd.DataFrame, path: Path, setting: str) -> Path:
     overlapped run's exposed communication), with the communication hidden inside backward hatched."""
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table) + 3), 4.5))
     x, bottom = np.arange(len(table)), np.zeros(len(table))
-    for key, label, color in PARTS:
-        values = table[key].to_numpy() if len(table) else np.zeros(0)
+    for key, label, color in PARTS:                       # seconds in the table, milliseconds on the axis
+        values = 1e3 * table[key].to_numpy() if len(table) else np.zeros(0)
         ax.bar(x, values, 0.6, bottom=bottom, label=label, color=color)
         bottom += values
     if len(table) and table["hidden_s"].any():
-        ax.bar(x, table["hidden_s"].to_numpy(), 0.3, fill=False, hatch="//", edgecolor="k", label=HIDDEN[1])
+        ax.bar(x, 1e3 * table["hidden_s"].to_numpy(), 0.3, fill=False, hatch="//", edgecolor="k", label=HIDDEN[1])
     for xi, (total, agg) in enumerate(zip(bottom, table.get("aggregate_s", []))):
-        ax.text(xi, total, f"agg {agg:.1f}s", ha="center", va="bottom", fontsize=7)
+        ax.text(xi, total, f"agg {1e3 * agg:.3g} ms", ha="center", va="bottom", fontsize=7)
+    if len(table):
+        ax.set_ylim(0, 1.12 * bottom.max())                  # room for the labels above the tallest bar
     ax.set_xticks(x, table.get("group", []), rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"seconds per {PER} iterations\n({table['clock'].iloc[0] if len(table) else 'wall-clock'})")
+    ax.set_ylabel(f"ms per iteration (mean)\n({table['clock'].iloc[0] if len(table) else 'wall-clock'})")
     ax.set_title(textwrap.fill(f"Computation vs aggregation ({setting})", 12 * fig.get_figwidth()),
                  fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -212,19 +213,21 @@ def _target(row) -> str:
     return f"{iters} it, " + _num(row["time_to_target_s"], ".2f", " s") + ("" if k == n else f" ({k}/{n} runs)")
 
 
-def status_text(status: str, collapsed: int, runs: int, reason: str) -> str:
-    """A group's status as the table shows it: runs that ended at chance (collapsed: the loss back there;
-    never_learned: never out of it) are marked, with the first one's reason."""
-    text = status + (f", {collapsed}/{runs} at chance" if collapsed else "")
-    return f"{text}: {reason}" if reason else text
+def status_text(run_status: str, reason: str, reasons: int) -> str:
+    """A group's status as the table shows it: its runs' statuses in summary.json's words (``collapsed``:
+    the loss back at chance; ``never_learned``: never out of it; counted where seeds differ), and one
+    reason, the first run's: the others, per seed, are in each run's summary.json."""
+    if not reason:
+        return run_status
+    more = f" (+{reasons - 1} other reasons: each run's summary.json)" if reasons > 1 else ""
+    return f"{run_status}: {reason}{more}"
 
 
 def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
     """The human table (Markdown / HTML): units, ± std, '—' where a value cannot be known."""
     return pd.DataFrame({
         "group": df["group"], "aggregator": df["aggregator"], "runs": df["runs"],
-        "status": [status_text(s, c, n, r) for s, c, n, r in zip(df["status"], df["collapsed"], df["runs"],
-                                                                  df["reason"])],
+        "status": [status_text(s, r, k) for s, r, k in zip(df["run_status"], df["reason"], df["reasons"])],
         "clock": df["clock"],
         "final top-1": [_pm(m, s, ".4f") for m, s in zip(df["final_top1"], df["final_top1_std"])],
         **({"final bpb": [_pm(m, s, ".4f") for m, s in zip(df["final_bpb"], df["final_bpb_std"])]}
@@ -248,7 +251,8 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
     table.to_csv(out / "table.csv", index=False)
     note = (f"{len(runs)} runs in {len(groups)} groups (same overrides minus seed). Speed-ups and "
             "compression ratio: against the completed rar runs of the same setting. Time to target: "
-            "wall_s of the first evaluation at or above it, mean over the runs that reached it.")
+            "wall_s of the first evaluation at or above it less iteration 0's one-off start-up (iteration 0 "
+            "counted as a typical one), mean over the runs that reached it.")
     (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
     setting = describe_setting(runs)
     figures = [(plot_curves(groups, out / "curves.png", setting),
@@ -258,47 +262,32 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
     if len(parts):
         parts.to_csv(out / "breakdown.csv", index=False)
         figures.append((plot_breakdown(parts, out / "breakdown.png", setting),
-                        f"Computation vs aggregation time per {PER} iterations (GradiVeQ Fig. 7b)"))
-    write_html(out / "report.html", title, setting, display, table, figures, groups, note)
+                        "Computation vs aggregation time per iteration, mean over each run's iterations "
+                        "(GradiVeQ Fig. 7b's bars, which stack seconds per 500 iterations)"))
+    sections = report_html.Sections(display, table, note, figures, time_to_target(table, target),
+                                    _frontier(table, out, target))
+    report_html.write_html(out / "report.html", title, setting, sections, groups)
     return display
 
 
-# -- HTML ---------------------------------------------------------------------------------------------
-CSS = """body{font-family:sans-serif;margin:2em;max-width:1300px}
-table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #bbb;padding:3px 7px;text-align:right}td:nth-child(-n+4),th{text-align:left}
-tr.failed td{background:#fdd}tr.incomplete td{background:#ffe9c4}.setting{background:#eef;padding:6px}
-.warn{color:#a00}img{max-width:100%}figcaption{font-size:12px;color:#444}"""
+def time_to_target(table: pd.DataFrame, target) -> pd.DataFrame:
+    """Per group of the completed ones: how many seeds reached the target, in how many iterations and
+    seconds (mean ± std over those that did; iteration 0's one-off start-up left out) on which clock."""
+    done = table[table["status"] == "completed"]
+    return pd.DataFrame({
+        "group": done["group"], "reached": done["reached"],
+        f"iterations to {as_target(target).label}": [_pm(m, s, ".0f") for m, s in
+                                                    zip(done["iters_to_target"], done["iters_to_target_std"])],
+        "seconds": [_pm(m, s, ".2f") for m, s in zip(done["time_to_target_s"], done["time_to_target_s_std"])],
+        "clock": done["clock"]})
 
 
-def _html_table(display: pd.DataFrame, statuses) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in display.columns)
-    body = []
-    for (_, row), status in zip(display.iterrows(), statuses):
-        cells = "".join(f"<td>{html.escape(str(v))}</td>" for v in row)
-        body.append(f'<tr class="{html.escape(status)}">{cells}</tr>')
-    return f'<table id="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-
-
-def _img(path: Path, alt: str, setting: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(alt)}. Setting: {html.escape(setting)}</figcaption></figure>")
-
-
-def write_html(path: Path, title: str, setting: str, display, table, figures, groups, note: str) -> Path:
-    bad = [f"<li>{html.escape(r.status)}: {html.escape(str(r.path))} ({html.escape(r.reason or '?')})</li>"
-           for g in groups for r in g.runs if r.status != "completed"]
-    runs = "".join(f"<li>{html.escape(g.label)}: {html.escape(', '.join(str(r.path) for r in g.runs))}</li>"
-                   for g in groups)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<p class='setting'><b>Setting</b> · {html.escape(setting)}</p>",
-             f"<div class='warn'><b>Not completed:</b><ul>{''.join(bad)}</ul></div>" if bad else "",
-             "<h2>Summary</h2>", _html_table(display, table["status"]), f"<p>{html.escape(note)}</p>",
-             "<h2>Figures</h2>", *(_img(p, alt, setting) for p, alt in figures),
-             f"<h2>Runs</h2><details><summary>{sum(len(g.runs) for g in groups)} run dirs</summary>"
-             f"<ul>{runs}</ul></details>",
-             f"<p><small>gvq.report, {datetime.now():%Y-%m-%d %H:%M}</small></p></body></html>"]
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
+def _frontier(table: pd.DataFrame, out: Path, target) -> tuple | None:
+    """The accuracy-cost frontier of the completed settings (:mod:`gvq.report.frontier`): its display
+    table and ``frontier.png``; None where no setting completed or none logged its bytes."""
+    from gvq.report import frontier
+    if not (table["status"] == "completed").any() or not table["bytes_per_iter"].notna().any():
+        return None
+    df = frontier.setting_frontier(table)
+    frontier.plot_setting_frontier(df, out / "frontier.png", target)
+    return frontier.frontier_display(df, target), out / "frontier.png"

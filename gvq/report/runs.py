@@ -100,11 +100,17 @@ def _natural(name: str):
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def default_dirs(base: Path = Path("runs")) -> list[Path]:
-    """The latest sweep under ``runs/multirun/``, else the latest single run under ``runs/``."""
-    sweeps = [p.parent for p in (base / "multirun").glob("**/multirun.yaml")]
-    if sweeps:
-        return [max(sweeps, key=lambda p: (p / "multirun.yaml").stat().st_mtime)]
+def default_dirs(base: Path = Path("runs"), skipped: list | None = None) -> list[Path]:
+    """The latest sweep under ``runs/multirun/`` that holds a run, else the latest single run under
+    ``runs/``; newer sweep dirs with no run in them (a sweep interrupted before its first job, or one
+    made by an older gvq, which refused a sweep after Hydra had made its dir) are appended to ``skipped``."""
+    sweeps = sorted((p.parent for p in (base / "multirun").glob("**/multirun.yaml")),
+                    key=lambda p: (p / "multirun.yaml").stat().st_mtime, reverse=True)
+    for sweep in sweeps:
+        if find_runs([sweep]):
+            return [sweep]
+        if skipped is not None:
+            skipped.append(sweep)
     runs = [p.parent for p in base.glob("**/.hydra") if "multirun" not in p.parts]
     if runs:
         return [max(runs, key=lambda p: p.stat().st_mtime)]

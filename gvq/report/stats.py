@@ -2,11 +2,13 @@
 the matching uncompressed ``rar`` baseline, and the numeric table (``table.csv``)."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
 from gvq.report.runs import Group, Run, setting_key
-from gvq.report.target import as_target
+from gvq.report.target import as_target, startup_s
 from gvq.schema.columns import AMOUNTS
 
 
@@ -25,7 +27,7 @@ def run_stats(run: Run, target) -> dict:
     if "test_bpb" in m and m["test_bpb"].notna().any():      # a language model: its held-out bits per byte
         out["final_bpb"] = m["test_bpb"].dropna().iloc[-1]
     hit = evals[as_target(target).reached(evals)]
-    out["target_s"] = hit["wall_s"].iloc[0] if len(hit) else np.nan
+    out["target_s"] = hit["wall_s"].iloc[0] - startup_s(m) if len(hit) else np.nan
     out["target_iters"] = hit["iteration"].iloc[0] + 1 if len(hit) and "iteration" in hit else np.nan
     for col in ("compression_error", "compression_ratio"):
         if col in m and m[col].notna().any():
@@ -64,24 +66,38 @@ def baseline_for(g: Group, groups: list[Group], stats: dict) -> dict | None:
             for k in ("aggregate_s", "iter_s", "bytes_sent")}
 
 
+def run_statuses(runs: list[Run]) -> str:
+    """The runs' statuses in summary.json's words (``collapsed``; ``completed 1/2, collapsed 1/2`` where
+    seeds differ), the most common first."""
+    counts = Counter(r.status for r in runs)
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{status} {n}/{len(runs)}" for status, n in counts.most_common())
+
+
 def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
-    """The numeric table (one row per group; ``stats``: id(group) -> group_stats): ``table.csv``."""
+    """The numeric table (one row per group; ``stats``: id(group) -> group_stats): ``table.csv``.
+    ``status``: the group's (a seed at chance trained every iteration: completed), ``run_status`` its
+    runs' own (summary.json's words); ``reason`` the first run's (each run's is in its summary.json),
+    ``reasons`` how many distinct ones its runs gave."""
     rows = []
     for g in groups:
         s, base = stats[id(g)], baseline_for(g, groups, stats)
+        reasons = list(dict.fromkeys(r.reason for r in g.runs if r.reason))     # distinct, the first seed's first
         done = g.status == "completed"
         ratio = (base["bytes_sent"] / s["bytes_sent"] if base and s.get("bytes_sent", 0) > 0
                  else s.get("compression_ratio", np.nan))
         rows.append({
             "group": g.label, "aggregator": g.aggregator, "runs": len(g.runs), "status": g.status,
-            "collapsed": g.collapsed,
+            "run_status": run_statuses(g.runs), "collapsed": g.collapsed,
             "clock": g.clock,
-            "reason": "; ".join(sorted({r.reason for r in g.runs if r.reason})),
+            "reason": reasons[0] if reasons else "", "reasons": len(reasons),
             "final_top1": s.get("final_acc") if done else np.nan,
             "final_top1_std": s.get("final_acc_std") if done else np.nan,
             "final_bpb": s.get("final_bpb", np.nan) if done else np.nan,
             "final_bpb_std": s.get("final_bpb_std", np.nan) if done else np.nan,
-            "time_to_target_s": s.get("target_s", np.nan), "reached": f"{s['reached']}/{len(g.runs)}",
+            "time_to_target_s": s.get("target_s", np.nan), "time_to_target_s_std": s.get("target_s_std", np.nan),
+            "reached": f"{s['reached']}/{len(g.runs)}",
             "iters_to_target": s.get("target_iters", np.nan), "iters_to_target_std": s.get("target_iters_std", np.nan),
             "aggregate_s_per_iter": s.get("aggregate_s", np.nan),
             "aggregation_speedup": base["aggregate_s"] / s["aggregate_s"] if base else np.nan,

@@ -1,6 +1,7 @@
 """What "reaching the target" means for a report: test accuracy at least a value (``--target-acc``), or a
 loss-like column at most one (``--target-loss``: a language model's validation loss in nats per token).
-Formatted as its value (``f"{target:g}"``), so the tables that print the number print it either way."""
+Formatted as its value (``f"{target:g}"``), so the tables that print the number print it either way.
+Time to a target leaves out iteration 0's one-off start-up (:func:`startup_s`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,32 @@ class Target:
 
     def __format__(self, spec: str) -> str:
         return format(self.value, spec)
+
+
+def typical_first_step(metrics: pd.DataFrame) -> float | None:
+    """What iteration 0 would cost without its one-off start-up (the first forward and backward, the
+    first contact between ranks, allocations, kernels compiled): the median ``compute_s + aggregate_s``
+    of the later iterations of its phase (GradiVeQ's warm-up is dearer than its compressed phase), of all
+    later ones where the log has no phase.  None where the log does not start at iteration 0 (a resumed
+    run's rows) or has nothing to compare with."""
+    if not {"compute_s", "aggregate_s"} <= set(metrics.columns):
+        return None
+    first, rest = metrics[metrics["iteration"] == 0], metrics[metrics["iteration"] > 0]
+    if first.empty or rest.empty:
+        return None
+    if "phase" in metrics and (rest["phase"] == first["phase"].iloc[0]).any():
+        rest = rest[rest["phase"] == first["phase"].iloc[0]]
+    return float((rest["compute_s"] + rest["aggregate_s"]).median())
+
+
+def startup_s(metrics: pd.DataFrame) -> float:
+    """Iteration 0's one-off start-up, which time to a target leaves out: the seconds up to its end
+    (``wall_s``) beyond :func:`typical_first_step`, so time to a target counts iteration 0 as a typical
+    iteration (0 where there is no typical one)."""
+    typical = typical_first_step(metrics)
+    if typical is None:
+        return 0.0
+    return max(0.0, float(metrics.loc[metrics["iteration"] == 0, "wall_s"].iloc[0]) - typical)
 
 
 def as_target(target) -> Target:

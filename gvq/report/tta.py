@@ -17,7 +17,7 @@ import pandas as pd
 
 from gvq.report.intervals import Interval, best_of
 from gvq.report.runs import ReportError, Run
-from gvq.report.target import as_target
+from gvq.report.target import as_target, typical_first_step
 from gvq.schema.compose import overrides_for
 
 FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
@@ -63,9 +63,13 @@ def phase_counts(run: Run, target: float) -> dict[str, int] | None:
 
 
 def measured_time(run: Run, target: float) -> float:
-    """The run's own seconds to the target on its clock: compute + aggregation, evaluation excluded."""
+    """The run's own seconds to the target on its clock: compute + aggregation, evaluation excluded, and
+    iteration 0 as a typical iteration (its one-off start-up left out, as the bench's medians leave it)."""
     upto = _to_target(run, target)
-    return float((upto["compute_s"] + upto["aggregate_s"]).sum())
+    steps, typical = upto["compute_s"] + upto["aggregate_s"], typical_first_step(run.metrics)
+    if typical is not None:
+        steps = steps.where(upto["iteration"] > 0, typical)
+    return float(steps.sum())
 
 
 #: what a bench file was measured on: files read as one table must agree on every one of these
@@ -260,10 +264,32 @@ def check_setting(runs: list[Run], setting: dict) -> None:
             raise ReportError(f"{r.path}: measured on another setting than the bench JSON: {', '.join(mismatch)}")
 
 
-def _reached_pm(mean: float, std: float, fmt: str = "{:.0f}") -> str:
+def _reached_pm(mean: float, std: float, fmt: str = "{:.0f}", missing: str = "—") -> str:
+    """A figure ± its spread; ``not reached`` for a never (inf), ``missing`` where there is no figure (NaN:
+    nothing was run to give one)."""
+    if np.isnan(mean):
+        return missing
     if not np.isfinite(mean):
         return "not reached"
     return fmt.format(mean) + ("" if np.isnan(std) else " ± " + fmt.format(std))
+
+
+def _gain(gain: float, reference_s: float) -> str:
+    """A winner's gain over overlapped fp16; without an fp16 run there is no reference, and it says so."""
+    if np.isnan(reference_s):
+        return f"no {FP16_OVERLAP.split(' ')[0]} run"
+    return f"{gain:.2f}x" if np.isfinite(gain) else "—"
+
+
+def _every_option(cells: pd.DataFrame) -> str:
+    """Every (setting, variant)'s seconds per cell: ``not reached`` for a never, ``—`` where that setting was
+    not run or timed in the cell."""
+    shown = cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16",
+                                "gain_over_default"])
+    modes = [c for c in shown.columns if c not in ("N", "link_Mbps", "regime", "best")]
+    for c in modes:
+        shown[c] = [_reached_pm(v, np.nan, "{:.1f}") for v in shown[c]]
+    return shown.to_markdown(index=False)
 
 
 def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
@@ -277,7 +303,8 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
              f"{' '.join(setting['set']) or 'none'}). Seconds are on that clock; evaluation excluded.", "",
              "Iterations to the target:", "",
              pd.DataFrame({"aggregator": it["aggregator"], "N": it["N"], "variant": it["variant"],
-                           "iterations": [_reached_pm(m, s) for m, s in zip(it["mean"], it["std"])],
+                           "iterations": [_reached_pm(m, s, missing="not reached")
+                                          for m, s in zip(it["mean"], it["std"])],
                            "reached": [f"{r}/{n}" for r, n in zip(it["reached"], it["seeds"])]}
                           ).to_markdown(index=False), "",
              "Winner per cell, its gain over overlapped fp16 and over its family's default setting:", "",
@@ -285,14 +312,14 @@ def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
                            "winner": cells["winner"],
                            "seconds to target": [_reached_pm(m, s, "{:.1f}") for m, s in
                                                  zip(cells["winner_s"], cells["winner_std"])],
-                           "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}") for m in cells["fp16_overlap_s"]],
-                           "gain": [f"{g:.2f}x" for g in cells["gain_over_fp16"]],
-                           "over family default": [f"{g:.2f}x" if np.isfinite(g) else "—" for g in cells["gain_over_default"]]}
+                           "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}", "no fp16 run")
+                                               for m in cells["fp16_overlap_s"]],
+                           "gain": [_gain(g, f) for g, f in zip(cells["gain_over_fp16"], cells["fp16_overlap_s"])],
+                           "over family default": [f"{g:.2f}x" if np.isfinite(g) else "—"
+                                                   for g in cells["gain_over_default"]]}
                           ).to_markdown(index=False), "",
              "Every option per cell (seconds to target, mean over seeds):", "",
-             cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16",
-                                 "gain_over_default"])
-             .to_markdown(index=False, floatfmt=".1f"), ""]
+             _every_option(cells), ""]
     if len(val):
         lines += [f"End to end (virtual time, emulated link): measured against composed, within "
                   f"{VALIDATION_TOLERANCE:.0%}:", "", val.to_markdown(index=False, floatfmt=".4g"), ""]

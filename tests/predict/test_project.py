@@ -119,7 +119,8 @@ def test_the_frontier_csv_gives_each_settings_iterations_where_every_seed_reache
     csv = tmp_path / "frontier.csv"
     pd.DataFrame({"setting": ["qsgd bits=2", "gradiveq", "powersgd rank=1", "rar"],
                   "iters_to_target": [140.0, 200.0, np.nan, 113.0], "iters_to_target_std": [20.0, 85.0, np.nan, 12.0],
-                  "reached": ["3/3", "2/3", "0/1", "3/3"], "ranked": [True, True, False, True]}).to_csv(csv, index=False)
+                  "reached": ["3/3", "2/3", "0/1", "3/3"], "ranked": [True, True, False, True]}
+                 ).to_csv(csv, index=False)
     iters, spread, left = frontier_iterations(csv)
     assert iters == {"qsgd bits=2": 140.0, "rar": 113.0} and spread == {"qsgd bits=2": 20.0, "rar": 12.0}
     assert left == ["gradiveq (reached in 2/3)", "powersgd rank=1 (unranked)"]

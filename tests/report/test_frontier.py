@@ -78,10 +78,12 @@ def test_dominance_needs_a_difference_beyond_both_bands():
     # equal cost: only a band wholly better dominates
     assert frontier.dominated([1.0, 1.0], [Interval(0.8, 0.79, 0.81), Interval(0.9, 0.89, 0.91)], True) == [True, False]
     # one seed (no band): nothing is wholly better at equal cost; a cheaper one as good dominates it
-    assert frontier.dominated([1.0, 1.0], [Interval(0.8, None, None), Interval(0.9, 0.89, 0.91)], True) == [False, False]
-    assert frontier.dominated([2.0, 1.0], [Interval(0.8, None, None), Interval(0.9, 0.89, 0.91)], True) == [True, False]
+    one_seed = [Interval(0.8, None, None), Interval(0.9, 0.89, 0.91)]
+    assert frontier.dominated([1.0, 1.0], one_seed, True) == [False, False]
+    assert frontier.dominated([2.0, 1.0], one_seed, True) == [True, False]
     # a cheap setting with a wide band (a collapsed seed) does not dominate a dearer one with a better mean
-    assert frontier.dominated([1.0, 2.0], [Interval(0.58, 0.17, 0.98), Interval(0.81, 0.80, 0.82)], True) == [False, False]
+    wide = [Interval(0.58, 0.17, 0.98), Interval(0.81, 0.80, 0.82)]
+    assert frontier.dominated([1.0, 2.0], wide, True) == [False, False]
     never = Interval(np.inf, np.inf, np.inf)
     assert frontier.dominated([1.0, 2.0], [Interval(100, 90, 110), never], higher=False) == [False, True]
 
@@ -103,3 +105,21 @@ def test_a_one_seed_screen_is_shown_but_neither_ranked_nor_ranks_others(scripted
     assert rows[("signsgd", 0.05)] == (True, False)
     text = (tmp_path / "out" / "frontier.md").read_text()
     assert "unranked" in text and f"fewer than {frontier.MIN_SEEDS} seeds" in text
+
+
+def test_a_setting_every_seed_of_which_ended_at_chance_is_never_on_the_frontier(scripted, tmp_path):
+    """2-bit QSGD at chance (0.100 ± 0, both seeds collapsed) is the cheapest setting: nothing cheaper
+    matches it, yet it learned nothing, so it is no trade-off; the frontier of the rest is as without it."""
+    for seed in (0, 1, 2):
+        _run(scripted, "aggregator=qsgd,aggregator.compressor.bits=1", seed, 0.02, _accs(0.10, None),
+             status="collapsed")
+    assert main([str(scripted), "--frontier", "--target-acc", "0.8", "--out", str(tmp_path / "out")]) == 0
+    df = pd.read_csv(tmp_path / "out" / "frontier.csv")
+    chance = df[df["MB_per_iter"].round(3) == 0.02].iloc[0]
+    assert chance["all_at_chance"] and chance["at_chance"] == 3 and chance["final_acc"] == pytest.approx(0.10)
+    assert not chance["frontier_acc"] and not chance["frontier_iters"]
+    rows = {(r["aggregator"], round(r["MB_per_iter"], 3)): (r["frontier_acc"], r["frontier_iters"])
+            for r in df.to_dict("records")}
+    assert rows[("qsgd", 0.1)] == (True, True) and rows[("signsgd", 0.05)] == (True, False)   # as without it
+    line = next(ln for ln in (tmp_path / "out" / "frontier.md").read_text().splitlines() if "bits=1" in ln)
+    assert line.count("no: every seed at chance") == 2

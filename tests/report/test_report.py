@@ -21,7 +21,7 @@ from gvq.report.runs import ReportError, default_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 0.8
-OUTPUTS = ("report.html", "table.csv", "table.md", "curves.png", "breakdown.png", "breakdown.csv")
+OUTPUTS = ("report.html", "table.csv", "table.md", "curves.png", "breakdown.png", "breakdown.csv", "frontier.png")
 
 
 def _cli_env() -> dict:
@@ -102,7 +102,13 @@ def _csv_stats(run: Path) -> dict:
             "agg": statistics.fmean(float(r["aggregate_s"]) for r in rows),
             "iter": statistics.fmean(float(r["aggregate_s"]) + float(r["compute_s"]) for r in rows),
             "bytes": statistics.fmean(float(r["bytes_sent"]) for r in rows),
-            "target": float(hit[0]["wall_s"]) if hit else math.nan}
+            "target": float(hit[0]["wall_s"]) - _startup(rows) if hit else math.nan}
+
+
+def _startup(rows: list[dict]) -> float:
+    """Iteration 0's seconds up to its end beyond the median step of its phase's later iterations."""
+    later = [float(r["compute_s"]) + float(r["aggregate_s"]) for r in rows[1:] if r["phase"] == rows[0]["phase"]]
+    return max(0.0, float(rows[0]["wall_s"]) - statistics.median(later))
 
 
 @pytest.mark.slow
@@ -111,7 +117,7 @@ def test_report_writes_every_output(built):
     for name in OUTPUTS:
         assert (out / name).stat().st_size > 0, name
     import matplotlib.image as mpimg
-    for png in ("curves.png", "breakdown.png"):
+    for png in ("curves.png", "breakdown.png", "frontier.png"):
         assert mpimg.imread(out / png).std() > 0.01          # a drawn figure, not a blank canvas
     assert "final top-1" in (out / "table.md").read_text()
     assert len(table) == 4                                   # rar (2 seeds), qsgd, qsgd incomplete, failed
@@ -163,7 +169,8 @@ def test_failed_and_incomplete_runs_are_marked_not_dropped(built, mixed):
 @pytest.mark.slow
 def test_html_is_self_contained(built):
     page = (built[0] / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<table" in page
+    assert page.count("data:image/png;base64,") == 3 and "<table" in page      # curves, breakdown, frontier
+    assert 'id="time-to-target"' in page and 'id="frontier"' in page
     assert "DigitsCNN" in page and "world_size: 2" in page and "net: unshaped" in page
     assert "src=\"http" not in page and "src='http" not in page
 
@@ -198,10 +205,39 @@ def test_default_dir_is_the_latest_sweep(tmp_path):
     assert default_dirs(runs) == [single]
     for i, name in enumerate(("a", "b")):
         sweep = runs / "multirun" / name
-        sweep.mkdir(parents=True)
+        (sweep / "0" / ".hydra").mkdir(parents=True)
         (sweep / "multirun.yaml").write_text("{}")
         os.utime(sweep / "multirun.yaml", (1000 + 10 * (i == 0), 1000 + 10 * (i == 0)))
     assert default_dirs(runs) == [runs / "multirun" / "a"]
+
+
+def test_the_default_report_skips_a_newer_sweep_dir_with_no_run_and_says_so(tmp_path, monkeypatch, capsys):
+    """A sweep dir holding only multirun.yaml (an older gvq left one behind for a refused sweep) is not
+    "the latest sweep": the report takes the latest sweep with a run, and names the one it skipped."""
+    runs = tmp_path / "runs"
+    older, empty = runs / "multirun" / "older", runs / "multirun" / "refused"
+    _scripted_run(older / "0")
+    empty.mkdir(parents=True)
+    for sweep, t in ((older, 1000), (empty, 2000)):
+        (sweep / "multirun.yaml").write_text("{}")
+        os.utime(sweep / "multirun.yaml", (t, t))
+    skipped = []
+    assert default_dirs(runs, skipped) == [older] and skipped == [empty]
+    monkeypatch.chdir(tmp_path)
+    assert report_main([]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped {Path('runs/multirun/refused')}: a sweep dir with no run in it" in err
+    assert (Path("runs/multirun/older/report/table.csv")).is_file()
+
+
+def _scripted_run(d: Path) -> None:
+    """A finished rar run: summary.json and a 20-iteration metrics.csv."""
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "job_type": "rar",
+                                                "overrides": ["aggregator=rar"], "config": {"world_size": 2}}))
+    rows = ["iteration,phase,compute_s,aggregate_s,bytes_sent,wall_s,train_loss,test_acc"]
+    rows += [f"{i},rar,0.01,0.01,1000,{0.02 * (i + 1)},1.0,{0.5 if i % 10 == 9 else ''}" for i in range(20)]
+    (d / "metrics.csv").write_text("\n".join(rows) + "\n")
 
 
 @pytest.mark.parametrize("exp", ["quick_compare", "paper_orq"])
@@ -239,7 +275,8 @@ def test_report_renders_in_a_headless_browser(built, tmp_path):
     pixels = mpimg.imread(shot)
     assert pixels.shape[0] >= 1000 and pixels[..., :3].std() > 0.05     # text and figures, not blank
     dom = subprocess.run(base + ["--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count("<img") == 2 and 'id="summary"' in dom and "rank 1 exploded" in dom
+    assert dom.count("<img") == 3 and 'id="summary"' in dom and "rank 1 exploded" in dom
+    assert 'id="time-to-target"' in dom and 'id="frontier"' in dom and "Accuracy-cost frontier" in dom
 
 
 def test_peers_preset_sweeps_the_peers_unshaped(compose_cfg):
@@ -268,7 +305,8 @@ def test_a_collapsed_seed_counts_with_its_group_and_is_marked(real_sweep, tmp_pa
     table = pd.read_csv(root / "report" / "table.csv")
     assert len(table) == 1 and table.loc[0, "runs"] == 2 and table.loc[0, "collapsed"] == 1
     assert table.loc[0, "status"] == "completed" and not math.isnan(table.loc[0, "final_top1"])
-    assert "completed, 1/2 at chance: train loss back at chance" in (root / "report" / "table.md").read_text()
+    assert table.loc[0, "run_status"] == "completed 1/2, collapsed 1/2"
+    assert "completed 1/2, collapsed 1/2: train loss back at chance" in (root / "report" / "table.md").read_text()
     evals = [r for r in _rows(root / "0" / "metrics.csv") if r["test_acc"]]
     hit = [int(r["iteration"]) + 1 for r in evals if float(r["test_acc"]) >= 0.3]
     if hit:
@@ -322,3 +360,24 @@ def test_the_orq_presets_sweep_the_papers_unclipped_terngrad(compose_cfg, exp):
     unclipped = compose_cfg(f"experiment={exp}", "aggregator=terngrad_unclipped").aggregator.compressor
     assert unclipped.clip is None and unclipped._target_ == "gvq.compressors.terngrad.TernGrad"
     assert compose_cfg(f"experiment={exp}", "aggregator=terngrad").aggregator.compressor.clip == 2.5
+
+
+def test_report_html_carries_time_to_target_and_the_frontier(tmp_path):
+    """report.html shows, beside the summary, each setting's time to the target and the accuracy-cost
+    frontier (its table and figure), as ``--frontier`` would write them."""
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        _scripted_run(root / f"rar{seed}")
+        run = root / f"q{seed}"
+        _scripted_run(run)
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(job_type="qsgd", overrides=["aggregator=qsgd", f"seed={seed}"])
+        (run / "summary.json").write_text(json.dumps(summary))
+        (run / "metrics.csv").write_text((run / "metrics.csv").read_text().replace(",1000,", ",100,"))
+    assert report_main([str(root), "--target-acc", "0.5"]) == 0
+    page = (root / "report" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "Accuracy-cost frontier" in page
+    ttt = page.split('id="time-to-target"', 1)[1].split("</table>", 1)[0]
+    assert "iterations to acc 0.5" in ttt and "<td>2/2</td>" in ttt and "<td>10 ± 0</td>" in ttt
+    front = page.split('id="frontier"', 1)[1].split("</table>", 1)[0]
+    assert "qsgd" in front and "rar" in front and front.count("<td>yes</td>") == 2     # qsgd: cheaper, as good

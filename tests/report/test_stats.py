@@ -29,3 +29,47 @@ def test_every_declared_amount_is_averaged_and_clock_readings_are_not():
     assert "wall_s" not in out and "real_wall_s" not in out     # readings at a step's end, not amounts
     assert {"straggle_s", "last_bucket_s", "bytes_sent"} <= set(columns.AMOUNTS)
     assert out["iter_s"] == pytest.approx((m["compute_s"] + m["aggregate_s"]).mean())
+
+
+def _startup_run(startup: float = 0.5) -> Run:
+    """20 iterations of 0.06 s (compute 0.04 + aggregation 0.02); iteration 0 also pays ``startup``; test
+    accuracy 0.95 at iteration 9."""
+    step = 0.06
+    m = pd.DataFrame({"iteration": range(20), "compute_s": 0.04, "aggregate_s": 0.02,
+                      "wall_s": [startup + step * (i + 1) for i in range(20)],
+                      "test_acc": [0.95 if i == 9 else np.nan for i in range(20)]})
+    m.loc[0, "compute_s"] += startup
+    return Run(Path("."), "completed", "", "qsgd", [], {}, m)
+
+
+def test_time_to_target_leaves_out_iteration_zeros_one_off_start_up():
+    """Iteration 0 took 0.56 s where the others take 0.06 s (the first forward and backward, the ranks'
+    first contact): time to the target counts it as one typical iteration, 10 x 0.06 s to iteration 9."""
+    out = run_stats(_startup_run(0.5), target=0.9)
+    assert out["target_s"] == pytest.approx(10 * 0.06) and out["target_iters"] == 10
+    assert run_stats(_startup_run(0.0), target=0.9)["target_s"] == pytest.approx(10 * 0.06)
+
+
+def test_the_status_column_says_summary_jsons_status_and_one_reason():
+    """Two seeds, both collapsed, each with its own long reason: the table says ``collapsed`` (the runs'
+    status, not ``completed, 2/2 at chance``) and one reason, once."""
+    from gvq.report.plots import display_table
+    from gvq.report.runs import group_runs
+    from gvq.report.stats import build_table, group_stats
+    why = ("train loss back at chance since iteration {} to the end (smoothed 2.301 >= 0.95 x ln 10 = 2.187); "
+           "final test accuracy 0.100, chance 0.100")
+    runs = [Run(Path(str(seed)), "collapsed", why.format(100 + seed), "qsgd",
+                ["aggregator=qsgd", "aggregator.compressor.bits=2", f"seed={seed}"], {}, _startup_run().metrics)
+            for seed in (0, 1)]
+    mixed = [Run(Path(str(seed)), status, why.format(7) if status == "collapsed" else "", "qsgd",
+                 ["aggregator=qsgd", "aggregator.compressor.bits=4", f"seed={seed}"], {}, _startup_run().metrics)
+             for seed, status in ((0, "completed"), (1, "collapsed"))]
+    groups = group_runs(runs + mixed)
+    stats = {id(g): group_stats(g, 0.9) for g in groups}
+    table = build_table(groups, stats)
+    by = {g: r for g, r in zip(table["group"], table.to_dict("records"))}
+    assert by["bits=2"]["run_status"] == "collapsed" and by["bits=4"]["run_status"] == "completed 1/2, collapsed 1/2"
+    shown = dict(zip(table["group"], display_table(table, 0.9)["status"]))
+    assert shown["bits=2"].startswith("collapsed: train loss back at chance since iteration 100")
+    assert shown["bits=2"].count("back at chance") == 1 and "+1 other reasons" in shown["bits=2"]
+    assert shown["bits=4"] == "completed 1/2, collapsed 1/2: " + why.format(7)

@@ -24,8 +24,8 @@ SECS = {("rar", "post"): 0.5, ("rar", "overlap"): 0.4, ("qsgd", "post"): 0.2, ("
 
 
 def _bench(path: Path, secs=SECS) -> Path:
-    modes = [{"N": 4, "compute_scale": 1.0, "link_Mbps": 200.0, "aggregator": a.split(" ")[0], "setting": a, "variant": v,
-              "iter_s": s}
+    modes = [{"N": 4, "compute_scale": 1.0, "link_Mbps": 200.0, "aggregator": a.split(" ")[0], "setting": a,
+              "variant": v, "iter_s": s}
              for (a, v), s in secs.items()]
     path.write_text(json.dumps({"setting": SETTING, "modes": modes, "cells": []}))
     return path
@@ -168,7 +168,8 @@ def test_settings_of_one_family_are_priced_apart_and_the_gain_over_its_default(t
     assert it.loc[("qsgd bits=2", "post"), "seeds"] == 2 and it.loc[("qsgd", "post"), "seeds"] == 2
     assert tta.family_gain({"x (post)": tta._seed_band(1.0, 0.1)}, "x (post)", {}) == pytest.approx(1.0)
     # a run that wrote the default out (bits=4) is priced at the default's seconds, by the bench's alias
-    explicit = load_run(_run(tmp_path, "q4x", "qsgd", ["qsgd"] * 20, {9: 0.85}, overrides=["aggregator.compressor.bits=4"]))
+    explicit = load_run(_run(tmp_path, "q4x", "qsgd", ["qsgd"] * 20, {9: 0.85},
+                             overrides=["aggregator.compressor.bits=4"]))
     with pytest.raises(ReportError, match="no seconds for qsgd bits=4"):
         tta.tta_records([explicit], bench, 0.8)
     bench["setting"]["aliases"] = {"qsgd bits=4": "qsgd"}
@@ -227,3 +228,26 @@ def test_a_bench_run_in_parts_is_read_as_one_table_and_another_workload_or_a_mod
     assert len(err) == 1 and "c.json: another workload than" in err[0] and "batch_per_rank=32 (there: 16)" in err[0]
     assert main([str(runs), "--tta", str(a), str(a)]) == 2
     assert "is also in" in capsys.readouterr().err
+
+
+def test_measured_time_to_target_counts_iteration_zero_as_a_typical_iteration_of_its_phase(tmp_path):
+    """Iteration 0's one-off start-up (0.56 s where its phase's iterations take 0.06 s) is left out of the
+    run's own time to the target, as the bench's medians leave it out of the composition."""
+    seconds = iter([(0.5, 0.06)] + [(0.04, 0.02)] * 9)           # iteration 0 first, then the rest
+    run = load_run(_run(tmp_path, "s", "qsgd", ["compress"] * 10, {9: 0.82}, step_s=lambda ph: next(seconds)))
+    assert run.metrics.loc[0, "compute_s"] == pytest.approx(0.5)
+    assert tta.measured_time(run, 0.8) == pytest.approx(10 * 0.06)
+
+
+def test_without_an_fp16_run_the_missing_baseline_is_said_not_printed_as_not_reached(tmp_path):
+    """No fp16 run: tta.md's overlapped-fp16 column says so (never "not reached", a gain of "nanx"), and a
+    setting not run in a cell is "—", never "nan"; a run that never reached the target still says so."""
+    runs = tmp_path / "sweep"
+    _run(runs, "qsgd", "qsgd", ["qsgd"] * 10, {9: 0.85})
+    _run(runs, "rar", "rar", ["rar"] * 10, {9: 0.4})
+    assert main([str(runs), "--tta", str(_bench(tmp_path / "b.json")), "--target-acc", "0.8"]) == 0
+    md = (runs / "report" / "tta.md").read_text()
+    winner = next(ln for ln in md.splitlines() if ln.startswith("|") and "qsgd (post)" in ln and "no fp16 run" in ln)
+    assert winner.count("no fp16 run") == 2                     # the reference column and the gain
+    assert "nan" not in md.lower()
+    assert "not reached" in md                                  # rar never reached 0.8: that is still said
