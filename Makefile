@@ -1,5 +1,5 @@
 # make run   -> set up .venv if missing, then train the default experiment (digits, 2 ranks)
-# make test  -> set up .venv if missing, then run the test suite
+# make test  -> set up .venv if missing, then lint (ruff) and run the test suite
 # make test-fast -> the tests not marked slow (the quick loop)
 # make coverage -> the suite under coverage.py, ranks and subprocesses included: line and branch coverage per
 #                 room of gvq/ (.coverage-data/rooms.md; COVERAGE_BEFORE=old.json adds a before column)
@@ -58,10 +58,14 @@ run: $(STAMP) data
 # (rank rendezvous, interpreters starting, signals) or runs one thread, so two files fill two cores better than
 # one; a fixed 2, not the host's core count, so the suite runs the same on every machine
 XDIST := -n 2 --dist loadfile
+# ruff first (pyproject.toml's [tool.ruff]: the rules the code keeps): a finding stops the suite before it starts
+LINT := $(PY) -m ruff check --no-cache --quiet .
 test: $(STAMP) data
+	$(LINT)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra --durations=25 $(XDIST)
 
 test-fast: $(STAMP) data
+	$(LINT)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow" $(XDIST)
 
 # coverage.py follows every process the suite starts (pyproject.toml's [tool.coverage.run]: spawned or forked

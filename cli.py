@@ -10,10 +10,10 @@ from gvq.run.warm import exit_fast, start_fork_server
 if __name__ == "__main__":      # first, before Hydra's import: the ranks' imports start now, on another
     start_fork_server()         # core (gvq/run/warm.py); ranks import this file too and must not
 
-import hydra  # noqa: E402
+import hydra
 
-from gvq.run.errors import cli_status  # noqa: E402
-from gvq.schema.config import register  # noqa: E402
+from gvq.run.errors import cli_status
+from gvq.schema.config import register
 
 register()
 

@@ -19,7 +19,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from gvq.schema.config import register  # noqa: E402
+from gvq.schema.config import register  # noqa: E402 - imported after TRITON_INTERPRET is set, above
 
 register()
 

@@ -92,7 +92,8 @@ def test_the_scan_sees_comments_docstrings_and_yaml():
     assert "cli.py" in rels and any(r.startswith("conf/") for r in rels) and any(r.startswith("gvq/") for r in rels)
 
 
-@pytest.mark.parametrize("text", ["see the brief", "SPEC.md §3", "per the issue", "Issue 31 asks", "shared/notes", "the SPEC says"])
+@pytest.mark.parametrize("text", ["see the brief", "SPEC.md §3", "per the issue", "Issue 31 asks", "shared/notes",
+                                  "the SPEC says"])
 def test_the_external_pattern_catches_citations(text):
     assert EXTERNAL.search(text)
 

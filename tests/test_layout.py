@@ -209,7 +209,8 @@ MIRROR_EXCEPTIONS = {
     "run/test_config.py": "every conf/ option composed through schema/ and run/validate.py",
     "report/test_report.py": "python -m gvq.report (report/__main__.py) on a real sweep",
     "report/test_report_smoke.py": "python -m gvq.report on failed / incomplete runs",
-    "aggregators/test_every_aggregator.py": "contracts of every conf/aggregator/ option: trains (1, 3, 5 ranks, overlapped), resumes bitwise",
+    "aggregators/test_every_aggregator.py": "contracts of every conf/aggregator/ option: trains (1, 3, 5 ranks, "
+                                            "overlapped), resumes bitwise",
     "aggregators/test_bucket.py": "every ring option's per-bucket average (base.py's contract) against post-backward",
 }
 

@@ -109,7 +109,7 @@ def report_peers(args: argparse.Namespace, df, numel: int) -> None:
           f"<= L_c={args.L_c} evaluation gradients ({int(df['n_eval'].iloc[0])} evaluated); "
           f"bytes = payload per iteration")
     print(df[PRINTED].to_markdown(index=False, floatfmt=".4g"))
-    bad = df[df["matched"] == False]  # noqa: E712 (None for QSGD rows)
+    bad = df[df["matched"].eq(False)]  # not None: QSGD rows have no match to make
     for _, row in bad.iterrows():
         print(f"NOT MATCHED  r={row['r']} {row['method']}: {row['bytes']} bytes, "
               f"{row['vs_powersgd_%']:+.1f}% vs PowerSGD's (outside GradiVeQ's reachable range, or "

@@ -17,7 +17,7 @@ import torch
 from gvq.compressors.gradiveq.pca import principal_subspace
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def conv_series(grads: list[torch.Tensor], net: torch.nn.Module, layer: int) -> tuple[torch.Tensor, tuple]:

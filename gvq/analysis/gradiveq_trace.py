@@ -85,10 +85,10 @@ def summarise(df: pd.DataFrame, window: int = WINDOW) -> pd.DataFrame:
     each window's worst layer by median error."""
     w = df.assign(window=(df.iteration - df.iteration.min()) // window)
     rows = []
-    for k, part in w.groupby("window"):
+    for _, part in w.groupby("window"):
         per_it = part.groupby("iteration")
         g2 = per_it.g_norm2.sum()
-        def whole(col):                     # noqa: E306 - an energy-weighted sum over groups, per iteration
+        def whole(col):                     # an energy-weighted sum over groups, per iteration
             return (part[col] * part.g_norm2).groupby(part.iteration).sum() / g2
         worst = part.groupby("layer").err.median().idxmax()
         rows.append({"iterations": f"{part.iteration.min()}-{part.iteration.max()}",

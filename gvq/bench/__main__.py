@@ -10,9 +10,11 @@
     python -m gvq.bench codecs                                         # every codec per call vs its floor
     python -m gvq.bench gpucheck [--part tests codecs cli]             # the CUDA path, one table (make gpu-check)
     python -m gvq.bench overlap [--wall]                               # compression vs the overlapped fp16 baseline
-    python -m gvq.bench soak --kills 4 --every 5                       # planned SIGKILLs (--seed), restarts=K, nothing lost
+    python -m gvq.bench soak --kills 4 --every 5                       # planned SIGKILLs (--seed), restarts=K,
+                                                                       # nothing lost
 
-``make bench`` runs ``aggregate`` with the settings docs/results.md quotes.  Each subcommand's ``--help`` lists its flags.
+``make bench`` runs ``aggregate`` with the settings docs/results.md quotes.  Each subcommand's ``--help`` lists its
+flags.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
-from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, configure_clock, make_aggregator,
-                              model_shapes, print_markdown, spawn_loopback)
+from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, configure_clock,
+                              make_aggregator, model_shapes, print_markdown, spawn_loopback)
 from gvq.comm import clock
 
 
@@ -124,8 +124,8 @@ def print_aggregation(records: list[dict]) -> None:
     cols += ["bound_s", "time_over_bound", "compress_s", "wire_s", "decompress_s"]
     r0 = records[0]
     link = f"{r0['bandwidth_bps'] / 1e6:g} Mbit/s per rank (emulated)" if r0["bandwidth_bps"] else "unshaped loopback"
-    print_markdown(records, cols, f"aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, {r0['clock']}, "
-                   f"reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
+    print_markdown(records, cols, f"aggregation: model={r0['model']}, N={r0['world_size']}, link={link}, "
+                   f"{r0['clock']}, reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
 
 
 def parse_aggregation_args(argv):
@@ -140,8 +140,8 @@ def parse_aggregation_args(argv):
     p.add_argument("--num-classes", type=int, default=100)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; prefix name: to target one, "
-                        "e.g. gradiveq:aggregator.compressor.target_ratio=8")
+    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; "
+                        "prefix name: to target one, e.g. gradiveq:aggregator.compressor.target_ratio=8")
     add_clock_args(p)
     add_timeout_arg(p)
     p.add_argument("--out", default=None, help="write all records as JSON here")

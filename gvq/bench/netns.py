@@ -202,7 +202,8 @@ def _train(args) -> list[dict]:
     records = []
     for world in args.world_size:
         if not args.no_loopback:
-            recs = bench_train.summarize_iterations(bench_train.run_iterations(args, world), args, world, "unshaped loopback")
+            recs = bench_train.summarize_iterations(bench_train.run_iterations(args, world), args, world,
+                                                    "unshaped loopback")
             bench_train.print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
             records += [{**r, "rate_bps": None} for r in recs]
         for rate in args.rates:
@@ -256,7 +257,8 @@ def main(argv=None) -> list[dict]:
                      "bound_s": k["bound_s"], "kernel_over_bound": k["median_s"] / k["bound_s"],
                      "emulated_over_bound": e["median_s"] / e["bound_s"]})
     import pandas as pd
-    print(f"\n# uncompressed RAR, model={args.model}, N={args.world_size}: kernel tbf per-rank links (burst 1 ms of the rate) vs emulator")
+    print(f"\n# uncompressed RAR, model={args.model}, N={args.world_size}: kernel tbf per-rank links "
+          "(burst 1 ms of the rate) vs emulator")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

@@ -45,7 +45,8 @@ def one_run(run_dir: Path, world: int, logger: str, method: str, iterations: int
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     stamps = {**json.loads((run_dir / "summary.json").read_text())["startup"], None: None}
-    at = lambda k, edge: stamps[k] if k is not None else edge  # noqa: E731
+    def at(k, edge):
+        return stamps[k] if k is not None else edge
     row = {p: at(b, t0) - at(a, t0) if a else at(b, t0) - t0 for p, a, b in PHASES[:-1]}
     row["teardown"] = t_end - stamps["trained"]
     return {**row, "total": t_end - t0}

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import wrap_ddp
 from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
-                              clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
+                              clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator,
+                              print_markdown, spawn_loopback)
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train

@@ -1,14 +1,14 @@
-"""Every private Python or torch API gvq relies on, and nothing else: one place to look on an upgrade.
+"""Every private Python, torch or Hydra API gvq relies on, and nothing else: one place to look on an upgrade.
 
 Each function says what it reads, why no public API does the job, and what the caller does with it.
-``tests/comm/test_internals.py`` asserts that each still exists with the shape used here, so a Python or
-torch release that moves one fails that test by name instead of a run misbehaving quietly; the same
-test scans every other gvq module for a private torch or Python name.  It sits in comm/,
-below every room that needs it (run, bench, predict).  Callers: :mod:`gvq.run.warm` (the fork server, the fast
-exit), :mod:`gvq.run.signals` (the failed rank's traceback) and :mod:`gvq.predict.calibrate_overlap` (DDP's first
-bucket).  Elsewhere gvq mirrors one private rule of torch without calling it (the PowerSGD hook's
-choice of which matrices to compress, :mod:`gvq.aggregators.ddp_memory`); the same test holds the
-mirror to torch's.
+``tests/comm/test_internals.py`` asserts that each still exists with the shape used here, so a Python,
+torch or Hydra release that moves one fails that test by name instead of a run misbehaving quietly; the
+same test scans every other gvq module for a private torch, Python, OmegaConf or Hydra name.  It sits in
+comm/, below every room that needs it (run, bench, predict).  Callers: :mod:`gvq.run.warm` (the fork
+server, the fast exit), :mod:`gvq.run.signals` (the failed rank's traceback), :mod:`gvq.run.sweep`
+(Hydra's basic sweeper) and :mod:`gvq.predict.calibrate_overlap` (DDP's first bucket).  Elsewhere gvq
+mirrors one private rule of torch without calling it (the PowerSGD hook's choice of which matrices to
+compress, :mod:`gvq.aggregators.ddp_memory`); the same test holds the mirror to torch's.
 """
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ import pickle
 #: imports it ahead, so a rank does not pay for it inside its first step.  Private, and preloading a name
 #: that no longer exists is skipped silently by multiprocessing -- hence the test.
 TORCH_FIRST_STEP_MODULE = "torch._dynamo"
+
+#: the ``_target_`` of Hydra's default sweeper (``hydra/sweeper=basic``): the class lives under
+#: ``hydra._internal`` and no public name holds its path; :mod:`gvq.run.sweep` mirrors that sweeper's
+#: expansion only when the composed sweeper is this one
+HYDRA_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def ddp_first_bucket_bytes() -> int:

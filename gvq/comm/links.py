@@ -99,7 +99,7 @@ class VirtualLink:
         pass
 
 
-class _VirtualMessage:
+class VirtualMessage:
     """A send or receive in virtual time: the real handles (header, payload) and the arrival time.
     Each real handle is waited for at most once (a second ``wait`` on a finished gloo receive would
     wait for the *next* message on its buffer)."""
@@ -111,6 +111,11 @@ class _VirtualMessage:
     @property
     def arrival(self) -> float:
         return self._arrival if self._arrival is not None else float(self.header[0])
+
+    @property
+    def arrival_in_header(self) -> bool:
+        """A receive: its arrival time is the sender's, read from the header (a send knows its own)."""
+        return self._arrival is None
 
     def wait(self, timeout=None, upto: int | None = None):
         """Wait for the real messages (only the first ``upto`` of them: the header alone is 1)."""

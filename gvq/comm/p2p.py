@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from gvq.comm import clock
 from gvq.comm.errors import RankError
-from gvq.comm.links import EmulatedLink, VirtualLink, _VirtualMessage, wait_all  # noqa: F401 (re-exported)
+from gvq.comm.links import EmulatedLink, VirtualLink, VirtualMessage, wait_all
 from gvq.comm.staging import HostStage, Staged
 
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo's per-message cost times the rate); small next to a ring segment
@@ -176,7 +176,7 @@ class P2P:
         if clock.get().virtual:
             arrival = self.link.arrival(nbytes, clock.get().now())
             header = torch.tensor([arrival], dtype=torch.float64)
-            return _VirtualMessage(header, [dist.isend(header, self.peer(dst), self.group, tag),
+            return VirtualMessage(header, [dist.isend(header, self.peer(dst), self.group, tag),
                                             dist.isend(tensor, self.peer(dst), self.group, tag)], arrival)
         if self.link is not None:
             return _All([self.link.submit(c, self.peer(dst), tag) for c in chunks(tensor)])
@@ -212,7 +212,7 @@ class P2P:
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int):
         if clock.get().virtual:
             header = torch.empty(1, dtype=torch.float64)
-            return _VirtualMessage(header, [dist.irecv(header, self.peer(src), self.group, tag),
+            return VirtualMessage(header, [dist.irecv(header, self.peer(src), self.group, tag),
                                             dist.irecv(tensor, self.peer(src), self.group, tag)])
         if self.link is not None:
             return _All([dist.irecv(c, self.peer(src), self.group, tag) for c in chunks(tensor)])
@@ -223,9 +223,9 @@ class P2P:
         only if the message has arrived by this rank's clock, which may need its real header first (a
         blocking read; safe in the ring, where a probe is followed by local work only, never a send)."""
         inner = handle.handle if isinstance(handle, Staged) else handle
-        if not isinstance(inner, _VirtualMessage):
+        if not isinstance(inner, VirtualMessage):
             return inner.is_completed()                      # (a staged copy back: in the wait after)
-        if inner._arrival is None:
+        if inner.arrival_in_header:
             self._real_wait(inner, None, upto=1)             # the header: when does it arrive?
         if inner.arrival > clock.get().now():
             return False
@@ -237,7 +237,7 @@ class P2P:
         t0 = clock.get().now()
         try:
             self._real_wait(inner, peer)
-            if isinstance(inner, _VirtualMessage):
+            if isinstance(inner, VirtualMessage):
                 clock.get().advance_to(inner.arrival)
         finally:
             self.wire_s += clock.get().now() - t0

@@ -2,7 +2,8 @@
 padded (m, bucket) batch, so a call is a fixed few whole-tensor ops with no host read, whatever the number
 of buckets (``BucketQuantizer.compress`` takes it off the fused host path for quantizers that declare
 ``pads``: zeros where the statistics ignore them, a repeated real value with per-value weights for the
-fitted quantizers, whose bounds and histograms must not see zeros).  The wire format is the split path's (``_packing.Layout``).
+fitted quantizers, whose bounds and histograms must not see zeros).  The wire format is the split path's
+(``_packing.Layout``).
 
 See docs/design.md#gvqcompressors_bucketingpy for how it works and why.
 """

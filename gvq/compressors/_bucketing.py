@@ -15,9 +15,8 @@ from torch import Tensor
 from gvq.compressors import _batch
 from gvq.compressors import _fused as fused
 from gvq.compressors import _triton
-from gvq.compressors._dither import DITHER_OFFSET, DitherLanes, Dithering  # noqa: F401
-from gvq.compressors._packing import (MAX_LEVELS, Layout, digit_dtype, pack, split_rows,  # noqa: F401
-                                      unpack, word_format)
+from gvq.compressors._dither import DitherLanes, Dithering
+from gvq.compressors._packing import Layout, pack, split_rows, unpack, word_format
 from gvq.compressors.base import Compressor, Health, check_bucket, check_clip
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views

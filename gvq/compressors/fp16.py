@@ -2,8 +2,9 @@
 
 Not additive in our protocol (like the quantizers, a ring hop decodes, adds in float32, re-encodes: summing
 float16 payloads would round each partial sum to 11 bits and can overflow).  Values beyond float16's range
-(|v| > 65504) raise ``ValueError`` at the iteration's check (``check_health``) rather than pass unseen; magnitudes under 6e-8 flush to zero and
-under 6e-5 lose precision (subnormals) -- the real cost of a 16-bit wire.  NaN/Inf inputs raise.
+(|v| > 65504) raise ``ValueError`` at the iteration's check (``check_health``) rather than pass unseen;
+magnitudes under 6e-8 flush to zero and under 6e-5 lose precision (subnormals) -- the real cost of a 16-bit
+wire.  NaN/Inf inputs raise.
 """
 from __future__ import annotations
 

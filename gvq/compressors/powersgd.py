@@ -58,7 +58,7 @@ class PowerSGD:
     """State shared by the two passes: the layout, Q (warm start), and this iteration's P^ and raw sums,
     kept in a :class:`Store` (shared with the DDP buckets' plans, :meth:`subset`)."""
 
-    def __init__(self, shapes, rank: int = 2, min_compression_rate: float = 2.0, warm_start: bool = True,
+    def __init__(self, shapes, rank: int, min_compression_rate: float, warm_start: bool,
                  seed: int = 0, dtype: torch.dtype = torch.float32):
         self.blocks = plan(shapes, rank, min_compression_rate)
         self.dtype = dtype                       # the gradient's: P, Q and the payloads keep its precision

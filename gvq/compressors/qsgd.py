@@ -15,8 +15,8 @@ class QSGD(BucketQuantizer):
     name = "qsgd"
     stochastic = True
     n_side = 1
-    side_flags_nonfinite = True
-    pads = True                    # norms / maxima: zero padding changes nothing   # the L2 norm is NaN/Inf if any value is
+    side_flags_nonfinite = True    # the L2 norm is NaN/Inf if any value is
+    pads = True                    # norms / maxima: zero padding changes nothing
 
     def __init__(self, bits: int | None = 4,        # fewer => more compression, more error
                  levels: int | None = None,         # QSGD-s by level count (odd >= 3); overrides bits

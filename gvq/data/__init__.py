@@ -22,11 +22,11 @@ from gvq.data.cifar_python import CIFAR_LAYOUT, CIFAR_STATS, cifar10, cifar100
 from gvq.data.r_lazyload import austen
 from gvq.data.gaussian import synthetic
 from gvq.data.idx import FASHION_FILES, fashion_mnist
-from gvq.data.sklearn_digits import _digits_arrays, digits, digits_cache_path, stratified_split
-from gvq.data.tensors import TensorData, _generator, _seed
+from gvq.data.sklearn_digits import digits, digits_arrays, digits_cache_path, stratified_split
+from gvq.data.tensors import TensorData, seeded_generator
 from gvq.data.tokens import TokenData, text_file
 
-__all__ = ["AUG_PAD", "CIFAR_LAYOUT", "CIFAR_STATS", "FASHION_FILES", "TensorData", "TokenData", "augment_batch", "austen",
-           "batches_per_epoch", "cifar10", "cifar100", "digits", "digits_cache_path", "epoch_shard",
+__all__ = ["AUG_PAD", "CIFAR_LAYOUT", "CIFAR_STATS", "FASHION_FILES", "TensorData", "TokenData", "augment_batch",
+           "austen", "batches_per_epoch", "cifar10", "cifar100", "digits", "digits_cache_path", "epoch_shard",
            "fashion_mnist", "iterate_batches", "stratified_split", "synthetic", "test_batches", "text_file",
-           "_digits_arrays", "_generator", "_seed"]
+           "digits_arrays", "seeded_generator"]

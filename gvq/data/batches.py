@@ -5,7 +5,7 @@ from typing import Iterator
 
 import torch
 
-from gvq.data.tensors import TensorData, _generator
+from gvq.data.tensors import TensorData, seeded_generator
 
 AUG_PAD = 4  # pixels of zero padding before the random crop (He et al. 2016, sec. 4.2)
 
@@ -22,7 +22,7 @@ def batches_per_epoch(n: int, world_size: int, batch_size: int) -> int:
 def epoch_shard(n: int, rank: int, world_size: int, batch_size: int, seed: int,
                 epoch: int) -> torch.Tensor:
     """This rank's training indices for ``epoch``: ``perm[rank::world]``, cut to full batches."""
-    perm = torch.randperm(n, generator=_generator(seed, epoch))  # same on every rank
+    perm = torch.randperm(n, generator=seeded_generator(seed, epoch))  # same on every rank
     return perm[rank::world_size][:batches_per_epoch(n, world_size, batch_size) * batch_size]
 
 
@@ -33,17 +33,17 @@ def iterate_batches(data: TensorData, rank: int, world_size: int, batch_size: in
         raise ValueError(f"rank={rank} outside [0, world_size={world_size})")
     n = len(data.y_train)
     nb = batches_per_epoch(n, world_size, batch_size)
-    epoch, b = divmod(int(start_iteration), nb)
+    epoch, first = divmod(int(start_iteration), nb)
     while True:
         shard = epoch_shard(n, rank, world_size, batch_size, seed, epoch)
-        for b in range(b, nb):
+        for b in range(first, nb):
             idx = shard[b * batch_size:(b + 1) * batch_size]
             x = data.inputs(data.x_train[idx])   # normalised per batch (uint8 data stays bytes)
             if data.augment:
                 # Seeded per batch (not per epoch): a resumed run needs no replay of earlier draws.
-                x = augment_batch(x, _generator(seed, rank, epoch, b))
+                x = augment_batch(x, seeded_generator(seed, rank, epoch, b))
             yield epoch, x, data.y_train[idx]
-        epoch, b = epoch + 1, 0
+        epoch, first = epoch + 1, 0
 
 
 def augment_batch(x: torch.Tensor, generator: torch.Generator, pad: int = AUG_PAD) -> torch.Tensor:

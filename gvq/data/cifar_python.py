@@ -70,7 +70,7 @@ def _download_cifar(classes: int, root: str) -> None:
         cls = torchvision.datasets.CIFAR10 if classes == 10 else torchvision.datasets.CIFAR100
         cls(root, train=True, download=True)
         cls(root, train=False, download=True)
-    except Exception:  # noqa: BLE001 - any failure means "not available"; caller reports it
+    except Exception:  # any failure means "not available"; caller reports it
         pass
 
 
@@ -99,7 +99,7 @@ def _load_batch(path: str, key: bytes) -> tuple[np.ndarray, np.ndarray]:
         if len(x) != len(y):
             raise ValueError(f"{len(x)} images but {len(y)} labels")
         return x, y
-    except Exception as e:  # noqa: BLE001 - a data file: whatever is wrong, it is not a CIFAR batch
+    except Exception as e:  # a data file: whatever is wrong, it is not a CIFAR batch
         what = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"no {e} entry"
         raise ValueError(f"{path}: not a CIFAR python batch ({str(what).splitlines()[0][:200]}); a data file "
                          "never runs code here -- check dataset.root") from None

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from gvq.data.tensors import TensorData, _generator
+from gvq.data.tensors import TensorData, seeded_generator
 
 
 def synthetic(num_classes: int = 100, n_train: int = 2048, n_test: int = 512,
               image_size: int = 32, channels: int = 3, seed: int = 0) -> TensorData:
     """Gaussian images around a per-class random mean image (learnable), for benchmarks only."""
-    g = _generator(seed, 0x5E7)
+    g = seeded_generator(seed, 0x5E7)
     means = 0.5 * torch.randn(num_classes, channels, image_size, image_size, generator=g)
 
     def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:

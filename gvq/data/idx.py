@@ -50,7 +50,8 @@ def fashion_mnist(root: str | None = None, n_train: int | None = None, seed: int
     if n_test is not None:
         keep = stratified_subset(yte, n_test, seed, key="dataset.n_test")
         xte, yte = xte[keep], yte[keep]
-    as_images = lambda a: torch.from_numpy(np.array(a)).unsqueeze(1)   # noqa: E731  a writable (n, 1, 28, 28) copy
+    def as_images(a):                  # a writable (n, 1, 28, 28) copy
+        return torch.from_numpy(np.array(a)).unsqueeze(1)
     mean, std = FASHION_STATS
     return TensorData(as_images(xtr), torch.from_numpy(ytr), as_images(xte), torch.from_numpy(yte),
                       num_classes=10, in_channels=1, augment=False, mean=mean, std=std)

@@ -19,7 +19,8 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
     x, y, train, test = _digits_split(test_fraction, seed)
     xtr, xte, ytr, yte = x[train], x[test], y[train], y[test]
     mean, std = float(xtr.mean()), float(xtr.std())
-    norm = lambda a: torch.from_numpy((a - mean) / std).float()  # noqa: E731
+    def norm(a):
+        return torch.from_numpy((a - mean) / std).float()
     return TensorData(norm(xtr), torch.from_numpy(ytr).long(), norm(xte),
                       torch.from_numpy(yte).long(), num_classes=10, in_channels=1, augment=False)
 
@@ -49,7 +50,7 @@ def _digits_split(test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
             return tuple(f[k] for k in DIGITS_KEYS)
     except (OSError, TypeError, KeyError, ValueError, zipfile.BadZipFile):   # absent, truncated, not ours
         pass
-    x, y = _digits_arrays()
+    x, y = digits_arrays()
     arrays = (x, y, *stratified_split(y, test_fraction, seed))
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -62,7 +63,7 @@ def _digits_split(test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
 
 
 @functools.lru_cache(maxsize=1)
-def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """Images (1797, 1, 8, 8) in [0, 1] and labels, from scikit-learn's ``load_digits``.  Imported here,
     not at module load: scikit-learn's import is a noticeable share of a run's start-up, and only
     ``dataset=digits`` needs it."""

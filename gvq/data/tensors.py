@@ -50,6 +50,7 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def _generator(*parts: int) -> torch.Generator:
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A CPU generator seeded from integer parts (``(seed, epoch)``, ``(seed, rank, epoch, batch)``)."""
     return torch.Generator().manual_seed(_seed(*parts))
 

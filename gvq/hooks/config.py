@@ -162,11 +162,12 @@ def _hook_line(e: ConfigError, name: str, overrides: dict) -> str:
 
 
 def nested_key(node, key: str, prefix: str = "") -> str | None:
-    """The dotted path of ``key`` inside one of ``node``'s sub-nodes (``compressor.bits``), or None."""
-    from omegaconf import DictConfig
-    for k in node:
-        child = node._get_node(k)
-        if isinstance(child, DictConfig):
+    """The dotted path of ``key`` inside one of ``node``'s sub-nodes (``compressor.bits``), or None.
+    ``node``: a DictConfig, read unresolved (a ``???`` or an interpolation is a value, not an error)."""
+    from omegaconf import OmegaConf
+    tree = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+    for k, child in tree.items():
+        if isinstance(child, dict):
             if key in child:
                 return f"{prefix}{k}.{key}"
             found = nested_key(child, key, f"{prefix}{k}.")

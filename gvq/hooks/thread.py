@@ -103,7 +103,7 @@ class CommThread:
                     return
                 try:
                     self.reduce(job)
-                except BaseException as e:              # noqa: BLE001 (it must reach backward)
+                except BaseException as e:              # it must reach backward
                     self._fail(job, e if isinstance(e, RankError)        # it names its rank already
                                else RuntimeError(f"{self.label}, bucket {job.index}: {type(e).__name__}: {e}"))
 

@@ -107,8 +107,8 @@ def check_resume(resume_dir: str, ident: dict) -> None:
                           "identity: written by another tool)")
     for key in COMPARED:
         if old.get(key) != ident[key]:
-            raise ResumeError(f"resume={resume_dir}: the checkpoint was written with {key}={_clip_value(old.get(key))}, "
-                              f"this run has {key}={_clip_value(ident[key])}")
+            raise ResumeError(f"resume={resume_dir}: the checkpoint was written with "
+                              f"{key}={_clip_value(old.get(key))}, this run has {key}={_clip_value(ident[key])}")
     for r in range(ident["world_size"]):
         _check_rank_file(folder / f"rank{r}.pt", meta["iteration"], old)
 

@@ -189,7 +189,7 @@ def launch(cfg: DictConfig) -> dict | None:
         name = signal.Signals(stop.signum).name
         write_failure(run_dir, plain, meta, f"interrupted by {name}: every rank was stopped", "interrupted")
         print(f"gvq: interrupted ({name}); every rank stopped", file=sys.stderr)
-        raise stop
+        raise stop from None               # the signal is the whole story
     summary = run_dir / "summary.json"
     return _fail_if_unlearned(json.loads(summary.read_text()) if summary.exists() else None)
 

@@ -3,8 +3,8 @@ restarts), then starts all of them again from the newest complete checkpoint set
 up to K times; after the K-th failure the run fails as it would have without restarts.
 
 ``metrics.csv`` stays one row per iteration: a restart keeps the rows before its checkpoint and
-replaces the ones after it (:func:`set_aside_rows`, :func:`previous_rows_path`); with no checkpoint yet
-it starts over from iteration 0.  A run that fails again without completing a new row stops at once, in
+replaces the ones after it (:func:`set_aside_rows`, :func:`~gvq.run.checkpoint.previous_rows_path`); with no
+checkpoint yet it starts over from iteration 0.  A run that fails again without completing a new row stops at once, in
 one line (K identical crashes would only burn time).  A deliberate stop (a signal, ``nan_policy=error``,
 a config error) is never restarted.  Under torchrun ``--max-restarts=K`` the restarted workers find the
 newest set the same way (:func:`resume_point`): give them a fixed ``hydra.run.dir``.
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gvq.run.checkpoint import SET_ASIDE, complete_sets, previous_rows_path  # noqa: F401 (re-exported)
+from gvq.run.checkpoint import SET_ASIDE, complete_sets
 from gvq.run.logs import repair_csv
 
 

@@ -220,4 +220,5 @@ def test_checks_run_several_at_a_time_and_keep_plan_order(tmp_path):
                       runner=_stand_in, gpus=1)
     assert peak[0] > 1
     rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
-    assert [r["setting"] for r in rows] == [r["setting"] for r in json.loads((serial / "gpucheck.json").read_text())["rows"]]
+    serial_rows = json.loads((serial / "gpucheck.json").read_text())["rows"]
+    assert [r["setting"] for r in rows] == [r["setting"] for r in serial_rows]

@@ -96,7 +96,8 @@ def _rec(agg, variant, it, aggregate=0.1, exposed=0.0, last=0.0, backward=1.0, l
          spread=0.0):
     """A mode's record; its interval of seconds per iteration is ``it`` +- ``spread``."""
     return {"N": 4, "compute_scale": 1.0, "link_Mbps": link, "aggregator": agg.split(" ")[0], "setting": agg,
-            "variant": variant, "alone_s": 1.1, "backward_s": backward, "compute_s": backward if compute is None else compute,
+            "variant": variant, "alone_s": 1.1, "backward_s": backward,
+            "compute_s": backward if compute is None else compute,
             "iter_s": it, "iter_lo_s": it - spread, "iter_hi_s": it + spread, "aggregate_s": aggregate,
             "comm_s": 0.0, "exposed_s": exposed, "last_bucket_s": last}
 

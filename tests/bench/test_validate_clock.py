@@ -25,8 +25,9 @@ def test_validation_pairs_wall_and_virtual_and_flags_out_of_band(monkeypatch):
     monkeypatch.setattr(V.shutil, "which", lambda name: "/usr/bin/taskset")
     rows = V.validate_clock(argparse.Namespace(bandwidth=[5e7], model="cnn", reps=1, iters=1))
     by = {(r["check"], r["what"], r["aggregator"]): r for r in rows}
-    assert by[("V1", "aggregation", "qsgd")]["ratio"] == pytest.approx(0.95) and by[("V1", "aggregation", "qsgd")]["within"]
-    assert by[("V1", "iteration", "rar")]["ratio"] == pytest.approx(0.8) and not by[("V1", "iteration", "rar")]["within"]
+    v1_agg, v1_iter = by[("V1", "aggregation", "qsgd")], by[("V1", "iteration", "rar")]
+    assert v1_agg["ratio"] == pytest.approx(0.95) and v1_agg["within"]
+    assert v1_iter["ratio"] == pytest.approx(0.8) and not v1_iter["within"]
     assert by[("V2 (wall, for scale)", "aggregation, 1 core", "rar")]["ratio"] == pytest.approx(2.0)
     assert by[("V2", "aggregation, 1 core", "rar")]["within"]
     qd = by[("V3", "decompress_s per iteration, N=4", "qsgd")]        # (2N-1)/N of the vector: 7/4 vs 3/2

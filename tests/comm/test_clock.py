@@ -336,7 +336,7 @@ def test_two_threads_on_one_lane_each_count_only_their_own_cpu(cpu):
     a = threading.Thread(target=thread, args=("a", 100.0, 1.0, 0))
     b = threading.Thread(target=thread, args=("b", 7.0, 2.0, 1))
     a.start(), b.start()
-    for k in range(2):                            # a, then b, then a, then b: one lane, one timeline
+    for _ in range(2):                            # a, then b, then a, then b: one lane, one timeline
         for turn in (0, 1):
             go[turn].set()
             done[turn].wait(5)

@@ -1,7 +1,10 @@
-"""The private Python and torch APIs gvq relies on (gvq/comm/internals.py) still exist with the shape it
-uses: a Python or torch upgrade that moves one fails here, by name, instead of a run misbehaving."""
+"""The private Python, torch and Hydra APIs gvq relies on (gvq/comm/internals.py) still exist with the shape
+it uses: an upgrade that moves one fails here, by name, instead of a run misbehaving.  No other gvq module
+reaches a private name of torch, Python, OmegaConf or Hydra."""
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import inspect
 import os
@@ -85,22 +88,80 @@ def test_powersgd_hook_compresses_by_the_rule_gvq_mirrors():
                     assert hook_compresses(n, m, rank, rate) == rule(n, m, rank, rate)[0], (n, m, rank, rate)
 
 
-#: a private name reached through torch or the standard library: ``dist._X``, ``torch.x._y``,
-#: ``forkserver._f``, ``atexit._f``, ``from torch.x import _y``, ``import torch._x``
-PRIVATE = re.compile(r"\b(?:torch|dist|F|nn|forkserver|atexit|multiprocessing|traceback)(?:\.\w+)*\._[A-Za-z]\w*"
-                     r"|from\s+torch[\w.]*\s+import\s+(?:\([^)]*)?\b_[a-zA-Z]\w*|import\s+torch\.(?:\w+\.)*_\w+")
+def test_hydras_basic_sweeper_is_where_gvq_names_it():
+    module, _, name = internals.HYDRA_BASIC_SWEEPER.rpartition(".")
+    assert isinstance(getattr(importlib.import_module(module), name), type)
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", return_hydra_config=True, overrides=["hydra/sweeper=basic"])
+    assert cfg.hydra.sweeper._target_ == internals.HYDRA_BASIC_SWEEPER
+
+
+#: a private name reached through torch, the standard library, OmegaConf or Hydra: ``dist._X``,
+#: ``torch.x._y``, ``forkserver._f``, ``atexit._f``, ``OmegaConf._f``, ``omegaconf._utils``, ``hydra._internal``,
+#: ``from torch.x import _y``, ``import torch._x``.  Hydra's own keys end in ``_`` (``_target_``): public.
+_LIBS = r"torch|dist|F|nn|forkserver|atexit|multiprocessing|traceback|omegaconf|OmegaConf|hydra|HydraConfig"
+_NAME = r"_[A-Za-z]\w*(?<!_)(?!\w)"
+PRIVATE = re.compile(rf"\b(?:{_LIBS})(?:\.\w+)*\.{_NAME}"
+                     rf"|from\s+(?:torch|omegaconf|hydra)[\w.]*\s+import\s+(?:\([^)]*?|[^\n(]*?)(?<![\w.]){_NAME}"
+                     rf"|import\s+(?:torch|omegaconf|hydra)\.(?:\w+\.)*{_NAME}")
 
 
 def private_names(text: str) -> list[str]:
     return [m.group(0) for m in PRIVATE.finditer(text)]
 
 
+def omegaconf_privates() -> set[str]:
+    """The private attributes of OmegaConf's configs and nodes (``_get_node``, ``_metadata``, ...): what
+    their classes define and what an instance holds."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.nodes import AnyNode, StringNode
+    names = {n for c in (DictConfig, ListConfig, AnyNode, StringNode, OmegaConf) for k in c.__mro__
+             if k.__module__.startswith("omegaconf") for n in vars(k)}
+    names |= {*vars(OmegaConf.create({"a": 1})), *vars(OmegaConf.create([1])), *vars(AnyNode(1))}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def own_names(texts: list[str]) -> set[str]:
+    """Every name gvq's own code defines or assigns (a ``_value`` of its own is not OmegaConf's)."""
+    found = set()
+    for node in (n for t in texts for n in ast.walk(ast.parse(t))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            found.add(node.attr)
+    return found
+
+
+def node_privates(text: str, omegaconf: set[str], own: set[str]) -> list[str]:
+    """``x._get_node``-style reaches in ``text``: an attribute that only OmegaConf's nodes define."""
+    return [f"{n.lineno}: .{n.attr}" for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.Attribute) and n.attr in omegaconf - own]
+
+
+def _gvq_sources() -> dict[Path, str]:
+    return {p: p.read_text() for p in sorted((ROOT / "gvq").rglob("*.py")) if p.name != "internals.py"}
+
+
 def test_internals_is_the_one_home_of_private_apis():
-    """Outside internals.py no gvq module reaches a private torch or Python name (any, not a list)."""
-    found = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / "gvq").rglob("*.py"))
-             if p.name != "internals.py" for n in private_names(p.read_text())]
+    """Outside internals.py no gvq module reaches a private torch, Python, OmegaConf or Hydra name (any,
+    not a list), nor a private attribute of an OmegaConf config or node."""
+    sources = _gvq_sources()
+    found = [f"{p.relative_to(ROOT)}: {n}" for p, text in sources.items() for n in private_names(text)]
     assert found == [], found
+    omegaconf, own = omegaconf_privates(), own_names(list(sources.values()))
+    found = [f"{p.relative_to(ROOT)}:{n}" for p, text in sources.items() for n in node_privates(text, omegaconf, own)]
+    assert found == [], f"private OmegaConf attributes (use OmegaConf's public API): {found}"
     assert os.path.isfile(ROOT / "gvq" / "comm" / "internals.py")
+
+
+def test_the_node_scan_finds_omegaconf_privates_and_spares_gvqs_own():
+    omegaconf = omegaconf_privates()
+    assert {"_get_node", "_metadata", "_content", "_parent", "_set_flag"} <= omegaconf
+    text = ("child = node._get_node(k)\nkind = cfg._metadata.object_type\nok = cfg.get('a')\n"
+            "v = mine._value()\n")
+    assert node_privates(text, omegaconf, own_names(["class A:\n    def _value(self):\n        pass\n"])) == [
+        "1: ._get_node", "2: ._metadata"]
 
 
 def test_the_scan_finds_private_names_however_they_are_spelt():
@@ -109,3 +170,14 @@ def test_the_scan_finds_private_names_however_they_are_spelt():
             "ok = torch.distributed.all_reduce\nself._private = 1\n")
     assert private_names(text) == ["dist._DEFAULT_FIRST_BUCKET_BYTES", "from torch.distributed.algorithms import _comm",
                                    "import torch._dynamo", "torch.nn.modules._utils", "forkserver._forkserver"]
+
+
+def test_the_scan_finds_omegaconf_and_hydra_privates_and_spares_hydras_keys():
+    text = ("from omegaconf._utils import get_ref_type\nx = OmegaConf._get_obj_type(c)\n"
+            "from hydra.core.utils import _flush_loggers, JobReturn\nimport hydra._internal.utils\n"
+            "s = 'hydra._internal.core_plugins.basic_sweeper.BasicSweeper'\nk = HydraConfig._instance\n"
+            "ok = cfg.aggregator._target_\nok = OmegaConf.select(c, 'hydra.sweeper._target_')\n"
+            "ok = hydra.utils.instantiate\n")
+    assert private_names(text) == ["omegaconf._utils", "OmegaConf._get_obj_type",
+                                   "from hydra.core.utils import _flush_loggers", "import hydra._internal",
+                                   "hydra._internal", "HydraConfig._instance"]

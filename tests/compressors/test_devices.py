@@ -86,7 +86,7 @@ def test_gradiveq_fits_and_codes_on_the_inputs_device(device, basis_dtype, pool)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("warm_start", [True, False])
 def test_powersgd_passes_stay_on_the_inputs_device(device, warm_start):
-    state = PowerSGD(SHAPES, rank=2, warm_start=warm_start)
+    state = PowerSGD(SHAPES, rank=2, min_compression_rate=2.0, warm_start=warm_start)
     seg, x = slice(0, state.numel), _data(device, state.numel)
     state.begin()
     p = state.p_stage.compress(x, seg)

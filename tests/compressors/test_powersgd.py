@@ -7,6 +7,10 @@ import pytest
 import torch
 
 from gvq.compressors.powersgd import PowerSGD, orthogonalize
+from gvq.schema.options import PowerSGDSchema, knobs
+
+#: the aggregator's knobs its compressor takes, at rank 2
+KNOBS = {k: v for k, v in knobs(PowerSGDSchema, rank=2).items() if k in ("rank", "min_compression_rate", "warm_start")}
 
 # two classes of equal shape (repeated convs), a raw bias between them, an fc and a raw small matrix
 SHAPES = [(6, 3, 3, 3), (6,), (6, 3, 3, 3), (8, 6, 3, 3), (8,), (6, 3, 3, 3), (10, 32), (3, 3), (8, 6, 3, 3)]
@@ -42,7 +46,7 @@ def _reference(lr: PowerSGD, x: torch.Tensor, q0: dict):
 
 @pytest.mark.parametrize("cut", [None, 2, 5])
 def test_batched_passes_equal_the_per_parameter_formulas(cut):
-    lr = PowerSGD(SHAPES, rank=2, dtype=torch.float64)
+    lr = PowerSGD(SHAPES, **KNOBS, dtype=torch.float64)
     x = _x(lr.numel)
     cuts = lr.cuts()
     segs = [slice(0, lr.numel)] if cut is None else [slice(0, cuts[cut]), slice(cuts[cut], lr.numel)]
@@ -56,7 +60,7 @@ def test_a_bucket_in_any_order_shares_the_whole_plans_state():
     """A DDP bucket lays its blocks out in its own order (reversed here, with a gap): its passes give each
     block what the whole plan gives it, from the whole plan's Q, and leave the next Q there.  Block 2 is
     left out: its class's blocks 0 and 5 are not neighbours in the store (two GEMMs for one class)."""
-    whole = PowerSGD(SHAPES, rank=2, dtype=torch.float64)
+    whole = PowerSGD(SHAPES, **KNOBS, dtype=torch.float64)
     ids = [8, 6, 5, 3, 1, 0]
     sub = whole.subset(ids)
     x_whole = _x(whole.numel, 1)
@@ -75,12 +79,12 @@ def test_a_bucket_in_any_order_shares_the_whole_plans_state():
 
 
 def test_state_dict_round_trips_and_refuses_another_model():
-    a, b = PowerSGD(SHAPES, rank=2, seed=1), PowerSGD(SHAPES, rank=2, seed=2)
+    a, b = PowerSGD(SHAPES, **KNOBS, seed=1), PowerSGD(SHAPES, **KNOBS, seed=2)
     assert not torch.equal(a.q[0], b.q[0])
     b.load_state_dict(a.state_dict())
     assert all(torch.equal(a.q[i], b.q[i]) for i in a.q)
     with pytest.raises(ValueError, match="differ from this model"):
-        PowerSGD(SHAPES[:3], rank=2).load_state_dict(a.state_dict())
+        PowerSGD(SHAPES[:3], **KNOBS).load_state_dict(a.state_dict())
 
 
 # ---- the orthogonalization: Cholesky QR made of batched products, against Householder QR ----
@@ -147,7 +151,7 @@ def test_projection_equals_householder_qrs_on_rank_deficient_blocks_without_nan(
 
 def test_a_zero_gradient_keeps_its_warm_start_q():
     """A block whose sum Q is rank-deficient keeps the Q it had (Cholesky QR would leave it short for good)."""
-    lr = PowerSGD(SHAPES, rank=2)
+    lr = PowerSGD(SHAPES, **KNOBS)
     q0 = {i: q.clone() for i, q in lr.q.items()}
     x = _x(lr.numel).float()
     x[lr.blocks[0].start: lr.blocks[0].stop] = 0
@@ -160,7 +164,7 @@ def test_passes_orthogonalize_with_batched_products_not_householder_qr():
     """After its first call (layouts built), no pass runs a QR: products, Cholesky and triangular solves,
     and nothing read back to the host."""
     from gvq.bench.opcount import count_ops
-    lr = PowerSGD(SHAPES, rank=2)
+    lr = PowerSGD(SHAPES, **KNOBS)
     x, seg = _x(lr.numel).float(), slice(0, lr.numel)
     _passes(lr, x, [seg])
     with count_ops() as c:

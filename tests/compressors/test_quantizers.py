@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gvq.bench.quantizers import laplace_vector
-from gvq.compressors import _bucketing as bucketing
 from gvq.compressors import _fused as fused
-from gvq.compressors._packing import Layout, pack, unpack, word_format
+from gvq.compressors._dither import DITHER_OFFSET
+from gvq.compressors._packing import Layout, digit_dtype, pack, unpack, word_format
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
 from gvq.compressors.fp16 import FP16
@@ -323,8 +323,9 @@ def test_orq_levels_satisfy_eq12_and_minimise_the_interval_error(levels, data):
                 continue
             rhs = float(((inside - lo) / (hi - lo)).sum())                        # Eq. (12), right side
             assert int((inside > b).sum()) - 1e-6 <= rhs <= int((inside >= b).sum()) + 1e-6
-            err = lambda c: float((torch.clamp(inside - lo, min=0) * torch.clamp(c - inside, min=0)
-                                   ).sum() + (torch.clamp(inside - c, min=0) * (hi - inside)).sum())
+            def err(c):
+                return float((torch.clamp(inside - lo, min=0) * torch.clamp(c - inside, min=0)).sum()
+                             + (torch.clamp(inside - c, min=0) * (hi - inside)).sum())
             assert err(b) <= min(err(c) for c in inside) * (1 + 1e-9) + 1e-12  # Eq. (9) minimum
 
 
@@ -473,7 +474,10 @@ def pb_expected_error(x, b1, bucket):
     return float(torch.where(inside, (b - v) * (b + v), (v.abs() - b) ** 2).sum())
 
 
-SKEWED = lambda n, seed: laplace_vector(n, seed=seed).abs() ** 2        # noqa: E731
+def SKEWED(n, seed):
+    return laplace_vector(n, seed=seed).abs() ** 2
+
+
 FITTED = {"orq3": lambda **kw: ORQ(levels=3, **kw), "orq5": lambda **kw: ORQ(levels=5, **kw),
           "orq9": lambda **kw: ORQ(levels=9, **kw), "orq17": lambda **kw: ORQ(levels=17, **kw),
           "linear3": lambda **kw: Linear(levels=3, **kw), "linear5": lambda **kw: Linear(levels=5, **kw),
@@ -580,7 +584,7 @@ def test_quantizers_through_the_real_ring_engine(tmp_path):
     cases = [(BinGradB(bucket=64), 1000, "reencode"), (QSGD(bits=4, bucket=64), 1000, "reencode"),
              (ORQ(levels=5, bucket=64), 300, "allgather"), (TernGrad(bucket=64), 300, "ps")]
     per_rank = run_ranks(_ring_cases, 2, tmp_path, cases)
-    for k, (comp, numel, _) in enumerate(cases):
+    for k, (_, numel, _) in enumerate(cases):
         assert all(torch.equal(outs[k], per_rank[0][k]) for outs in per_rank)
         total = _ring_input(0, numel) + _ring_input(1, numel)
         assert float((per_rank[0][k] - total).norm() / total.norm()) < 3.0   # TernGrad's error is large
@@ -675,7 +679,7 @@ def test_fused_lanes_and_packing_are_the_torch_ops_bit_for_bit(levels, dense, mo
     from gvq.compressors._dither import DitherLanes
     lay = Layout(5000, 2048, 1, *word_format(levels, dense))
     codes = torch.randint(0, levels, (lay.n_words * lay.per_word,), generator=torch.Generator().manual_seed(0))
-    codes = codes.to(bucketing.digit_dtype(levels))
+    codes = codes.to(digit_dtype(levels))
     out, draws = {}, {}
     for flag in ("1", "0"):
         monkeypatch.setenv("GVQ_FUSED", flag)
@@ -696,7 +700,7 @@ def test_fused_scale_dither_floor_is_its_float32_formula_bit_for_bit(levels):
     from gvq.compressors._dither import DitherLanes
     x = laplace_vector(5 * 2048 + 77, seed=4)[: 5 * 2048].view(5, 2048).contiguous()
     scale = (levels // 2) / x.abs().amax(dim=1)
-    shift = levels // 2 + bucketing.DITHER_OFFSET
+    shift = levels // 2 + DITHER_OFFSET
     u = DitherLanes().uniform16(x.numel(), torch.device("cpu"), torch.Generator().manual_seed(11))
     codes = torch.empty(5, 2048, dtype=torch.uint8)
     fused_kernels.scale_dither_floor(x.numpy(), scale.numpy(), shift, u.numpy(), codes.numpy(), levels - 1)

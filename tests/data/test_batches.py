@@ -37,7 +37,7 @@ def test_shards_disjoint_cover_and_share_permutation():
         assert len(set(union.tolist())) == len(union)  # disjoint
         assert n - len(union) < world * bs  # only the remainder is dropped
         # Interleaving the shards rebuilds one permutation: every rank used the same one.
-        perm = torch.randperm(n, generator=D._generator(7, epoch))
+        perm = torch.randperm(n, generator=D.seeded_generator(7, epoch))
         assert torch.equal(torch.stack(shards, 1).reshape(-1), perm[:len(union)])
     first = [y for _, _, y in per_rank[0][:nb]]
     second = [y for _, _, y in per_rank[0][nb:]]
@@ -60,10 +60,10 @@ def test_resume_matches_continuing(start):
 
 def test_augmentation_crops_and_flips():
     x = torch.randn(16, 3, 32, 32)
-    a = D.augment_batch(x, D._generator(1))
+    a = D.augment_batch(x, D.seeded_generator(1))
     assert a.shape == x.shape
-    assert torch.equal(a, D.augment_batch(x, D._generator(1)))
-    assert not torch.equal(a, D.augment_batch(x, D._generator(2)))
+    assert torch.equal(a, D.augment_batch(x, D.seeded_generator(1)))
+    assert not torch.equal(a, D.augment_batch(x, D.seeded_generator(2)))
     assert not torch.equal(a, x)
     padded = F.pad(x, (4, 4, 4, 4))
     found = set()

@@ -34,7 +34,7 @@ def test_digits_are_scikit_learns(fraction, tmp_path, monkeypatch):
     from sklearn.model_selection import train_test_split
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     ref = load_digits()
-    x, y = D._digits_arrays()
+    x, y = D.digits_arrays()
     assert np.array_equal(x[:, 0], (ref.images / 16).astype(np.float32)) and np.array_equal(y, ref.target)
     for seed in (0, 1, 123):
         theirs = train_test_split(np.arange(len(y)), test_size=fraction, stratify=y, random_state=seed)
@@ -47,7 +47,7 @@ def test_digits_are_scikit_learns(fraction, tmp_path, monkeypatch):
 
 def test_digits_split_is_pinned():
     """The default split, pinned: runs keep their data across scikit-learn versions, or this says why not."""
-    train, test = D.stratified_split(D._digits_arrays()[1], 0.2, 0)
+    train, test = D.stratified_split(D.digits_arrays()[1], 0.2, 0)
     assert (len(train), len(test)) == (1437, 360)
     assert test[:8].tolist() == [1496, 188, 705, 820, 413, 744, 1466, 500]
     assert train[:8].tolist() == [1346, 295, 257, 385, 1640, 849, 640, 757]
@@ -60,8 +60,10 @@ def test_digits_cache_spares_the_import_and_survives_damage(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
     code = ("import gvq.data as D, sys; on_import = 'sklearn' in sys.modules; d = D.digits(); "
             "print('sklearn' in sys.modules, float(d.x_test.sum()), D.digits_cache_path(0.2, 0), on_import)")
-    run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
-                                 check=True, env=env).stdout.split()
+    def run():
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env=env).stdout.split()
+
     fresh, cached = run(), run()
     assert fresh[0] == "True" and cached[0] == "False"
     assert fresh[3] == cached[3] == "False"                 # importing gvq.data imports nothing of it

@@ -97,7 +97,7 @@ def once_per_key(run):
         if key not in done:
             try:
                 done[key] = run(*args)
-            except Exception as e:                      # noqa: BLE001 (kept for the group's other tests)
+            except Exception as e:                      # kept for the group's other tests
                 done[key] = e
         if isinstance(done[key], Exception):
             raise done[key]

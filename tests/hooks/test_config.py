@@ -139,7 +139,8 @@ def test_the_hook_and_the_cli_print_the_same_line_for_a_bad_value():
 
 @pytest.mark.parametrize("call,says", [
     (lambda p: _state(None, p), "config=None: give an option name"),
-    (lambda p: _state("qsgd", p, {"bits": 2}), "bits: not a key of aggregator=qsgd itself; did you mean compressor.bits?"),
+    (lambda p: _state("qsgd", p, {"bits": 2}),
+     "bits: not a key of aggregator=qsgd itself; did you mean compressor.bits?"),
     (lambda p: _state("qsgd", p, None, bits=2), "an option's keys go in overrides"),
     (lambda p: _state("qsgd", p, [("compressor.bits", 2)]), "overrides=.*give a dict"),
     (lambda p: _state("qsgd", torch.nn.Linear(2, 2).weight), "params=Parameter: pass the model's parameters"),

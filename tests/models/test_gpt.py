@@ -37,7 +37,8 @@ def test_logits_are_per_position_and_scored_by_the_flattened_loss():
         model(torch.zeros(1, 6, dtype=torch.long))
 
 
-@pytest.mark.parametrize("kwargs,key", [({"in_channels": 3}, "in_channels"), ({"width": 30, "heads": 4}, "model.width")])
+@pytest.mark.parametrize("kwargs,key", [({"in_channels": 3}, "in_channels"),
+                                        ({"width": 30, "heads": 4}, "model.width")])
 def test_refusals_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         GPT(num_classes=256, **kwargs)

@@ -9,10 +9,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from gvq import data as D
 from gvq import models as M
 from tests.helpers.data import write_fake_cifar
 

@@ -63,7 +63,8 @@ TARGETS = [(f"{p.relative_to(ROOT)}:{w}", t)
 def test_every_target_in_every_option_file_resolves(where, target):
     """A stale ``_target_`` (a class moved or renamed) fails here, even in an option no other test
     instantiates; launcher plugins resolve only where their optional extra is installed."""
-    if target.startswith("hydra_plugins.") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+    if target.startswith("hydra_plugins.") and (
+            importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None):
         pytest.skip("launcher plugin not installed (optional extra)")
     assert callable(get_object(target)), f"{where}: {target}"
 

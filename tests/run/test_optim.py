@@ -34,7 +34,8 @@ def test_sgd_is_built_from_its_keys_and_the_schedule_stays_the_run_s(compose_cfg
     o, opt = _built(compose_cfg, "optim.lr=0.2", "optim.momentum=0.5", "optim.warmup_iters=4")
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["lr"] == 0.2 and opt.defaults["momentum"] == 0.5
     f = lr_lambda(o, 20)
-    assert [f(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0] and f(12) == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
+    assert [f(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(12) == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
 
 
 @pytest.mark.parametrize("bad", ["optim.clip_norm=0", "optim.betas=[0.9,1.0]", "optim.eps=0"])

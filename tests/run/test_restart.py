@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gvq.run import restart
+from gvq.run import checkpoint, restart
 from tests.helpers.launch import launch_job
 
 RUN = ["logger=csv", "logger.progress=false", "iterations=12", "eval_every=4", "checkpoint.every=4",
@@ -91,13 +91,13 @@ def test_the_budget_the_resume_point_and_the_rows_set_aside(tmp_path):
     assert budget.after_failure("x") == restart.Restart(4, str(tmp_path)) and budget.resumed_from == [0, 4]
     assert budget.after_failure("x") is None                 # the budget is spent: no next attempt
     restart.set_aside_rows(str(tmp_path))                     # the restarted rank 0, before its RunLog
-    assert restart.previous_rows_path(str(tmp_path)).name == restart.SET_ASIDE
+    assert checkpoint.previous_rows_path(str(tmp_path)).name == restart.SET_ASIDE
     assert not (tmp_path / "metrics.csv").exists()
     (tmp_path / "metrics.csv").write_text("iteration\n0\n")   # a second crash mid-replay: keep the full set
     restart.set_aside_rows(str(tmp_path))
     assert (tmp_path / restart.SET_ASIDE).read_text() == rows
     restart.rows_replayed(str(tmp_path))
-    assert restart.previous_rows_path(str(tmp_path)).name == "metrics.csv"
+    assert checkpoint.previous_rows_path(str(tmp_path)).name == "metrics.csv"
 
 
 def test_no_progress_since_the_last_restart_is_stuck(tmp_path):

@@ -186,7 +186,8 @@ def test_a_run_whose_loss_returns_to_chance_ends_collapsed_in_one_line(tmp_path)
             "model._target_=tests.helpers.faulty.ChanceAfter", "+model.at=30")
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gvq:")]
-    assert len(lines) == 1 and lines[0].startswith("gvq: run collapsed: train loss back at chance since iteration"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("gvq: run collapsed: train loss back at chance since iteration"), lines
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "collapsed" and summary["reason"] in lines[0]
     assert 30 < int(summary["reason"].split("since iteration ")[1].split()[0]) < 60

@@ -10,12 +10,12 @@ On a CUDA machine (``make gpu-check`` runs every part):
 
 Each check is a subprocess with a time limit (its process group is killed there), ``--jobs`` of them at a
 time (half the CPUs, at most 8: on a 16-core GPU machine the whole check in one command of a few
-minutes); where it still does not fit a time-boxed session, run one part at a time or narrow it (``-k``, ``--aggregators``,
-``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets ``parts/<part>-<command>.json`` as each
-check ends, then ``gpucheck.json`` and ``gpucheck.md`` merged from every part file there (a check's newest
-row wins; delete the folder to start over), each part headed by its date, commit, machine and command (for
-docs/results.md); that one table is printed.  Exit status: 0 all passed, 1 something failed, 2 no CUDA
-device is visible (one line, before anything runs).
+minutes); where it still does not fit a time-boxed session, run one part at a time or narrow it (``-k``,
+``--aggregators``, ``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets
+``parts/<part>-<command>.json`` as each check ends, then ``gpucheck.json`` and ``gpucheck.md`` merged from every
+part file there (a check's newest row wins; delete the folder to start over), each part headed by its date,
+commit, machine and command (for docs/results.md); that one table is printed.  Exit status: 0 all passed,
+1 something failed, 2 no CUDA device is visible (one line, before anything runs).
 """
 from __future__ import annotations
 

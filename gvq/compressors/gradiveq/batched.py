@@ -71,8 +71,9 @@ class BatchedPlan:
         # compress: x's slices gathered into one buffer; the GEMMs write a source [results | x] that one
         # gather lays out as the payload.  decompress: the payload's codes gathered; the GEMMs write a
         # source [reconstructions | payload] that one gather lays out as the gradient.
-        self.x_idx = torch.cat([c.x_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64, device=HOST)])
-        self.p_idx = torch.cat([c.p_at.view(-1) for c in self.classes] or [torch.zeros(0, dtype=torch.int64, device=HOST)])
+        none = [torch.zeros(0, dtype=torch.int64, device=HOST)]
+        self.x_idx = torch.cat([c.x_at.view(-1) for c in self.classes] or none)
+        self.p_idx = torch.cat([c.p_at.view(-1) for c in self.classes] or none)
         pay_idx = torch.empty(total, dtype=torch.int64, device=HOST)
         out_idx = torch.empty(length, dtype=torch.int64, device=HOST)
         at_r, at_y = 0, 0
