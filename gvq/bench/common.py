@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from gvq.schema.compose import compose, overrides_for  # the run config `python cli.py <overrides>` composes
+from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
+from gvq.schema.setting import overrides_for
 from gvq.schema.errors import ConfigError
 
 

@@ -26,15 +26,12 @@ import statistics
 from pathlib import Path
 
 from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
-from gvq.schema.compose import overrides_for
+from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
+from gvq.schema.setting import BENCH_VERSION, Setting, aliases, name_of, overrides_for, variant_name
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
-from gvq.report.runs import setting_label, setting_value
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
 
-AGGREGATORS = ("rar", "fp16", "qsgd", "powersgd", "gradiveq", "gradiveq_pooled")
-#: per-option overrides of the table's settings: PowerSGD at rank 4 (the field's usual comparison)
-SETTINGS = {"powersgd": ("aggregator.rank=4",)}
 OVERLAP = ("aggregator.overlap=true",)
 HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging by this share of compute
 #                            (forward + backward); larger => a laxer hiding check
@@ -45,6 +42,12 @@ HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging 
 VARIANTS = ("post", "overlap", "small")
 
 
+def table_grid():
+    """The table's grid (conf/grid/overlap.yaml): its settings, the overrides they start from (PowerSGD's
+    rank), world sizes, links and regimes: the flags' defaults."""
+    return load_grid("overlap")
+
+
 def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, float | None, tuple[str, ...]]]:
     """(variant, bucket size, overrides): post-backward; overlapped at DDP's default buckets; overlapped
     at ``bucket_mb`` (those in ``kinds``)."""
@@ -53,67 +56,19 @@ def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, float | None, 
     return [every[k] for k in VARIANTS if k in kinds]
 
 
-def variant_name(variant: str, bucket_mb: float | None) -> str:
-    """How tables name a mode's variant: ``post``, ``overlap``, ``overlap@0.25MB``."""
-    return variant if bucket_mb is None else f"{variant}@{bucket_mb:g}MB"
-
-
-def parse_setting(spec: str, defaults: dict = SETTINGS) -> tuple[str, tuple[str, ...]]:
-    """A ``--aggregators`` entry, ``OPTION`` or ``OPTION:KEY=VALUE,...`` (keys under ``aggregator.``, e.g.
-    ``qsgd:compressor.bits=2``), as (option, its overrides: ``defaults``' for the option (the bench's
-    :data:`SETTINGS`) unless the entry sets the same key, then its own)."""
-    option, colon, own = spec.partition(":")
-    pairs = [kv for kv in own.split(",") if kv]
-    if (colon and not pairs) or any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
-        raise ValueError(f"--aggregators {spec}: write OPTION or OPTION:KEY=VALUE[,KEY=VALUE] "
-                         "(keys under aggregator., e.g. qsgd:compressor.bits=2)")
-    mine = tuple(f"aggregator.{kv}" for kv in pairs)
-    keys = {o.split("=", 1)[0] for o in mine}
-    return option, tuple(o for o in defaults.get(option, ()) if o.split("=", 1)[0] not in keys) + mine
-
-
-def with_common(spec: str, common) -> tuple[str, tuple[str, ...]]:
-    """:func:`parse_setting` with ``common`` (``--set`` style, ``name:key=value`` for that option only) as
-    the defaults the entry's own keys replace: how ``gvq.predict`` builds a calibrated setting."""
-    option = spec.partition(":")[0]
-    return parse_setting(spec, {option: tuple(overrides_for(option, list(common)))})
-
-
-def entry_label(spec: str) -> str:
-    """An entry's name by its own overrides only (``qsgd:compressor.bits=2`` -> ``qsgd bits=2``, ``qsgd`` ->
-    ``qsgd``): how ``gvq.predict`` keys the settings it calibrates, which the report's names match."""
-    return setting_label(*parse_setting(spec, {}))
-
-
-def setting_aliases(entries) -> dict[str, str]:
-    """Each setting's second name, with every key that any setting of its family overrides written out at
-    its resolved value (``qsgd`` is also ``qsgd bits=4`` beside ``qsgd:compressor.bits=2``): a run that set
-    a default explicitly (``aggregator.compressor.bits=4``) finds the seconds of the setting it ran."""
-    from omegaconf import OmegaConf
-    from gvq.bench.common import compose
-    parsed = [parse_setting(e) for e in entries]
-    keys: dict[str, set] = {}
-    for option, own in parsed:
-        keys.setdefault(option, set()).update(o.split("=", 1)[0] for o in own)
-    out = {}
-    for option, own in parsed:
-        cfg = compose([f"aggregator={option}", *own])
-        full = [f"{k}={setting_value(OmegaConf.select(cfg, k))}" for k in sorted(keys[option])]
-        out[setting_label(option, full)] = setting_label(option, own)
-    return {k: v for k, v in out.items() if k != v}
-
-
 def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
                common: tuple[str, ...] = ()) -> list[ModeSpec]:
     """Every mode of one spawn: compute alone once (no link), then setting x variant x link; a setting is a
-    ``--aggregators`` entry (:func:`parse_setting`), named as the report names runs (``setting_label``:
-    its ``name:key=value`` ``--set`` entries included); ``common`` (``--set``): overrides for every
+    ``--aggregators`` entry (:meth:`Setting.parse`, from the grid's ``set``), named as the report names
+    runs (``name_of``: its ``name:key=value`` ``--set`` entries included); ``common`` (``--set``): overrides for every
     aggregator (``name:key=value``: that one only)."""
     specs = [ModeSpec("local", "local")]
+    base = table_grid().set
     for bps in links:
         for entry in aggregators:
-            agg, own = parse_setting(entry)
-            label = setting_label(agg, own + tuple(overrides_for(agg, common, scoped_only=True)))
+            s = Setting.parse(entry, base)
+            agg, own = s.option, s.overrides
+            label = name_of(agg, own + tuple(overrides_for(agg, common, scoped_only=True)))
             for variant, cap, extra in variants(bucket_mb, kinds):
                 specs.append(ModeSpec(f"{label} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
                                       own + tuple(common) + extra, bps, variant, cap, label))
@@ -250,12 +205,13 @@ def cell_row(cell: dict) -> dict:
 def setting(args) -> dict:
     """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
     (``python -m gvq.report --tta``) shows and checks against its runs."""
+    base = table_grid().set
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
             "num_classes": args.num_classes, "set": list(args.set),
             # each family's default setting, which the report's gain over the family default is over
-            "defaults": {o: setting_label(o, SETTINGS.get(o, ())) for o in
-                         sorted({parse_setting(a)[0] for a in args.aggregators})},
-            "aliases": setting_aliases(args.aggregators), "iters": args.iters, "warmup": args.warmup,
+            "defaults": {o: Setting.parse(o, base).name for o in
+                         sorted({Setting.parse(a).option for a in args.aggregators})},
+            "aliases": aliases(args.aggregators, base), "iters": args.iters, "warmup": args.warmup,
             "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
             "codec_scale": args.codec_scale, "clock": "virtual", "net": args.net}
 
@@ -274,11 +230,12 @@ def run_wall(args) -> list[dict]:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench overlap", description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--bandwidth", type=float, nargs="+", default=[5e7, 2e8, 1e9, 1e10], help="links, bit/s per rank")
-    p.add_argument("--compute-scale", type=float, nargs="+", default=[1.0, 1 / 6], help="1: CPU; 1/6: GPU")
+    g = table_grid()                          # the defaults: conf/grid/overlap.yaml
+    p.add_argument("--world-size", type=int, nargs="+", default=g.world_sizes)
+    p.add_argument("--bandwidth", type=float, nargs="+", default=g.links_bps, help="links, bit/s per rank")
+    p.add_argument("--compute-scale", type=float, nargs="+", default=g.compute_scales, help="1: CPU; 1/6: GPU")
     p.add_argument("--codec-scale", type=float, default=1.0)
-    p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
+    p.add_argument("--aggregators", nargs="+", default=g.settings,
                    help="settings: OPTION or OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., e.g. "
                         "qsgd:compressor.bits=2); each is one mode per variant, named as the report names runs")
     p.add_argument("--bucket-mb", type=float, default=0.25, help="the smaller DDP bucket size, MB")
@@ -292,7 +249,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     for entry in args.aggregators:           # a malformed setting: one line, before any rank starts
         try:
-            parse_setting(entry)
+            Setting.parse(entry)
         except ValueError as e:
             p.error(str(e))
     if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
@@ -317,7 +274,7 @@ def main(argv: list[str]):
         out = run_wall(args)
     else:
         records, cells = run_table(args)
-        out = {"setting": setting(args), "modes": records, "cells": cells}
+        out = {"version": BENCH_VERSION, "setting": setting(args), "modes": records, "cells": cells}
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
     return out

@@ -22,10 +22,11 @@ import shutil
 from pathlib import Path
 
 from gvq.bench.common import run_bench
+from gvq.schema.compose import load_grid
 
-AGGREGATORS = ["rar", "qsgd", "gradiveq_bf16", "powersgd"]
-SETTINGS = ["K=x1", "gradiveq_bf16:aggregator.compressor.pool=true",
-            "gradiveq_bf16:aggregator.compressor.target_ratio=8", "powersgd:aggregator.rank=6"]
+#: the settings checked and the overrides they start from: conf/grid/clock.yaml (the calibration's)
+AGGREGATORS = load_grid("clock").settings
+SETTINGS = load_grid("clock").set
 
 
 def _aggregation(args, world: int, bw: float, clock: str, pin: bool = False) -> dict[str, dict]:
@@ -89,7 +90,7 @@ def _v3(args, bw: float, quiet: dict[str, dict]) -> list[dict]:
 def main(argv: list[str]) -> list[dict]:
     """``python -m gvq.bench clock [--bandwidth 5e7 2e8] [--model resnet32]``."""
     p = argparse.ArgumentParser(prog="python -m gvq.bench clock", description=__doc__.splitlines()[0])
-    p.add_argument("--bandwidth", type=float, nargs="+", default=[5e7, 2e8])
+    p.add_argument("--bandwidth", type=float, nargs="+", default=load_grid("clock").links_bps)
     p.add_argument("--model", default="resnet32")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--iters", type=int, default=6)

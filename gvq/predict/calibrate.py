@@ -16,6 +16,7 @@ import torch
 
 from gvq.predict.structure import (
     AGGREGATORS,
+    CALIBRATION_VERSION,
     SETTINGS,
     build_on_one_rank,
     entries,
@@ -262,7 +263,8 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     named, shape = entries(aggregators), list(shape or default_input_shape(model))
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cal = {"host": platform.processor() or platform.machine(), "torch": torch.__version__, "model": model,
+    cal = {"version": CALIBRATION_VERSION, "host": platform.processor() or platform.machine(),
+           "torch": torch.__version__, "model": model,
            "batch_size": batch, "num_classes": num_classes, "settings": SETTINGS, "entries": named,
            "input_shape": shape, "compute_samples": compute(model, batch, num_classes, shape=shape),
            "vector": vector_ops(), "msg": message_cost(),

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from gvq.schema.compose import compose
+from gvq.schema.setting import Setting, setting_value, split_name
+
 
 def _default_of(cfg, key: str):
     """The option's default of a short key (``bits``: ``aggregator.compressor.bits``), or None."""
@@ -25,15 +28,13 @@ def calibrated_name(name: str, have, common=()) -> str:
     where priced, else without the pairs that restate the option's defaults (its config with ``common``,
     the calibration's ``settings``, applied) where that is priced, else itself (the caller says it is not
     calibrated)."""
-    from gvq.bench.common import compose
-    from gvq.bench.overlap import setting_value, with_common
     if name in have:
         return name
-    option, *pairs = name.split(" ")
+    option, pairs = split_name(name)
     try:
-        cfg = compose([f"aggregator={option}", *with_common(option, common)[1]])
+        cfg = compose([f"aggregator={option}", *Setting.parse(option, common).overrides])
     except ValueError:                     # not an option (ConfigError): nothing to find it under
         return name
-    own = [kv for kv in pairs if setting_value(_default_of(cfg, kv.split("=", 1)[0])) != kv.split("=", 1)[1]]
+    own = [f"{k}={v}" for k, v in pairs if setting_value(_default_of(cfg, k)) != v]
     short = " ".join([option, *own])
     return short if short in have else name

@@ -8,15 +8,20 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.base import RunContext
+from gvq.schema.compose import load_grid
+from gvq.schema.setting import Setting
 
-AGGREGATORS = ("rar", "fp16", "qsgd", "gradiveq_bf16", "powersgd")
-SETTINGS = ["K=x1", "gradiveq_bf16:aggregator.compressor.pool=true",   # make bench's: K/d = 8, PowerSGD r6
-            "gradiveq_bf16:aggregator.compressor.target_ratio=8", "powersgd:aggregator.rank=6"]
+#: what calibrate prices and the overrides its settings start from: conf/grid/calibration.yaml
+AGGREGATORS = tuple(load_grid("calibration").settings)
+SETTINGS = load_grid("calibration").set
+#: the format calibrate writes (``version`` in calibration.json); a file without one is 1, read by
+#: :func:`calibrated_entries` and :func:`calibrated_shape`
+CALIBRATION_VERSION = 2
 
 
 def structure_ns() -> list[int]:
-    """World sizes stored: every N to 16, then doubling to 1024 (and the paper's 6 among them)."""
-    return list(range(2, 17)) + [24, 32, 48, 64, 128, 256, 512, 1024]
+    """World sizes stored (the calibration grid's): every N to 16, then doubling to 1024."""
+    return load_grid("calibration").world_sizes
 
 
 def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTINGS, in_channels: int | None = None):
@@ -25,9 +30,9 @@ def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTING
     on one rank of ``model``'s gradient (``in_channels``: its input's, default the model's default data's),
     GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
     from gvq.bench.common import build_model, make_aggregator
-    from gvq.bench.overlap import with_common
     from gvq.bench.train import default_input_shape
-    option, overrides = with_common(entry, settings)
+    s = Setting.parse(entry, settings)
+    option, overrides = s.option, s.overrides
     net = build_model(model, num_classes, in_channels or default_input_shape(model)[0])
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
@@ -39,13 +44,12 @@ def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTING
 
 
 def entries(names) -> dict[str, str]:
-    """Calibrated entries keyed by their names (``gvq.bench.overlap.entry_label``: ``qsgd bits=2`` for
-    ``qsgd:compressor.bits=2``), the keys of every cost the calibration stores; a ValueError for a
+    """Calibrated entries keyed by their names (:attr:`Setting.name` of the entry's own keys: ``qsgd bits=2``
+    for ``qsgd:compressor.bits=2``), the keys of every cost the calibration stores; a ValueError for a
     malformed entry or two entries of one name."""
-    from gvq.bench.overlap import entry_label
     out: dict[str, str] = {}
     for entry in names:
-        label = entry_label(entry)
+        label = Setting.parse(entry).name
         if label in out:
             raise ValueError(f"--aggregators {entry}: the same setting as {out[label]} ({label!r})")
         out[label] = entry
@@ -53,8 +57,9 @@ def entries(names) -> dict[str, str]:
 
 
 def calibrated_entries(cal: dict, struct: dict) -> dict[str, str]:
-    """name -> entry of a calibration; one written before settings were calibrated keyed option names."""
-    return cal.get("entries") or {name: name for name in struct["aggregators"]}
+    """name -> entry of a calibration; one written before settings were calibrated (no ``version``) keyed
+    option names, each read as the setting of its option."""
+    return cal.get("entries") or {Setting.parse(name).name: name for name in struct["aggregators"]}
 
 
 def calibrated_shape(cal: dict) -> tuple[int, int, int]:

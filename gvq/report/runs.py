@@ -14,6 +14,7 @@ import pandas as pd
 import yaml
 
 from gvq.schema.config import NOT_A_SETTING
+from gvq.schema.setting import Setting, short
 
 NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
                "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
@@ -36,8 +37,9 @@ class Run:
 
     @property
     def setting(self) -> str:
-        """The option and its ``aggregator.*`` overrides (:func:`setting_label`), inert knobs left out."""
-        return setting_label(self.aggregator, [o for o in self.overrides if not _inert(o, self)])
+        """The option and its ``aggregator.*`` overrides (:attr:`gvq.schema.setting.Setting.name`), inert
+        knobs left out."""
+        return Setting(self.aggregator, tuple(o for o in self.overrides if not _inert(o, self))).name
 
 
 @dataclass
@@ -198,7 +200,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
     groups = []
     for (key, agg, status), members in keyed.items():
         shown = sorted((o for o in key if o not in common), key=lambda o: not o.startswith("aggregator="))
-        label = " ".join(_short(o) for o in shown) or agg
+        label = " ".join(short(o) for o in shown) or agg
         groups.append(Group(label, (key, agg, status), members))
     order = {"completed": 0, "failed": 1, "incomplete": 2}
     return sorted(groups, key=lambda g: (order.get(g.status, 3), g.aggregator != "rar", g.label))
@@ -207,52 +209,6 @@ def group_runs(runs: list[Run]) -> list[Group]:
 def _inert(override: str, run: Run) -> bool:
     """An override of a knob the run's aggregator did not read (``lambda=0.05`` on a rar run)."""
     return override.split("=", 1)[0].lstrip("+~") in run.summary.get("inert_knobs", ())
-
-
-def _short(override: str) -> str:
-    """``aggregator=orq`` -> ``orq``; ``aggregator.compressor.levels=5`` -> ``levels=5``; a ``_target_`` by
-    its class (``_target_=ErrorFeedbackAggregator``)."""
-    if override.startswith("aggregator="):
-        return override.split("=", 1)[1]
-    for prefix in ("aggregator.compressor.", "aggregator."):
-        if override.startswith(prefix):
-            key, _, value = override[len(prefix):].partition("=")
-            return f"{key}={value.rsplit('.', 1)[-1] if key == '_target_' else value}"
-    return override
-
-
-def setting_value(value) -> str:
-    """A knob's value as a setting's name writes it, whether it came as override text (``true``, ``2``) or
-    as a resolved config value (``True``, ``2``): YAML's reading, booleans and null lower-case."""
-    if isinstance(value, str):
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
-            return value
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))                                  # 8.0 resolved, 8 typed: one setting
-    return str(value)
-
-
-#: how a setting is reduced (overlapped inside backward, at which bucket size), not what it sums: the
-#: report and the bench carry it as the variant, beside the setting
-VARIANT_KEYS = ("overlap", "bucket_cap_mb")
-
-
-def setting_label(option: str, overrides) -> str:
-    """A setting's name: its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``).
-    The one namer of settings: ``gvq.bench overlap`` names its modes with it and the time-to-accuracy
-    report its runs, so each run finds the seconds measured on its setting."""
-    own = []
-    for o in overrides:
-        if o.startswith("aggregator.") and "=" in o:
-            key, value = _short(o).split("=", 1)
-            if key in VARIANT_KEYS:
-                continue
-            own.append(f"{key}={setting_value(value)}")
-    return " ".join([option, *sorted(own)])
 
 
 def setting_key(config: dict) -> str:

@@ -2,6 +2,7 @@
 
     from gvq.schema.compose import compose
     cfg = compose(["aggregator=qsgd", "aggregator.compressor.bits=2"])    # a DictConfig, typed
+    g = load_grid("overlap", ["grid.world_sizes=[4]"])    # conf/grid/overlap.yaml, a GridSchema
 
 The option files are ``conf/`` at the repository's top level (``cli.py``'s ``config_path``); a wheel
 carries a copy inside the package as ``gvq/conf/`` (setup.py).  A bad override is refused as the CLI
@@ -10,14 +11,17 @@ refuses it: one line (:class:`gvq.schema.errors.ConfigError`), Hydra's exception
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from pathlib import Path
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gvq.schema.config import register
 from gvq.schema.errors import ConfigError, describe
+from gvq.schema.grid import GridSchema
 
 PACKAGE = Path(__file__).resolve().parents[1]      # gvq/
 
@@ -64,18 +68,37 @@ def _own_hydra(conf: Path):
             GlobalHydra.instance().initialize(outer)
 
 
-def overrides_for(option: str, overrides, scoped_only: bool = False) -> list[str]:
-    """The overrides that apply to the aggregator option ``option`` in the benches' ``--set`` syntax:
-    ``key=value`` applies to every option, ``option:key=value`` to that one (returned without its scope);
-    ``scoped_only``: just the latter, the ones that make a bench mode's setting.  The one reader of that
-    syntax for the bench that applies it, the overlap bench that names its modes by it and the report
-    that checks runs against it."""
-    out = []
-    for o in overrides:
-        scope, colon, rest = o.partition(":")
-        if not colon or "=" in scope:           # unscoped (a ':' inside the value is not a scope)
-            if not scoped_only:
-                out.append(o)
-        elif scope == option:
-            out.append(rest)
-    return out
+@functools.lru_cache(maxsize=None)
+def _grid(name: str, overrides: tuple[str, ...]) -> GridSchema:
+    from hydra import compose as hydra_compose
+    register()
+    with _own_hydra(conf_dir()):
+        try:
+            cfg = hydra_compose(f"grid/{name}", overrides=list(overrides))
+        except (ConfigCompositionException, MissingConfigException, OverrideParseException,
+                OmegaConfBaseException) as e:
+            where = conf_dir() / "grid" / f"{name}.yaml"
+            if where.is_file():     # Hydra drops the cause of a key refused inside a file: typed again, named
+                _typed_grid(name, {k: v for k, v in OmegaConf.load(where).items() if k != "defaults"})
+            raise ConfigError(f"grid {name}: {describe(e)}") from e
+    return GridSchema(**_typed_grid(name, cfg.grid))
+
+
+def _typed_grid(name: str, node) -> dict:
+    """``node``'s keys through the schema as plain data (so a ``+grid.key=`` added past Hydra's check is
+    refused too); a ConfigError naming the key it refuses."""
+    schema = OmegaConf.create({"grid": OmegaConf.structured(GridSchema)})
+    OmegaConf.set_struct(schema, True)
+    try:
+        typed = OmegaConf.merge(schema, {"grid": OmegaConf.to_container(OmegaConf.create(node))})
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"grid {name}: {describe(e)}") from e
+    return OmegaConf.to_container(typed.grid, resolve=True)
+
+
+def load_grid(name: str, overrides=()) -> GridSchema:
+    """The grid ``conf/grid/<name>.yaml`` (settings, world sizes, links, compute scales), typed by
+    :class:`gvq.schema.grid.GridSchema`, with ``overrides`` applied (``grid.world_sizes=[4,8]``); an unknown
+    or ill-typed key raises :class:`ConfigError`, one line naming it.  Composed once per process."""
+    g = _grid(name, tuple(overrides))
+    return dataclasses.replace(g, **{f.name: list(getattr(g, f.name)) for f in dataclasses.fields(g)})  # a copy

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNode
 
+from gvq.schema.grid import GridSchema
 from gvq.schema.options import OPTION_SCHEMAS, Choice
 
 #: command-line overrides that do not make a setting (a run's seeds share one): the one list the run's
@@ -102,6 +103,7 @@ def register() -> None:
     store.store(name="gvq_schema", node=build_schema())
     for (group, option), schema in OPTION_SCHEMAS.items():
         store.store(group=f"schema/{group}", name=option, node=schema)
+    store.store(group="schema", name="grid", node=GridSchema)     # conf/grid/*.yaml (gvq.schema.compose.grid)
     # ``${gvq_uid:}`` in the run / sweep dirs (conf/hydra/default.yaml): two runs started in the same
     # microsecond still get two dirs.  Cached like Hydra's ``now``, and Hydra copies the cache into every
     # job of a sweep, so a sweep's jobs share their sweep dir.

@@ -34,9 +34,10 @@ def test_variants_and_common_overrides_pick_what_one_spawn_times():
 
 def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_path):
     """``qsgd`` and ``qsgd:compressor.bits=2`` are two modes, each with its own overrides, named by the
-    report's setting_label (so a run with ``aggregator.compressor.bits=2`` finds its seconds); a
+    report's name (``Setting.name``: a run with ``aggregator.compressor.bits=2`` finds its seconds); a
     ``name:key=value`` --set of that option is part of its name; a malformed entry is one line."""
-    from gvq.report.runs import Run, setting_label
+    from gvq.report.runs import Run
+    from gvq.schema.setting import aliases, name_of as setting_label
     specs = overlap.cell_specs([2e8], ["qsgd", "qsgd:compressor.bits=2", "powersgd:rank=8"], 0.25, kinds=["post"],
                                common=("L_t=50", "qsgd:aggregator.stochastic=true"))
     got = {s.setting: s.overrides for s in specs[1:]}
@@ -54,27 +55,23 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
     args = overlap.parse_args(["--aggregators", "qsgd:compressor.bits=2", "fp16"])
     assert overlap.setting(args)["defaults"] == {"fp16": "fp16", "qsgd": "qsgd"}
     # a default written out is the same setting: the bench names it so (the option file's bits: 4)
-    assert overlap.setting_aliases(["qsgd", "qsgd:compressor.bits=2", "gradiveq_pooled:compressor.target_ratio=8",
-                                    "gradiveq:samples_in_warmup=true", "gradiveq"]) == {
+    assert aliases(["qsgd", "qsgd:compressor.bits=2", "gradiveq_pooled:compressor.target_ratio=8",
+                    "gradiveq:samples_in_warmup=true", "gradiveq"], overlap.table_grid().set) == {
         "qsgd bits=4": "qsgd", "gradiveq samples_in_warmup=false": "gradiveq"}
     assert setting_label("g", ["aggregator.a=True", "aggregator.b=8.0", "aggregator.c=null"]) == "g a=true b=8 c=null"
     # the variant (overlapped, bucket size) is not the setting: the bench times it beside
     assert setting_label("g", ["aggregator.overlap=true", "aggregator.bucket_cap_mb=0.25", "aggregator.b=2"]) == "g b=2"
 
 
-def test_an_entry_is_named_by_its_own_keys_and_takes_the_defaults_it_is_given():
-    """``entry_label``: the name gvq.predict keys a calibrated setting by, the bench's defaults left out
-    (``powersgd`` stays ``powersgd``); ``parse_setting``'s defaults: the bench's unless others are given,
-    and an entry's own key replaces a default of the same key."""
-    assert overlap.entry_label("qsgd:compressor.bits=2") == "qsgd bits=2"
-    assert overlap.entry_label("powersgd") == "powersgd" and overlap.entry_label("powersgd:rank=8") == "powersgd rank=8"
-    assert overlap.parse_setting("powersgd") == ("powersgd", ("aggregator.rank=4",))
-    assert overlap.parse_setting("powersgd", {}) == ("powersgd", ())
-    assert overlap.parse_setting("powersgd:rank=8", {"powersgd": ("aggregator.rank=6", "K=x1")}) == (
-        "powersgd", ("K=x1", "aggregator.rank=8"))
-    common = ["K=x1", "powersgd:aggregator.rank=6", "qsgd:aggregator.compressor.bits=8"]
-    assert overlap.with_common("powersgd:rank=8", common) == ("powersgd", ("K=x1", "aggregator.rank=8"))
-    assert overlap.with_common("powersgd", common) == ("powersgd", ("K=x1", "aggregator.rank=6"))
+def test_the_table_grid_is_the_flags_defaults_and_names_powersgd_at_the_runs_rank():
+    """conf/grid/overlap.yaml is what ``python -m gvq.bench overlap`` runs with no flags; its settings start
+    from the grid's ``set`` (PowerSGD at rank 4, the rank the time-to-accuracy runs train at)."""
+    g, args = overlap.table_grid(), overlap.parse_args([])
+    assert (args.aggregators, args.world_size, args.bandwidth, args.compute_scale) == (
+        g.settings, g.world_sizes, g.links_bps, g.compute_scales)
+    assert overlap.setting(args)["defaults"]["powersgd"] == "powersgd rank=4"
+    powersgd = [s for s in overlap.cell_specs([1e9], ["powersgd", "powersgd:rank=8"], 0.25, ["post"])[1:]]
+    assert [s.overrides for s in powersgd] == [("aggregator.rank=4",), ("aggregator.rank=8",)]
 
 
 def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkeypatch):

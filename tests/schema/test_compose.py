@@ -32,7 +32,7 @@ def test_a_bad_override_raises_the_clis_line(overrides, line):
 def test_overrides_for_reads_a_scope_as_the_bench_applies_it_and_the_report_checks_it():
     """``key=value`` is every option's, ``option:key=value`` that option's alone (scope stripped); a ':'
     in a value is no scope; ``scoped_only`` keeps just the scoped ones (what names a bench mode)."""
-    from gvq.schema.compose import overrides_for
+    from gvq.schema.setting import overrides_for
     sets = ["L_t=50", "powersgd:aggregator.rank=4", "gradiveq:aggregator.warmup_by=qsgd",
             "gradiveq_bf16:aggregator.compressor.K=x1", "hydra.run.dir=a:b"]
     assert overrides_for("gradiveq", sets) == ["L_t=50", "aggregator.warmup_by=qsgd", "hydra.run.dir=a:b"]

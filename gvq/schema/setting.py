@@ -1,0 +1,178 @@
+"""A setting: an aggregator option, the overrides it runs with and the variant it is reduced in; the one
+home of how a setting is written (``OPTION:KEY=VALUE[,KEY=VALUE]``, the benches' ``--aggregators``), named
+(``qsgd bits=2``, the report's), scoped (``OPTION:KEY=VALUE`` in a ``--set`` list applies to that option
+only) and keyed in a bench record (:class:`BenchKey`).
+
+    s = Setting.parse("qsgd:compressor.bits=2")            # option qsgd, ("aggregator.compressor.bits=2",)
+    s.name                                                  # 'qsgd bits=2': what the report calls its runs
+    Setting.parse("powersgd", common=["powersgd:aggregator.rank=4"]).overrides   # ('aggregator.rank=4',)
+
+``gvq.bench`` names the modes it times with it, ``gvq.predict`` the settings it calibrates, ``gvq.report``
+the runs it groups, so each finds the others' figures under one name.  Pure: YAML and, for
+:func:`aliases` only, the schema's compose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import yaml
+
+#: how a setting is reduced (overlapped inside backward, at which bucket size), not what it sums: the
+#: report and the bench carry it as the variant, beside the setting's name
+VARIANT_KEYS = ("overlap", "bucket_cap_mb")
+
+#: the format of what ``gvq.bench overlap --out`` writes; a file without ``version`` is 1 (read as is:
+#: its records' names were already the report's)
+BENCH_VERSION = 2
+
+SYNTAX = "write OPTION or OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., e.g. qsgd:compressor.bits=2)"
+
+
+def overrides_for(option: str, overrides, scoped_only: bool = False) -> list[str]:
+    """The overrides that apply to the aggregator option ``option`` in the benches' ``--set`` syntax:
+    ``key=value`` applies to every option, ``option:key=value`` to that one (returned without its scope);
+    ``scoped_only``: just the latter, the ones that make a setting's name."""
+    out = []
+    for o in overrides:
+        scope, colon, rest = o.partition(":")
+        if not colon or "=" in scope:           # unscoped (a ':' inside the value is not a scope)
+            if not scoped_only:
+                out.append(o)
+        elif scope == option:
+            out.append(rest)
+    return out
+
+
+def setting_value(value) -> str:
+    """A knob's value as a setting's name writes it, whether it came as override text (``true``, ``2``) or
+    as a resolved config value (``True``, ``2``): YAML's reading, booleans and null lower-case."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))                                  # 8.0 resolved, 8 typed: one setting
+    return str(value)
+
+
+def short(override: str) -> str:
+    """``aggregator=orq`` -> ``orq``; ``aggregator.compressor.levels=5`` -> ``levels=5``; a ``_target_`` by
+    its class (``_target_=ErrorFeedbackAggregator``); any other override as it is."""
+    if override.startswith("aggregator="):
+        return override.split("=", 1)[1]
+    for prefix in ("aggregator.compressor.", "aggregator."):
+        if override.startswith(prefix):
+            key, _, value = override[len(prefix):].partition("=")
+            return f"{key}={value.rsplit('.', 1)[-1] if key == '_target_' else value}"
+    return override
+
+
+def variant_name(variant: str, bucket_mb: float | None = None) -> str:
+    """How tables name a variant: ``post``, ``overlap``, ``overlap@0.25MB``."""
+    return variant if bucket_mb is None else f"{variant}@{bucket_mb:g}MB"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """An option, its overrides (``aggregator.*`` make its name; others, ``K=x1``, ride along) and the
+    variant it is reduced in (``post``, ``overlap``, ``overlap@0.25MB``: beside the name, never in it)."""
+    option: str
+    overrides: tuple[str, ...] = ()
+    variant: str = "post"
+
+    @classmethod
+    def parse(cls, spec: str, common=(), variant: str = "post") -> Setting:
+        """``OPTION`` or ``OPTION:KEY=VALUE,...`` (keys under ``aggregator.``); its overrides start from
+        ``common``'s for the option (``--set`` syntax: :func:`overrides_for`) and its own keys replace
+        those of the same key.  A ValueError (one line, the syntax) for a malformed entry."""
+        option, colon, own = spec.partition(":")
+        pairs = [kv for kv in own.split(",") if kv]
+        if not option or (colon and not pairs) or any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
+            raise ValueError(f"--aggregators {spec}: {SYNTAX}")
+        mine = tuple(f"aggregator.{kv}" for kv in pairs)
+        keys = {o.split("=", 1)[0] for o in mine}
+        base = tuple(o for o in overrides_for(option, list(common)) if o.split("=", 1)[0] not in keys)
+        return cls(option, base + mine, variant)
+
+    @property
+    def name(self) -> str:
+        """Its option and its ``aggregator.*`` overrides, short and sorted (``qsgd bits=2``), the variant's
+        keys left out: the name the bench, the cost model and the report share."""
+        return name_of(self.option, self.overrides)
+
+    @property
+    def entry(self) -> str:
+        """Back to the ``--aggregators`` syntax (its ``aggregator.*`` overrides only): ``qsgd:compressor.bits=2``."""
+        own = [o[len("aggregator."):] for o in self.overrides if o.startswith("aggregator.")]
+        return self.option + (":" + ",".join(own) if own else "")
+
+    def scoped(self, common) -> Setting:
+        """This setting with ``common`` (``--set`` syntax) applied after its own overrides."""
+        return Setting(self.option, self.overrides + tuple(overrides_for(self.option, list(common))), self.variant)
+
+
+def name_of(option: str, overrides) -> str:
+    """:attr:`Setting.name` of ``option`` with ``overrides`` (any iterable of ``key=value``; only the
+    ``aggregator.*`` ones name it)."""
+    own = []
+    for o in overrides:
+        if o.startswith("aggregator.") and "=" in o:
+            key, value = short(o).split("=", 1)
+            if key in VARIANT_KEYS:
+                continue
+            own.append(f"{key}={setting_value(value)}")
+    return " ".join([option, *sorted(own)])
+
+
+def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
+    """A name back to its option and its short ``(key, value)`` pairs: ``qsgd bits=2`` -> (qsgd, [(bits, 2)])."""
+    option, *pairs = name.split(" ")
+    return option, [tuple(kv.split("=", 1)) for kv in pairs]
+
+
+def aliases(entries, common=()) -> dict[str, str]:
+    """Each setting's second name, with every key that any setting of its family overrides written out at
+    its resolved value (``qsgd`` is also ``qsgd bits=4`` beside ``qsgd:compressor.bits=2``): a run that set
+    a default explicitly (``aggregator.compressor.bits=4``) finds the seconds of the setting it ran."""
+    from omegaconf import OmegaConf
+    from gvq.schema.compose import compose
+    parsed = [Setting.parse(e, common) for e in entries]
+    keys: dict[str, set] = {}
+    for s in parsed:
+        keys.setdefault(s.option, set()).update(o.split("=", 1)[0] for o in s.overrides if o.startswith("aggregator."))
+    out = {}
+    for s in parsed:
+        cfg = compose([f"aggregator={s.option}", *s.overrides])
+        full = [f"{k}={setting_value(OmegaConf.select(cfg, k))}" for k in sorted(keys[s.option])]
+        out[name_of(s.option, full)] = s.name
+    return {k: v for k, v in out.items() if k != v}
+
+
+class BenchKey(NamedTuple):
+    """A bench record's cell and mode, the key its seconds are found under (equal to the plain tuple)."""
+    N: int
+    compute_scale: float           # rounded to 4 places: 1/6 written by two tools is one regime
+    link_Mbps: float
+    setting: str                   # :attr:`Setting.name`
+    variant: str                   # :func:`variant_name`
+
+    @classmethod
+    def of(cls, rec: dict, setting: str | None = None) -> BenchKey:
+        """The key of record ``rec``, under ``setting`` (one of its names) if given."""
+        return cls(rec["N"], round(rec["compute_scale"], 4), rec["link_Mbps"], setting or rec["setting"],
+                   rec["variant"])
+
+
+def read_bench(bench: dict, where: str = "the bench JSON") -> dict:
+    """A ``gvq.bench overlap --out`` file as this version reads it: ``version`` set (absent: 1), every
+    record named (a record of a file older than settings carries only its option: named by it); a file
+    from a newer gvq is refused in one line."""
+    version = bench.get("version", 1)
+    if version > BENCH_VERSION:
+        raise ValueError(f"{where}: version {version}, newer than this gvq reads ({BENCH_VERSION}); update gvq")
+    modes = [{**r, "setting": r.get("setting") or Setting(r["aggregator"]).name} for r in bench.get("modes", [])]
+    return {**bench, "version": version, "modes": modes}
