@@ -25,18 +25,47 @@ def _recipe(target: str) -> list[str]:
     return [expand(line.strip()) for line in body if line.startswith("\t")]
 
 
-def test_every_frontier_sweep_composes():
-    sweeps = [shlex.split(line) for line in _recipe("frontier") if " cli.py -m " in line]
-    assert len(sweeps) >= 6
-    seen = set()
+def _composed_sweeps(target: str) -> list:
+    """Every job of every ``cli.py -m`` line of ``target``, composed: its config and its overrides."""
+    sweeps = [shlex.split(line) for line in _recipe(target) if " cli.py -m " in line]
+    jobs = []
     for argv in sweeps:
         overrides = [a for a in argv[argv.index("-m") + 1:] if not a.startswith(("hydra.", "seed=", "world_size="))]
         choices = [[f"{k}={v}" for v in vals.split(",")] for k, vals in (o.split("=", 1) for o in overrides)]
-        for combo in itertools.product(*choices):
-            cfg = compose(list(combo))
-            seen.add((cfg.aggregator._target_.rsplit(".", 1)[1], dict(c.split("=", 1) for c in combo)["aggregator"]))
-    # the families the frontier compares: quantizers, low rank, GradiVeQ, the biased 2-level with and
-    # without error feedback, and the two baselines
-    assert {"ErrorFeedbackAggregator", "CompressedAggregator", "PowerSGDAggregator", "GradiVeQAggregator",
-            "RingAllReduce"} <= {t for t, _ in seen}
+        jobs += [(compose(list(combo)), dict(c.split("=", 1) for c in combo))
+                 for combo in itertools.product(*choices)]
+    return jobs
+
+
+#: the families a frontier compares: quantizers, low rank, GradiVeQ, the biased 2-level with and without
+#: error feedback, and the two baselines
+FAMILIES = {"ErrorFeedbackAggregator", "CompressedAggregator", "PowerSGDAggregator", "GradiVeQAggregator",
+            "RingAllReduce"}
+
+
+def test_every_frontier_sweep_composes():
+    jobs = _composed_sweeps("frontier")
+    assert len({j[1]["aggregator"] for j in jobs}) >= 6
+    assert FAMILIES <= {cfg.aggregator._target_.rsplit(".", 1)[1] for cfg, _ in jobs}
     assert any("gvq.report" in line and "--frontier" in line for line in _recipe("frontier"))
+
+
+def test_every_lm_frontier_sweep_composes_the_gpt_and_the_report_ranks_bits_per_byte():
+    """``make lm-frontier``: each family across the settings the LM questions ask (QSGD 2/4/8 bits, PowerSGD
+    rank 1-16, GradiVeQ, SignSGD and BinGrad with and without error feedback, fp16, rar) on experiment=lm_tta's
+    GPT and Austen, into a folder per family, then the frontier on a loss target (bits per byte)."""
+    jobs = _composed_sweeps("lm-frontier")
+    assert {(cfg.model._target_, cfg.dataset._target_) for cfg, _ in jobs} == {("gvq.models.GPT", "gvq.data.austen")}
+    assert FAMILIES <= {cfg.aggregator._target_.rsplit(".", 1)[1] for cfg, _ in jobs}
+    settings = {(o["aggregator"], o.get("aggregator.compressor.bits") or o.get("aggregator.rank")
+                 or o.get("aggregator._target_", "").rsplit(".", 1)[-1]) for _, o in jobs}
+    assert {("qsgd", b) for b in "248"} | {("powersgd", r) for r in ("1", "2", "4", "8", "16")} <= settings
+    assert {(a, ef) for a in ("signsgd", "bingrad_b")
+            for ef in ("CompressedAggregator", "ErrorFeedbackAggregator")} <= settings
+    assert {("rar", ""), ("fp16", ""), ("gradiveq", "")} <= settings
+    dirs = [re.search(r"hydra.sweep.dir=(\S+)", line).group(1) for line in _recipe("lm-frontier")
+            if " cli.py -m " in line]
+    assert len(set(dirs)) == len(dirs) and all(d.startswith("runs/multirun/lm_frontier/") for d in dirs)
+    report = [line for line in _recipe("lm-frontier") if "gvq.report" in line]
+    assert len(report) == 1 and "--frontier --target-loss " in report[0] and "runs/multirun/lm_frontier" in report[0]
+    assert float(report[0].split("--target-loss ")[1].split()[0]) > 0

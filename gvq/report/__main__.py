@@ -15,7 +15,8 @@ JSON: the runs' iterations to the target, per phase, times each phase's seconds 
 ``--frontier``: instead, the accuracy-cost frontier over the settings (a setting: a group of seeds):
 bytes per iteration against final accuracy and iterations to ``--target-acc``, seed bands, the
 non-dominated settings marked (:mod:`gvq.report.frontier`): ``frontier.md``, ``frontier.csv``,
-``frontier.png``.
+``frontier.png``; with ``--target-loss`` on a language model's runs, final validation bits per byte (lower
+is better) in place of accuracy.
 
 ``--cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
 with the paper's claims beside (:mod:`gvq.report.cycle`): ``cycle.csv``, ``cycle.md``, ``cycle.png``.
@@ -77,7 +78,8 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     from gvq.report import frontier
     groups = group_runs(load_runs(dirs))
     stats = {id(g): group_stats(g, target) for g in groups}
-    df = frontier.setting_frontier(build_table(groups, stats))
+    table = build_table(groups, stats)
+    df = frontier.setting_frontier(table, frontier.score_axis(table, target))
     if df.empty:
         raise ReportError("--frontier: no setting with a completed run")
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +92,7 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
 
 def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path]) -> str:
     import json
-    from gvq.report import tta
+    from gvq.report import tta, workload
     # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
     # counts; a failed or incomplete one says nothing about iterations to the target
     runs = [r for r in load_runs(dirs) if r.status in ("completed", "collapsed", "diverged")]
@@ -102,6 +104,7 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ReportError(f"--tta {path}: not a gvq.bench overlap --out JSON ({e})") from None
     bench, bench_path = tta.merge_benches(benches), " + ".join(map(str, bench_paths))
+    workload.check_bench(runs, bench["setting"], bench_path)      # the runs' model and input, or refused
     tta.check_setting(runs, bench["setting"])
     records = tta.tta_records(runs, bench, target)
     cells = tta.cell_table(records, bench["setting"].get("defaults"), bench["setting"].get("aliases"))
@@ -123,7 +126,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
     p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
     p.add_argument("--frontier", action="store_true",
-                   help="accuracy and iterations to --target-acc against bytes per iteration, per setting")
+                   help="accuracy (with --target-loss on LM runs: validation bpb) and iterations to the target "
+                        "against bytes per iteration, per setting")
     p.add_argument("--tta", type=Path, nargs="+", metavar="BENCH_JSON",
                    help="time to --target-acc per cell of `gvq.bench overlap --out` JSONs (gvq/report/tta.py; "
                         "several: one bench run in parts, read as one)")

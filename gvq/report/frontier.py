@@ -1,7 +1,9 @@
-"""The accuracy-cost frontier: ``python -m gvq.report DIR --frontier --target-acc 0.8``.
+"""The accuracy-cost frontier: ``python -m gvq.report DIR --frontier --target-acc 0.8``; a language model's
+(``--target-loss 2.4`` on runs that logged ``test_bpb``) has final validation bits per byte on its quality
+axis instead, lower being better (:func:`score_axis`).
 
 One point per setting (a group: the same overrides but the seed): bytes a rank sends per iteration against
-the final accuracy, and against the iterations to the target, each with its seed band (mean +- std).  A
+the final accuracy (or bpb), and against the iterations to the target, each with its seed band (mean +- std).  A
 setting is *dominated* when another sends no more bytes, is not worse beyond the two bands, and is better
 on one axis (fewer bytes, or a band wholly better); the rest are the frontier.  A difference inside the
 seed spread does not count, and a setting some seed of which never reached the target is behind every
@@ -12,10 +14,13 @@ chance is never on the frontier and ranks no other.  A setting with fewer than
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from gvq.report.intervals import Interval
+from gvq.report.target import as_target
 
 #: seeds a setting needs to be ranked at all: with fewer it has no band, so a lucky seed's mean would
 #: dominate settings measured with their spread (a one-seed screen row is shown, marked, never ranked);
@@ -24,6 +29,35 @@ MIN_SEEDS = 2
 #: a setting's bytes per iteration within this share of another's count as equal (counters of one run
 #: vary by a few bytes: headers, the relay); larger => more settings tie on cost
 BYTES_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The frontier's quality axis: ``key`` names its columns in ``frontier.csv`` (``final_<key>``,
+    ``final_<key>_std``, ``frontier_<key>``), ``source`` the report table's column it is read from."""
+    key: str
+    source: str
+    header: str          # the frontier table's column
+    label: str           # the figure's axis
+    title: str
+    higher: bool         # whether a larger figure is better
+
+
+ACC = Axis("acc", "final_top1", "final acc", "final test accuracy", "Accuracy-cost frontier", higher=True)
+BPB = Axis("bpb", "final_bpb", "final bpb", "final validation bits per byte (lower is better)",
+           "Bits-per-byte-cost frontier (validation bpb, lower is better)", higher=False)
+
+
+def score_axis(table: pd.DataFrame, target) -> Axis:
+    """Bits per byte where the target is a loss and the runs logged validation bpb (a language model's),
+    else accuracy."""
+    lm = as_target(target).lower_is_better and "final_bpb" in table and table["final_bpb"].notna().any()
+    return BPB if lm else ACC
+
+
+def axis_of(df: pd.DataFrame) -> Axis:
+    """The quality axis a :func:`setting_frontier` table was ranked on."""
+    return BPB if "final_bpb" in df else ACC
 
 
 def band(mean: float, std: float) -> Interval:
@@ -71,19 +105,20 @@ def dominated(cost: list[float], score: list[Interval], higher: bool) -> list[bo
     return out
 
 
-def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
+def setting_frontier(table: pd.DataFrame, axis: Axis = ACC) -> pd.DataFrame:
     """From the report's numeric table (``stats.build_table``): per setting its MB per iteration, final
-    accuracy and iterations to the target with their bands, seeds at chance, and ``frontier_acc`` /
-    ``frontier_iters``: not dominated on that axis."""
+    accuracy (``axis``: or bpb) and iterations to the target with their bands, seeds at chance, and
+    ``frontier_acc`` (``frontier_bpb``) / ``frontier_iters``: not dominated on that axis."""
     t = table[table["status"] == "completed"].reset_index(drop=True)
     reached = t["reached"].str.split("/").map(lambda p: int(p[0]) == int(p[1]))
     iters = [band(m, s) if ok else Interval(np.inf, np.inf, np.inf)
              for m, s, ok in zip(t["iters_to_target"], t["iters_to_target_std"], reached)]
-    acc = [band(m, s) for m, s in zip(t["final_top1"], t["final_top1_std"])]
+    score = [band(m, s) for m, s in zip(t[axis.source], t[axis.source + "_std"])]
     cost = list(t["bytes_per_iter"].astype(float))
     out = pd.DataFrame({
         "setting": t["group"], "aggregator": t["aggregator"], "seeds": t["runs"], "at_chance": t["collapsed"],
-        "MB_per_iter": t["bytes_per_iter"] / 1e6, "final_acc": t["final_top1"], "final_acc_std": t["final_top1_std"],
+        "MB_per_iter": t["bytes_per_iter"] / 1e6, f"final_{axis.key}": t[axis.source],
+        f"final_{axis.key}_std": t[axis.source + "_std"],
         "iters_to_target": t["iters_to_target"], "iters_to_target_std": t["iters_to_target_std"],
         "reached": t["reached"]})
     # a setting every seed of which ended at chance learned nothing: however cheap, it is no trade-off,
@@ -91,11 +126,11 @@ def setting_frontier(table: pd.DataFrame) -> pd.DataFrame:
     out["all_at_chance"] = t["collapsed"] == t["runs"]
     out["ranked"] = (t["runs"] >= MIN_SEEDS) & ~out["all_at_chance"]
     ranked = list(np.flatnonzero(out["ranked"]))
-    out["frontier_acc"] = out["frontier_iters"] = False
-    on_acc = dominated([cost[i] for i in ranked], [acc[i] for i in ranked], higher=True)
+    out[f"frontier_{axis.key}"] = out["frontier_iters"] = False
+    on_score = dominated([cost[i] for i in ranked], [score[i] for i in ranked], higher=axis.higher)
     on_iters = dominated([cost[i] for i in ranked], [iters[i] for i in ranked], higher=False)
     # a setting some seed of which never reached the target has no figure to put on that frontier
-    out.loc[ranked, "frontier_acc"] = [not d for d in on_acc]
+    out.loc[ranked, f"frontier_{axis.key}"] = [not d for d in on_score]
     out.loc[ranked, "frontier_iters"] = [not d and reached[i] for d, i in zip(on_iters, ranked)]
     return out.sort_values("MB_per_iter").reset_index(drop=True)
 
@@ -108,17 +143,18 @@ def _place(on: bool, ranked: bool, at_chance: bool) -> str:
 
 def frontier_display(df: pd.DataFrame, target: float) -> pd.DataFrame:
     """The frontier as ``frontier.md`` and ``report.html`` show it: bands as ± std, the frontier marked."""
+    axis = axis_of(df)
+    iters = [f"{m:.0f} ± {s:.0f} ({r})" if np.isfinite(s) else f"{m:.0f} ({r})" if np.isfinite(m) else f"never ({r})"
+             for m, s, r in zip(df["iters_to_target"], df["iters_to_target_std"], df["reached"])]
     return pd.DataFrame({
         "setting": df["setting"], "MB/iter": df["MB_per_iter"].map(lambda v: f"{v:.3g}"),
-        "final acc": [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else f"{m:.4f}" for m, s in
-                      zip(df["final_acc"], df["final_acc_std"])],
-        f"iters to {target:g}": [f"{m:.0f} ± {s:.0f} ({r})" if np.isfinite(s) else f"{m:.0f} ({r})" if np.isfinite(m)
-                                 else f"never ({r})" for m, s, r in
-                                 zip(df["iters_to_target"], df["iters_to_target_std"], df["reached"])],
+        axis.header: [f"{m:.4f} ± {s:.4f}" if np.isfinite(s) else f"{m:.4f}" for m, s in
+                      zip(df[f"final_{axis.key}"], df[f"final_{axis.key}_std"])],
+        f"iters to {as_target(target).label}": iters,
         "at chance": df["at_chance"],
-        **{f"frontier ({axis})": [_place(on, ranked, chance) for on, ranked, chance in
-                                  zip(df[f"frontier_{axis}"], df["ranked"], df["all_at_chance"])]
-           for axis in ("acc", "iters")}})
+        **{f"frontier ({name})": [_place(on, ranked, chance) for on, ranked, chance in
+                                  zip(df[f"frontier_{name}"], df["ranked"], df["all_at_chance"])]
+           for name in (axis.key, "iters")}})
 
 
 #: what the frontier table's marks mean, said under it wherever it is shown
@@ -130,18 +166,20 @@ FRONTIER_NOTE = ("mean ± std over seeds; a setting is on the frontier unless an
 
 def frontier_markdown(df: pd.DataFrame, target: float) -> str:
     shown = frontier_display(df, target)
-    return f"Accuracy-cost frontier ({FRONTIER_NOTE}):\n\n{shown.to_markdown(index=False)}\n"
+    return f"{axis_of(df).title} ({FRONTIER_NOTE}):\n\n{shown.to_markdown(index=False)}\n"
 
 
 def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
-    """Two panels against MB per iteration (log): final accuracy and iterations to the target, seeds as
-    error bars, the frontier filled and joined."""
+    """Two panels against MB per iteration (log): final accuracy (or bpb) and iterations to the target, seeds
+    as error bars, the frontier filled and joined."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, col, flag, label in ((axes[0], "final_acc", "frontier_acc", "final test accuracy"),
-                                 (axes[1], "iters_to_target", "frontier_iters", f"iterations to {target:g}")):
+    score = axis_of(df)
+    for ax, col, flag, label in ((axes[0], f"final_{score.key}", f"frontier_{score.key}", score.label),
+                                 (axes[1], "iters_to_target", "frontier_iters",
+                                  f"iterations to {as_target(target).label}")):
         ok = df[np.isfinite(df[col])]
         for name, part, style in (("frontier", ok[ok[flag]], "o"), ("dominated", ok[ok["ranked"] & ~ok[flag]], "o"),
                                   (f"unranked (< {MIN_SEEDS} seeds)", ok[~ok["ranked"] & ~ok["all_at_chance"]], "x"),

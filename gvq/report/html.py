@@ -21,7 +21,8 @@ tr.failed td{background:#fdd}tr.incomplete td{background:#ffe9c4}.setting{backgr
 class Sections:
     """What the page shows besides its setting and runs: the summary (``display``, the numeric ``table``
     whose statuses colour its rows, ``note``), figures ((path, caption) pairs), time to the target (a
-    display table) and the frontier ((display table, its PNG), None where there is none)."""
+    display table) and the frontier ((display table, its PNG, its quality axis: accuracy or bpb), None where
+    there is none)."""
     display: pd.DataFrame
     table: pd.DataFrame
     note: str
@@ -54,12 +55,13 @@ def _target_and_frontier(s: Sections, setting: str) -> list[str]:
               "<p>Seconds on each run's clock to its first evaluation at or beyond the target, iteration 0's "
               "one-off start-up left out (it counts as a typical iteration); mean ± std over the seeds that "
               "reached it.</p>"] if len(s.time_to_target) else ["<p>No completed run.</p>"]
-    parts.append("<h2>Accuracy-cost frontier</h2>")
     if s.frontier is None:
-        return [*parts, "<p>No completed setting with its bytes logged.</p>"]
-    shown, png = s.frontier
-    return [*parts, html_table(shown, table_id="frontier"), f"<p>{html.escape(FRONTIER_NOTE)}.</p>",
-            _img(png, "Final accuracy and iterations to the target against MB a rank sends per iteration", setting)]
+        return [*parts, "<h2>Accuracy-cost frontier</h2>", "<p>No completed setting with its bytes logged.</p>"]
+    shown, png, axis = s.frontier
+    return [*parts, f"<h2>{html.escape(axis.title)}</h2>", html_table(shown, table_id="frontier"),
+            f"<p>{html.escape(FRONTIER_NOTE)}.</p>",
+            _img(png, f"{axis.label[0].upper()}{axis.label[1:]} and iterations to the target against MB a rank "
+                 "sends per iteration", setting)]
 
 
 def write_html(path: Path, title: str, setting: str, s: Sections, groups) -> Path:

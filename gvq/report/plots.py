@@ -79,12 +79,21 @@ def time_clock(groups) -> str:
     return done[0].clock if done else "wall-clock"
 
 
-def _plot_group(axes, group, color, smooth: int, on_time_axis: bool) -> None:
+def curve_columns(groups) -> list[str]:
+    """The curves' rows: test accuracy and train loss, and a language model's validation bits per byte
+    where a run logged it (``test_bpb``)."""
+    lm = any(r.metrics is not None and "test_bpb" in r.metrics and r.metrics["test_bpb"].notna().any()
+             for g in groups for r in g.runs)
+    return ["test_acc", "train_loss", *(["test_bpb"] if lm else [])]
+
+
+def _plot_group(axes, group, color, smooth: int, on_time_axis: bool, columns: list[str]) -> None:
     style = "-" if group.status == "completed" else "--"
     label = group.label + ("" if group.status == "completed" else f" ({group.status})") + (
         f" ({group.collapsed}/{len(group.runs)} collapsed)" if group.collapsed else "")
-    for row, (col, sm) in enumerate((("test_acc", 1), ("train_loss", smooth))):
-        s = _series(group, col, sm, log=row == 1)
+    for row, col in enumerate(columns):
+        # the train loss is logged each step: smoothed, and a geometric band that fits its log axis
+        s = _series(group, col, smooth if col == "train_loss" else 1, log=col == "train_loss")
         for ax, x in zip(axes[row], ("iteration", "wall_s") if on_time_axis else ("iteration",)):
             first = row == 0 and x == "iteration"
             ax.plot(s[x], s["mean"], style, color=color, label=label if first else None, lw=1.4)
@@ -104,20 +113,24 @@ def _loss_limits(axes, groups, smooth: int) -> None:
 
 
 def plot_curves(groups, path: Path, setting: str) -> Path:
-    """2 x 2: test accuracy / train loss against iteration / the run's clock; shading: +- std over seeds."""
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
+    """2 x 2: test accuracy / train loss against iteration / the run's clock (a third row, validation bits
+    per byte, for a language model's runs: :func:`curve_columns`); shading: +- std over seeds."""
+    columns = curve_columns(groups)
+    fig, axes = plt.subplots(len(columns), 2, figsize=(12, 4 * len(columns)), sharex="col")
     longest = max((len(r.metrics) for g in groups for r in g.runs if r.metrics is not None), default=1)
     smooth = max(1, longest // 50)
     colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
     clock = time_clock(groups)
     for i, g in enumerate(groups):
-        _plot_group(axes, g, colors[i % len(colors)], smooth, g.clock == clock)
+        _plot_group(axes, g, colors[i % len(colors)], smooth, g.clock == clock, columns)
     axes[0][0].set_ylabel("test accuracy (top-1)")
     axes[1][0].set_ylabel("train loss" + (f" (running mean of {smooth})" if smooth > 1 else "")
                           + "\ngeometric mean ± std over seeds")
-    axes[1][0].set_xlabel("iteration")
+    if "test_bpb" in columns:
+        axes[2][0].set_ylabel("validation bits per byte\nmean ± std over seeds (lower is better)")
+    axes[-1][0].set_xlabel("iteration")
     others = sorted({g.clock for g in groups} - {clock})
-    axes[1][1].set_xlabel(f"{clock} (s)" + (f"\nnot shown: runs on {', '.join(others)}" if others else ""))
+    axes[-1][1].set_xlabel(f"{clock} (s)" + (f"\nnot shown: runs on {', '.join(others)}" if others else ""))
     _loss_limits(axes[1], groups, smooth)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -255,8 +268,9 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
             "counted as a typical one), mean over the runs that reached it.")
     (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
     setting = describe_setting(runs)
+    bpb = ", validation bits per byte" if "test_bpb" in curve_columns(groups) else ""
     figures = [(plot_curves(groups, out / "curves.png", setting),
-                f"Test accuracy and train loss against iteration and {time_clock(groups)} "
+                f"Test accuracy, train loss{bpb} against iteration and {time_clock(groups)} "
                 "(bands: ± std over seeds; loss: geometric)")]
     parts = breakdown(groups, stats_of)
     if len(parts):
@@ -284,10 +298,10 @@ def time_to_target(table: pd.DataFrame, target) -> pd.DataFrame:
 
 def _frontier(table: pd.DataFrame, out: Path, target) -> tuple | None:
     """The accuracy-cost frontier of the completed settings (:mod:`gvq.report.frontier`): its display
-    table and ``frontier.png``; None where no setting completed or none logged its bytes."""
+    table, ``frontier.png`` and its quality axis; None where no setting completed or none logged its bytes."""
     from gvq.report import frontier
     if not (table["status"] == "completed").any() or not table["bytes_per_iter"].notna().any():
         return None
-    df = frontier.setting_frontier(table)
+    df = frontier.setting_frontier(table, frontier.score_axis(table, target))
     frontier.plot_setting_frontier(df, out / "frontier.png", target)
-    return frontier.frontier_display(df, target), out / "frontier.png"
+    return frontier.frontier_display(df, target), out / "frontier.png", frontier.axis_of(df)

@@ -18,8 +18,8 @@ def run_stats(run: Run, target) -> dict:
     :class:`gvq.report.target.Target` (a number: test accuracy)."""
     m, s = run.metrics, run.summary
     if m is None or m.empty:
-        return {"final_acc": s.get("final_test_acc", np.nan),
-                "aggregate_s": s.get("mean_aggregate_s", np.nan)}
+        return {"final_acc": s.get("final_test_acc", np.nan), "aggregate_s": s.get("mean_aggregate_s", np.nan),
+                **({"final_bpb": s["final_test_bpb"]} if "final_test_bpb" in s else {})}
     out = {k: m[k].mean() for k in AMOUNTS if k in m}      # every declared time and byte count it logged
     out["iter_s"] = (m["compute_s"] + m["aggregate_s"]).mean()
     evals = m.dropna(subset=["test_acc"]) if "test_acc" in m else m.iloc[:0]

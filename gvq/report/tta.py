@@ -18,7 +18,7 @@ import pandas as pd
 from gvq.report.intervals import Interval, best_of
 from gvq.report.runs import ReportError, Run
 from gvq.report.target import as_target, typical_first_step
-from gvq.schema.compose import overrides_for
+from gvq.schema.setting import BenchKey, overrides_for, read_bench
 
 FP16_OVERLAP = "fp16 (overlap)"      # the reference a cell's gain is over
 
@@ -80,7 +80,11 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
     """Several ``gvq.bench overlap --out`` files (a long bench run in parts: the settings of one family
     added later) read as one: the same workload (:data:`WORKLOAD_KEYS`) or refused in one line, their
     modes together, a mode that two files measured refused (which one is meant?), their family defaults
-    and aliases united."""
+    and aliases united; each read through :func:`gvq.schema.setting.read_bench` (older formats)."""
+    try:
+        benches = [(path, read_bench(bench, f"--tta {path}")) for path, bench in benches]
+    except ValueError as e:                    # a newer format than this gvq reads
+        raise ReportError(str(e)) from e
     first_path, first = benches[0]
     modes, seen, defaults, aliases = [], {}, {}, {}
     for path, bench in benches:
@@ -90,7 +94,7 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
         if diff:
             raise ReportError(f"--tta {path}: another workload than {first_path}'s: {', '.join(diff)}")
         for r in bench["modes"]:
-            key = _mode_key(r, r["setting"])
+            key = BenchKey.of(r)
             if key in seen:
                 raise ReportError(f"--tta {path}: {r['setting']} ({r['variant']}) at N={r['N']}, {r['link_Mbps']:g} "
                                   f"Mbit/s, compute x{r['compute_scale']:.3g} is also in {seen[key]}")
@@ -108,12 +112,8 @@ def bench_seconds(bench: dict) -> dict[tuple, float]:
     names = {}
     for alias, name in bench["setting"].get("aliases", {}).items():
         names.setdefault(name, []).append(alias)
-    return {_mode_key(r, s): r["iter_s"] for r in bench["modes"] for s in [r["setting"], *names.get(r["setting"], [])]}
-
-
-def _mode_key(rec: dict, setting: str) -> tuple:
-    """A bench record's cell and mode: (N, compute_scale, link_Mbps, setting, variant)."""
-    return rec["N"], round(rec["compute_scale"], 4), rec["link_Mbps"], setting, rec["variant"]
+    return {BenchKey.of(r, s): r["iter_s"] for r in bench["modes"]
+            for s in [r["setting"], *names.get(r["setting"], [])]}
 
 
 def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs: dict,

@@ -13,6 +13,7 @@ import pytest
 from gvq.report import frontier
 from gvq.report.__main__ import main
 from gvq.report.intervals import Interval
+from gvq.report.target import Target
 
 
 def _run(root: Path, setting: str, seed: int, mb: float, accs: dict[int, float], status="completed") -> None:
@@ -123,3 +124,84 @@ def test_a_setting_every_seed_of_which_ended_at_chance_is_never_on_the_frontier(
     assert rows[("qsgd", 0.1)] == (True, True) and rows[("signsgd", 0.05)] == (True, False)   # as without it
     line = next(ln for ln in (tmp_path / "out" / "frontier.md").read_text().splitlines() if "bits=1" in ln)
     assert line.count("no: every seed at chance") == 2
+
+
+# -- a language model's frontier: validation bits per byte, lower is better -----------------------------
+def _lm_run(root: Path, setting: str, seed: int, mb: float, bpb: float, hit: int | None) -> None:
+    """A finished LM run of ``setting``: validation every 20 iterations, its loss (nats per token) 3.0 until
+    ``hit`` and 2.3 from there (never under 2.4 where ``hit`` is None), its bits per byte ``bpb`` at the end
+    (0.5 above before ``hit``), as ``summary.json``'s ``final_test_bpb`` says."""
+    d = root / f"{setting.replace('=', '-').replace(',', '_')}_seed{seed}"
+    d.mkdir(parents=True)
+    overrides = setting.split(",") + [f"seed={seed}"]
+    (d / "summary.json").write_text(json.dumps({
+        "status": "completed", "final_test_bpb": bpb, "job_type": overrides[0].split("=")[1], "overrides": overrides,
+        "config": {"world_size": 4, "seed": seed, "aggregator": {}, "net": {"clock": "wall"}}}))
+    with open(d / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["iteration", "compute_s", "aggregate_s", "bytes_sent", "wall_s", "train_loss", "test_acc",
+                    "test_loss", "test_bpb"])
+        for i in range(200):
+            early = hit is None or i < hit
+            evals = [0.4, 3.0 if early else 2.3, bpb + (0.5 if early and i < 199 else 0)] if i % 20 == 19 else [""] * 3
+            w.writerow([i, 0.01, 0.01, mb * 1e6, i * 0.02, 5.0 - i / 100, *evals])
+
+
+@pytest.fixture
+def lm_sweep(tmp_path):
+    """Six settings x 3 seeds: (MB per iteration, final bpb per seed, iteration the loss reaches 2.4 at)."""
+    root = tmp_path / "lm"
+    settings = {"aggregator=rar": (3.3, (3.40, 3.41, 3.42), 99), "aggregator=fp16": (1.67, (3.40, 3.41, 3.42), 99),
+                "aggregator=qsgd,aggregator.compressor.bits=4": (0.42, (3.44, 3.45, 3.46), 119),
+                "aggregator=qsgd,aggregator.compressor.bits=2": (0.21, (3.80, 3.81, 3.82), None),
+                "aggregator=powersgd,aggregator.rank=2": (0.1, (3.53, 3.54, 3.55), 179),
+                "aggregator=signsgd": (0.05, (4.9, 5.0, 5.1), None)}
+    for setting, (mb, bpbs, hit) in settings.items():
+        for seed, bpb in enumerate(bpbs):
+            _lm_run(root, setting, seed, mb, bpb, hit)
+    return root
+
+
+def test_an_lms_frontier_ranks_final_bits_per_byte_lower_being_better(lm_sweep, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert main([str(lm_sweep), "--frontier", "--target-loss", "2.4", "--out", str(out)]) == 0
+    df = pd.read_csv(out / "frontier.csv")
+    assert "final_acc" not in df and "frontier_acc" not in df
+    by = {r["setting"]: r for r in df.to_dict("records")}
+    assert by["rar"]["final_bpb"] == pytest.approx(3.41) and by["rar"]["final_bpb_std"] == pytest.approx(0.01)
+    rows = {s: (r["frontier_bpb"], r["frontier_iters"]) for s, r in by.items()}
+    assert rows["signsgd"] == (True, False)             # cheapest, the worst bpb; its loss never reached 2.4
+    assert rows["powersgd rank=2"] == (True, True)      # a lower bpb than anything cheaper
+    # 2-bit QSGD sends more than PowerSGD for a higher bpb: dominated (as "higher is better" it would win)
+    assert rows["qsgd bits=2"] == (False, False)
+    assert rows["qsgd bits=4"] == (True, True) and rows["fp16"] == (True, True)
+    assert rows["rar"] == (False, False)                # fp16's bpb and iterations at half the bytes
+    assert by["qsgd bits=4"]["iters_to_target"] == 120 and by["qsgd bits=2"]["reached"] == "0/3"
+    text = (out / "frontier.md").read_text()
+    assert text.startswith("Bits-per-byte-cost frontier") and "| final bpb" in text and "iters to loss 2.4" in text
+    assert "3.4100 ± 0.0100" in text
+    # the figure's axes say bpb and the loss target
+    import matplotlib.pyplot as plt
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    frontier.plot_setting_frontier(df, tmp_path / "f.png", Target.loss(2.4))
+    left, right = plt.gcf().axes[:2]
+    assert "bits per byte" in left.get_ylabel() and right.get_ylabel() == "iterations to loss 2.4"
+    plt.close("all")
+
+
+def test_a_cnns_frontier_stays_on_accuracy_whatever_the_target(scripted, tmp_path):
+    """Runs with no bpb (a CNN's) keep accuracy on the quality axis under --target-loss too; an LM's under
+    --target-acc is ranked on accuracy, as asked."""
+    assert main([str(scripted), "--frontier", "--target-loss", "2.0", "--out", str(tmp_path / "cnn")]) == 0
+    assert "frontier_acc" in pd.read_csv(tmp_path / "cnn" / "frontier.csv")
+    table = pd.DataFrame({"final_bpb": [3.4, np.nan]})
+    assert frontier.score_axis(table, Target.loss(2.4)) is frontier.BPB
+    assert frontier.score_axis(table, 0.8) is frontier.ACC
+    assert frontier.score_axis(pd.DataFrame({"final_bpb": [np.nan]}), Target.loss(2.4)) is frontier.ACC
+
+
+def test_the_report_page_names_the_bpb_frontier(lm_sweep, tmp_path):
+    assert main([str(lm_sweep), "--target-loss", "2.4", "--out", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "report.html").read_text()
+    assert "Bits-per-byte-cost frontier" in page and "Accuracy-cost frontier" not in page
+    assert "<th>final bpb</th>" in page

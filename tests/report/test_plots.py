@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from gvq.report.plots import breakdown, plot_curves, time_clock
+from gvq.report.plots import breakdown, curve_columns, plot_curves, time_clock
 from gvq.report.runs import Group, Run, clock_of
 
 
@@ -101,4 +102,28 @@ def test_the_breakdowns_axis_says_per_iteration_whatever_the_runs_length(tmp_pat
     assert ax.get_ylabel().startswith("ms per iteration") and "500" not in ax.get_ylabel()
     tops = [p.get_y() + p.get_height() for p in ax.patches]
     assert max(tops) == pytest.approx(70.0)                                    # 0.05 + 0.02 s, in ms
+    plt.close("all")
+
+
+def test_an_lms_curves_add_validation_bits_per_byte_with_seed_bands(tmp_path, monkeypatch):
+    """Runs that logged ``test_bpb`` (a language model's) get a third row: validation bpb against iteration
+    and the clock, mean ± std over seeds; a CNN's curves keep two rows."""
+    plt = _kept_figure(monkeypatch)
+    cnn = Group("rar", ("a",), [_run("a", {})])
+    assert curve_columns([cnn]) == ["test_acc", "train_loss"]
+    seeds = []
+    for seed, bpb in enumerate((3.4, 3.6)):
+        r = _run(f"lm{seed}", {})
+        r.metrics["test_bpb"] = [None, bpb + 0.5, None, bpb]
+        seeds.append(r)
+    lm = Group("rar", ("b",), seeds)
+    assert curve_columns([lm]) == ["test_acc", "train_loss", "test_bpb"]
+    plot_curves([lm], tmp_path / "c.png", "test")
+    axes = plt.gcf().axes
+    assert len(axes) == 6 and axes[4].get_ylabel().startswith("validation bits per byte")
+    assert axes[4].get_xlabel() == "iteration"
+    line = axes[4].get_lines()[0]
+    assert list(line.get_xdata()) == [1, 3] and list(line.get_ydata()) == pytest.approx([4.0, 3.5])   # the mean
+    band = axes[4].collections[0].get_paths()[0].vertices[:, 1]                                     # ± std
+    assert band.min() == pytest.approx(3.5 - np.std([3.4, 3.6], ddof=1))
     plt.close("all")

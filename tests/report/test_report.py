@@ -330,9 +330,12 @@ def test_fashion_presets_compose_what_their_tables_need(compose_cfg, exp):
     if exp == "fmnist_compare":
         assert len(aggs) == 11 and "terngrad" in aggs and cfg.world_size == 4   # clipped: trains at the shared lr
     if exp == "fmnist_tta":                          # the overlap bench's options (PowerSGD at its rank: the header)
-        from gvq.bench.overlap import AGGREGATORS, SETTINGS
-        assert sorted(aggs + ["powersgd"]) == sorted(AGGREGATORS) and cfg.hydra.sweeper.params.world_size == "4,8"
-        assert "aggregator=powersgd " + " ".join(SETTINGS["powersgd"]) in "\n".join(first[:12])
+        from gvq.schema.compose import load_grid
+        from gvq.schema.setting import Setting
+        table = load_grid("overlap")                      # conf/grid/overlap.yaml
+        assert sorted(aggs + ["powersgd"]) == sorted(table.settings) and cfg.hydra.sweeper.params.world_size == "4,8"
+        powersgd = Setting.parse("powersgd", table.set).overrides
+        assert "aggregator=powersgd " + " ".join(powersgd) in "\n".join(first[:12])
         assert cfg.warmup + cfg.L_t < cfg.iterations / 2 and cfg.warmup + cfg.L_t + cfg.L_c >= cfg.iterations
 
 
