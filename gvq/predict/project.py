@@ -9,12 +9,13 @@ compute scale (every rank starts it together), so it is simulated once per (aggr
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from gvq.predict import codec_costs
+from gvq.predict import codec_costs, nccl
 from gvq.predict import cost_model as M
 from gvq.predict.__main__ import ROOT_DIR, row
 from gvq.predict.project_names import calibrated_name
@@ -22,6 +23,7 @@ from gvq.predict.project_names import calibrated_name
 LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
 SCALES = [1.0, 1 / 6, 1 / 50]
 FP16 = "fp16"                # overlapped, the reference every --overlap gain (margin) is over
+DDP = "ddp"                  # DDP's all-reduce hook: priced by --baseline nccl, its iterations RAR's
 
 
 def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0) -> pd.DataFrame:
@@ -73,23 +75,29 @@ def _last_crossing(ratio: pd.Series) -> float:
     return float(np.exp(b0 + (r0 - 1) / (r0 - r1) * (b1 - b0)))
 
 
-def plot(win: pd.DataFrame, model: str, path: Path) -> None:
+TIE = "tie within the seed spread"
+
+
+def plot(win: pd.DataFrame, model: str, path: Path, note: str = "") -> None:
+    """One panel per compute scale: each cell coloured by its winner, or grey where ``win``'s ``tied``
+    names modes tied with it (the number below its gain: how many share the cell); ``note`` titles the
+    figure (which baseline priced it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = sorted(win["winner"].unique())
-    cmap = plt.get_cmap("tab10")
+    tied, label, names, cmap = _cell_colours(win)
     scales = sorted(win["compute_scale"].unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.6 + 0.4 * bool(note)), squeeze=False)
     for ax, c in zip(axes[0], scales):
         w = win[win["compute_scale"] == c]
         Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
         img = np.full((len(Ns), len(Bs)), np.nan)
-        for _, r in w.iterrows():
+        for k, r in w.iterrows():
             i, j = Ns.index(r["N"]), Bs.index(r["link_bps"])
-            img[i, j] = names.index(r["winner"])
-            ax.text(j, i, f"{r['margin']:.1f}", ha="center", va="center", fontsize=6)
-        ax.imshow(img, cmap=cmap, vmin=0, vmax=9, aspect="auto", origin="lower")
+            img[i, j] = names.index(label[k])
+            share = f"\n={len(tied[k].split(', ')) + 1}" if tied[k] else ""
+            ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6)
+        ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=cmap.N - 0.5, aspect="auto", origin="lower")
         gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
         if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line
             ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
@@ -99,12 +107,25 @@ def plot(win: pd.DataFrame, model: str, path: Path) -> None:
         ax.set_ylabel("N ranks")
         ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(names))]
+    if note:                                  # wrapped: the baseline's line outruns a narrow figure
+        fig.suptitle("\n".join(textwrap.wrap(note, 70 * len(scales))), fontsize=7)
     line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
     fig.legend(handles + [plt.Line2D([], [], color="k")] * line, names + ["GradiVeQ-RAR = RAR"] * line,
                loc="lower center", ncol=len(names) + 1, fontsize=8)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 0.92 if note else 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _cell_colours(win: pd.DataFrame):
+    """(modes tied per cell, each cell's label: its winner or :data:`TIE`, the legend's names, their colours)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    tied = win["tied"].fillna("").astype(str) if "tied" in win else pd.Series("", index=win.index)
+    label = win["winner"].where(tied == "", TIE)
+    names = sorted(set(label) - {TIE}) + [TIE] * bool((tied != "").any())
+    colours = [plt.get_cmap("tab10")(k % 10) for k in range(len(names) - (TIE in names))]
+    return tied, label, names, ListedColormap(colours + ["lightgrey"] * (TIE in names))
 
 
 def main(argv=None):
@@ -125,6 +146,7 @@ def main(argv=None):
                         "--iterations-to-target entries replace its figures")
     p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
     codec_costs.add_arguments(p)
+    nccl.add_baseline_arguments(p)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     def pricing(m):
@@ -137,7 +159,7 @@ def main(argv=None):
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
                                    {**iters, **typed}, pricing, {k: v for k, v in spread.items() if k not in typed},
-                                   frozenset(iters) - frozenset(typed))
+                                   frozenset(iters) - frozenset(typed), nccl.from_args(args))
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
     frames = []
@@ -167,18 +189,27 @@ OVERLAP_LINKS = [5e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
 OVERLAP_SCALES = [1.0, 1 / 6]            # a CPU cluster; the GradiVeQ paper's GPUs
 
 
-def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared: bool = True) -> pd.DataFrame:
+def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared: bool = True,
+                 baseline=None) -> pd.DataFrame:
     """Every (N, link, compute scale, aggregator, mode): post-backward and overlapped at DDP's default
-    buckets, seconds per iteration (the model of :mod:`gvq.predict.overlap`)."""
+    buckets, seconds per iteration (the model of :mod:`gvq.predict.overlap`); ``baseline`` (a
+    :class:`gvq.predict.nccl.Nccl`; None: ``gvq_ring``) prices overlapped fp16, and adds ``ddp``, in the
+    cells it applies to; the ``baseline`` column says which priced each cell."""
     rows = []
     for n in worlds:
         for b in links:
             for c in scales:
+                nccl = baseline is not None and baseline.applies(c)
+                cell = {"N": n, "link_bps": b, "compute_scale": c, "baseline": baseline.name if nccl else "gvq_ring"}
                 for a in ov.m.aggregators:
                     post = ov.post_iteration(a, n, b, compute_scale=c)
-                    over = ov.iteration(a, n, b, compute_scale=c, shared=shared)
-                    rows += [{"N": n, "link_bps": b, "compute_scale": c, "aggregator": a, "mode": mode, **got}
+                    over = (baseline.iteration(ov, a, n, b, c) if nccl and a == FP16
+                            else ov.iteration(a, n, b, compute_scale=c, shared=shared))
+                    rows += [{**cell, "aggregator": a, "mode": mode, **got}
                              for mode, got in (("post", post), ("overlap", over))]
+                if nccl and FP16 in ov.m.aggregators:     # DDP's own all-reduce hook, fp32, beside it
+                    rows.append({**cell, "aggregator": DDP, "mode": "overlap",
+                                 **baseline.iteration(ov, DDP, n, b, c)})
     return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
 
 
@@ -189,11 +220,14 @@ def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None,
     (iterations to the target accuracy per aggregator) also the winner by time to accuracy, and with
     ``spread`` (their std over seeds) the modes tied with it."""
     out = []
+    if iters and "rar" in iters and DDP not in iters:     # the same fp32 sum as RAR's: the same iterations
+        iters = {**iters, DDP: iters["rar"]}
+        spread = {**(spread or {}), DDP: (spread or {}).get("rar", 0.0)}
     for (n, b, c), g in df.groupby(["N", "link_bps", "compute_scale"]):
         rec = _fastest(g)
         if iters:
             rec.update(_fastest_to_target(g, iters, spread or {}))
-        out.append({"N": n, "link_bps": b, "compute_scale": c, **rec})
+        out.append({"N": n, "link_bps": b, "compute_scale": c, "baseline": g["baseline"].iloc[0], **rec})
     return pd.DataFrame(out)
 
 
@@ -229,13 +263,14 @@ def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float], spread: dict[st
 
 def project_overlap(models, calibration: Path, out: Path, max_world: int,
                     iters: dict[str, float] | None = None, pricing=None, spread: dict[str, float] | None = None,
-                    optional: frozenset = frozenset()) -> pd.DataFrame:
+                    optional: frozenset = frozenset(), baseline=None) -> pd.DataFrame:
     """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
     ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``);
     ``pricing``: the codec costs (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a
     frontier's settings that were not calibrated: left out, said so), where any other it lacks is refused in one
-    line."""
+    line; ``baseline``: what prices overlapped fp16 in the GPU regime (:func:`baseline_line`), named in the
+    table's head, the CSV and every heatmap's title."""
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
@@ -248,24 +283,33 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         if unknown:
             print(f"gvq.predict project: {model}: not calibrated, left out: {', '.join(unknown)}", flush=True)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
-        win = overlap_winners(overlap_grid(ov, worlds), iters, spread).assign(model=model)
+        win = overlap_winners(overlap_grid(ov, worlds, baseline=baseline), iters, spread).assign(model=model)
         plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
-             out / f"projection_overlap_{model}.png")
-        if iters:               # the same cells ranked by time to the target: the settings' own heatmap
-            plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"]), f"{model}, time to target",
-                 out / f"projection_overlap_tta_{model}.png")
+             out / f"projection_overlap_{model}.png", baseline_line(baseline))
+        if iters:               # the same cells ranked by time to the target, ties within the seed spread marked
+            plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"], tied=win["tta_tied"]),
+                 f"{model}, time to target", out / f"projection_overlap_tta_{model}.png", baseline_line(baseline))
         frames.append(win)
     full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"],
                                          ascending=[True, False, True, True])
     full.to_csv(out / "projection_overlap.csv", index=False)
     show = full.assign(link=full["link_bps"].map(lambda b: f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M"))
     print("# winner (aggregator, mode) per cell and its gain over overlapped fp16 (virtual-time terms)")
-    cols = ["model", "compute_scale", "N", "link", "winner", "margin", "runner_up"]
+    print(f"# {baseline_line(baseline)}")
+    cols = ["model", "compute_scale", "N", "link", "baseline", "winner", "margin", "runner_up"]
     if iters:          # an aggregator's iterations to the target taken as the same at every N and link
         print(f"# time to accuracy: iterations to the target {iters} x seconds per iteration")
         cols += ["tta_winner", "tta_margin"] + (["tta_tied"] if spread else [])
     print(show[cols].to_markdown(index=False, floatfmt=".3g"))
     return full
+
+
+def baseline_line(baseline) -> str:
+    """One line naming what priced overlapped fp16: every table and heatmap of ``project --overlap`` says it."""
+    old = f"gvq_ring, {nccl.BASELINES['gvq_ring']}"
+    if baseline is None:
+        return f"baseline: {old}, in both regimes"
+    return f"{baseline.describe()}; CPU regime: {old}"
 
 
 def _as_calibrated(model: str, m, iters, spread, optional):

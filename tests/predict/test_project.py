@@ -90,8 +90,9 @@ def test_the_projection_ranks_settings_by_their_names(calibrated_settings, tmp_p
     ranked under its name beside its family's default; one it did not price is refused in one line, never
     left out of the ranking unseen."""
     from gvq.predict.project import main
+    # gvq's ring prices fp16 in both regimes (DDP on NCCL would take the GPU regime's cells from every setting)
     base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
-            "8", "--out", str(tmp_path)]
+            "8", "--out", str(tmp_path), "--baseline", "gvq_ring"]
     # 2-bit: fewer bytes than 4-bit and (scripted here) fewer iterations: it wins every cell it is ranked in
     full = main([*base, "--iterations-to-target", "fp16=150", "qsgd=150", "qsgd bits=2=60"])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"}
@@ -139,7 +140,7 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
                   "iters_to_target_std": [10.0, 10.0, 5.0, 10.0], "reached": ["3/3"] * 4,
                   "ranked": [True] * 4}).to_csv(csv, index=False)
     base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
-            "8", "--out", str(tmp_path / "out")]
+            "8", "--out", str(tmp_path / "out"), "--baseline", "gvq_ring"]     # as above: settings against settings
     full = main([*base, "--frontier", str(csv)])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"} and "tta_tied" in full
     assert "cnn: not calibrated, left out: rar" in capsys.readouterr().out
