@@ -166,7 +166,8 @@ def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compr
 @_timed_alone
 def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,
                         clock: Stopwatch) -> None:
-    """(c) Decode-add-encode RAR: every hop pays decompress + add + compress on the critical path."""
+    """(c) Decode-add-encode RAR: every hop pays decompress + add + compress on the critical path
+    (``Compressor.reencode_sum``: fused into one or two kernel launches on the Triton path)."""
     n, r = p2p.world_size, p2p.rank
     with clock("compress"):
         held = comp.compress(flat[segs[r]], segs[r])
@@ -175,12 +176,7 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
         inbox = comp.empty_payload(seg, flat.device)
         recv, send = p2p.exchange(held, p2p.right, inbox, p2p.left)
         p2p.wait(recv, p2p.left)
-        with clock("decompress"):
-            partial = comp.decompress(inbox, seg)
-        with clock("add"):
-            partial += flat[seg]
-        with clock("compress"):
-            held = comp.compress(partial, seg)
+        held = comp.reencode_sum(inbox, flat[seg], seg, clock)     # timed per phase inside
         p2p.wait(send, p2p.right)
     idx = (r + 1) % n
     with clock("decompress"):

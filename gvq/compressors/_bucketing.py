@@ -17,7 +17,7 @@ from gvq.compressors import _fused as fused
 from gvq.compressors import _triton
 from gvq.compressors._dither import DitherLanes, Dithering
 from gvq.compressors._packing import Layout, pack, split_rows, unpack, word_format
-from gvq.compressors.base import Compressor, Health, check_bucket, check_clip
+from gvq.compressors.base import Compressor, Health, check_bucket, check_clip, untimed
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
@@ -208,13 +208,31 @@ class BucketQuantizer(Dithering, Compressor):
         flat[at:] = 0
         return flat
 
-    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
-        lay = self.layout(seg.stop - seg.start)
+    def checked_payload(self, payload: Tensor, lay: Layout) -> Tensor:
+        """``payload`` if it is ``lay``'s (else ValueError), copied where its side floats are unaligned."""
         if payload.numel() != lay.nbytes or payload.dtype != torch.uint8:
             raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for a segment "
                              f"of {lay.numel} values; expected {lay.nbytes} uint8")
-        if payload.storage_offset() % 4:              # float32 views need 4-byte alignment
-            payload = payload.clone()
+        return payload.clone() if payload.storage_offset() % 4 else payload   # float32 views: 4-byte aligned
+
+    def reencode_sum(self, payload: Tensor, local: Tensor, seg: slice, stopwatch=untimed) -> Tensor:
+        """The ring hop fused on the Triton path (``_triton.quant_reencode_sum``, two launches, timed as
+        ``compress``) for the quantizers that scale by a statistic; otherwise the base's three calls."""
+        lay = self.layout(seg.stop - seg.start)
+        if not (lay.numel and self.on_triton(payload.device) and _triton.fuses_hop(self)):
+            return super().reencode_sum(payload, local, seg, stopwatch)
+        with stopwatch("compress"):
+            return self.triton_reencode_sum(self.checked_payload(payload, lay), local, lay)
+
+    def triton_reencode_sum(self, payload: Tensor, local: Tensor, lay: Layout, uniforms: Tensor | None = None):
+        """The Triton path's fused hop; draws (and a test's ``uniforms``) as :meth:`triton_compress`'s."""
+        offset, self.triton_offset = self.triton_offset, self.triton_offset + lay.numel
+        local = local.reshape(-1).to(torch.float32).contiguous()
+        return _triton.quant_reencode_sum(self, payload, local, lay, self.triton_seed, offset, uniforms)
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        lay = self.layout(seg.stop - seg.start)
+        payload = self.checked_payload(payload, lay)
         if lay.numel and self.on_triton(payload.device):
             return _triton.quant_decompress(self, payload, lay)
         if self.pads and not fused.enabled(payload) and lay.numel:

@@ -1,7 +1,8 @@
 """The codecs' third path: fused Triton kernels (:mod:`._triton_quant`; the fitted quantizers'
-:mod:`._triton_fit`, Linear-s and ORQ-s, and :mod:`._triton_bin`, BinGrad-b and -pb) for the scalar
-quantizers and fp16, chosen once per device (:func:`use_triton`), launched and counted here.  Triton is
-optional (``pip install 'gvq[gpu]'``): nothing here imports it until a kernel runs.
+:mod:`._triton_fit`, Linear-s and ORQ-s, and :mod:`._triton_bin`, BinGrad-b and -pb; the ring hop's
+:mod:`._triton_hop`) for the scalar quantizers and fp16, chosen once per device (:func:`use_triton`),
+launched and counted here.  Triton is optional (``pip install 'gvq[gpu]'``): nothing here imports it
+until a kernel runs.
 
 See docs/design.md#gvqcompressors_tritonpy for how it works and why.
 """
@@ -145,11 +146,43 @@ def quant_compress(q, x: Tensor, lay, seed: int, offset: int, uniforms: Tensor |
     launch_kernel(k.bucket_stats, (m,), x, side, lim, lay.numel, q.bucket, q.clip or 0.0,
            STAT=spec.stat, CLIP=bool(q.clip), BLOCK=triton_pow2(q.bucket))
     q.health.note(side)                 # NaN/Inf inputs make it so: read at the iteration's check
-    launch_kernel(k.encode_words, (-(-lay.n_words // BLOCK_WORDS),), x, side, lim,
-           x if uniforms is None else uniforms, out[lay.side_bytes:], lay.numel, q.bucket, lay.n_words,
-           lay.radix, spec.value, spec.base, float(q.levels - 1), seed, offset,
-           SIGN=spec.sign, CLIP=bool(q.clip), HAS_U=uniforms is not None, **_word_meta(lay))
+    return _encode(q, spec, x, lim, out, lay, seed, offset, uniforms)
+
+
+def _encode(q, spec: TritonSpec, x: Tensor, lim: Tensor, out: Tensor, lay, seed: int, offset: int,
+            uniforms: Tensor | None) -> Tensor:
+    """Every wire word of ``x`` into ``out``, its side floats already there: one launch."""
+    launch_kernel(_kernels().encode_words, (-(-lay.n_words // BLOCK_WORDS),), x,
+                  out[: lay.side_bytes].view(torch.float32), lim, x if uniforms is None else uniforms,
+                  out[lay.side_bytes:], lay.numel, q.bucket, lay.n_words, lay.radix, spec.value, spec.base,
+                  float(q.levels - 1), seed, offset, SIGN=spec.sign, CLIP=bool(q.clip),
+                  HAS_U=uniforms is not None, **_word_meta(lay))
     return out
+
+
+def fuses_hop(q) -> bool:
+    """Whether ``q``'s ring hop is fused (:func:`quant_reencode_sum`): the scalar quantizers that scale
+    by a statistic; the fitted ones hop as decompress + add + compress."""
+    return isinstance(q.triton_spec(), TritonSpec)
+
+
+def quant_reencode_sum(q, payload: Tensor, local: Tensor, lay, seed: int, offset: int,
+                       uniforms: Tensor | None = None) -> Tensor:
+    """The re-encode ring's hop in two launches: a program per bucket decodes ``payload``, adds
+    ``local`` and writes the sum's scales into the new payload's side floats, then every wire word is
+    encoded as :func:`quant_compress` encodes them (draws and ``uniforms`` as there)."""
+    from gvq.compressors import _triton_hop as k        # imports triton: only once a kernel runs
+    spec, dev = q.triton_spec(), payload.device
+    out = torch.empty(lay.nbytes, dtype=torch.uint8, device=dev)   # fresh: may still be in flight
+    side = out[: lay.side_bytes].view(torch.float32)
+    lim = q.scratch("triton_lim", (lay.n_buckets,), torch.float32, dev) if q.clip else side
+    total = q.scratch("triton_hop_sum", (lay.numel,), torch.float32, dev)
+    words, in_side = payload[lay.side_bytes:], payload[: lay.side_bytes].view(torch.float32)
+    launch_kernel(k.hop_stats, (lay.n_buckets,), words, in_side, local, total, side, lim, lay.numel, q.bucket,
+                  lay.radix, spec.mult, q.clip or 0.0, STAT=spec.stat, CLIP=bool(q.clip),
+                  BLOCK=triton_pow2(q.bucket), K=lay.per_word, WB=lay.word_bytes, WBP=triton_pow2(lay.word_bytes))
+    q.health.note(side)                 # NaN/Inf sums make it so: read at the iteration's check
+    return _encode(q, spec, total, lim, out, lay, seed, offset, uniforms)
 
 
 def quant_decompress(q, payload: Tensor, lay) -> Tensor:
@@ -239,6 +272,18 @@ def fp16_compress(x: Tensor, health) -> Tensor:
     out = torch.empty(2 * n, dtype=torch.uint8, device=x.device)
     peaks = torch.empty(blocks, dtype=torch.float32, device=x.device)
     launch_kernel(_kernels().fp16_encode, (blocks,), x, out.view(torch.float16), peaks, n, BLOCK=FP16_BLOCK)
+    health.note(peaks)
+    return out
+
+
+def fp16_reencode_sum(payload: Tensor, local: Tensor, health) -> Tensor:
+    """The re-encode ring's hop for fp16, one launch: float16 payload + ``local``, sent as float16."""
+    from gvq.compressors import _triton_hop as k
+    n, blocks = local.numel(), -(-local.numel() // FP16_BLOCK)
+    out = torch.empty(2 * n, dtype=torch.uint8, device=local.device)
+    peaks = torch.empty(blocks, dtype=torch.float32, device=local.device)
+    launch_kernel(k.fp16_hop, (blocks,), payload.view(torch.float16), local, out.view(torch.float16), peaks, n,
+                  BLOCK=FP16_BLOCK)
     health.note(peaks)
     return out
 

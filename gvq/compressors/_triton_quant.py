@@ -19,6 +19,13 @@ def bucket_stats(x_ptr, side_ptr, lim_ptr, numel, bucket, clip,
     offs = row * bucket + tl.arange(0, BLOCK)
     real = (offs < numel) & (tl.arange(0, BLOCK) < bucket)
     v = tl.load(x_ptr + offs, mask=real, other=0.0)
+    store_scale(v, row, side_ptr, lim_ptr, numel, bucket, clip, STAT, CLIP)
+
+
+@triton.jit
+def store_scale(v, row, side_ptr, lim_ptr, numel, bucket, clip, STAT: tl.constexpr, CLIP: tl.constexpr):
+    """Bucket ``row``'s scale of its values ``v`` (0 where masked) into ``side_ptr[row]``, and with
+    ``CLIP`` its bound c * RMS into ``lim_ptr[row]``: :func:`bucket_stats`'s and the ring hop's."""
     count = tl.minimum(bucket, numel - row * bucket).to(tl.float32)
     inv_count = tl.div_rn(1.0, count)              # the torch path's reciprocal_: correctly rounded
     bad = tl.sum(v - v, axis=0)                    # NaN iff a value is NaN/Inf, whatever max does with NaN
@@ -120,7 +127,13 @@ def fp16_encode(x_ptr, out_ptr, peak_ptr, numel, BLOCK: tl.constexpr):
     where a value is not finite) for the iteration's range check."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     real = offs < numel
-    v = tl.load(x_ptr + offs, mask=real, other=0.0)
+    store_half(tl.load(x_ptr + offs, mask=real, other=0.0), offs, real, out_ptr, peak_ptr)
+
+
+@triton.jit
+def store_half(v, offs, real, out_ptr, peak_ptr):
+    """``v`` as float16 at ``offs``, and the block's max |value| (NaN where one is not finite):
+    :func:`fp16_encode`'s and the ring hop's."""
     tl.store(out_ptr + offs, v.to(tl.float16), mask=real)
     tl.store(peak_ptr + tl.program_id(0), tl.max(tl.abs(v), axis=0) + tl.sum(v - v, axis=0))
 

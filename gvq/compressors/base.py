@@ -4,12 +4,18 @@ See docs/design.md#gvqcompressorsbasepy for how it works and why.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 from torch import Tensor
 
 from gvq.compressors._segments import balanced_segments
+
+
+def untimed(label: str):
+    """A stopwatch that times nothing (``Compressor.reencode_sum`` outside a ring)."""
+    return contextlib.nullcontext()
 
 
 class Health:
@@ -89,6 +95,18 @@ class Compressor:
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
         return payload.clone()
+
+    def reencode_sum(self, payload: Tensor, local: Tensor, seg: slice, stopwatch=untimed) -> Tensor:
+        """The re-encode ring's hop: the payload of ``payload`` decoded plus ``local`` (``seg``'s raw
+        values), each phase timed under its label by ``stopwatch`` (the ring's).  Default:
+        decompress, add, compress; a codec whose kernels fuse the three overrides it (the scalar quantizers
+        and fp16 on the Triton path, timed as ``compress``)."""
+        with stopwatch("decompress"):
+            partial = self.decompress(payload, seg)
+        with stopwatch("add"):
+            partial += local
+        with stopwatch("compress"):
+            return self.compress(partial, seg)
 
     # -- helpers the engine uses; rarely overridden ---------------------------------------------
     def empty_payload(self, seg: slice, device) -> Tensor:

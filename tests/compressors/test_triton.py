@@ -54,7 +54,7 @@ CODECS = {
 #: ORQ-9's third halving round, proven on the any-floats inputs only (seconds a call here)
 FACTORIES = {**CODECS, "orq9_bucket1024": lambda **kw: ORQ(levels=9, bucket=1024, **kw)}
 #: unbiased (stochastic rounding, no clipping, which biases the outliers by design): one of each alphabet
-UNBIASED = ["qsgd2", "qsgd4", "qsgd5_levels", "terngrad", "linear5"]
+UNBIASED = ["qsgd2", "qsgd4", "qsgd5_levels", "terngrad", "linear5", "orq5"]
 #: whose scale is a maximum: exact on any float input (sums are exact only on the grid input); the fitted
 #: levels sum nothing but integer counts, so they are exact on any floats too
 MAX_SCALED = ["qsgd4_max", "terngrad"]
@@ -203,7 +203,7 @@ def test_in_kernel_draws_are_unbiased(name):
     assert abs(z) < 5
 
 
-@pytest.mark.parametrize("name", ["qsgd4", "terngrad_clipped", "linear5", "bingrad_pb"])
+@pytest.mark.parametrize("name", ["qsgd4", "terngrad_clipped", "linear5", "orq5", "bingrad_pb"])
 def test_two_calls_draw_fresh_dithers_and_a_checkpoint_replays_them(name, tmp_path):
     q, fresh = CODECS[name](kernels="triton"), CODECS[name](kernels="triton")
     q.reseed(11)
