@@ -21,19 +21,12 @@ from gvq.compressors.orq import ORQ
 from gvq.compressors.qsgd import QSGD
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.terngrad import TernGrad
+from tests.helpers.triton import MARKS, kernel_device
 
-pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # tests/conftest.py sets it where no CUDA is seen
-if not INTERPRETED and not torch.cuda.is_available():
-    pytest.skip("TRITON_INTERPRET is not 1 and no CUDA device: the kernels can run neither interpreted on "
-                "CPU tensors nor compiled", allow_module_level=True)
 #: where the kernels run: CPU tensors through the interpreter (make test), or compiled on the GPU, where
 #: make gpu-check runs the tests marked ``cuda`` (the rest feed CPU tensors to the interpreter)
-DEVICE = "cpu" if INTERPRETED else "cuda"
-
-# the interpreter runs numpy: NaN/Inf inputs and 0 / 0 (an all-zero bucket) warn there, as they should
-pytestmark = [pytest.mark.usefixtures("one_thread_per_module"),
-              pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")]
+DEVICE = kernel_device()
+pytestmark = MARKS
 
 CODECS = {
     "qsgd2": lambda **kw: QSGD(bits=2, **kw),

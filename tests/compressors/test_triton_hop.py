@@ -18,15 +18,10 @@ from gvq.compressors.linear import Linear
 from gvq.compressors.qsgd import QSGD
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.terngrad import TernGrad
+from tests.helpers.triton import MARKS, kernel_device
 
-pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # tests/conftest.py sets it where no CUDA is seen
-if not INTERPRETED and not torch.cuda.is_available():
-    pytest.skip("TRITON_INTERPRET is not 1 and no CUDA device: the kernels can run neither interpreted on "
-                "CPU tensors nor compiled", allow_module_level=True)
-DEVICE = "cpu" if INTERPRETED else "cuda"
-pytestmark = [pytest.mark.usefixtures("one_thread_per_module"),
-              pytest.mark.filterwarnings("ignore:.*encountered:RuntimeWarning")]
+DEVICE = kernel_device()
+pytestmark = MARKS
 
 #: whose decoded values are on a grid when the received scales are powers of two (the decode's step a
 #: power of two times the scale), so every sum the hop takes is exact: bitwise the torch path's
