@@ -173,18 +173,14 @@ def one_rank_ring(comp, flat, pieces, session, hop: bool, evict: Evict) -> dict[
             inbox = comp.empty_payload(q, flat.device)
             inbox.copy_(pl)                     # what the receive wrote
             if hop:
-                _time_call(got["hop"], q, evict, lambda: _hop(comp, flat, inbox, q))
+                # the ring's own hop (ring.reencode_allreduce_'s reduce-scatter step): decode + add + encode,
+                # or the codec's fused kernels where it has them, so the price is the path a run takes
+                _time_call(got["hop"], q, evict, lambda: comp.reencode_sum(inbox, flat[q], q))
             else:
                 _time_call(got["add"], q, evict, lambda: inbox.add_(pl), inbox.numel())
         for q, pl in zip(pieces, payloads):
             _time_call(got["decompress"], q, evict, lambda: flat.__setitem__(q, comp.decompress(pl, q)))
     return got
-
-
-def _hop(comp, flat, inbox, q):
-    partial = comp.decompress(inbox, q)         # ring.reencode_allreduce_'s reduce-scatter step
-    partial += flat[q]
-    return comp.compress(partial, q)
 
 
 def _time_call(into: list, q: slice, evict, fn, size: int | None = None):

@@ -86,3 +86,27 @@ def test_settings_of_one_name_or_malformed_are_refused_in_one_line(capsys):
             main(["--aggregators", *bad])
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("python -m gvq.predict calibrate: error: --aggregators")
+
+
+def test_a_reencode_rings_hop_is_priced_through_the_codecs_own_reencode_sum():
+    """The calibrated hop is the call the ring makes (Compressor.reencode_sum), so a codec that fuses
+    decode + add + encode is priced by its fused path, not by three separate calls."""
+    import contextlib
+
+    import torch
+
+    from gvq.compressors.qsgd import QSGD
+    from gvq.predict.calibrate import Evict, one_rank_ring
+
+    calls = []
+
+    class Counting(QSGD):
+        def reencode_sum(self, payload, local, seg, *args, **kwargs):
+            calls.append(seg)
+            return super().reencode_sum(payload, local, seg, *args, **kwargs)
+
+    comp = Counting(bits=4, bucket=64, kernels="torch")
+    flat, pieces = torch.randn(512), [slice(0, 256), slice(256, 512)]
+    got = one_rank_ring(comp, flat, pieces, lambda f: contextlib.nullcontext(), True, Evict(False))
+    assert calls == pieces
+    assert [n for n, _ in got["hop"]] == [256, 256]
