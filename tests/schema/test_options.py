@@ -98,12 +98,18 @@ def test_every_typed_knob_refuses_an_ill_typed_value_naming_its_type(compose_cfg
 @pytest.mark.parametrize("group,option", PER_SCHEMA)
 def test_every_choice_refuses_a_value_outside_its_enum_naming_the_choices(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
+    accepted = []
     for where, node in _schema_nodes(cfg[group], group):
         for name, choices in _fields(OmegaConf.get_type(node), "enum"):
             allowed = ", ".join(m.value for m in choices)
             line = _refusal(compose_cfg, f"{group}={option}", f"{where}.{name}=nope")
             assert line == f"{where}.{name}=nope: expected one of {allowed}", line
-            assert compose_cfg(f"{group}={option}", f"{where}.{name}={next(iter(choices)).value}")
+            accepted.append((f"{where}.{name}", next(iter(choices)).value))
+    # and each choice's first value is taken: all of them in one composition (a refusal would name its key)
+    got = compose_cfg(f"{group}={option}", *(f"{key}={value}" for key, value in accepted))
+    for key, value in accepted:
+        taken = OmegaConf.select(got, key)
+        assert (taken.value if isinstance(taken, enum.Enum) else taken) == value, (key, taken)
 
 
 @pytest.mark.parametrize("key", sorted(OPTION_SCHEMAS), ids=["/".join(k) for k in sorted(OPTION_SCHEMAS)])
