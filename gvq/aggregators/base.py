@@ -49,6 +49,9 @@ class RunContext:
     bandwidth_bps: float | None = None
     latency_s: float = 0.0
     run_dir: str | None = None     # where rank 0 may write aggregator-specific files (None: nowhere)
+    #: the run's ``aggregate_error`` knob: a ring aggregator also all-reduces each raw vector exactly (untimed,
+    #: uncounted) to log its mean's error against the exact mean; off: no extra collective, the column NaN
+    aggregate_error: bool = False
 
 
 class Aggregator:

@@ -130,6 +130,8 @@ class DDPAggregator(Aggregator):
         return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "comm_s": comm,
                 "exposed_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
                 "phase": self.name if compressed else "allreduce",
+                # torch averages inside its own hooks: no raw copy to hold the mean against
+                "aggregate_error": float("nan"),
                 # backward returned only once every bucket was averaged: the wait is inside compute_s
                 "aggregate_s": time.perf_counter() - t0 + wait}
 

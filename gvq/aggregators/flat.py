@@ -6,11 +6,12 @@ See docs/design.md#gvqaggregatorsbasepy for how it works and why.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, Bucket, RunContext
 from gvq.aggregators.dtypes import refuse_dtypes
 from gvq.comm import clock
-from gvq.comm.p2p import P2P
+from gvq.comm.p2p import P2P, nccl_group
 
 
 class FlatAggregator(Aggregator):
@@ -49,6 +50,7 @@ class FlatAggregator(Aggregator):
         self.ctx = ctx
         self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
         self.stopwatch = clock.Stopwatch()
+        self.error_sums = [0.0, 0.0]     # this iteration's ||mean - exact||^2, ||exact||^2 (aggregate_error)
         # where each parameter's values start in the whole flat gradient (per-parameter state lives there)
         self.offsets = [0]
         for p in self.params:
@@ -145,13 +147,17 @@ class FlatAggregator(Aggregator):
         ``i`` in ``params``, in that order (post-backward: every parameter; the hook: a DDP bucket).  Its
         :meth:`bucket_of` (the per-parameter state's share), then :meth:`measure` (untimed),
         :meth:`average` (``aggregate_s``), :meth:`measure_after` (untimed), and the share is scattered
-        back: so a bucket rebuild loses nothing.  Returns the measurements."""
+        back: so a bucket rebuild loses nothing.  With ``ctx.aggregate_error`` the raw vector is copied
+        first (before :meth:`measure`, which may fold state into ``flat``) and the mean's error against
+        its exact mean added to the iteration's (:meth:`add_error`).  Returns the measurements."""
+        raw = self.raw_copy(flat)
         bucket = self.bucket_of(flat, params, iteration)
         extra = self.measure(bucket)
         t0 = clock.now()
         extra.update(self.average(bucket) or {})
         extra["aggregate_s"] = clock.now() - t0
         extra.update(self.measure_after(bucket))
+        self.add_error(flat, raw)
         if bucket.params != self.everything:
             for k, whole in self.per_parameter().items():
                 self.scatter_(whole, bucket.params, bucket.state[k])
@@ -167,6 +173,41 @@ class FlatAggregator(Aggregator):
             r.run_(bucket.flat, self.p2p, self.stopwatch)
         bucket.flat.div_(self.ctx.world_size)
         return None
+
+    # -- aggregate_error (opt-in): the error of the mean the ranks end with, not of one rank's encoding ---
+    def raw_copy(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """This rank's raw vector ``flat`` in float64 (a reference finer than what it checks), before
+        anything touches it, where :meth:`add_error`'s all-reduce takes it; None unless
+        ``ctx.aggregate_error``."""
+        if not self.ctx.aggregate_error:
+            return None
+        # NCCL carries the device's tensor; gloo takes a host copy (a GPU tensor it may refuse)
+        device = flat.device if nccl_group() else torch.device("cpu")
+        with clock.get().blocked():                 # untimed: see add_error
+            return flat.detach().to(device=device, dtype=torch.float64, copy=True)
+
+    def add_error(self, flat: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """Add ``flat`` (now the mean) against the exact mean of the ranks' ``raw`` (:meth:`raw_copy`) to
+        the iteration's sums: a hook iteration averages several vectors, and its error is the whole
+        gradient's.  The exact mean is torch's all-reduce on the transport's group, not :class:`P2P`'s
+        ring, so ``bytes_sent`` and ``wire_s`` never see it; inside the clock's ``blocked`` (one span: a
+        nested one would count the work before it), so virtual time never does either; and after the
+        ring, not before, so it never waits out a slower peer's backward that ``aggregate_s`` holds."""
+        if raw is None:
+            return
+        with clock.get().blocked():
+            if self.ctx.world_size > 1:
+                dist.all_reduce(raw, group=self.p2p.group)
+            exact = raw.div_(self.ctx.world_size)
+            diff = flat.detach().to(exact.device, torch.float64) - exact
+            self.error_sums[0] += float(diff.square().sum())
+            self.error_sums[1] += float(exact.square().sum())
+
+    def aggregate_error(self) -> float:
+        """||mean - exact mean||^2 / ||exact mean||^2 over the vectors since :meth:`reset_counters`; NaN
+        when not measured (``aggregate_error=false``) or the exact mean is zero."""
+        err, norm = self.error_sums
+        return err / norm if self.ctx.aggregate_error and norm > 0 else float("nan")
 
     def gather(self, whole: torch.Tensor, params: list[int]) -> torch.Tensor:
         """The values of ``whole`` (laid out as the whole flat gradient) for ``params``, concatenated in
@@ -195,13 +236,15 @@ class FlatAggregator(Aggregator):
         self.start_iteration(iteration)
 
     def end_iteration(self, iteration: int) -> dict:
-        """Close it: :meth:`finish_iteration`'s columns, then the counters since :meth:`begin_iteration`."""
-        return {**self.finish_iteration(iteration), **self.counters()}
+        """Close it: :meth:`finish_iteration`'s columns, then the counters since :meth:`begin_iteration`
+        and the iteration's :meth:`aggregate_error`."""
+        return {**self.finish_iteration(iteration), **self.counters(), "aggregate_error": self.aggregate_error()}
 
     def reset_counters(self) -> None:
-        """Start an iteration's byte count, wire time and codec stopwatch at zero."""
+        """Start an iteration's byte count, wire time, codec stopwatch and error sums at zero."""
         self.p2p.reset()
         self.stopwatch = clock.Stopwatch()
+        self.error_sums = [0.0, 0.0]
 
     def counters(self) -> dict:
         """Codec times, wire time, staging time and bytes sent since :meth:`reset_counters`."""

@@ -253,7 +253,10 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
         "compression ratio": [_num(v, ".2f") for v in df["compression_ratio"]],
         "compression error mean (median)": [
             DASH if math.isnan(m) else f"{m:.3g} ({md:.3g})"
-            for m, md in zip(df["compression_error"], df["compression_error_median"])]})
+            for m, md in zip(df["compression_error"], df["compression_error_median"])],
+        # runs with aggregate_error=true only: the mean's error, re-encoding at every hop included
+        **({"aggregate error": [_pm(m, s, ".3g") for m, s in zip(df["aggregate_error"], df["aggregate_error_std"])]}
+           if df["aggregate_error"].notna().any() else {})})
 
 
 # -- all files ----------------------------------------------------------------------------------------

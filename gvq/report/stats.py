@@ -29,7 +29,7 @@ def run_stats(run: Run, target) -> dict:
     hit = evals[as_target(target).reached(evals)]
     out["target_s"] = hit["wall_s"].iloc[0] - startup_s(m) if len(hit) else np.nan
     out["target_iters"] = hit["iteration"].iloc[0] + 1 if len(hit) and "iteration" in hit else np.nan
-    for col in ("compression_error", "compression_ratio"):
+    for col in ("compression_error", "compression_ratio", "aggregate_error"):   # absent: not logged by the run
         if col in m and m[col].notna().any():
             out[col] = m[col].mean()
     if "compression_error" in out:          # heavy-tailed (GradiVeQ's Eq. 7 loss): the median too
@@ -106,6 +106,8 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
             "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": ratio,
             "compression_error": s.get("compression_error", np.nan),
             "compression_error_median": s.get("error_median", np.nan),
+            "aggregate_error": s.get("aggregate_error", np.nan),
+            "aggregate_error_std": s.get("aggregate_error_std", np.nan),
             "run_dirs": " ".join(str(r.path) for r in g.runs)})
     return pd.DataFrame(rows)
 

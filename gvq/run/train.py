@@ -71,7 +71,8 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     agg = aggregator_from(cfg["aggregator"])     # aggregator.overlap=true: the ring inside backward, via DDP
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
-                                                   net["bandwidth_bps"], net["latency_s"], run_dir=run_dir))
+                                                   net["bandwidth_bps"], net["latency_s"], run_dir=run_dir,
+                                                   aggregate_error=cfg["aggregate_error"]))
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
     return data, model, opt, sched, agg
 
@@ -190,7 +191,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
     if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
     text = TEXT_FIELDS if data.bytes_per_token is not None else ()
-    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields) + text, cfg, meta) if rank == 0 else None
+    asked = ("aggregate_error",) if cfg["aggregate_error"] else ()     # its column: NaN where not measurable
+    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields) + text + asked, cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True
     try:

@@ -87,6 +87,9 @@ COLUMNS = (
     # compressors
     Column("compression_error", "", "rank0", "||g - decoded(g)||^2 / ||g||^2 of rank 0's gradient (NaN: not "
        "compressed)"),
+    Column("aggregate_error", "", "rank0", "||mean - exact mean||^2 / ||exact mean||^2 of the averaged gradient, "
+       "every bucket of the step (exact: an untimed fp64 all-reduce of the ranks' raw gradients; only with "
+       "aggregate_error=true; NaN: torch DDP)", skipped=float("nan")),
     Column("compression_ratio", "", "rank0", "fp32 gradient bytes over the bytes on the wire"),
     Column("fit_s", "s", "rank0", "gradiveq: fitting the bases (PCA) at a refresh"),
     Column("monitor_s", "s", "rank0", "gradiveq: the Eq. 7 vote"),

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from omegaconf.nodes import AnyNode, EnumNode, FloatNode, IntegerNode, StringNode
+from omegaconf.nodes import AnyNode, BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
 from gvq.schema.grid import GridSchema
 from gvq.schema.options import OPTION_SCHEMAS, Choice
@@ -79,6 +79,7 @@ def build_schema() -> Any:
         "checkpoint": OmegaConf.structured(CheckpointSchema),
         "resume": StringNode(None),
         "restarts": IntegerNode(0),
+        "aggregate_error": BooleanNode(False),
         "lambda": FloatNode(0.01),
         "K": AnyNode("auto"),           # auto | x<m> | an int: gvq.run.validate.check_k
         "s": FloatNode(float("inf")),

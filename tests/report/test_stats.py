@@ -73,3 +73,25 @@ def test_the_status_column_says_summary_jsons_status_and_one_reason():
     assert shown["bits=2"].startswith("collapsed: train loss back at chance since iteration 100")
     assert shown["bits=2"].count("back at chance") == 1 and "+1 other reasons" in shown["bits=2"]
     assert shown["bits=4"] == "completed 1/2, collapsed 1/2: " + why.format(7)
+
+
+def test_aggregate_error_is_carried_as_mean_and_std_over_seeds_where_a_run_logged_it():
+    """Runs with ``aggregate_error=true`` have the column: the table's mean ± std over seeds, shown; runs
+    without it: NaN in table.csv, and no column in the shown table."""
+    from gvq.report.plots import display_table
+    from gvq.report.runs import group_runs
+    from gvq.report.stats import build_table, group_stats
+
+    def run(seed, errors):
+        m = _startup_run().metrics
+        if errors is not None:
+            m["aggregate_error"] = errors
+        return Run(Path(str(seed)), "completed", "", "qsgd", ["aggregator=qsgd", f"seed={seed}"], {}, m)
+
+    logged = group_runs([run(0, 0.1), run(1, [0.3] * 10 + [np.nan] * 10)])
+    table = build_table(logged, {id(g): group_stats(g, 0.9) for g in logged})
+    assert table["aggregate_error"][0] == pytest.approx(0.2) and table["aggregate_error_std"][0] > 0
+    assert display_table(table, 0.9)["aggregate error"][0].startswith("0.2 ± ")
+    plain = group_runs([run(0, None)])
+    table = build_table(plain, {id(g): group_stats(g, 0.9) for g in plain})
+    assert np.isnan(table["aggregate_error"][0]) and "aggregate error" not in display_table(table, 0.9)

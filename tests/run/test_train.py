@@ -233,3 +233,40 @@ def test_a_failed_job_does_not_cancel_the_rest_of_a_sweep(tmp_path):
     first = json.loads((sweep / "0" / "summary.json").read_text())
     second = json.loads((sweep / "1" / "summary.json").read_text())
     assert first["status"] == "failed" and second["status"] == "completed"
+
+
+def _train_all(rank, world, cfgs, root):
+    from gvq.run.train import train
+    for name, cfg in cfgs.items():
+        train(cfg, rank, world, f"{root}/{name}", {"run_dir": f"{root}/{name}"})
+
+
+AGGREGATE_ERROR_RUNS = {        # name: overrides (every run: aggregate_error=true unless named off)
+    "qsgd": ["aggregator=qsgd", "aggregator.compressor.bits=2"],
+    "qsgd-off": ["aggregator=qsgd", "aggregator.compressor.bits=2", "aggregate_error=false"],
+    "qsgd-overlap": ["aggregator=qsgd", "aggregator.compressor.bits=2", "aggregator.overlap=true",
+                     "aggregator.bucket_cap_mb=0.004"],
+    "ddp": ["aggregator=ddp"],
+}
+
+
+@pytest.mark.slow
+def test_aggregate_error_reaches_the_aggregator_and_its_column_and_changes_no_training(compose_cfg, tmp_path):
+    """``aggregate_error=true`` (conf/config.yaml) reaches the aggregator through RunContext: a column of
+    the mean's error after every step (post-backward and inside backward), NaN for torch DDP, which
+    averages inside its own hooks; off, no column, and the same bytes and losses as on."""
+    from omegaconf import OmegaConf
+    cfgs = {}
+    for name, overrides in AGGREGATE_ERROR_RUNS.items():
+        cfg = compose_cfg("aggregate_error=true", *overrides, "iterations=4", "eval_every=4", "logger=csv",
+                          "logger.progress=false", "model.width=4", "batch_size=16")
+        cfgs[name] = OmegaConf.to_container(cfg, resolve=True)
+        (tmp_path / name).mkdir()
+    run_ranks(_train_all, 2, tmp_path, cfgs, str(tmp_path), timeout=240)
+    df = {name: pd.read_csv(tmp_path / name / "metrics.csv") for name in cfgs}
+    for name in ("qsgd", "qsgd-overlap"):
+        assert (df[name].aggregate_error > 1e-3).all() and df[name].aggregate_error.notna().all(), name
+    assert "aggregate_error" in df["ddp"] and df["ddp"].aggregate_error.isna().all()
+    assert "aggregate_error" not in df["qsgd-off"]
+    for col in ("bytes_sent", "train_loss"):
+        assert df["qsgd-off"][col].tolist() == df["qsgd"][col].tolist(), col
