@@ -196,7 +196,7 @@ class GradiVeQAggregator(FlatAggregator):
             residual.zero_()
             return
         with self.stopwatch("compress"):
-            self.feedback.keep_(residual, codec.own_residual(x))
+            codec.own_residual(x, out=residual)             # e <- what the payload left out, in place
 
     def _keep_sample(self, x: torch.Tensor, params: tuple[int, ...]) -> None:
         """A vector's sum into this sampling iteration's row, at its layers' places in the whole layout."""

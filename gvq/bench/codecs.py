@@ -80,7 +80,7 @@ def fitted_gradiveq(label: str, shapes, device: torch.device, L: int = 100, time
 def powersgd_state(shapes, device: torch.device):
     from gvq.compressors.powersgd import PowerSGD
     agg = make_aggregator("powersgd", [])
-    state = PowerSGD(shapes, agg.rank, agg.min_compression_rate, agg.warm_start)
+    state = PowerSGD(shapes, agg.rank, agg.min_compression_rate, agg.warm_start, kernels=agg.kernels)
     state.to(device)
     macs = sum(b.rows * b.cols * b.rank for b in state.blocks if b.rank)        # per pass
     streamed = 4 * sum((b.rows + b.cols) * b.rank for b in state.blocks if b.rank)

@@ -10,6 +10,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from gvq.compressors._triton import launch_kernel, triton_pow2
+
+BLOCK = 1024            # values a program of the Triton path's unpacking and Q copy handles
+
 
 @dataclass(frozen=True)
 class Block:
@@ -84,8 +88,10 @@ class OrthWork:
     rank-deficient block included: its missing directions come out short, never NaN); two more rounds,
     with a tiny compensated shift, restore orthonormality.  Nothing is read back to the host."""
 
-    def __init__(self, k: int, n: int, r: int, dtype: torch.dtype, device: torch.device, ranks=None):
+    def __init__(self, k: int, n: int, r: int, dtype: torch.dtype, device: torch.device, ranks=None,
+                 triton: bool = False):
         kw = dict(dtype=dtype, device=device)
+        self.triton = triton          # the shift and the warm start's kept Q as one kernel each (SegLayout chose)
         self.a = torch.zeros(k, n, r, **kw)            # the input; its padding stays zero
         self.flat = self.a.view(-1)
         # padding columns (a block of rank < r) come out zero: not a deficiency of the block's own
@@ -103,13 +109,20 @@ class OrthWork:
         self.shift = 11 * (n * r + r * (r + 1)) * eps
         self.fix = (n + r * (r + 1)) * eps               # rounds 2-3: the input is near-orthonormal
         self.floor = torch.finfo(dtype).tiny / eps     # an all-zero block: a positive diagonal still
+        # the Triton path reads both in the matrices' dtype: a float64 floor is below float32's range
+        self.consts = torch.tensor([self.floor, self.shift], **kw) if triton else None
 
     def run(self) -> Tensor:
         """``q[0]`` <- orthonormal columns spanning ``a``'s (R with a positive diagonal: unique, so equal
         to Householder QR's up to column signs)."""
         torch.bmm(self.at, self.a, out=self.g)
-        torch.sum(self.gd, -1, keepdim=True, out=self.tr)
-        self.gd.add_(self.tr.clamp_min_(self.floor), alpha=self.shift)
+        if self.triton:                                  # the trace, its floor and the shift: one launch
+            from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+            r = self.g.shape[-1]
+            launch_kernel(k.shift_gram, (self.g.shape[0],), self.g, self.consts, R=r, RP=triton_pow2(r))
+        else:
+            torch.sum(self.gd, -1, keepdim=True, out=self.tr)
+            self.gd.add_(self.tr.clamp_min_(self.floor), alpha=self.shift)
         self._solve(self.a, self.q[0])
         for i in (0, 1):                                 # Q^T Q + s I over 1 + s: the shift cancels
             torch.baddbmm(self.eye, self.qt[i], self.q[i], beta=self.fix / (1 + self.fix),
@@ -126,6 +139,16 @@ class OrthWork:
         under 1/2): rank-deficient input, whose Q spans fewer than r directions."""
         pivots = self.pivots if self.unused is None else self.pivots + self.unused
         return torch.lt(pivots.amin(-2, keepdim=True), 0.5, out=self.bad)
+
+    def keep_into(self, q_all: Tensor, at: Tensor) -> None:
+        """After :meth:`run`, the Triton path's warm start in one launch: ``q_all[at[j]]`` <- block j's
+        ``q[0]``, unless it is :meth:`deficient` (then it keeps its row).  ``q_all`` (., n, r) as ``a``."""
+        from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+        blocks, n, r = self.a.shape
+        size = n * r
+        launch_kernel(k.keep_q, (blocks, -(-size // BLOCK)), self.q[0], self.u, self.u if self.unused is None else
+                      self.unused, at, q_all, size, R=r, RP=triton_pow2(r), HAS_UNUSED=self.unused is not None,
+                      BLOCK=BLOCK)
 
 
 class Views(NamedTuple):
@@ -181,6 +204,7 @@ class SegLayout:
         self.g, self.o = (torch.empty(n, dtype=dt, device=device) for _ in range(2))
         self.p = torch.empty(sum(b.p_len for b in order), dtype=dt, device=device)
         self.qb = torch.empty(sum(b.q_len for _, b in low), dtype=dt, device=device)
+        self.triton = lr.on_triton(device)    # chosen once per device by the plan (compressor's kernels)
         self._padded(st, [b for _, b in low], [st.first[c] + place for (c, place), _ in low], device)
         self.groups, v, pa, qa, j = [], 0, 0, 0, 0
         for c, a, k in runs([(c, place, 1) for (c, place), _ in low]):
@@ -189,6 +213,9 @@ class SegLayout:
             v, pa, qa, j = v + k * rows * cols, pa + k * rows * r, qa + k * cols * r, j + k
         self.p_low, self.p_raw, self.g_raw, self.o_raw = self.p[:pa], self.p[pa:], self.g[v:], self.o[v:]
         self.raws = [st.raw[at: at + k] for _, at, k in runs([(0, at, k) for at, k, _ in raw])]
+        # the Triton path's unpacking: where each raw sum of pass P's payload goes in the store's raw values
+        self.raw_all, self.raw_pos = st.raw, torch.cat([torch.arange(at, at + k) for at, k, _ in raw] or
+                                                       [torch.zeros(0, dtype=torch.long)]).to(device)
         self.zeros = torch.zeros((), dtype=dt, device=device).expand(n)
         self.version = st.version
 
@@ -196,8 +223,8 @@ class SegLayout:
         """The two orthogonalizations' padded inputs (P^'s, next Q's), where each payload value goes in
         them, and the blocks' rows in the store's stacks (``at``) that their results are written to."""
         r, dt = st.q_all.shape[2], st.q_all.dtype
-        self.p_orth = OrthWork(len(low), st.phat_all.shape[1], r, dt, device)
-        self.q_orth = OrthWork(len(low), st.q_all.shape[1], r, dt, device, [b.rank for b in low])
+        self.p_orth = OrthWork(len(low), st.phat_all.shape[1], r, dt, device, triton=self.triton)
+        self.q_orth = OrthWork(len(low), st.q_all.shape[1], r, dt, device, [b.rank for b in low], self.triton)
         self.p_pos = _positions(self.p_orth.a, [(b.rows, b.rank) for b in low]).to(device)
         self.q_pos = _positions(self.q_orth.a, [(b.cols, b.rank) for b in low]).to(device)
         self.at = torch.tensor(rows_in_store, dtype=torch.long).to(device)
@@ -208,6 +235,21 @@ class SegLayout:
         return Views(m, m.transpose(1, 2), self.o[v: v + k * rows * cols].view(k, rows, cols),
                      self.p[pa: pa + k * rows * r].view(k, rows, r), self.qb[qa: qa + k * cols * r].view(k, cols, r),
                      self.q_orth.a[j: j + k, :cols, :r].transpose(1, 2), st.q[c][a: a + k], st.phat[c][a: a + k])
+
+    def unpack(self, payload: Tensor) -> None:
+        """Pass P's summed payload where its decompress reads it: the low-rank sums into the padded input of
+        P^'s orthogonalisation, the raw sums into the store (for pass Q to write back).  Torch: a copy, a
+        scatter and a copy a raw run; Triton: one launch (``_triton_lowrank.unpack_p``)."""
+        if not self.triton:
+            self.p.copy_(payload)
+            if self.groups:
+                self.p_orth.flat.index_copy_(0, self.p_pos, self.p_low)
+            self.put_raws(self.p_raw)
+        elif payload.numel():
+            from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+            n = payload.numel()
+            launch_kernel(k.unpack_p, (-(-n // BLOCK),), payload, self.p_pos, self.p_orth.flat, self.raw_pos,
+                          self.raw_all, n, self.p_low.numel(), BLOCK=BLOCK)
 
     def put_raws(self, src: Tensor) -> None:
         """The store's raw runs of this segment <- ``src`` (their values end to end): one copy a run."""

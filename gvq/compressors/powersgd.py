@@ -10,6 +10,7 @@ import itertools
 import torch
 from torch import Tensor
 
+from gvq.compressors import _triton
 from gvq.compressors._lowrank import Block, OrthWork, SegLayout, Store
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
@@ -59,7 +60,7 @@ class PowerSGD:
     kept in a :class:`Store` (shared with the DDP buckets' plans, :meth:`subset`)."""
 
     def __init__(self, shapes, rank: int, min_compression_rate: float, warm_start: bool,
-                 seed: int = 0, dtype: torch.dtype = torch.float32):
+                 seed: int = 0, dtype: torch.dtype = torch.float32, kernels: str = "auto"):
         self.blocks = plan(shapes, rank, min_compression_rate)
         self.dtype = dtype                       # the gradient's: P, Q and the payloads keep its precision
         self.numel = self.blocks[-1].stop if self.blocks else 0
@@ -67,6 +68,9 @@ class PowerSGD:
         self.gen = torch.Generator().manual_seed(int(seed))   # same seed on all ranks: same Q
         self.store = Store(self.blocks, dtype)
         self.ids = list(range(len(self.blocks)))   # each block's index in the store's (whole-model) plan
+        # auto | triton | torch: the packing and arithmetic between the passes' GEMMs as Triton kernels (fewer
+        # launches a call; auto: on CUDA where Triton is installed) or torch ops; chosen once per device
+        self.kernels, self._paths = _triton.check_kernels(kernels), {}
         self._draw_q()
         self._setup()
 
@@ -82,6 +86,7 @@ class PowerSGD:
         this plan's store: Q and P^ are each block's, whichever vector it is averaged in."""
         sub = object.__new__(PowerSGD)
         sub.dtype, sub.warm_start, sub.gen, sub.store = self.dtype, self.warm_start, self.gen, self.store
+        sub.kernels, sub._paths = self.kernels, self._paths
         sub.blocks, at = [], 0
         for i in ids:
             b = self.blocks[i]
@@ -111,6 +116,12 @@ class PowerSGD:
     def to(self, device: torch.device) -> None:
         """Move the state (Q, P^, raw sums) to ``device``; a pass does it on first use anyway."""
         self.store.to(torch.device(device))
+
+    def on_triton(self, device: torch.device) -> bool:
+        """Whether this plan's passes on ``device`` take the Triton kernels: asked once per device."""
+        if device not in self._paths:
+            self._paths[device] = _triton.use_triton(self.kernels, device)
+        return self._paths[device]
 
     def layout(self, seg: slice, device: torch.device) -> SegLayout:
         """Segment ``seg``'s :class:`SegLayout` on ``device`` (the store moves there on first use)."""
@@ -198,11 +209,9 @@ class PStage(_Stage):
 
     def decompress(self, payload, seg):
         lay = self.s.layout(seg, payload.device)
-        lay.p.copy_(payload)
-        if lay.groups:                                    # every class's P at once, zero-padded
-            lay.p_orth.flat.index_copy_(0, lay.p_pos, lay.p_low)
+        lay.unpack(payload)                               # every class's P zero-padded, the raw sums stored
+        if lay.groups:                                    # every class's P orthogonalised at once
             self.s.store.phat_all.index_copy_(0, lay.at, lay.p_orth.run())
-        lay.put_raws(lay.p_raw)                           # the raw sums, for pass Q to write back
         # nothing to write back yet: this pass's result is state (P^, raw sums) that pass Q uses
         return lay.zeros
 
@@ -239,5 +248,8 @@ class QStage(_Stage):
         keeps its Q: Cholesky QR leaves missing directions short, and a Q that lost a direction would
         never regain it (M Q stays short there), where Householder QR filled them with arbitrary ones."""
         work, st = lay.q_orth, self.s.store
+        if work.triton:                                   # the torch lines below as one launch
+            work.keep_into(st.q_all, lay.at)
+            return
         keep = st.q_all.index_select(0, lay.at)
         st.q_all.index_copy_(0, lay.at, torch.where(work.deficient(), keep, q))

@@ -158,6 +158,7 @@ class GradiVeQSchema:
     mu: Mu = Mu.slice
     basis_dtype: BasisDtype = BasisDtype.float32
     matrices: Matrices = Matrices.auto
+    kernels: Kernels = Kernels.auto       # the device path's steps between its GEMMs (_triton_lowrank.py)
 
 
 # -- aggregators ---------------------------------------------------------------------------------------
@@ -214,6 +215,7 @@ class PowerSGDSchema(_Overlap):
     start_iter: int = 10
     min_compression_rate: float = 2.0
     warm_start: bool = True
+    kernels: Kernels = Kernels.auto       # the packing and residual steps between its GEMMs
 
 
 @dataclass

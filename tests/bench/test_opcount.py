@@ -123,6 +123,48 @@ def test_fitted_quantizers_within_the_launch_budget_on_the_triton_path(name, sha
         assert 1 <= tally.launches <= LAUNCH_BUDGET[part.split()[0]], f"{name} {part}: {tally.by_name}"
 
 
+#: the low-rank codecs on their Triton path, by kernel a call: GEMMs stay torch's, the chains between them fused
+LOW_RANK_LAUNCHES = {"gradiveq": {"compress": {"lay_out": 1}, "decompress": {"lay_out": 1}},
+                     "powersgd-P": {"compress": {}, "decompress": {"unpack_p": 1, "shift_gram": 1}},
+                     "powersgd-Q": {"compress": {}, "decompress": {"shift_gram": 1, "keep_q": 1}}}
+
+
+def _low_rank_launches(name: str, shapes) -> dict:
+    """Triton launches by kernel of a GradiVeQ setting's calls, or of both PowerSGD passes, on a whole
+    gradient and a ring's middle segment, counted without running the kernels."""
+    device = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
+    if name == "powersgd":
+        comp = powersgd_state(shapes, device)[0]
+        stages, n = (comp.p_stage, comp.q_stage), comp.numel
+        comp.begin()
+    else:
+        comp = fitted_gradiveq(name, shapes, device, L=12, timed=False)[0]
+        stages, n = (comp,), comp.layout.numel
+    comp.kernels = "triton"             # before its first call, which chooses the path for good
+    x, cuts = laplace_vector(n).to(device), stages[0].cuts(n)
+    out = {}
+    for label, seg in (("whole", slice(0, n)), ("segment", slice(cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]))):
+        for stage in stages:
+            with count_launches(run=False) as c:
+                payload = stage.compress(x[seg], seg)
+            with count_launches(run=False) as d:
+                stage.decompress(payload, seg)
+            out[(stage.name, label)] = {"compress": c.by_name, "decompress": d.by_name}
+    return out
+
+
+@pytest.mark.parametrize("name", ["gradiveq", "gradiveq_bf16", "powersgd"])
+def test_low_rank_codecs_launch_a_fixed_few_on_the_triton_path(name, shapes):
+    """GradiVeQ one launch a call each way, PowerSGD none to compress and two to decompress a pass, at
+    both depths, whole or a segment (a program per block of values, not a launch per layer)."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("neither Triton's interpreter (TRITON_INTERPRET=1) nor a CUDA device")
+    for model in ("resnet20", "resnet110"):
+        for (stage, label), got in _low_rank_launches(name, shapes[model]).items():
+            assert got == LOW_RANK_LAUNCHES[stage], f"{name} {stage} {label} ({model}): {got}"
+
+
 def test_powersgd_passes_are_a_fixed_few_ops_without_host_syncs(shapes):
     """One gather, one GEMM (and QR) per shape class, one put-back: ResNets have seven classes at any depth."""
     _check("powersgd", shapes)

@@ -17,10 +17,12 @@ import torch
 from torch import Tensor
 
 from gvq.compressors._graphs import Graphed
+from gvq.compressors._triton import launch_kernel
 
 #: where a plan's index bookkeeping is built (once per segment and fit, element by element), before its
 #: finished indices move to the gradient's device in one copy each
 HOST = torch.device("cpu")
+LAY_OUT_BLOCK = 1024      # values a program of the Triton path's gather lays out
 
 
 class _Class:
@@ -58,8 +60,10 @@ class _Class:
 class BatchedPlan:
     """One segment's compress / decompress on ``device``, built once per (segment, fit)."""
 
-    def __init__(self, plan, total: int, seg: slice, U, mu, muU, world_size: int, dtype, device):
+    def __init__(self, plan, total: int, seg: slice, U, mu, muU, world_size: int, dtype, device,
+                 triton: bool = False):
         self.dtype, self.beta, self.total = dtype, -1.0 / world_size, total
+        self.triton = triton          # the copies and gather after the GEMMs as one kernel (the codec chose)
         length = seg.stop - seg.start
         by_K: dict[int, list] = {}
         for p, off in plan:
@@ -129,6 +133,8 @@ class BatchedPlan:
                 torch.bmm(X, c.U, out=R)
             else:                                   # X U - (mu U) / N  (Eq. 3), into the source
                 torch.baddbmm(c.muU, X, c.U, beta=self.beta, out=R)
+        if self.triton:
+            return self._lay_out(self.rbuf, self.muU_flat if low else None, self.beta, x, self.pay_idx)
         if low:
             self.src_r.copy_(self.rbuf).add_(self.muU_flat, alpha=self.beta)
         self.src_x.copy_(x)
@@ -142,7 +148,23 @@ class BatchedPlan:
                 torch.bmm(P, Ut, out=Y)
             else:                                   # P U^T + mu, into the source
                 torch.baddbmm(c.mu, P, Ut, out=Y)
+        if self.triton:
+            return self._lay_out(self.ybuf, self.mu_flat if low else None, 1.0, payload, self.out_idx)
         if low:
             self.src2_y.copy_(self.ybuf).add_(self.mu_flat)
         self.src2_p.copy_(payload)
         return self.src2.index_select(0, self.out_idx)
+
+    @staticmethod
+    def _lay_out(res: Tensor, mu: Tensor | None, beta: float, raw: Tensor, idx: Tensor) -> Tensor:
+        """The Triton path's one launch (``_triton_lowrank.lay_out``) in place of the torch path's copy of
+        the raw values into the source, the mean term's copy and add (bf16 bases) and the gather: ``res``
+        the GEMMs' results, ``raw`` the call's input, ``idx`` the source positions, as ``pay_idx`` or
+        ``out_idx`` number them."""
+        from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+        n = idx.numel()
+        out = torch.empty(n, device=raw.device)             # fresh: the ring may still be sending the last one
+        if n:
+            launch_kernel(k.lay_out, (-(-n // LAY_OUT_BLOCK),), res, res if mu is None else mu, raw, idx, out, n,
+                          res.numel(), beta, ADD_MU=mu is not None, BLOCK=LAY_OUT_BLOCK)
+        return out

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _fused as fused
+from gvq.compressors import _triton
 from gvq.compressors.base import Compressor, check_int
 from gvq.compressors.gradiveq.batched import BatchedPlan
 from gvq.compressors.gradiveq.layout import (GradLayout, Group, build_groups, check_config, cuts, layer_groups,
@@ -35,7 +36,8 @@ class GradiVeQ(Compressor):
 
     def __init__(self, lam: float = 0.01, K="auto", s=float("inf"), pool: bool = False,
                  d: int | None = None, target_ratio: float | None = None, world_size: int = 1,
-                 mu: str = "slice", basis_dtype: str = "float32", matrices: str = "auto", **kw):
+                 mu: str = "slice", basis_dtype: str = "float32", matrices: str = "auto", kernels: str = "auto",
+                 **kw):
         if "lambda" in kw:                      # the YAML key; `lambda` cannot be a Python parameter
             lam = kw.pop("lambda")
         if kw:
@@ -61,6 +63,10 @@ class GradiVeQ(Compressor):
         self.s = check_config(lam, s, pool, d, target_ratio, mu, matrices)
         self.lam, self.K, self.pool, self.d, self.target_ratio, self.mu = lam, K, pool, d, target_ratio, mu
         self.matrices = matrices
+        # kernels: auto | triton | torch: the device path's steps between its GEMMs as one Triton kernel each
+        #    way (fewer launches a call; auto: on CUDA where Triton is installed) or as torch ops; the host keeps
+        #    its per-piece GEMMs (gvq/compressors/_triton.py)
+        self.kernels, self._paths = _triton.check_kernels(kernels), {}
         self._K_spec = parse_K(K)
         self.world_size = world_size
         self.layout: GradLayout | None = None
@@ -256,8 +262,10 @@ class GradiVeQ(Compressor):
             plan, total = self._plan(seg)
             if len(self._batched) > 64:                        # plans hold buffers: keep few
                 self._batched.clear()
+            if device not in self._paths:                      # chosen once per device, never per call
+                self._paths[device] = _triton.use_triton(self.kernels, device)
             self._batched[key] = BatchedPlan(plan, total, seg, self.pca.U, self.pca.mu, self._muU,
-                                             self.world_size, self._dt, device)
+                                             self.world_size, self._dt, device, self._paths[device])
         return self._batched[key]
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
@@ -342,15 +350,16 @@ class GradiVeQ(Compressor):
             raise RuntimeError("GradiVeQ.tracked_sums: call track(g) and compress g first")
         return self._track.clone()
 
-    def own_residual(self, x: Tensor) -> Tensor:
+    def own_residual(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         """``x - (U_d U_d^T (x - mu/N) + mu/N)``: what this rank's own payload of ``x`` (a whole vector in
         this codec's layout) leaves out, 0 on raw slices; error feedback's memory.  One compress and one
-        decompress of ``x`` (a sum's decoding adds all of mu, one rank's share is mu/N)."""
+        decompress of ``x`` (a sum's decoding adds all of mu, one rank's share is mu/N), then two ops, written
+        into ``out`` where given (the memory itself: no copy)."""
         self._need_fit()
         self.follow(x)
         whole = slice(0, x.numel())
         rebuilt = self.decompress(self.compress(x, whole), whole)
-        return torch.sub(x, rebuilt).add_(self._mu_flat, alpha=1.0 - 1.0 / self.world_size)
+        return torch.sub(x, rebuilt, out=out).add_(self._mu_flat, alpha=1.0 - 1.0 / self.world_size)
 
     def _relative(self, g_flat: Tensor, aggregate: bool) -> float:
         self._need_fit()
