@@ -87,9 +87,7 @@ layout-report: $(STAMP)
 	$(PY) -m tests.test_layout
 
 bench: $(STAMP)
-	$(PY) -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8 1e9 --aggregators rar fp16 qsgd gradiveq gradiveq_bf16 powersgd \
-	    --set K=x1 gradiveq:aggregator.compressor.pool=true gradiveq:aggregator.compressor.target_ratio=8 \
-	    gradiveq_bf16:aggregator.compressor.pool=true gradiveq_bf16:aggregator.compressor.target_ratio=8 powersgd:aggregator.rank=6
+	$(PY) -m gvq.bench aggregate       # its grid: conf/grid/bench.yaml
 
 validate-clock: $(STAMP)
 	$(PY) -m gvq.bench clock       # its grid: conf/grid/clock.yaml

@@ -24,6 +24,7 @@ from gvq.aggregators.base import Aggregator, RunContext
 from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, configure_clock,
                               make_aggregator, model_shapes, print_markdown, spawn_loopback)
 from gvq.comm import clock
+from gvq.schema.compose import load_grid
 
 
 class AllReduceRef(Aggregator):
@@ -130,18 +131,19 @@ def print_aggregation(records: list[dict]) -> None:
 
 def parse_aggregation_args(argv):
     p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
-    p.add_argument("--aggregators", nargs="+",
-                   default=["rar", "fp16", "qsgd", "gradiveq", "gradiveq_bf16", "powersgd"])
-    p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--bandwidth", type=float, nargs="*", default=[None],
-                   help="per-rank link in bit/s (several => one table each); omit for unshaped")
+    g = load_grid("bench")                  # the defaults: conf/grid/bench.yaml (make bench's grid)
+    p.add_argument("--aggregators", nargs="+", default=g.settings)
+    p.add_argument("--world-size", type=int, nargs="+", default=g.world_sizes, help="ranks N (one table each)")
+    p.add_argument("--bandwidth", type=float, nargs="*", default=g.links_bps,
+                   help="per-rank link in bit/s (several => one table each); the flag alone: unshaped loopback")
     p.add_argument("--latency", type=float, default=0.0, help="extra per-message latency, s")
     p.add_argument("--model", default="resnet32")
     p.add_argument("--num-classes", type=int, default=100)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators, e.g. lambda=0.05; "
-                        "prefix name: to target one, e.g. gradiveq:aggregator.compressor.target_ratio=8")
+    p.add_argument("--set", nargs="*", default=g.set, help="Hydra overrides for the aggregators, e.g. lambda=0.05; "
+                        "prefix name: to target one, e.g. gradiveq:aggregator.compressor.target_ratio=8 (given: "
+                        "replaces the grid's)")
     add_clock_args(p)
     add_timeout_arg(p)
     p.add_argument("--out", default=None, help="write all records as JSON here")
@@ -149,7 +151,8 @@ def parse_aggregation_args(argv):
                    help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
     p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
     args = p.parse_args(argv)
-    if args.world_size < 1 or args.reps < 1:
+    args.bandwidth = args.bandwidth or [None]        # the flag alone: one unshaped table
+    if min(args.world_size) < 1 or args.reps < 1:
         p.error("--world-size and --reps must be >= 1")
     if any(b is not None and b <= 0 for b in args.bandwidth):
         p.error("--bandwidth must be > 0")
@@ -161,15 +164,16 @@ def main(argv: list[str]) -> list[dict]:
     """``python -m gvq.bench aggregate ...`` (``argv``: the words after ``aggregate``)."""
     args = parse_aggregation_args(argv)
     if args.rank is not None:                 # one externally started rank (gvq.bench.netns)
-        args.bandwidth = args.bandwidth[0]
+        args.bandwidth, args.world_size = args.bandwidth[0], args.world_size[0]
         aggregation_rank(args.rank, args, args.init, args.out or "/dev/null")
         return []
     records = []
-    for bw in args.bandwidth:
-        one = argparse.Namespace(**{**vars(args), "bandwidth": bw})
-        recs = run_aggregation(one)
-        print_aggregation(recs)
-        records += recs
+    for world in args.world_size:
+        for bw in args.bandwidth:
+            one = argparse.Namespace(**{**vars(args), "world_size": world, "bandwidth": bw})
+            recs = run_aggregation(one)
+            print_aggregation(recs)
+            records += recs
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
         print(f"records -> {args.out}")

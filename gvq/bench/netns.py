@@ -118,14 +118,19 @@ class Links:
             time.sleep(0.1)
 
 
+def aggregation_rank_argv(args, rank: int, tmp: str, out: str) -> list[str]:
+    """``python -m`` words of one namespaced rank of :func:`kernel_shaped`: RAR, unshaped by gvq."""
+    return ["gvq.bench", "aggregate", "--aggregators", "rar", "--world-size", str(args.world_size),
+            "--bandwidth",                                # the flag alone: no emulator, the kernel shapes
+            "--reps", str(args.reps), "--model", args.model, "--rank", str(rank),
+            "--init", f"file://{tmp}/rendezvous", "--out", out]
+
+
 def kernel_shaped(args, rate: float) -> dict:
     """RAR with every rank in its namespace, no emulation: the kernel shapes the links."""
     with tempfile.TemporaryDirectory() as tmp, Links(args.world_size, rate) as links:
         out = f"{tmp}/records.json"
-        links.run_ranks(lambda i: [
-            "gvq.bench", "aggregate", "--aggregators", "rar", "--world-size", str(args.world_size),
-            "--reps", str(args.reps), "--model", args.model, "--rank", str(i),
-            "--init", f"file://{tmp}/rendezvous", "--out", out])
+        links.run_ranks(lambda i: aggregation_rank_argv(args, i, tmp, out))
         rec = json.loads(Path(out).read_text())[0]
     burst = auto_burst_bytes(rate)
     rec.update(bandwidth_bps=rate, shaping=f"kernel tbf, per-rank veth, burst {burst}b")

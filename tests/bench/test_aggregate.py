@@ -30,3 +30,35 @@ def test_aggregate_bench_writes_records_with_bounds(tmp_path, capsys):
 def test_bad_bench_flags_exit_with_usage():
     with pytest.raises(SystemExit):
         bench_main(["aggregate", "--bandwidth", "0"])
+
+
+def test_the_default_bench_is_the_grid_make_bench_names():
+    """``make bench`` runs ``gvq.bench aggregate`` bare: its defaults are conf/grid/bench.yaml's, typed once
+    there (not a list of flags in the Makefile); a flag given replaces its key; ``--bandwidth`` alone is
+    one unshaped table (netns's ranks: the kernel shapes their links, not the emulator)."""
+    from pathlib import Path
+
+    from gvq.bench.aggregate import parse_aggregation_args
+    from gvq.schema.compose import load_grid
+
+    grid, args = load_grid("bench"), parse_aggregation_args([])
+    assert (args.aggregators, args.world_size, args.bandwidth, args.set) == \
+        (list(grid.settings), list(grid.world_sizes), list(grid.links_bps), list(grid.set))
+    assert "powersgd:aggregator.rank=6" in args.set and args.world_size == [4]
+    given = parse_aggregation_args(["--world-size", "2", "8", "--bandwidth", "--set", "lambda=0.05"])
+    assert (given.world_size, given.bandwidth, given.set) == ([2, 8], [None], ["lambda=0.05"])
+    make = Path(__file__).resolve().parents[2].joinpath("Makefile").read_text()
+    recipe = make.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert "gvq.bench aggregate" in recipe and "--" not in recipe.split("#")[0], recipe
+
+
+def test_netns_ranks_run_the_aggregation_bench_unshaped():
+    """A namespaced rank's link is shaped by the kernel: the bench it runs emulates none (not the grid's)."""
+    import argparse
+
+    from gvq.bench.aggregate import parse_aggregation_args
+    from gvq.bench.netns import aggregation_rank_argv
+    argv = aggregation_rank_argv(argparse.Namespace(world_size=2, reps=3, model="cnn"), 1, "/tmp/x", "/tmp/x/r.json")
+    assert argv[:2] == ["gvq.bench", "aggregate"]
+    got = parse_aggregation_args(argv[2:])
+    assert (got.bandwidth, got.world_size, got.rank, got.aggregators) == ([None], [2], 1, ["rar"])
