@@ -8,6 +8,7 @@ import torch
 
 from gvq.compressors.powersgd import PowerSGD, orthogonalize
 from gvq.schema.options import PowerSGDSchema, knobs
+from tests.helpers.rings import powersgd_passes
 
 #: the aggregator's knobs its compressor takes, at rank 2
 KNOBS = {k: v for k, v in knobs(PowerSGDSchema, rank=2).items() if k in ("rank", "min_compression_rate", "warm_start")}
@@ -18,17 +19,6 @@ SHAPES = [(6, 3, 3, 3), (6,), (6, 3, 3, 3), (8, 6, 3, 3), (8,), (6, 3, 3, 3), (1
 
 def _x(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _passes(lr: PowerSGD, x: torch.Tensor, segs: list[slice]) -> torch.Tensor:
-    """Both passes over ``segs`` (a sum of one), as the ring runs them: all of P, then all of Q."""
-    lr.begin()
-    for s in segs:
-        lr.p_stage.decompress(lr.p_stage.compress(x[s], s), s)
-    out = torch.empty_like(x)
-    for s in segs:
-        out[s] = lr.q_stage.decompress(lr.q_stage.compress(x[s], s), s)
-    return out
 
 
 def _reference(lr: PowerSGD, x: torch.Tensor, q0: dict):
@@ -52,7 +42,7 @@ def test_batched_passes_equal_the_per_parameter_formulas(cut):
     segs = [slice(0, lr.numel)] if cut is None else [slice(0, cuts[cut]), slice(cuts[cut], lr.numel)]
     q0 = {i: q.clone() for i, q in lr.q.items()}
     ref, q_next = _reference(lr, x, q0)
-    assert torch.allclose(_passes(lr, x, segs), ref, atol=1e-10)
+    assert torch.allclose(powersgd_passes(lr, x, segs), ref, atol=1e-10)
     assert len(lr.q) == 6 and all(torch.allclose(lr.q[i], q_next[i], atol=1e-10) for i in q_next)
 
 
@@ -69,7 +59,7 @@ def test_a_bucket_in_any_order_shares_the_whole_plans_state():
     ref, q_next = _reference(whole, x_whole, q0)
     cuts = sub.cuts()
     assert len(sub.layout(slice(0, sub.numel), torch.device("cpu")).groups) == 4   # 3 classes, one split
-    got = _passes(sub, x_sub, [slice(0, cuts[3]), slice(cuts[3], sub.numel)])
+    got = powersgd_passes(sub, x_sub, [slice(0, cuts[3]), slice(cuts[3], sub.numel)])
     for j, i in enumerate(ids):
         b = sub.blocks[j]
         assert torch.allclose(got[b.start: b.stop], ref[whole.blocks[i].start: whole.blocks[i].stop], atol=1e-10)
@@ -155,7 +145,7 @@ def test_a_zero_gradient_keeps_its_warm_start_q():
     q0 = {i: q.clone() for i, q in lr.q.items()}
     x = _x(lr.numel).float()
     x[lr.blocks[0].start: lr.blocks[0].stop] = 0
-    _passes(lr, x, [slice(0, lr.numel)])
+    powersgd_passes(lr, x, [slice(0, lr.numel)])
     assert torch.equal(lr.q[0], q0[0]) and not torch.allclose(lr.q[3], q0[3])
     assert all(torch.isfinite(q).all() for q in lr.q.values())
 
@@ -166,9 +156,9 @@ def test_passes_orthogonalize_with_batched_products_not_householder_qr():
     from gvq.bench.opcount import count_ops
     lr = PowerSGD(SHAPES, **KNOBS)
     x, seg = _x(lr.numel).float(), slice(0, lr.numel)
-    _passes(lr, x, [seg])
+    powersgd_passes(lr, x, [seg])
     with count_ops() as c:
-        _passes(lr, x, [seg])
+        powersgd_passes(lr, x, [seg])
     names = " ".join(c.by_name)
     assert "qr" not in names and "geqrf" not in names and c.syncs == 0, dict(c.by_name)
     assert c.by_name["aten.linalg_cholesky_ex.L"] == 6 and c.by_name["aten.linalg_solve_triangular.out"] == 6

@@ -15,6 +15,7 @@ from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.powersgd import PowerSGD
 from gvq.schema.options import PowerSGDSchema, knobs
 from tests.helpers.triton import MARKS, kernel_device
+from tests.helpers.rings import powersgd_passes
 
 DEVICE = kernel_device()
 pytestmark = MARKS
@@ -83,17 +84,6 @@ def test_gradiveq_on_the_host_keeps_its_per_piece_gemms_and_auto_its_torch_ops(m
 SETTINGS = {"rank2": (2, 2.0, SHAPES), "rank4_padded": (4, 0.5, SHAPES + [(2, 50)])}
 
 
-def _passes(lr: PowerSGD, x: torch.Tensor, segs: list[slice]) -> torch.Tensor:
-    """Both passes over ``segs`` (a sum of one), as the ring runs them: all of P, then all of Q."""
-    lr.begin()
-    for s in segs:
-        lr.p_stage.decompress(lr.p_stage.compress(x[s], s), s)
-    out = torch.empty_like(x)
-    for s in segs:
-        out[s] = lr.q_stage.decompress(lr.q_stage.compress(x[s], s), s)
-    return out
-
-
 def _powersgd_pair(setting: str, dtype):
     rank, rate, shapes = SETTINGS[setting]
     return [PowerSGD(shapes, rank, rate, warm_start=True, seed=3, dtype=dtype, kernels=k) for k in ("triton", "torch")]
@@ -109,7 +99,7 @@ def test_powersgd_passes_equal_the_torch_paths(setting, dtype):
     cuts = mine.cuts()
     for it, segs in enumerate([[slice(0, mine.numel)], [slice(0, cuts[5]), slice(cuts[5], mine.numel)]] * 2):
         x = _gradient(mine.numel, seed=it, dtype=dtype)
-        torch.testing.assert_close(_passes(mine, x, segs), _passes(ref, x, segs), **tol)
+        torch.testing.assert_close(powersgd_passes(mine, x, segs), powersgd_passes(ref, x, segs), **tol)
         for got, want in ((mine.q, ref.q), (mine.phat, ref.phat)):
             assert got.keys() == want.keys()
             for i in got:
@@ -125,7 +115,7 @@ def test_a_zero_block_keeps_its_warm_start_q_and_stays_finite(dtype):
     q0 = {i: q.clone() for i, q in lr.q.items()}
     x = _gradient(lr.numel, dtype=dtype)
     x[lr.blocks[0].start: lr.blocks[0].stop] = 0
-    out = _passes(lr, x, [slice(0, lr.numel)])
+    out = powersgd_passes(lr, x, [slice(0, lr.numel)])
     assert torch.isfinite(out).all() and all(torch.isfinite(q).all() for q in lr.q.values())
     assert torch.equal(lr.q[0], q0[0]) and not torch.allclose(lr.q[3], q0[3])
 
@@ -135,7 +125,7 @@ def test_powersgd_launches_a_call():
     shift; pass Q: its compress none, its decompress one shift and the kept Q."""
     lr = _powersgd_pair("rank2", torch.float32)[0]
     x, seg = _gradient(lr.numel), slice(0, lr.numel)
-    _passes(lr, x, [seg])
+    powersgd_passes(lr, x, [seg])
     counts = {}
     for stage in (lr.p_stage, lr.q_stage):
         with _triton.count_launches() as c:

@@ -9,6 +9,7 @@ from gvq.comm import ring
 from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.compressors.base import split_on_cuts
+from gvq.compressors.powersgd import PowerSGD
 from tests.helpers.toy_compressors import Half, Projection
 
 
@@ -38,4 +39,15 @@ def every_ring_mode(rank: int, world: int, p2p: P2P) -> list[torch.Tensor]:
         flat = _x(rank, 64)
         ring.gather_allreduce_(flat, Half(), p2p, Stopwatch(), topology)
         out.append(flat)
+    return out
+
+
+def powersgd_passes(lr: PowerSGD, x: torch.Tensor, segs: list[slice]) -> torch.Tensor:
+    """Both passes over ``segs`` (a sum of one), as the ring runs them: all of P, then all of Q."""
+    lr.begin()
+    for s in segs:
+        lr.p_stage.decompress(lr.p_stage.compress(x[s], s), s)
+    out = torch.empty_like(x)
+    for s in segs:
+        out[s] = lr.q_stage.decompress(lr.q_stage.compress(x[s], s), s)
     return out
