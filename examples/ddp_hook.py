@@ -1,9 +1,9 @@
 """Train a small CNN on 2 gloo ranks with torch DDP and a gvq communication hook (plain torch, no Hydra):
 
-    python examples/ddp_hook.py qsgd                     # any conf/aggregator ring option: rar, qsgd, gradiveq, ...
-    python examples/ddp_hook.py qsgd --post-backward     # the same aggregator after backward, to compare
-    python examples/ddp_hook.py --no-hook                # torch DDP's own all-reduce (rar's hook: the same bits)
-    torchrun --standalone --nproc-per-node 2 examples/ddp_hook.py qsgd     # the same, launched by torchrun
+    python examples/ddp_hook.py gradiveq                  # any conf/aggregator ring option: rar, qsgd, gradiveq, ...
+    python examples/ddp_hook.py gradiveq --post-backward  # the same aggregator after backward, to compare
+    python examples/ddp_hook.py --no-hook                 # torch DDP's own all-reduce (rar's hook: the same bits)
+    torchrun --standalone --nproc-per-node 2 examples/ddp_hook.py gradiveq     # the same, launched by torchrun
 
 Each bucket DDP hands the hook is averaged by gvq's ring on a communication thread while backward goes on.
 Prints the mean loss over ranks each iteration, and the parameters' checksum at the end.

@@ -66,11 +66,11 @@ def _losses(line: str) -> list[float]:
 
 #: how many launch lines each example documents; every one is run below (a new line needs a test here)
 RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 4, "lightning_hook.py": 2, "gpt_hook.py": 2}
-DDP = documented("ddp_hook.py")       # qsgd, --post-backward, --no-hook, torchrun
+DDP = documented("ddp_hook.py")       # gradiveq, --post-backward, --no-hook, torchrun
 
 
 def _with(line: str, option: str) -> str:
-    return line.replace(" qsgd", f" {option}")
+    return line.replace(" gradiveq", f" {option}")
 
 
 def test_every_documented_launch_line_is_one_these_tests_run():
@@ -78,10 +78,12 @@ def test_every_documented_launch_line_is_one_these_tests_run():
         assert len(documented(script)) == n, f"examples/{script}: {documented(script)}"
 
 
-# rar: in the test below (its hooked run is the torchrun one, which DDP's own all-reduce matches bit for bit)
-@pytest.mark.parametrize("option", ["qsgd", "gradiveq"])
-def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
-    hooked, post = _losses(_with(DDP[0], option)), _losses(_with(DDP[1], option))
+# the documented lines as written (GradiVeQ); rar: in the test below (its hooked run is the torchrun one, which
+# DDP's own all-reduce matches bit for bit); every other option's hook against post-backward:
+# tests/hooks/test_state.py::test_each_bucket_equals_the_post_backward_result, and qsgd through this script
+# against an installed wheel: tests/test_wheel.py
+def test_ddp_hook_example_trains_as_post_backward_aggregation():
+    hooked, post = _losses(DDP[0]), _losses(DDP[1])
     assert len(hooked) == len(post) == 30
     # one DDP bucket holds this model, in the aggregator's parameter order: the same vector is summed
     # (and the same random draws made) as after backward; only the ring's addition order may differ
@@ -92,16 +94,15 @@ def test_ddp_hook_example_trains_as_post_backward_aggregation(option):
 # the launcher, not the option, is what differs here: GradiVeQ (stateful across iterations) and rar (in the
 # test below) under torchrun; every option's hook is checked against post-backward in tests/hooks/test_state.py
 def test_ddp_hook_example_under_torchrun_trains_as_spawned():
-    option = "gradiveq"
-    torchrun = _losses(_with(DDP[3], option))
+    torchrun = _losses(DDP[3])
     assert len(torchrun) == 30 and sum(torchrun[-5:]) < sum(torchrun[:5])
-    torch.testing.assert_close(torch.tensor(torchrun), torch.tensor(_losses(_with(DDP[0], option))),
+    torch.testing.assert_close(torch.tensor(torchrun), torch.tensor(_losses(DDP[0])),
                                rtol=1e-5, atol=1e-6)
 
 
 def test_ddp_hook_example_rar_under_torchrun_is_ddps_own_all_reduce_bitwise():
     # 2 ranks: a + b in either order, halved exactly; the checksum's 12 decimals and every loss agree
-    assert _run(_with(DDP[3], "rar")) == _run(DDP[3].replace(" qsgd", " --no-hook"))
+    assert _run(_with(DDP[3], "rar")) == _run(DDP[3].replace(" gradiveq", " --no-hook"))
     assert _run(DDP[2]).splitlines()[-1] == _run(_with(DDP[3], "rar")).splitlines()[-1]   # spawned, the same
     torch.testing.assert_close(torch.tensor(_losses(_with(DDP[1], "rar"))),       # and rar after backward
                                torch.tensor(_losses(_with(DDP[3], "rar"))), rtol=1e-5, atol=1e-6)

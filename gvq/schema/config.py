@@ -100,7 +100,11 @@ TOP_LEVEL_KEYS = frozenset(build_schema().keys()) | frozenset(TYPED_GROUPS)
 
 
 def register() -> None:
+    """Store the schemas and the resolver, once a process: every in-process compose calls this, and
+    storing anew costs about as much as the composition itself.  Stored again if either was cleared."""
     store = ConfigStore.instance()
+    if "gvq_schema.yaml" in store.repo and OmegaConf.has_resolver("gvq_uid"):
+        return
     store.store(name="gvq_schema", node=build_schema())
     for (group, option), schema in OPTION_SCHEMAS.items():
         store.store(group=f"schema/{group}", name=option, node=schema)
