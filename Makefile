@@ -95,7 +95,7 @@ validate-clock: $(STAMP)
 paper-time: $(STAMP)
 	$(PY) -m gvq.bench paper --world-size 6 --bandwidth auto 1e9
 	$(PY) -m gvq.bench paper --world-size 8 16 --bandwidth auto
-	$(PY) -m gvq.report --cycle runs/paper_time/N* --out runs/paper_time/report
+	$(PY) -m gvq.report cycle runs/paper_time/N* --out runs/paper_time/report
 
 MODELS ?= cnn resnet20 resnet32 resnet110
 projection: $(STAMP)
@@ -116,7 +116,7 @@ frontier: $(STAMP) data
 	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/gradiveq aggregator=gradiveq_pooled aggregator.compressor.target_ratio=8,16 world_size=$(WORLD) seed=$(SEEDS)
 	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/gradiveq_cap aggregator=gradiveq world_size=$(WORLD) seed=$(SEEDS)
 	$(PY) cli.py -m experiment=fmnist_tta hydra.sweep.dir=$(FRONTIER)/two_level aggregator=signsgd,bingrad_b aggregator._target_=gvq.aggregators.compressed.CompressedAggregator,$(EF) world_size=$(WORLD) seed=$(SEEDS)
-	$(PY) -m gvq.report $(FRONTIER) --frontier --target-acc 0.8
+	$(PY) -m gvq.report frontier $(FRONTIER) target_acc=0.8
 
 LM_FRONTIER := runs/multirun/lm_frontier
 # the validation loss (nats per token) iterations are counted to: one rar reaches well inside lm_tta's budget
@@ -129,7 +129,7 @@ lm-frontier: $(STAMP) data
 	$(PY) cli.py -m experiment=lm_tta hydra.sweep.dir=$(LM_FRONTIER)/powersgd aggregator=powersgd aggregator.rank=1,2,4,8,16 world_size=$(WORLD) seed=$(SEEDS)
 	$(PY) cli.py -m experiment=lm_tta hydra.sweep.dir=$(LM_FRONTIER)/gradiveq aggregator=gradiveq world_size=$(WORLD) seed=$(SEEDS)
 	$(PY) cli.py -m experiment=lm_tta hydra.sweep.dir=$(LM_FRONTIER)/two_level aggregator=signsgd,bingrad_b aggregator._target_=gvq.aggregators.compressed.CompressedAggregator,$(EF) world_size=$(WORLD) seed=$(SEEDS)
-	$(PY) -m gvq.report $(LM_FRONTIER) --frontier --target-loss $(LM_TARGET)
+	$(PY) -m gvq.report frontier $(LM_FRONTIER) target_loss=$(LM_TARGET)
 
 # make gpu-check -> on a CUDA machine: every CUDA test, gvq.bench codecs on the GPU, cli.py device=cuda for every
 # aggregator at world_size 1 and 3; one table (runs/gpucheck/gpucheck.md).  No venv needed (python3 with torch

@@ -47,7 +47,7 @@ def test_every_frontier_sweep_composes():
     jobs = _composed_sweeps("frontier")
     assert len({j[1]["aggregator"] for j in jobs}) >= 6
     assert FAMILIES <= {cfg.aggregator._target_.rsplit(".", 1)[1] for cfg, _ in jobs}
-    assert any("gvq.report" in line and "--frontier" in line for line in _recipe("frontier"))
+    assert any("gvq.report frontier " in line for line in _recipe("frontier"))
 
 
 def test_every_lm_frontier_sweep_composes_the_gpt_and_the_report_ranks_bits_per_byte():
@@ -67,5 +67,5 @@ def test_every_lm_frontier_sweep_composes_the_gpt_and_the_report_ranks_bits_per_
             if " cli.py -m " in line]
     assert len(set(dirs)) == len(dirs) and all(d.startswith("runs/multirun/lm_frontier/") for d in dirs)
     report = [line for line in _recipe("lm-frontier") if "gvq.report" in line]
-    assert len(report) == 1 and "--frontier --target-loss " in report[0] and "runs/multirun/lm_frontier" in report[0]
-    assert float(report[0].split("--target-loss ")[1].split()[0]) > 0
+    assert len(report) == 1 and "gvq.report frontier " in report[0] and "runs/multirun/lm_frontier" in report[0]
+    assert float(report[0].split("target_loss=")[1].split()[0]) > 0

@@ -204,7 +204,7 @@ def cell_row(cell: dict) -> dict:
 
 def setting(args) -> dict:
     """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
-    (``python -m gvq.report --tta``) shows and checks against its runs."""
+    (``python -m gvq.report tta``) shows and checks against its runs."""
     base = table_grid().set
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
             "num_classes": args.num_classes, "set": list(args.set),

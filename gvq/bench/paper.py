@@ -103,6 +103,6 @@ def main(argv=None):
                 for method in args.methods:
                     iters = L_T + args.compressed_iters if method.startswith("gradiveq") else args.steady_iters
                     settings.append(run_job(args.out, world, bps, scale, method, iters, args.set, args.force))
-    subprocess.run([sys.executable, "-m", "gvq.report", "--cycle", *map(str, settings), "--out",
+    subprocess.run([sys.executable, "-m", "gvq.report", "cycle", *map(str, settings), "--out",
                     str(args.out / "report")], check=True, cwd=ROOT)
     return links

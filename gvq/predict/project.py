@@ -141,7 +141,7 @@ def main(argv=None):
                         "frontier's mean iterations per calibrated name, a setting's as the report names it; "
                         "aggregators without one are left out of that ranking)")
     p.add_argument("--frontier", type=Path, default=None, metavar="FRONTIER_CSV",
-                   help="--overlap: rank by time to accuracy from `python -m gvq.report RUNS --frontier`'s "
+                   help="--overlap: rank by time to accuracy from `python -m gvq.report frontier RUNS`'s "
                         "frontier.csv (each setting's iterations to the target, mean and std over seeds: ties); "
                         "--iterations-to-target entries replace its figures")
     p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
@@ -329,7 +329,7 @@ def _as_calibrated(model: str, m, iters, spread, optional):
 
 
 def frontier_iterations(path: Path) -> tuple[dict[str, float], dict[str, float], list[str]]:
-    """Iterations to the target per setting from ``python -m gvq.report RUNS --frontier``'s
+    """Iterations to the target per setting from ``python -m gvq.report frontier RUNS``'s
     ``frontier.csv``: (mean, std over seeds, the settings left out and why).  A setting is taken where
     it is ranked (seeds enough for a band) and every seed reached the target: a mean over the seeds that
     did would flatter one that sometimes never does."""
@@ -337,7 +337,7 @@ def frontier_iterations(path: Path) -> tuple[dict[str, float], dict[str, float],
         df = pd.read_csv(path)
         rows = list(zip(df["setting"], df["iters_to_target"], df["iters_to_target_std"], df["reached"], df["ranked"]))
     except (OSError, KeyError, ValueError, pd.errors.ParserError) as e:
-        raise M.PredictError(f"--frontier {path}: not a `gvq.report --frontier` frontier.csv ({e})") from None
+        raise M.PredictError(f"--frontier {path}: not a `gvq.report frontier` frontier.csv ({e})") from None
     iters, spread, left = {}, {}, []
     for name, mean, std, reached, ranked in rows:
         k, n = (int(v) for v in str(reached).split("/"))

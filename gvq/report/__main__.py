@@ -1,5 +1,6 @@
 """Report of a sweep (or of any runs):
-``python -m gvq.report [DIR ...] [--target-acc 0.9 | --target-loss 1.6] [--out DIR]``.
+``python -m gvq.report [table|frontier|tta|cycle] [DIR ...] [target_acc=0.9 | target_loss=1.6] [--out DIR]``
+(keys: :class:`ReportKeys`; ``--cfg`` prints them composed, ``--help`` with their defaults).
 
 Finds every run dir under the given dirs (one holding ``metrics.csv``, ``summary.json`` or ``.hydra/``;
 default: the latest sweep under ``runs/multirun/``, else the latest run under ``runs/``), groups runs by
@@ -8,17 +9,17 @@ their overrides minus ``seed`` (several seeds => mean +- std), and writes into `
 (computation vs aggregation time per iteration, aggregation split into compress / wire / decompress
 / other, as GradiVeQ's Fig. 7b), ``table.csv`` / ``table.md`` and a self-contained ``report.html``.
 
-``--tta BENCH_JSON``: instead, time to ``--target-acc`` per cell of a ``python -m gvq.bench overlap --out``
+``tta --bench BENCH_JSON``: instead, time to ``target_acc`` per cell of a ``python -m gvq.bench overlap --out``
 JSON: the runs' iterations to the target, per phase, times each phase's seconds per iteration in each cell
 (:mod:`gvq.report.tta`): ``tta.md``, ``tta.csv``.
 
-``--frontier``: instead, the accuracy-cost frontier over the settings (a setting: a group of seeds):
-bytes per iteration against final accuracy and iterations to ``--target-acc``, seed bands, the
+``frontier``: instead, the accuracy-cost frontier over the settings (a setting: a group of seeds):
+bytes per iteration against final accuracy and iterations to ``target_acc``, seed bands, the
 non-dominated settings marked (:mod:`gvq.report.frontier`): ``frontier.md``, ``frontier.csv``,
-``frontier.png``; with ``--target-loss`` on a language model's runs, final validation bits per byte (lower
+``frontier.png``; with ``target_loss`` on a language model's runs, final validation bits per byte (lower
 is better) in place of accuracy.
 
-``--cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
+``cycle``: instead, times per GradiVeQ cycle (``L_t + L_c`` iterations) counted as the paper counts them,
 with the paper's claims beside (:mod:`gvq.report.cycle`): ``cycle.csv``, ``cycle.md``, ``cycle.png``.
 
 Speed-ups and compression ratios compare a group with the uncompressed ``rar`` runs of the same setting:
@@ -29,15 +30,17 @@ and no final accuracy.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
 from gvq.report.runs import ReportError, default_dirs, find_runs, group_runs, load_run
 from gvq.report.stats import build_table, group_stats
 from gvq.report.target import Target
+from gvq.schema.tool import Arg, Command, dispatch
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -81,7 +84,7 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     table = build_table(groups, stats)
     df = frontier.setting_frontier(table, frontier.score_axis(table, target))
     if df.empty:
-        raise ReportError("--frontier: no setting with a completed run")
+        raise ReportError("frontier: no setting with a completed run")
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "frontier.csv", index=False)
     text = frontier.frontier_markdown(df, target)
@@ -102,7 +105,7 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path
             bench = json.loads(path.read_text())
             benches.append((str(path), {"setting": bench["setting"], "modes": bench["modes"]}))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ReportError(f"--tta {path}: not a gvq.bench overlap --out JSON ({e})") from None
+            raise ReportError(f"--bench {path}: not a gvq.bench overlap --out JSON ({e})") from None
     bench, bench_path = tta.merge_benches(benches), " + ".join(map(str, bench_paths))
     workload.check_bench(runs, bench["setting"], bench_path)      # the runs' model and input, or refused
     tta.check_setting(runs, bench["setting"])
@@ -117,44 +120,78 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path
     return text + f"-> {out}/tta.md, tta.csv"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gvq.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("dirs", nargs="*", type=Path, help="run or sweep dirs (default: the latest sweep)")
-    p.add_argument("--target-acc", type=float, default=0.9, help="accuracy for 'time to target'")
-    p.add_argument("--target-loss", type=float, help="instead: a test loss (lower is better; a language model's "
-                   "nats per token) for 'time to target'")
-    p.add_argument("--out", type=Path, help="output dir (default: <first dir>/report)")
-    p.add_argument("--cycle", action="store_true", help="times per L_t + L_c iterations, as the GradiVeQ paper")
-    p.add_argument("--frontier", action="store_true",
-                   help="accuracy (with --target-loss on LM runs: validation bpb) and iterations to the target "
-                        "against bytes per iteration, per setting")
-    p.add_argument("--tta", type=Path, nargs="+", metavar="BENCH_JSON",
-                   help="time to --target-acc per cell of `gvq.bench overlap --out` JSONs (gvq/report/tta.py; "
-                        "several: one bench run in parts, read as one)")
-    args = p.parse_args(argv)
-    target = Target.loss(args.target_loss) if args.target_loss is not None else Target(args.target_acc)
-    try:
-        skipped: list[Path] = []
-        dirs = args.dirs or default_dirs(skipped=skipped)
-        for sweep in skipped:
-            print(f"gvq.report: skipped {sweep}: a sweep dir with no run in it", file=sys.stderr)
-        out = args.out or dirs[0] / "report"
-        if args.cycle:
-            print(write_cycle(dirs, out))
-            return 0
-        if args.tta:
-            print(write_tta(dirs, out, target, args.tta))
-            return 0
-        if args.frontier:
-            print(write_frontier(dirs, out, target))
-            return 0
-        display = write_report(dirs, out, target)
-    except ReportError as e:
-        print(f"gvq.report: error: {e}", file=sys.stderr)
-        return 2
+@dataclass
+class ReportKeys:
+    # "reaching the target": test accuracy at least this (time and iterations to it); higher => fewer
+    # runs reach it
+    target_acc: float = 0.9
+    # instead, where set: a test loss at most this (a language model's nats per token); lower => fewer
+    # runs reach it
+    target_loss: Optional[float] = None
+
+
+def _target_of(cfg) -> Target:
+    return Target.loss(cfg.target_loss) if cfg.target_loss is not None else Target(cfg.target_acc)
+
+
+def _dirs_and_out(paths) -> tuple[list[Path], Path]:
+    skipped: list[Path] = []
+    dirs = paths.dirs or default_dirs(skipped=skipped)
+    for sweep in skipped:
+        print(f"gvq.report: skipped {sweep}: a sweep dir with no run in it", file=sys.stderr)
+    return dirs, paths.out or dirs[0] / "report"
+
+
+def report_table(cfg, paths) -> pd.DataFrame:
+    dirs, out = _dirs_and_out(paths)
+    display = write_report(dirs, out, _target_of(cfg))
     print(display.to_markdown(index=False))
     others = ", ".join(sorted(p.name for p in out.iterdir() if p.name != "report.html"))
     print(f"-> {out}/report.html ({others})")
+    return display
+
+
+def report_frontier(cfg, paths) -> str:
+    dirs, out = _dirs_and_out(paths)
+    print(text := write_frontier(dirs, out, _target_of(cfg)))
+    return text
+
+
+def report_tta(cfg, paths) -> str:
+    dirs, out = _dirs_and_out(paths)
+    print(text := write_tta(dirs, out, _target_of(cfg), paths.bench))
+    return text
+
+
+def report_cycle(cfg, paths) -> str:
+    dirs, out = _dirs_and_out(paths)
+    print(text := write_cycle(dirs, out))
+    return text
+
+
+_DIRS = Arg("dirs", "run or sweep dirs (default: the latest sweep)", nargs="*")
+_OUT = Arg("--out", "output dir (default: <first dir>/report)")
+COMMANDS = {
+    "table": Command(ReportKeys, "gvq.report.__main__:report_table",
+                     "table, curves, breakdown and report.html of the runs (the default command)", (_DIRS, _OUT)),
+    "frontier": Command(ReportKeys, "gvq.report.__main__:report_frontier",
+                        "final accuracy (with target_loss: validation bpb) and iterations to the target against "
+                        "bytes per iteration, per setting", (_DIRS, _OUT)),
+    "tta": Command(ReportKeys, "gvq.report.__main__:report_tta",
+                   "time to the target per cell of `gvq.bench overlap --out` JSONs (several: one bench run in "
+                   "parts, read as one)", (_DIRS, _OUT, Arg("--bench", "the bench JSONs", nargs="+"))),
+    "cycle": Command(ReportKeys, "gvq.report.__main__:report_cycle",
+                     "times per L_t + L_c iterations, as the GradiVeQ paper counts them", (_DIRS, _OUT)),
+}
+
+
+def main(argv=None) -> int:
+    """``python -m gvq.report [table|frontier|tta|cycle] [DIR ...] [KEY=VALUE ...]``; its exit status (2:
+    refused, the reason one line on stderr)."""
+    try:
+        dispatch("python -m gvq.report", COMMANDS, argv, default="table", errors=(ReportError,))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
     return 0
 
 

@@ -1,6 +1,6 @@
 """Times per GradiVeQ cycle, counted as the paper counts them (sec. 4, Fig. 7b): seconds of computation and
 of aggregation per ``L_t + L_c`` iterations (500 in the paper), for every run of a sweep, with the paper's
-figures beside: ``python -m gvq.report --cycle DIR`` writes ``cycle.csv``, ``cycle.md`` and ``cycle.png``.
+figures beside: ``python -m gvq.report cycle DIR`` writes ``cycle.csv``, ``cycle.md`` and ``cycle.png``.
 
 Counting.  A GradiVeQ run (its ``phase`` column says ``sample`` / ``compress``): its first sampling phase as
 logged -- ``L_t - 1`` ordinary sampling iterations (4-bit QSGD-RAR plus storing the sample) at their mean

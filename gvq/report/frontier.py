@@ -1,5 +1,5 @@
-"""The accuracy-cost frontier: ``python -m gvq.report DIR --frontier --target-acc 0.8``; a language model's
-(``--target-loss 2.4`` on runs that logged ``test_bpb``) has final validation bits per byte on its quality
+"""The accuracy-cost frontier: ``python -m gvq.report frontier DIR target_acc=0.8``; a language model's
+(``target_loss=2.4`` on runs that logged ``test_bpb``) has final validation bits per byte on its quality
 axis instead, lower being better (:func:`score_axis`).
 
 One point per setting (a group: the same overrides but the seed): bytes a rank sends per iteration against

@@ -1,5 +1,5 @@
-"""What "reaching the target" means for a report: test accuracy at least a value (``--target-acc``), or a
-loss-like column at most one (``--target-loss``: a language model's validation loss in nats per token).
+"""What "reaching the target" means for a report: test accuracy at least a value (``target_acc``), or a
+loss-like column at most one (``target_loss``: a language model's validation loss in nats per token).
 Formatted as its value (``f"{target:g}"``), so the tables that print the number print it either way.
 Time to a target leaves out iteration 0's one-off start-up (:func:`startup_s`)."""
 from __future__ import annotations

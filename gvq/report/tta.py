@@ -1,6 +1,6 @@
 """Time to accuracy: each aggregator's iterations to a target accuracy (its runs) times its seconds per
 iteration in each cell of ``python -m gvq.bench overlap`` (N x link x compute regime, post-backward and
-overlapped): ``python -m gvq.report RUNS --tta BENCH.json --target-acc 0.8``.
+overlapped): ``python -m gvq.report tta RUNS --bench BENCH.json target_acc=0.8``.
 
 An iteration costs what its *phase* costs: GradiVeQ's warm-up aggregates as RAR and its sampling phase as
 4-bit QSGD-RAR (the bench pins every option in its compressed phase), PowerSGD's uncompressed start as
@@ -82,7 +82,7 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
     modes together, a mode that two files measured refused (which one is meant?), their family defaults
     and aliases united; each read through :func:`gvq.schema.setting.read_bench` (older formats)."""
     try:
-        benches = [(path, read_bench(bench, f"--tta {path}")) for path, bench in benches]
+        benches = [(path, read_bench(bench, f"--bench {path}")) for path, bench in benches]
     except ValueError as e:                    # a newer format than this gvq reads
         raise ReportError(str(e)) from e
     first_path, first = benches[0]
@@ -92,11 +92,11 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
         diff = [f"{k}={st.get(k)} (there: {first['setting'].get(k)})" for k in WORKLOAD_KEYS
                 if st.get(k) != first["setting"].get(k)]
         if diff:
-            raise ReportError(f"--tta {path}: another workload than {first_path}'s: {', '.join(diff)}")
+            raise ReportError(f"--bench {path}: another workload than {first_path}'s: {', '.join(diff)}")
         for r in bench["modes"]:
             key = BenchKey.of(r)
             if key in seen:
-                raise ReportError(f"--tta {path}: {r['setting']} ({r['variant']}) at N={r['N']}, {r['link_Mbps']:g} "
+                raise ReportError(f"--bench {path}: {r['setting']} ({r['variant']}) at N={r['N']}, {r['link_Mbps']:g} "
                                   f"Mbit/s, compute x{r['compute_scale']:.3g} is also in {seen[key]}")
             seen[key] = path
             modes.append(r)

@@ -1,4 +1,4 @@
-"""What a run trained and what a bench measured: ``--tta`` prices runs only at seconds per iteration
+"""What a run trained and what a bench measured: ``tta`` prices runs only at seconds per iteration
 timed on their own model, input shape and classes (:func:`check_bench`), and where the two differ says what
 to re-run.  The run's side is read from its ``summary.json`` (``config``, and ``identity``'s classes); a key
 a run does not record (an older run's) is not compared."""

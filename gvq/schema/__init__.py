@@ -6,4 +6,5 @@
     options.py  one dataclass schema per constructor an option file builds (a misspelt key is refused)
     errors.py   a composition error as one line, with the closest match (ConfigError)
     compose.py  where conf/ is (a checkout's, or the wheel's copy), and compose(overrides) as the CLI does
+    tool.py     the tools' command line (bench, predict, report, analysis): key=value overrides, --cfg
 """

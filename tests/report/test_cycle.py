@@ -108,7 +108,7 @@ def test_preset_runs_then_cycle_report(tmp_path):
                                    *UNINTERRUPTED.get(agg, []))   # as gvq.bench paper runs it
         assert code == 0, summary
     out = tmp_path / "report"
-    assert report_main(["--cycle", str(tmp_path / "rar"), str(tmp_path / "gradiveq_pooled"), "--out", str(out)]) == 0
+    assert report_main(["cycle", str(tmp_path / "rar"), str(tmp_path / "gradiveq_pooled"), "--out", str(out)]) == 0
     df = pd.read_csv(out / "cycle.csv")
     assert sorted(df["method"]) == ["gradiveq_pooled", "rar"] and set(df["cycle"]) == {404}
     g = df.set_index("method").loc["gradiveq_pooled"]

@@ -55,7 +55,7 @@ def scripted(tmp_path):
 
 
 def test_the_frontier_keeps_what_no_cheaper_setting_matches_beyond_the_seed_spread(scripted, tmp_path):
-    assert main([str(scripted), "--frontier", "--target-acc", "0.8", "--out", str(tmp_path / "out")]) == 0
+    assert main(["frontier", str(scripted), "target_acc=0.8", "--out", str(tmp_path / "out")]) == 0
     df = pd.read_csv(tmp_path / "out" / "frontier.csv")
     by = {(r["aggregator"], round(r["MB_per_iter"], 3)): r for r in df.to_dict("records")}
     rows = {k: (r["frontier_acc"], r["frontier_iters"]) for k, r in by.items()}
@@ -94,7 +94,7 @@ def test_a_one_seed_screen_is_shown_but_neither_ranked_nor_ranks_others(scripted
     setting off the frontier, and its own place on it would be a guess. It is listed, marked unranked,
     and the frontier of the banded settings is as without it."""
     _run(scripted, "aggregator=qsgd,aggregator.compressor.bits=1", 0, 0.04, _accs(0.95, 39))
-    assert main([str(scripted), "--frontier", "--target-acc", "0.8", "--out", str(tmp_path / "out")]) == 0
+    assert main(["frontier", str(scripted), "target_acc=0.8", "--out", str(tmp_path / "out")]) == 0
     df = pd.read_csv(tmp_path / "out" / "frontier.csv")
     screen = df[df["MB_per_iter"].round(3) == 0.04].iloc[0]
     assert screen["seeds"] == 1 and not screen["ranked"]
@@ -114,7 +114,7 @@ def test_a_setting_every_seed_of_which_ended_at_chance_is_never_on_the_frontier(
     for seed in (0, 1, 2):
         _run(scripted, "aggregator=qsgd,aggregator.compressor.bits=1", seed, 0.02, _accs(0.10, None),
              status="collapsed")
-    assert main([str(scripted), "--frontier", "--target-acc", "0.8", "--out", str(tmp_path / "out")]) == 0
+    assert main(["frontier", str(scripted), "target_acc=0.8", "--out", str(tmp_path / "out")]) == 0
     df = pd.read_csv(tmp_path / "out" / "frontier.csv")
     chance = df[df["MB_per_iter"].round(3) == 0.02].iloc[0]
     assert chance["all_at_chance"] and chance["at_chance"] == 3 and chance["final_acc"] == pytest.approx(0.10)
@@ -164,7 +164,7 @@ def lm_sweep(tmp_path):
 
 def test_an_lms_frontier_ranks_final_bits_per_byte_lower_being_better(lm_sweep, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    assert main([str(lm_sweep), "--frontier", "--target-loss", "2.4", "--out", str(out)]) == 0
+    assert main(["frontier", str(lm_sweep), "target_loss=2.4", "--out", str(out)]) == 0
     df = pd.read_csv(out / "frontier.csv")
     assert "final_acc" not in df and "frontier_acc" not in df
     by = {r["setting"]: r for r in df.to_dict("records")}
@@ -192,7 +192,7 @@ def test_an_lms_frontier_ranks_final_bits_per_byte_lower_being_better(lm_sweep, 
 def test_a_cnns_frontier_stays_on_accuracy_whatever_the_target(scripted, tmp_path):
     """Runs with no bpb (a CNN's) keep accuracy on the quality axis under --target-loss too; an LM's under
     --target-acc is ranked on accuracy, as asked."""
-    assert main([str(scripted), "--frontier", "--target-loss", "2.0", "--out", str(tmp_path / "cnn")]) == 0
+    assert main(["frontier", str(scripted), "target_loss=2.0", "--out", str(tmp_path / "cnn")]) == 0
     assert "frontier_acc" in pd.read_csv(tmp_path / "cnn" / "frontier.csv")
     table = pd.DataFrame({"final_bpb": [3.4, np.nan]})
     assert frontier.score_axis(table, Target.loss(2.4)) is frontier.BPB
@@ -201,7 +201,7 @@ def test_a_cnns_frontier_stays_on_accuracy_whatever_the_target(scripted, tmp_pat
 
 
 def test_the_report_page_names_the_bpb_frontier(lm_sweep, tmp_path):
-    assert main([str(lm_sweep), "--target-loss", "2.4", "--out", str(tmp_path / "page")]) == 0
+    assert main([str(lm_sweep), "target_loss=2.4", "--out", str(tmp_path / "page")]) == 0
     page = (tmp_path / "page" / "report.html").read_text()
     assert "Bits-per-byte-cost frontier" in page and "Accuracy-cost frontier" not in page
     assert "<th>final bpb</th>" in page

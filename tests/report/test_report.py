@@ -83,7 +83,7 @@ def mixed(real_sweep, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(mixed) -> tuple[Path, pd.DataFrame]:
-    assert report_main([str(mixed), "--target-acc", str(TARGET)]) == 0
+    assert report_main([str(mixed), f"target_acc={TARGET}"]) == 0
     out = mixed / "report"
     return out, pd.read_csv(out / "table.csv")
 
@@ -301,7 +301,7 @@ def test_a_collapsed_seed_counts_with_its_group_and_is_marked(real_sweep, tmp_pa
     summary = json.loads((root / "1" / "summary.json").read_text())
     summary.update(status="collapsed", reason="train loss back at chance since iteration 9 to the end")
     (root / "1" / "summary.json").write_text(json.dumps(summary))
-    assert report_main([str(root), "--target-acc", "0.3"]) == 0
+    assert report_main([str(root), "target_acc=0.3"]) == 0
     table = pd.read_csv(root / "report" / "table.csv")
     assert len(table) == 1 and table.loc[0, "runs"] == 2 and table.loc[0, "collapsed"] == 1
     assert table.loc[0, "status"] == "completed" and not math.isnan(table.loc[0, "final_top1"])
@@ -377,7 +377,7 @@ def test_report_html_carries_time_to_target_and_the_frontier(tmp_path):
         summary.update(job_type="qsgd", overrides=["aggregator=qsgd", f"seed={seed}"])
         (run / "summary.json").write_text(json.dumps(summary))
         (run / "metrics.csv").write_text((run / "metrics.csv").read_text().replace(",1000,", ",100,"))
-    assert report_main([str(root), "--target-acc", "0.5"]) == 0
+    assert report_main([str(root), "target_acc=0.5"]) == 0
     page = (root / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "Accuracy-cost frontier" in page
     ttt = page.split('id="time-to-target"', 1)[1].split("</table>", 1)[0]

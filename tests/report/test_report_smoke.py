@@ -34,7 +34,7 @@ def _report(*args):
 
 
 def test_report_writes_every_file_with_values_from_the_csvs(sweep):
-    r = _report(sweep, "--target-acc", "0.5")
+    r = _report(sweep, "target_acc=0.5")
     assert r.returncode == 0, r.stderr[-2000:]
     out = sweep / "report"
     for name in ("report.html", "table.csv", "table.md", "curves.png", "breakdown.png"):

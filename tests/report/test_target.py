@@ -55,7 +55,7 @@ def test_iterations_and_time_to_a_loss_target_and_the_final_bits_per_byte(tmp_pa
 def test_the_report_takes_target_loss_and_shows_bits_per_byte(tmp_path, capsys):
     for seed, last in ((0, 1.6), (1, 1.7)):
         _lm_run(tmp_path / "sweep", f"rar-{seed}", {4: 2.4, 9: last}, seed=seed)
-    assert main([str(tmp_path / "sweep"), "--target-loss", "2.0", "--out", str(tmp_path / "out")]) == 0
+    assert main([str(tmp_path / "sweep"), "target_loss=2.0", "--out", str(tmp_path / "out")]) == 0
     shown = capsys.readouterr().out
     assert "time to loss 2" in shown and "final bpb" in shown
     table = pd.read_csv(tmp_path / "out" / "table.csv")

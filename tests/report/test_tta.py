@@ -188,14 +188,14 @@ def test_cli_writes_tta_md_and_refuses_a_bad_json_in_one_line(tmp_path, capsys):
     _run(runs, "rar", "rar", ["rar"] * 10, {9: 0.4}, status="diverged")       # trained, never reached: counted
     _run(runs, "powersgd", "powersgd", ["powersgd"] * 3, {}, status="failed")  # says nothing: left out
     bench = _bench(tmp_path / "b.json")
-    assert main([str(runs), "--tta", str(bench), "--target-acc", "0.8"]) == 0
+    assert main(["tta", str(runs), "--bench", str(bench), "target_acc=0.8"]) == 0
     md = (runs / "report" / "tta.md").read_text()
     assert "| rar          |   4 | post      | not reached  | 0/1       |" in md and "powersgd" not in md
     assert "qsgd (post)" in md and "0.80" not in md.split("\n")[0][:10]
     assert "| 4 |" in md.replace("|   4 |", "| 4 |") and (runs / "report" / "tta.csv").is_file()
     (tmp_path / "bad.json").write_text("{")
     capsys.readouterr()
-    assert main([str(runs), "--tta", str(tmp_path / "bad.json")]) == 2
+    assert main(["tta", str(runs), "--bench", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a gvq.bench overlap --out JSON" in err[0]
 
@@ -210,9 +210,9 @@ def test_a_bench_run_in_parts_is_read_as_one_table_and_another_workload_or_a_mod
     first = {k: v for k, v in SECS.items() if k[0] != "powersgd"}
     a = _bench(tmp_path / "a.json", first)
     b = _bench(tmp_path / "b.json", {k: v for k, v in SECS.items() if k[0] == "powersgd"})
-    assert main([str(runs), "--tta", str(a), "--target-acc", "0.8"]) == 2          # alone, PowerSGD has none
+    assert main(["tta", str(runs), "--bench", str(a), "target_acc=0.8"]) == 2          # alone, PowerSGD has none
     assert "no seconds for powersgd" in capsys.readouterr().err
-    assert main([str(runs), "--tta", str(a), str(b), "--target-acc", "0.8"]) == 0
+    assert main(["tta", str(runs), "--bench", str(a), str(b), "target_acc=0.8"]) == 0
     rows = {(r["aggregator"], r["variant"]): r for r in
             csv.DictReader(open(runs / "report" / "tta.csv"))}
     assert float(rows[("powersgd", "post")]["tta_s"]) == pytest.approx(10 * 0.15)   # B's seconds
@@ -223,10 +223,10 @@ def test_a_bench_run_in_parts_is_read_as_one_table_and_another_workload_or_a_mod
     other["setting"] = {**other["setting"], "batch_per_rank": 32}
     (tmp_path / "c.json").write_text(json.dumps(other))
     capsys.readouterr()
-    assert main([str(runs), "--tta", str(a), str(tmp_path / "c.json")]) == 2
+    assert main(["tta", str(runs), "--bench", str(a), str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "c.json: another workload than" in err[0] and "batch_per_rank=32 (there: 16)" in err[0]
-    assert main([str(runs), "--tta", str(a), str(a)]) == 2
+    assert main(["tta", str(runs), "--bench", str(a), str(a)]) == 2
     assert "is also in" in capsys.readouterr().err
 
 
@@ -245,7 +245,7 @@ def test_without_an_fp16_run_the_missing_baseline_is_said_not_printed_as_not_rea
     runs = tmp_path / "sweep"
     _run(runs, "qsgd", "qsgd", ["qsgd"] * 10, {9: 0.85})
     _run(runs, "rar", "rar", ["rar"] * 10, {9: 0.4})
-    assert main([str(runs), "--tta", str(_bench(tmp_path / "b.json")), "--target-acc", "0.8"]) == 0
+    assert main(["tta", str(runs), "--bench", str(_bench(tmp_path / "b.json")), "target_acc=0.8"]) == 0
     md = (runs / "report" / "tta.md").read_text()
     winner = next(ln for ln in md.splitlines() if ln.startswith("|") and "qsgd (post)" in ln and "no fp16 run" in ln)
     assert winner.count("no fp16 run") == 2                     # the reference column and the gain

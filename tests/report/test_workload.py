@@ -52,7 +52,7 @@ def test_a_bench_of_another_workload_is_refused_in_one_line_naming_both_and_the_
     for agg in ("rar", "fp16"):
         _run(runs, agg, agg, RESNET20, FMNIST)
     wrong = _bench(tmp_path / "defaults.json", BENCH_DEFAULTS)
-    assert main([str(runs), "--tta", str(wrong), "--target-acc", "0.8"]) == 2
+    assert main(["tta", str(runs), "--bench", str(wrong), "target_acc=0.8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert f"bench {wrong} is model=resnet32 input 3x32x32 10 classes" in err[0]
@@ -63,7 +63,7 @@ def test_a_bench_of_another_workload_is_refused_in_one_line_naming_both_and_the_
     assert not (runs / "report" / "tta.md").exists()
     # the bench of the runs' own workload prices them
     right = _bench(tmp_path / "own.json", SETTING)
-    assert main([str(runs), "--tta", str(right), "--target-acc", "0.8"]) == 0
+    assert main(["tta", str(runs), "--bench", str(right), "target_acc=0.8"]) == 0
     assert (runs / "report" / "tta.md").is_file()
 
 
