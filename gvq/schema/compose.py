@@ -11,6 +11,7 @@ refuses it: one line (:class:`gvq.schema.errors.ConfigError`), Hydra's exception
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 from pathlib import Path
@@ -40,10 +41,17 @@ def conf_dir() -> Path:
 
 def compose(overrides: list[str]) -> DictConfig:
     """The run config ``python cli.py <overrides>`` would compose (schemas registered); a bad override
-    raises :class:`ConfigError` with the CLI's one line."""
+    raises :class:`ConfigError` with the CLI's one line.  Each distinct list is composed once a process
+    (the tools and the hook compose the same options over and over; conf/ does not change under a
+    running process) and every caller gets its own copy; a refusal is raised every time."""
+    return copy.deepcopy(_composed(conf_dir(), tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=256)
+def _composed(conf: Path, overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose
     register()
-    with _own_hydra(conf_dir()):
+    with _own_hydra(conf):
         try:
             return hydra_compose("config", overrides=list(overrides))
         except (ConfigCompositionException, MissingConfigException, OverrideParseException,

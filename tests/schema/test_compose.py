@@ -39,3 +39,17 @@ def test_overrides_for_reads_a_scope_as_the_bench_applies_it_and_the_report_chec
     assert overrides_for("powersgd", sets, scoped_only=True) == ["aggregator.rank=4"]
     assert overrides_for("rar", sets) == ["L_t=50", "hydra.run.dir=a:b"]
     assert overrides_for("rar", sets, scoped_only=True) == []
+
+
+def test_a_composition_is_made_once_and_every_caller_gets_its_own_copy():
+    """compose() keeps each distinct override list's config for the process (the hook and the tools
+    compose the same options again and again); a caller that changes its copy changes no other."""
+    first = compose(["aggregator=qsgd", "lambda=0.05"])
+    first.aggregator.compressor.bits = 7
+    first.optim.lr = 123.0
+    again = compose(["aggregator=qsgd", "lambda=0.05"])
+    assert again.aggregator.compressor.bits != 7 and again.optim.lr != 123.0
+    assert again is not first and again.aggregator is not first.aggregator
+    for _ in range(2):                         # a refusal is never kept: raised each time
+        with pytest.raises(ConfigError):
+            compose(["aggregator=qsdg"])
