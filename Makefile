@@ -97,13 +97,14 @@ paper-time: $(STAMP)
 	$(PY) -m gvq.bench paper --world-size 8 16 --bandwidth auto
 	$(PY) -m gvq.report cycle runs/paper_time/N* --out runs/paper_time/report
 
-MODELS ?= cnn resnet20 resnet32 resnet110
+COMMA := ,
+MODELS ?= cnn,resnet20,resnet32,resnet110
 projection: $(STAMP)
-	for m in $(MODELS); do test -f runs/predict/$$m/calibration.json || \
-	    $(PY) -m gvq.predict calibrate --model $$m --num-classes $$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; \
-	    test -f runs/predict/$$m/overlap.json || $(PY) -m gvq.predict calibrate-overlap --model $$m || exit 1; done
-	$(PY) -m gvq.predict project --models $(MODELS)
-	$(PY) -m gvq.predict project --overlap --models $(MODELS)
+	for m in $(subst $(COMMA), ,$(MODELS)); do test -f runs/predict/$$m/calibration.json || \
+	    $(PY) -m gvq.predict calibrate model=$$m num_classes=$$( [ $$m = cnn ] && echo 10 || echo 100 ) || exit 1; \
+	    test -f runs/predict/$$m/overlap.json || $(PY) -m gvq.predict calibrate-overlap model=$$m || exit 1; done
+	$(PY) -m gvq.predict project models=[$(MODELS)]
+	$(PY) -m gvq.predict project overlap=true models=[$(MODELS)]
 
 SEEDS ?= 0,1,2
 WORLD ?= 4,8

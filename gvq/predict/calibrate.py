@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gvq.predict.cost_model import PredictError
 from gvq.predict.structure import (
     AGGREGATORS,
     CALIBRATION_VERSION,
@@ -199,7 +200,7 @@ def message_cost(reps: int = 40, world: int = 2) -> list[float]:
     virtual-time rings of ``world`` ranks on this host, of two sizes (everything but the blocked waits,
     less the ring's own adds).  ``world`` 2: a rank a core here, the cluster the model projects to;
     more: ranks sharing this host's cores, as its N-rank benchmarks run them (a rank woken after others
-    ran on its core pays more per message: ``calibrate-overlap --host-ranks``)."""
+    ran on its core pays more per message: ``calibrate-overlap host_ranks=[...]``)."""
     from gvq.bench.common import spawn_loopback
     per_post = spawn_loopback(_message_rank, world, world, reps)["per_post"]
     return linear([(v * 4, t) for v, t in zip(MSG_SEGMENTS, per_post)])
@@ -281,28 +282,16 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     return cal
 
 
-def main(argv=None):
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m gvq.predict calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet32")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--num-classes", type=int, default=100)
-    p.add_argument("--out", type=Path, default=None, help="default: runs/predict/<model>")
-    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
-                   help="codec calls timed after flushing the caches (as after the ring's waits; one rank "
-                        "per core of a busy host) or back to back (a rank alone on its machine)")
-    p.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
-                   help="options or settings OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., as gvq.bench "
-                        "overlap takes them), each priced under its name, e.g. qsgd:compressor.bits=2 as "
-                        "'qsgd bits=2' (more entries: a longer calibration)")
-    p.add_argument("--input-shape", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
-                   help="one input's shape, as gvq.bench's (default: 1 8 8 for cnn, 3 32 32 otherwise); e.g. "
-                        "1 28 28 for Fashion-MNIST, so compute and the backward profile are a run's on it")
-    args = p.parse_args(argv)
+def predict_calibrate(cfg, paths) -> dict:
+    """``python -m gvq.predict calibrate``: :func:`calibrate` on the keys' model and settings."""
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
     try:
         entries(args.aggregators)
     except ValueError as e:
-        p.error(str(e))
+        raise PredictError(f"aggregators: {e}") from None
+    if args.input_shape is not None and len(args.input_shape) != 3:
+        raise PredictError(f"input_shape={args.input_shape}: expected [C,H,W]")
     args.out = args.out or Path("runs/predict") / args.model
     cal = calibrate(args.model, args.batch_size, args.num_classes, args.out, args.cache == "cold",
                     args.aggregators, args.input_shape)

@@ -160,24 +160,15 @@ def cap_key(cap_mb: float | None) -> str:
     return "default" if cap_mb is None else f"{cap_mb:g}"
 
 
-def main(argv=None):
-    import argparse
-
-    from gvq.predict.__main__ import ROOT_DIR
-    p = argparse.ArgumentParser(prog="python -m gvq.predict calibrate-overlap",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet32", help="calibrated under runs/predict/<model> (calibrate first)")
-    p.add_argument("--calibration", type=Path, default=None, help="calibrate's output folder, if elsewhere")
-    p.add_argument("--bucket-mb", type=float, nargs="*", default=[0.25],
-                   help="bucket sizes (MB) besides DDP's default, as gvq.bench overlap --bucket-mb")
-    p.add_argument("--host-ranks", type=int, nargs="*", default=[],
-                   help="world sizes whose per-message cost on this host (ranks sharing its cores) "
-                        "--validate-overlap needs: those of the benchmarks validated, e.g. 4 8 16 32")
-    args = p.parse_args(argv)
+def predict_calibrate_overlap(cfg, paths) -> dict:
+    """``python -m gvq.predict calibrate-overlap``: :func:`calibrate_overlap` on a calibrated model."""
+    from gvq.predict.keys import ROOT_DIR
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
     folder = args.calibration or ROOT_DIR / args.model
     if not (folder / "calibration.json").exists():
         raise PredictError(f"gvq.predict calibrate-overlap: no {folder}/calibration.json: run "
-                         f"`python -m gvq.predict calibrate --model {args.model}` first")
+                         f"`python -m gvq.predict calibrate model={args.model}` first")
     out = calibrate_overlap(folder, args.bucket_mb, host_ranks=args.host_ranks)
     prof = out["profile"]
     print(f"gvq.predict calibrate-overlap: forward {statistics.median(prof['forward']) * 1e3:.1f} ms, backward "

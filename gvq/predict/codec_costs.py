@@ -14,9 +14,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List, Optional
 
 from gvq.predict.cost_model import Calibrated, PredictError
+from gvq.schema.tool import Arg
 
 #: the calibration's codec keys -> gvq.bench codecs labels, where they differ (the calibration's GradiVeQ
 #: is make bench's bf16 pooled K/d = 8; PowerSGD's two passes are timed as its pass P)
@@ -41,8 +44,8 @@ def load_rows(paths: list[Path], numel: int | None = None) -> dict[str, dict]:
         for r in found:
             n = r.get("numel", numel)
             if n is None:
-                raise PredictError(f"--codec-costs {f}: {r['codec']} does not record its gradient size; pass "
-                                   "--codec-costs-numel N (ResNet-32, 100 classes: 470004)")
+                raise PredictError(f"--codec-costs {f}: {r['codec']} does not record its gradient size; give "
+                                   "codec_costs_numel=N (ResNet-32, 100 classes: 470004)")
             rows[r["codec"]] = {**{k: float(r.get(k, math.nan)) for k in
                                    ("compress_ms", "decompress_ms", "add_ms", "floor_ms")},
                                 "numel": int(n), "source": str(f)}
@@ -75,8 +78,8 @@ def priced_model(m: Calibrated, rows: dict[str, dict], names: list[str], mapping
         label = mapping.get(key, key)
         if label not in rows:
             raise PredictError(f"--codec-costs: no measurement for codec {key!r} (label {label!r}); measured: "
-                               f"{', '.join(sorted(rows))}; map it with --codec-map {key}=LABEL or leave its "
-                               "aggregator out (--aggregators)")
+                               f"{', '.join(sorted(rows))}; map it with codec_map=[{key}=LABEL] or leave its "
+                               "aggregator out (aggregators=[...])")
         own = {op: line(rows[label], op) for op in OPS}
         out.cal["codecs"][key] = {op: c for op, c in own.items() if c is not None}
         if "add" not in out.cal["codecs"][key] and "add" in m.cal["codecs"][key]:
@@ -95,12 +98,12 @@ def priced_model(m: Calibrated, rows: dict[str, dict], names: list[str], mapping
 
 
 def parse_map(pairs: list[str]) -> dict[str, str]:
-    """``KEY=LABEL`` pairs (``--codec-map``), refused in one line where malformed."""
+    """``KEY=LABEL`` pairs (``codec_map``), refused in one line where malformed."""
     out = {}
     for pair in pairs:
         key, sep, label = pair.partition("=")
         if not sep or not key or not label:
-            raise PredictError(f"--codec-map {pair!r}: expected KEY=LABEL (e.g. gradiveq_bf16=gradiveq_pooled)")
+            raise PredictError(f"codec_map {pair!r}: expected KEY=LABEL (e.g. gradiveq_bf16=gradiveq_pooled)")
         out[key] = label
     return out
 
@@ -130,18 +133,22 @@ def seconds_per_op(measured: dict[str, dict], counts: dict[str, tuple[int, int]]
     return per[len(per) // 2]
 
 
-def add_arguments(p) -> None:
-    """The flags of every ``gvq.predict`` command that prices codecs."""
-    p.add_argument("--codec-costs", type=Path, nargs="+", default=None, metavar="JSON_OR_DIR",
-                   help="price codec calls from `gvq.bench codecs --out` files (e.g. measured on a GPU) "
-                        "instead of this host's calibration")
-    p.add_argument("--codec-costs-numel", type=int, default=None,
-                   help="--codec-costs: gradient size of files that do not record it")
-    p.add_argument("--codec-map", nargs="+", default=[], metavar="KEY=LABEL",
-                   help=f"--codec-costs: calibration codec -> measured label (defaults: {DEFAULT_MAP})")
-    p.add_argument("--codec-ops-us", type=float, default=None, metavar="US",
-                   help="--codec-costs: price each codec at its device-path op count (counted here) x US "
-                        "microseconds + the measured floor, instead of the measured time")
+@dataclass
+class CodecCostKeys:
+    """The keys of every ``gvq.predict`` command that prices codecs (the files: ``--codec-costs``)."""
+    # --codec-costs: gradient size of files that do not record it
+    codec_costs_numel: Optional[int] = None
+    # --codec-costs: calibration codec -> measured label, KEY=LABEL (defaults: DEFAULT_MAP)
+    codec_map: List[str] = field(default_factory=list)
+    # --codec-costs: price each codec at its device-path op count (counted here) x this many microseconds +
+    # the measured floor, instead of the measured time; higher => dearer codecs
+    codec_ops_us: Optional[float] = None
+
+
+#: the files ``--codec-costs`` reads: `gvq.bench codecs --out` files (e.g. measured on a GPU), instead of this
+#: host's calibration
+CODEC_COSTS = Arg("--codec-costs", "gvq.bench codecs --out files (JSON or a folder) pricing the codec calls "
+                  "instead of this host's calibration", nargs="+")
 
 
 def apply(m: Calibrated, args, names: list[str] | None = None) -> tuple[Calibrated, str]:

@@ -1,5 +1,5 @@
 """The baseline a practitioner runs in the GPU regime: torch DDP on NCCL (``python -m gvq.predict project
---overlap --baseline nccl``, the default), which prices overlapped fp16 and ``ddp`` wherever compute is
+overlap=true baseline=nccl``, the default), which prices overlapped fp16 and ``ddp`` wherever compute is
 scaled below x1.
 
 DDP hands each bucket to NCCL, whose all-reduce runs on the GPU: no host core is shared with backward and
@@ -22,15 +22,23 @@ on host threads too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
 from gvq.predict.overlap import BucketCost, Overlap, replay_lanes
+from gvq.schema.tool import Arg
 
-#: ``--baseline`` choices and what each prices overlapped fp16 as in the GPU regime
+#: ``baseline`` choices and what each prices overlapped fp16 as in the GPU regime
 BASELINES = {"nccl": "DDP on NCCL (ring bound on the link, off the host cores, GPU codec costs)",
              "gvq_ring": "gvq's ring on a host comm thread sharing backward's core, host codec costs"}
+
+
+class Baseline(Enum):
+    """What prices overlapped fp16 (and ddp) in the GPU regime (:data:`BASELINES`)."""
+    nccl = "nccl"
+    gvq_ring = "gvq_ring"
 #: the gvq.bench codecs files measured on a GPU that price the fp16 hook's casts by default
 GPU_CODECS = Path(__file__).resolve().parents[2] / "docs" / "gpu" / "h200-2026-11-27"
 #: bytes a value travels as, per aggregator the baseline prices: the fp16 hook's and the allreduce hook's
@@ -109,14 +117,10 @@ class Nccl:
         return replay_lanes(ov.phases(n, compute_scale), ready, costs, shared=False)
 
 
-def add_baseline_arguments(p) -> None:
-    """``project --overlap``'s baseline flags."""
-    p.add_argument("--baseline", choices=sorted(BASELINES), default="nccl",
-                   help="--overlap: what prices overlapped fp16 (and ddp) in the GPU regime: "
-                        + "; ".join(f"{k}: {v}" for k, v in BASELINES.items()))
-    p.add_argument("--baseline-codec-costs", type=Path, default=GPU_CODECS, metavar="JSON_OR_DIR",
-                   help="--baseline nccl: gvq.bench codecs files whose fp16 row prices the hook's casts "
-                        "(default: the H200's; none there: this host's calibration)")
+#: ``project``'s path to the files whose fp16 row prices the NCCL hook's casts (default: the H200's; none
+#: there: this host's calibration)
+BASELINE_CODEC_COSTS = Arg("--baseline-codec-costs", "baseline=nccl: gvq.bench codecs files whose fp16 row "
+                           "prices the hook's casts (default: the H200's)", default=str(GPU_CODECS))
 
 
 def from_args(args) -> Nccl | None:

@@ -118,14 +118,14 @@ class Overlap:
 
     def msg(self, n: int, host: bool) -> tuple[float, float]:
         """[fixed, per byte] seconds to post a message: with ``host``, as ``n`` ranks sharing this host's
-        cores pay it (``calibrate-overlap --host-ranks``: what its virtual-time benchmarks measure),
+        cores pay it (``calibrate-overlap host_ranks=[...]``: what its virtual-time benchmarks measure),
         else the calibration's (a rank a core: the clusters projected to)."""
         if not host:
             return tuple(self.m.cal["msg"])
         got = self.ov["host_msg"].get(str(n))
         if got is None:
             raise M.PredictError(f"gvq.predict: no message cost of {n} ranks on this host: run `python -m "
-                                 f"gvq.predict calibrate-overlap --host-ranks {n}` (have "
+                                 f"gvq.predict calibrate-overlap host_ranks=[{n}]` (have "
                                  f"{', '.join(self.ov['host_msg']) or 'none'})")
         return tuple(got)
 

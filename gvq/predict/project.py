@@ -8,7 +8,6 @@ compute scale (every rank starts it together), so it is simulated once per (aggr
 """
 from __future__ import annotations
 
-import argparse
 import textwrap
 from pathlib import Path
 
@@ -17,13 +16,14 @@ import pandas as pd
 
 from gvq.predict import codec_costs, nccl
 from gvq.predict import cost_model as M
-from gvq.predict.__main__ import ROOT_DIR, row
+from gvq.predict.table import row
+from gvq.schema.tool import namespace
 from gvq.predict.project_names import calibrated_name
 
 LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
 SCALES = [1.0, 1 / 6, 1 / 50]
-FP16 = "fp16"                # overlapped, the reference every --overlap gain (margin) is over
-DDP = "ddp"                  # DDP's all-reduce hook: priced by --baseline nccl, its iterations RAR's
+FP16 = "fp16"                # overlapped, the reference every overlap=true gain (margin) is over
+DDP = "ddp"                  # DDP's all-reduce hook: priced by baseline=nccl, its iterations RAR's
 
 
 def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0) -> pd.DataFrame:
@@ -128,26 +128,9 @@ def _cell_colours(win: pd.DataFrame):
     return tied, label, names, ListedColormap(colours + ["lightgrey"] * (TIE in names))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m gvq.predict project", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=["resnet32"], help="each calibrated under --calibration/<model>")
-    p.add_argument("--calibration", type=Path, default=ROOT_DIR)
-    p.add_argument("--max-world-size", type=int, default=1024)
-    p.add_argument("--out", type=Path, default=Path("runs/predict"))
-    p.add_argument("--overlap", action="store_true", help="post-backward and overlapped modes (N >= 8, 50 "
-                   "Mbit/s..100 Gbit/s, compute x1 and x1/6) against overlapped fp16; needs calibrate-overlap")
-    p.add_argument("--iterations-to-target", nargs="+", default=[], metavar="AGGREGATOR=ITERATIONS",
-                   help="--overlap: also rank by time to accuracy, e.g. rar=120 fp16=113 'qsgd bits=2=140' (the "
-                        "frontier's mean iterations per calibrated name, a setting's as the report names it; "
-                        "aggregators without one are left out of that ranking)")
-    p.add_argument("--frontier", type=Path, default=None, metavar="FRONTIER_CSV",
-                   help="--overlap: rank by time to accuracy from `python -m gvq.report frontier RUNS`'s "
-                        "frontier.csv (each setting's iterations to the target, mean and std over seeds: ties); "
-                        "--iterations-to-target entries replace its figures")
-    p.add_argument("--aggregators", nargs="+", default=None, help="default: every calibrated one")
-    codec_costs.add_arguments(p)
-    nccl.add_baseline_arguments(p)
-    args = p.parse_args(argv)
+def predict_project(cfg, paths):
+    """``python -m gvq.predict project``: the winners over N x link x compute, per model."""
+    args = namespace(cfg, paths)
     args.out.mkdir(parents=True, exist_ok=True)
     def pricing(m):
         return codec_costs.apply(m, args, args.aggregators)
@@ -155,13 +138,13 @@ def main(argv=None):
         iters, spread, left = frontier_iterations(args.frontier) if args.frontier else ({}, {}, [])
         if left:
             print(f"gvq.predict project: from {args.frontier}, left out: {'; '.join(left)}", flush=True)
-        typed = _iterations_to_target(p, args.iterations_to_target)
+        typed = _iterations_to_target(args.iterations_to_target)
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
                                    {**iters, **typed}, pricing, {k: v for k, v in spread.items() if k not in typed},
                                    frozenset(iters) - frozenset(typed), nccl.from_args(args))
         except FileNotFoundError as e:
-            raise M.PredictError(f"gvq.predict project --overlap: {e}") from None
+            raise M.PredictError(f"gvq.predict project overlap=true: {e}") from None
     frames = []
     for model in args.models:
         m, how = pricing(M.Calibrated.load(args.calibration / model))
@@ -264,7 +247,7 @@ def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float], spread: dict[st
 def project_overlap(models, calibration: Path, out: Path, max_world: int,
                     iters: dict[str, float] | None = None, pricing=None, spread: dict[str, float] | None = None,
                     optional: frozenset = frozenset(), baseline=None) -> pd.DataFrame:
-    """``project --overlap``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
+    """``project overlap=true``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
     ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``);
     ``pricing``: the codec costs (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a
@@ -278,7 +261,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         iters, spread, optional = _as_calibrated(model, ov.m, iters, spread, optional)
         unknown = sorted(set(iters or {}) - set(ov.m.aggregators))
         if set(unknown) - optional:         # a misspelt setting would drop out of the ranking unseen
-            raise M.PredictError(f"gvq.predict project: --iterations-to-target {', '.join(map(repr, unknown))}: not "
+            raise M.PredictError(f"gvq.predict project: iterations_to_target {', '.join(map(repr, unknown))}: not "
                                  f"calibrated for {model} (have {', '.join(map(repr, ov.m.aggregators))})")
         if unknown:
             print(f"gvq.predict project: {model}: not calibrated, left out: {', '.join(unknown)}", flush=True)
@@ -305,7 +288,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
 
 
 def baseline_line(baseline) -> str:
-    """One line naming what priced overlapped fp16: every table and heatmap of ``project --overlap`` says it."""
+    """One line naming what priced overlapped fp16: every table and heatmap of ``project overlap=true`` says it."""
     old = f"gvq_ring, {nccl.BASELINES['gvq_ring']}"
     if baseline is None:
         return f"baseline: {old}, in both regimes"
@@ -348,14 +331,14 @@ def frontier_iterations(path: Path) -> tuple[dict[str, float], dict[str, float],
     return iters, spread, left
 
 
-def _iterations_to_target(p: argparse.ArgumentParser, pairs: list[str]) -> dict[str, float]:
+def _iterations_to_target(pairs: list[str]) -> dict[str, float]:
     out = {}
     for pair in pairs:
         name, _, value = pair.rpartition("=")     # a setting's name holds '=' itself: 'qsgd bits=2=140'
         try:
             out[name] = float(value)
         except ValueError:
-            p.error(f"--iterations-to-target {pair!r}: expected AGGREGATOR=ITERATIONS (a number)")
+            raise M.PredictError(f"iterations_to_target {pair!r}: expected AGGREGATOR=ITERATIONS (a number)") from None
         if not out[name] > 0:
-            p.error(f"--iterations-to-target {pair!r}: iterations must be > 0")
+            raise M.PredictError(f"iterations_to_target {pair!r}: iterations must be > 0")
     return out

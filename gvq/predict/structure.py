@@ -51,7 +51,7 @@ def entries(names) -> dict[str, str]:
     for entry in names:
         label = Setting.parse(entry).name
         if label in out:
-            raise ValueError(f"--aggregators {entry}: the same setting as {out[label]} ({label!r})")
+            raise ValueError(f"aggregators {entry}: the same setting as {out[label]} ({label!r})")
         out[label] = entry
     return out
 
@@ -137,17 +137,13 @@ def stale_rings(folder) -> tuple[int, list[str]]:
     return total, stale
 
 
-def main(argv: list[str]) -> int:
-    """``python -m gvq.predict rings [--model M | --calibration DIR]``: :func:`stale_rings`, printed;
-    exits 1 when any stored ring differs from the declared one."""
-    import argparse
+def predict_rings(cfg, paths) -> int:
+    """``python -m gvq.predict rings [model=M | --calibration DIR]``: :func:`stale_rings`, printed; exits 1
+    when any stored ring differs from the declared one."""
     from pathlib import Path
-    p = argparse.ArgumentParser(prog="python -m gvq.predict rings", description=stale_rings.__doc__.split(":")[0])
-    p.add_argument("--model", default="resnet32", help="reads runs/predict/<model>/")
-    p.add_argument("--calibration", type=Path, default=None, help="calibrate's output folder, if elsewhere")
-    args = p.parse_args(argv)
+    args = paths
     torch.set_num_threads(1)
-    total, stale = stale_rings(args.calibration or Path("runs/predict") / args.model)
+    total, stale = stale_rings(args.calibration or Path("runs/predict") / cfg.model)
     print(f"{total - len(stale)} of {total} stored ring structures equal the rings the aggregators declare")
     for line in stale:
         print(f"  differs: {line}")

@@ -1,4 +1,4 @@
-"""``python -m gvq.predict --validate``: the model against virtual-time benchmarks, cell by cell.
+"""``python -m gvq.predict validate``: the model against virtual-time benchmarks, cell by cell.
 
 For every ``--world-size`` and ``--bandwidth``: ``gvq.bench aggregate --clock virtual`` (aggregation, the
 slowest rank, median of repetitions) and ``gvq.bench train --clock virtual --compressed-only`` (whole
@@ -89,8 +89,8 @@ def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
     names = args.aggregators or m.aggregators
     settings = [n for n, e in calibrated_entries(m.cal, m.struct).items() if n in names and n != e]
     if settings:                # gvq.bench aggregate and train take options: a setting would run its default
-        raise M.PredictError(f"gvq.predict --validate: {', '.join(map(repr, settings))}: settings, which the "
-                             "benchmarks it runs do not take; validate them with --validate-overlap BENCH_JSON")
+        raise M.PredictError(f"gvq.predict validate: {', '.join(map(repr, settings))}: settings, which the "
+                             "benchmarks it runs do not take; validate them with validate-overlap --bench BENCH_JSON")
     df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters))
     print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))
@@ -167,7 +167,7 @@ def overlap_summary(df: pd.DataFrame) -> str:
 
 
 def report_overlap_validation(folder, bench_jsons, args) -> pd.DataFrame:
-    """``python -m gvq.predict --validate-overlap BENCH.json ...``: the table over every file's records,
+    """``python -m gvq.predict validate-overlap --bench BENCH.json ...``: the table over every file's records,
     the summary, ``--out`` CSV."""
     from gvq.predict.overlap import Overlap
     ov = Overlap.load(folder)

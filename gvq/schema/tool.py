@@ -83,7 +83,7 @@ def parse_command(prog: str, command: Command, argv: list[str],
     for a in command.paths:
         if a.name.startswith("-"):
             p.add_argument(a.name, type=Path, nargs=a.nargs, default=a.default, help=a.help)
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)     # KEY=VALUE tokens before, between and after the flags
     for a in command.paths:             # argparse gives a several-path flag the overrides after it too
         if a.name.startswith("-") and a.nargs in ("*", "+") and getattr(args, _dest(a)):
             given = getattr(args, _dest(a))
@@ -139,6 +139,12 @@ def dispatch(prog: str, table: dict[str, Command], argv=None, default: str | Non
     except (ConfigError, *errors) as e:
         print(f"{prog.removeprefix('python -m ')}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def namespace(cfg: DictConfig, paths) -> SimpleNamespace:
+    """The composed keys and the path arguments as one namespace of plain values (choices as their names):
+    what a command's body reads (``args.world_size``, ``args.out``)."""
+    return SimpleNamespace(**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), **vars(paths))
 
 
 def keys(command: Command) -> list[str]:

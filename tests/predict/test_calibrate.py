@@ -75,7 +75,7 @@ def test_settings_are_calibrated_under_their_names_each_with_its_own_rings(calib
 
 
 def test_settings_of_one_name_or_malformed_are_refused_in_one_line(capsys):
-    from gvq.predict.calibrate import main
+    from gvq.predict.__main__ import main
     from gvq.predict.structure import entries
     assert entries(["qsgd", "qsgd:compressor.bits=2,compressor.bucket=64"]) == {
         "qsgd": "qsgd", "qsgd bits=2 bucket=64": "qsgd:compressor.bits=2,compressor.bucket=64"}
@@ -83,9 +83,9 @@ def test_settings_of_one_name_or_malformed_are_refused_in_one_line(capsys):
         entries(["qsgd:compressor.bits=2", "qsgd:compressor.bits=2"])
     for bad in (["qsgd:"], ["qsgd:compressor.bits=2", "qsgd:compressor.bits=2"]):
         with pytest.raises(SystemExit):
-            main(["--aggregators", *bad])
+            main(["calibrate", "aggregators=[" + ",".join(f"'{b}'" for b in bad) + "]"])
         last = capsys.readouterr().err.strip().splitlines()[-1]
-        assert last.startswith("python -m gvq.predict calibrate: error: --aggregators")
+        assert last.startswith("gvq.predict: error: aggregators")
 
 
 def test_a_reencode_rings_hop_is_priced_through_the_codecs_own_reencode_sum():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def test_the_h100_files_load_as_lines_above_their_floor():
 
 
 def test_a_file_without_its_gradient_size_is_one_line(tmp_path):
-    with pytest.raises(M.PredictError, match="--codec-costs-numel"):
+    with pytest.raises(M.PredictError, match="codec_costs_numel"):
         C.load_rows([H100])
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(M.PredictError, match="not a gvq.bench codecs --out file"):
@@ -69,7 +70,7 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
     slow = {k: {**r, "compress_ms": 50.0, "floor_ms": 0.0} for k, r in rows.items()}
     slowed = C.priced_model(m, slow, ["qsgd"])[0]
     assert M.aggregation(slowed, "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
-    with pytest.raises(M.PredictError, match="--codec-map powersgd-P=LABEL"):
+    with pytest.raises(M.PredictError, match=r"codec_map=\[powersgd-P=LABEL\]"):
         C.priced_model(m, rows, ["powersgd"])
     mapped = C.priced_model(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0]
     assert "gradiveq_bf16" in mapped.aggregators
@@ -77,14 +78,14 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
 
 def test_the_commands_take_the_codec_costs(calibrated, tmp_path, capsys):
     from gvq.predict import __main__ as cli
-    from gvq.predict import project
-    df = cli.main(["--calibration", str(calibrated), "--aggregators", "rar", "fp16", "qsgd", "--codec-costs",
-                   str(H100), "--codec-costs-numel", str(RESNET32), "--compute-scale", str(1 / 6)])
+    df = cli.main(["--calibration", str(calibrated), "aggregators=[rar,fp16,qsgd]", "--codec-costs",
+                   str(H100), f"codec_costs_numel={RESNET32}", f"compute_scale=[{1 / 6}]"])
     assert set(df["aggregator"]) == {"rar", "fp16", "qsgd"}
     assert "codecs priced from --codec-costs (measured): fp16=fp16, qsgd=qsgd" in capsys.readouterr().out
-    project.main(["--models", calibrated.name, "--calibration", str(calibrated.parent), "--max-world-size", "4",
-                  "--out", str(tmp_path), "--aggregators", "rar", "qsgd", "--codec-costs", str(H100),
-                  "--codec-costs-numel", str(RESNET32), "--codec-ops-us", "12"])
+    cli.main(["project", f"models=[{calibrated.name}]", "--calibration", str(calibrated.parent), "max_world_size=4",
+              "--out", str(tmp_path), "aggregators=[rar,qsgd]", "--codec-costs", str(H100),
+              f"codec_costs_numel={RESNET32}", "codec_ops_us=12"])
     assert "implied: device-path ops x 12 us + floor" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no measurement for codec 'gradiveq_bf16'.*--codec-map"):
-        cli.main(["--calibration", str(calibrated), "--codec-costs", str(H100), "--codec-costs-numel", "470004"])
+    with pytest.raises(SystemExit):
+        cli.main(["--calibration", str(calibrated), "--codec-costs", str(H100), "codec_costs_numel=470004"])
+    assert re.search("no measurement for codec 'gradiveq_bf16'.*codec_map", capsys.readouterr().err)

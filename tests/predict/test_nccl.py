@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from gvq.predict import __main__ as cli
 from gvq.predict import nccl, project
 from gvq.predict.overlap import Overlap, Phases
 
@@ -109,12 +110,12 @@ def test_the_gpu_regime_is_priced_by_nccl_by_default_and_the_cpu_regime_as_befor
         assert gpu.loc[("fp16", b), "iter_s"] < ov.iteration("fp16", 8, b, compute_scale=1 / 6)["iter_s"]
         own = ov.iteration("qsgd", 8, b, compute_scale=1 / 6)["iter_s"]
         assert gpu.loc[("qsgd", b), "iter_s"] == pytest.approx(own)
-    base_args = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent),
-                 "--max-world-size", "8", "--out", str(tmp_path)]
-    full = project.main(base_args)
+    base_args = ["project", "overlap=true", "models=[cnn]", "--calibration", str(calibrated_settings.parent),
+                 "max_world_size=8", "--out", str(tmp_path)]
+    full = cli.main(base_args)
     assert set(full[full["compute_scale"] < 1]["baseline"]) == {"nccl"}
     assert set(full[full["compute_scale"] == 1]["baseline"]) == {"gvq_ring"}
     assert "# baseline in the GPU regime: nccl, DDP on NCCL" in capsys.readouterr().out
     assert set(pd.read_csv(tmp_path / "projection_overlap.csv")["baseline"]) == {"nccl", "gvq_ring"}
-    old = project.main([*base_args, "--baseline", "gvq_ring"])
+    old = cli.main([*base_args, "baseline=gvq_ring"])
     assert set(old["baseline"]) == {"gvq_ring"} and "# baseline: gvq_ring" in capsys.readouterr().out

@@ -68,7 +68,7 @@ def test_the_finite_check_precedes_the_wait_for_the_last_bucket():
 
 def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messages(calibrated, tmp_path):
     """calibrate-overlap on a real calibration: every aggregator's buckets priced from their own rings,
-    at N ranks sharing this host's cores (``--host-ranks``) and at a rank a core; an N not calibrated
+    at N ranks sharing this host's cores (``host_ranks``) and at a rank a core; an N not calibrated
     for the host, and an overlap.json from before buckets kept their rings, refused in one line."""
     import json
     import shutil
@@ -97,7 +97,7 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
     ov.ov["host_msg"]["3"] = [own[0] + 1e-3, own[1]]             # dearer messages: dearer rings
     for price in (ov.iteration, ov.post_iteration):
         assert price("rar", 3, 1e9, host=True)["iter_s"] > price("rar", 3, 1e9, host=False)["iter_s"]
-    with pytest.raises(PredictError, match="no message cost of 5 ranks on this host: run .*--host-ranks 5"):
+    with pytest.raises(PredictError, match=r"no message cost of 5 ranks on this host: run .*host_ranks=\[5\]"):
         ov.iteration("rar", 5, 1e9, host=True)
     stale = json.loads((own_copy / "overlap.json").read_text())
     for caps in stale["buckets"].values():

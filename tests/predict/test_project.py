@@ -1,6 +1,8 @@
 """Projection (gvq/predict/project.py) and the default query CLI: a table, a heatmap, a CSV."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,8 +20,8 @@ def test_default_query_prints_a_table(calibrated, capsys):
 
 
 def test_project_writes_heatmap_and_csv(calibrated, tmp_path):
-    project.main(["--models", calibrated.name, "--calibration", str(calibrated.parent), "--max-world-size", "8",
-                  "--out", str(tmp_path)])
+    cli.main(["project", f"models=[{calibrated.name}]", "--calibration", str(calibrated.parent), "max_world_size=8",
+              "--out", str(tmp_path)])
     df = pd.read_csv(tmp_path / "projection.csv")
     cells = df.drop_duplicates(["N", "link_bps", "compute_scale"])
     assert len(cells) == 3 * len(project.LINKS) * len(project.SCALES)            # N = 2, 4, 8
@@ -77,31 +79,31 @@ def test_overlap_projection_ranks_by_time_to_accuracy_where_iterations_are_given
 
 @pytest.mark.parametrize("bad", ["rar", "rar=x", "rar=0"])
 def test_iterations_to_target_are_refused_in_one_line(bad, tmp_path, capsys):
-    from gvq.predict.project import main
     with pytest.raises(SystemExit):
-        main(["--overlap", "--out", str(tmp_path), "--iterations-to-target", bad])
+        cli.main(["project", "overlap=true", "--out", str(tmp_path), f"iterations_to_target=[{bad}]"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith(f"--iterations-to-target {bad!r}: " + ("iterations must be > 0" if bad == "rar=0"
+    assert err[-1].endswith(f"iterations_to_target {bad!r}: " + ("iterations must be > 0" if bad == "rar=0"
                                                                      else "expected AGGREGATOR=ITERATIONS (a number)"))
 
 
 def test_the_projection_ranks_settings_by_their_names(calibrated_settings, tmp_path, capsys):
-    """``project --overlap --iterations-to-target 'qsgd bits=2=80'``: a setting the calibration priced is
+    """``project overlap=true iterations_to_target=[qsgd bits=2=80]``: a setting the calibration priced is
     ranked under its name beside its family's default; one it did not price is refused in one line, never
     left out of the ranking unseen."""
-    from gvq.predict.project import main
+    main = cli.main
     # gvq's ring prices fp16 in both regimes (DDP on NCCL would take the GPU regime's cells from every setting)
-    base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
-            "8", "--out", str(tmp_path), "--baseline", "gvq_ring"]
+    base = ["project", "overlap=true", "models=[cnn]", "--calibration", str(calibrated_settings.parent),
+            "max_world_size=8", "--out", str(tmp_path), "baseline=gvq_ring"]
     # 2-bit: fewer bytes than 4-bit and (scripted here) fewer iterations: it wins every cell it is ranked in
-    full = main([*base, "--iterations-to-target", "fp16=150", "qsgd=150", "qsgd bits=2=60"])
+    full = main([*base, "iterations_to_target=[fp16=150,qsgd=150,qsgd bits=2=60]"])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"}
     assert (full["tta_margin"] > 1).all()
     assert (tmp_path / "projection_overlap_cnn.png").stat().st_size > 10_000     # one N, no GradiVeQ: no line
     assert "qsgd bits=2" in capsys.readouterr().out
-    with pytest.raises(M.PredictError, match=r"--iterations-to-target 'qsgd bits=3': not calibrated for cnn "
-                                             r"\(have 'fp16', 'qsgd', 'qsgd bits=2'\)"):
-        main([*base, "--iterations-to-target", "qsgd bits=3=100"])
+    with pytest.raises(SystemExit):
+        main([*base, "iterations_to_target=[qsgd bits=3=100]"])
+    assert re.search(r"iterations_to_target 'qsgd bits=3': not calibrated for cnn "
+                     r"\(have 'fp16', 'qsgd', 'qsgd bits=2'\)", capsys.readouterr().err)
 
 
 def test_time_to_accuracy_names_the_modes_tied_with_the_winner_within_the_seed_spread():
@@ -126,7 +128,7 @@ def test_the_frontier_csv_gives_each_settings_iterations_where_every_seed_reache
     assert iters == {"qsgd bits=2": 140.0, "rar": 113.0} and spread == {"qsgd bits=2": 20.0, "rar": 12.0}
     assert left == ["gradiveq (reached in 2/3)", "powersgd rank=1 (unranked)"]
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(M.PredictError, match=r"--frontier .*other.csv: not a `gvq.report --frontier` frontier.csv"):
+    with pytest.raises(M.PredictError, match=r"--frontier .*other.csv: not a `gvq.report frontier` frontier.csv"):
         frontier_iterations(tmp_path / "other.csv")
 
 
@@ -134,16 +136,16 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
     """``project --overlap --frontier frontier.csv``: the report's setting names are the calibration's, so
     each calibrated setting is ranked with its seeds' iterations and its ties; a frontier setting the
     calibration lacks is left out and said so; a typed entry replaces the frontier's figure."""
-    from gvq.predict.project import main
+    main = cli.main
     csv = tmp_path / "frontier.csv"
     pd.DataFrame({"setting": ["fp16", "qsgd", "qsgd bits=2", "rar"], "iters_to_target": [150.0, 150.0, 60.0, 100.0],
                   "iters_to_target_std": [10.0, 10.0, 5.0, 10.0], "reached": ["3/3"] * 4,
                   "ranked": [True] * 4}).to_csv(csv, index=False)
-    base = ["--overlap", "--models", "cnn", "--calibration", str(calibrated_settings.parent), "--max-world-size",
-            "8", "--out", str(tmp_path / "out"), "--baseline", "gvq_ring"]     # as above: settings against settings
+    base = ["project", "overlap=true", "models=[cnn]", "--calibration", str(calibrated_settings.parent),
+            "max_world_size=8", "--out", str(tmp_path / "out"), "baseline=gvq_ring"]   # as above: settings vs settings
     full = main([*base, "--frontier", str(csv)])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"} and "tta_tied" in full
     assert "cnn: not calibrated, left out: rar" in capsys.readouterr().out
     assert (tmp_path / "out" / "projection_overlap_tta_cnn.png").stat().st_size > 10_000   # settings ranked
-    full = main([*base, "--frontier", str(csv), "--iterations-to-target", "qsgd bits=2=1000"])
+    full = main([*base, "--frontier", str(csv), "iterations_to_target=[qsgd bits=2=1000]"])
     assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])

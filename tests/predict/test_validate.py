@@ -133,12 +133,12 @@ def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_pat
 
 def test_validation_by_the_post_backward_benchmarks_refuses_a_setting_in_one_line():
     """gvq.bench aggregate / train take options, not settings: a calibrated ``qsgd bits=2`` would be
-    measured as 4-bit QSGD and compared with 2-bit's model, so --validate names it and says what to use."""
+    measured as 4-bit QSGD and compared with 2-bit's model, so validate names it and says what to use."""
     from gvq.predict import cost_model as M
     m = type("M", (), {"cal": {"entries": {"qsgd": "qsgd", "qsgd bits=2": "qsgd:compressor.bits=2"}},
                        "struct": {"aggregators": {"qsgd": {}, "qsgd bits=2": {}}},
                        "aggregators": ["qsgd", "qsgd bits=2"]})()
     args = argparse.Namespace(aggregators=None)
-    with pytest.raises(M.PredictError, match="--validate: 'qsgd bits=2': settings, which the benchmarks it runs do "
-                                             "not take; validate them with --validate-overlap BENCH_JSON"):
+    with pytest.raises(M.PredictError, match="validate: 'qsgd bits=2': settings, which the benchmarks it runs do "
+                                             "not take; validate them with validate-overlap --bench BENCH_JSON"):
         validate.report_validation(m, args)

@@ -69,9 +69,9 @@ def test_paths_and_overrides_are_told_apart(tmp_path):
     run = tmp_path / "sweep" / "aggregator=qsgd,seed=0"      # a Hydra sweep's job dir: a path, not an override
     run.mkdir(parents=True)
     args, cfg = parse_command("prog", PLAIN, [str(run), "reps=4", "--bench", "a.json", "b.json", "target=1.5",
-                                      "--out", str(tmp_path / "o")])
+                                              "--out", str(tmp_path / "o"), "model=resnet20"])
     assert args.dirs == [run] and [str(b) for b in args.bench] == ["a.json", "b.json"]
-    assert (cfg.reps, cfg.target) == (4, 1.5) and args.out == tmp_path / "o"
+    assert (cfg.reps, cfg.target, cfg.model) == (4, 1.5, "resnet20") and args.out == tmp_path / "o"
 
 
 def test_dispatch_runs_the_named_command_or_the_default_and_prints_cfg_without_running(capsys):
