@@ -32,7 +32,7 @@ ALLOWED = {
     "hooks": {"schema", "aggregators", "comm", "compressors"},
     "run": {"schema", "hooks", "aggregators", "comm", "compressors", "data", "models"},
     "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "report"},
-    "analysis": {"bench", "aggregators", "comm", "compressors", "data", "models"},
+    "analysis": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
     "predict": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
     "report": {"schema"},                             # run outputs and their declared columns, never the training code
     # (bench may import report: a table compares its figures with report.intervals, as the report does)

@@ -16,20 +16,16 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from gvq.analysis.keys import (CorrelationKeys, DitherKeys, FrontierKeys, PeersKeys, QuantizersKeys, TraceKeys,
+                               choose, out)
+from gvq.schema.tool import Command, dispatch, namespace
 
-def quantizers(argv) -> int:
-    p = argparse.ArgumentParser(prog="python -m gvq.analysis quantizers")
-    p.add_argument("--out", default="runs/analysis/quantizers")
-    p.add_argument("--model", default="cnn")
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--iterations", type=int, default=200)
-    p.add_argument("--every", type=int, default=10, help="keep every n-th gradient")
-    p.add_argument("--bucket", type=int, default=2048)
-    args = p.parse_args(argv)
+
+def analysis_quantizers(cfg, paths) -> int:
+    args = namespace(cfg, paths)
     from gvq.analysis.quantizers import check_claims, plot_errors, quantizer_error_table
     from gvq.analysis.record import record_gradients
     grads, _ = record_gradients(args.model, args.dataset, args.iterations, every=args.every)
@@ -47,57 +43,31 @@ def quantizers(argv) -> int:
     return 0
 
 
-def correlation(argv) -> int:
-    from gvq.analysis.correlation import main as corr_main
-    return corr_main(argv) or 0
 
 
-def parse_peers_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gvq.analysis peers",
-                                description="GradiVeQ vs PowerSGD compression error at equal bytes on "
-                                            "real gradients (see gvq/analysis/peers.py)")
-    p.add_argument("--out", default="runs/analysis/peers")
-    p.add_argument("--model", default="cnn", help="conf/model name (cnn, resnet20, resnet32, ...); the "
-                   "ResNets take minutes (resnet32/synthetic, 160 iterations: ~12 min on 2 busy cores)")
-    p.add_argument("--dataset", default="digits",
-                   help="conf/dataset name; digits = real data (honest default); synthetic = gaussian "
-                        "class means (CIFAR-shaped, unrealistic gradient statistics)")
-    p.add_argument("--rank", type=int, nargs="+", default=[2, 4], help="PowerSGD ranks")
-    p.add_argument("--K", nargs="+", default=["auto", "x1"], help="GradiVeQ slice sizes to try")
-    p.add_argument("--match", nargs="+", default=["lambda"], choices=["lambda", "target_ratio"],
-                   help="GradiVeQ knob(s) bisected to match PowerSGD's bytes (lambda: Eq. 6 per layer; "
-                        "target_ratio: the same K/d in every layer)")
-    p.add_argument("--pool", nargs="+", default=["off", "on"], choices=["off", "on"],
-                   help="GradiVeQ pool (on: fit on all slices of a layer, d may exceed L_t - 1)")
-    # schedule defaults: conf/experiment/digits_gradiveq.yaml (the repo's GradiVeQ run on digits)
-    p.add_argument("--L-t", dest="L_t", type=int, default=50, help="fitting gradients per cycle")
-    p.add_argument("--L-c", dest="L_c", type=int, default=80, help="evaluation gradients per cycle")
-    p.add_argument("--warmup", type=int, default=50, help="first iterations skipped")
-    p.add_argument("--iterations", type=int, default=400, help="recorded: cycles of L_t + L_c after warmup")
-    p.add_argument("--samples", choices=["exact", "qsgd"], default="exact",
-                   help="GradiVeQ's fitting samples: exact, or through one 4-bit QSGD encode (paper)")
-    p.add_argument("--batch", type=int, default=128, help="batch (stands for N=4 ranks x 32)")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--min-compression-rate", type=float, default=2.0)
-    p.add_argument("--tolerance", type=float, default=0.03, help="relative byte gap counted as matched")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+def analysis_peers(cfg, paths) -> int:
+    args = namespace(cfg, paths)
+    choose("match", args.match, ("lambda", "target_ratio"))
+    choose("samples", args.samples, ("exact", "qsgd"))
+    df, numel = run_peers(args)
+    report_peers(args, df, numel)
+    return 0
 
 
-def run_peers(args: argparse.Namespace):
+def run_peers(args):
     """Record the gradients and build the table: (the DataFrame, the model's number of values)."""
     from gvq.analysis.peers import peers_table
     from gvq.analysis.record import record_gradients
     grads, net = record_gradients(args.model, args.dataset, args.iterations, batch_size=args.batch,
                                   lr=args.lr, seed=args.seed)
     shapes = [p.shape for p in net.parameters()]
-    pools = [v == "on" for v in dict.fromkeys(args.pool)]
+    pools = list(dict.fromkeys(args.pool))
     df = peers_table(grads, shapes, args.rank, args.K, args.match, pools, args.warmup, args.L_t,
                      args.L_c, args.samples, args.min_compression_rate, args.tolerance, args.seed)
     return df, sum(s.numel() for s in shapes)
 
 
-def report_peers(args: argparse.Namespace, df, numel: int) -> None:
+def report_peers(args, df, numel: int) -> None:
     """Write ``peers.csv`` under ``--out``; print a header, the table's PRINTED columns and every GradiVeQ
     row whose bytes could not be matched."""
     from gvq.analysis.peers import PRINTED
@@ -117,36 +87,31 @@ def report_peers(args: argparse.Namespace, df, numel: int) -> None:
     print(f"-> {out}/peers.csv")
 
 
-def peers(argv) -> int:
-    args = parse_peers_args(argv)
-    df, numel = run_peers(args)
-    report_peers(args, df, numel)
-    return 0
-
-
-def dither(argv) -> int:
-    from gvq.analysis.dither import main as dither_main
-    return dither_main(argv)
-
-
-def frontier(argv) -> int:
-    from gvq.analysis.frontier import main as frontier_main
-    return frontier_main(argv)
-
-
-def gradiveq_trace(argv) -> int:
-    from gvq.analysis.gradiveq_trace import main as trace_main
-    return trace_main(argv)
+COMMANDS = {
+    "quantizers": Command(QuantizersKeys, "gvq.analysis.__main__:analysis_quantizers", "quantization error of every "
+                          "scalar quantizer on recorded gradients; the ORQ paper's claims",
+                          out("runs/analysis/quantizers")),
+    "correlation": Command(CorrelationKeys, "gvq.analysis.correlation:analysis_correlation", "GradiVeQ's Fig. 4 "
+                           "and Fig. 5 on recorded gradients", out("runs/correlation")),
+    "peers": Command(PeersKeys, "gvq.analysis.__main__:analysis_peers", "GradiVeQ vs PowerSGD compression error "
+                     "at equal bytes on recorded gradients", out("runs/analysis/peers")),
+    "dither": Command(DitherKeys, "gvq.analysis.dither:analysis_dither", "are consecutive dither draws "
+                      "independent? (exit 1 where not)", out(None, "also write the table as CSV here")),
+    "frontier": Command(FrontierKeys, "gvq.analysis.frontier:analysis_frontier", "error against codec time at "
+                        "equal bytes: GradiVeQ over K, PowerSGD over rank", out("runs/analysis/frontier")),
+    "gradiveq_trace": Command(TraceKeys, "gvq.analysis.gradiveq_trace:analysis_gradiveq_trace", "GradiVeQ's "
+                              "error per layer and compressed iteration against a float64 reference",
+                              out("runs/analysis/gradiveq_trace")),
+}
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"quantizers": quantizers, "correlation": correlation, "peers": peers, "dither": dither,
-                "frontier": frontier, "gradiveq_trace": gradiveq_trace}
-    if not argv or argv[0] not in commands:
-        print(f"usage: python -m gvq.analysis {{{','.join(commands)}}} [--help]", file=sys.stderr)
-        return 2
-    return commands[argv[0]](argv[1:])
+    """``python -m gvq.analysis <command> [KEY=VALUE ...] [--out DIR]``; its exit status."""
+    try:
+        result = dispatch("python -m gvq.analysis", COMMANDS, argv, errors=(ValueError,))
+    except SystemExit as e:              # refused (2, one line on stderr), or --help (0)
+        return e.code if isinstance(e.code, int) else 2
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ See docs/design.md#gvqanalysiscorrelationpy for how it works and why.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -26,7 +25,7 @@ def conv_series(grads: list[torch.Tensor], net: torch.nn.Module, layer: int) -> 
     offsets = [sum(math.prod(s) for s in shapes[:i]) for i in range(len(shapes))]
     convs = [i for i, s in enumerate(shapes) if len(s) == 4]
     if not 0 <= layer < len(convs):
-        raise ValueError(f"--layer={layer}: the model has {len(convs)} conv layers")
+        raise ValueError(f"layer={layer}: the model has {len(convs)} conv layers")
     i = convs[layer]
     F, D, H, W = shapes[i]
     block = torch.stack(grads)[:, offsets[i]: offsets[i] + F * D * H * W].double()
@@ -115,26 +114,13 @@ def _plot5(df, fd: int, path_png: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry (``python -m gvq.analysis correlation``); results in the files and stdout."""
-    run(argv)
-    return 0
-
-
-def run(argv: list[str] | None = None) -> dict:
-    """Parse ``argv``, train, write both figures; returns the Fig. 4 / Fig. 5 summaries."""
-    ap = argparse.ArgumentParser(prog="python -m gvq.analysis correlation",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="runs/correlation", help="output folder")
-    ap.add_argument("--iterations", type=int, default=150, help="recorded iterations (paper: 150)")
-    ap.add_argument("--model", default="cnn", help="cnn | resnet20 (trained on digits)")
-    ap.add_argument("--layer", type=int, default=0, help="conv layer (0 = first) for both figures")
-    ap.add_argument("--lam", type=float, default=0.01, help="Eq. 6 lambda for Fig. 5's d")
-    ap.add_argument("--batch", type=int, default=128, help="batch (stands for the aggregate of N ranks)")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
+def analysis_correlation(cfg, paths) -> dict:
+    """``python -m gvq.analysis correlation``: train, write both figures; returns the Fig. 4 / Fig. 5
+    summaries."""
+    from gvq.schema.tool import namespace
+    a = namespace(cfg, paths)
     if a.iterations < 3:
-        ap.error("--iterations must be >= 3")
+        raise ValueError(f"iterations={a.iterations}: must be >= 3")
     from gvq.analysis.record import record_gradients
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +141,3 @@ def run(argv: list[str] | None = None) -> dict:
     print(f"-> {out}")
     return {"fig4": info4, "fig5": info5}
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -86,15 +86,13 @@ def verdict(row, z_lag: float = 5.0, z_block: float = 4.0, z_within: float = 4.0
     return lags <= z_lag and abs(row["z_block"]) <= z_block and abs(row["z_within"]) <= z_within
 
 
-def main(argv=None) -> int:
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m gvq.analysis dither", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quantizers", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    p.add_argument("--sizes", nargs="+", type=int, default=[2048, 100_000])
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--block", type=int, default=100)
-    p.add_argument("--out", default=None, help="also write the table as CSV here")
-    args = p.parse_args(argv)
+def analysis_dither(cfg, paths) -> int:
+    """``python -m gvq.analysis dither``: the table, and exit status 1 where some draw is not independent."""
+    from gvq.analysis.keys import choose
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
+    args.quantizers = args.quantizers or list(CONFIGS)
+    choose("quantizers", args.quantizers, list(CONFIGS))
     df = independence_table(args.quantizers, args.sizes, args.calls, args.block)
     df["independent"] = [verdict(r) for _, r in df.iterrows()]
     print(f"# z-scores of {args.calls} consecutive calls (0 +- 1 if independent; "

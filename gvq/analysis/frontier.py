@@ -1,13 +1,12 @@
 """The error-cost frontier at equal bytes: GradiVeQ over its slice size K and PowerSGD over its rank, on
 REAL gradients.
 
-    python -m gvq.analysis frontier [--model cnn --dataset digits --ratios 4 8 16 --rank 1 2 4 8 ...]
+    python -m gvq.analysis frontier [model=cnn dataset=digits ratios=[4,8,16] rank=[1,2,4,8] ...]
 
 See docs/design.md#gvqanalysisfrontierpy for how it works and why.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -176,36 +175,16 @@ def plot_frontier(df: pd.DataFrame, path_png) -> None:
     fig.savefig(path_png, dpi=120)
 
 
-def parse_frontier_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gvq.analysis frontier", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="runs/analysis/frontier")
-    p.add_argument("--model", default="cnn", help="conf/model name (cnn, resnet20, ...)")
-    p.add_argument("--dataset", default="digits", help="conf/dataset name (digits, synthetic, ...)")
-    p.add_argument("--K", nargs="+", help="GradiVeQ slice sizes (x<m>, auto, ints); default x1..x<H*W>")
-    p.add_argument("--ratios", type=float, nargs="+", default=[4, 8, 16], help="whole-vector byte ratios")
-    p.add_argument("--rank", type=int, nargs="+", default=[1, 2, 4, 8], help="PowerSGD ranks")
-    p.add_argument("--pool", nargs="+", default=["on"], choices=["off", "on"], help="GradiVeQ pool")
-    p.add_argument("--L-t", dest="L_t", type=int, default=50, help="fitting gradients per cycle")
-    p.add_argument("--L-c", dest="L_c", type=int, default=80, help="evaluation gradients per cycle")
-    p.add_argument("--warmup", type=int, default=50, help="first iterations skipped")
-    p.add_argument("--iterations", type=int, default=400, help="gradients recorded")
-    p.add_argument("--samples", choices=["exact", "qsgd"], default="exact", help="GradiVeQ's fitting samples")
-    p.add_argument("--batch", type=int, default=128, help="batch (stands for N=4 ranks x 32)")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--reps", type=int, default=7, help="timed calls per codec (median)")
-    p.add_argument("--tolerance", type=float, default=0.03, help="relative byte gap counted as matched")
-    p.add_argument("--min-compression-rate", type=float, default=2.0)
-    p.add_argument("--recommend-at", type=float, default=8.0, help="ratio of the recommendation line")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
+def analysis_frontier(cfg, paths) -> int:
+    """``python -m gvq.analysis frontier``: the table, its figure and the recommended K."""
+    from gvq.analysis.keys import choose
     from gvq.analysis.record import record_gradients
-    a = parse_frontier_args(argv)
+    from gvq.schema.tool import namespace
+    a = namespace(cfg, paths)
+    choose("samples", a.samples, ("exact", "qsgd"))
     grads, net = record_gradients(a.model, a.dataset, a.iterations, batch_size=a.batch, lr=a.lr, seed=a.seed)
     shapes = [p.shape for p in net.parameters()]
-    df = frontier_table(grads, shapes, a.K, a.ratios, a.rank, [v == "on" for v in dict.fromkeys(a.pool)],
+    df = frontier_table(grads, shapes, a.K, a.ratios, a.rank, list(dict.fromkeys(a.pool)),
                         a.warmup, a.L_t, a.L_c, a.samples, a.reps, a.tolerance, a.min_compression_rate, a.seed)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -100,23 +100,13 @@ def summarise(df: pd.DataFrame, window: int = WINDOW) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv=None) -> int:
-    import argparse
+def analysis_gradiveq_trace(cfg, paths) -> int:
+    """``python -m gvq.analysis gradiveq_trace``: the per-layer trace, its CSV and its medians."""
     from pathlib import Path
 
     from gvq.analysis.record import record_gradients
-    p = argparse.ArgumentParser(prog="python -m gvq.analysis gradiveq_trace", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="cnn")
-    p.add_argument("--dataset", default="fashion_mnist")
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--L_t", type=int, default=100)
-    p.add_argument("--L_c", type=int, default=400)
-    p.add_argument("--lambda", dest="lam", type=float, default=0.01)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/analysis/gradiveq_trace")
-    args = p.parse_args(argv)
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
     grads, net = record_gradients(args.model, args.dataset, args.warmup + args.L_t + args.L_c, args.batch,
                                   args.lr, args.seed)
     shapes = [q.shape for q in net.parameters()]

@@ -2,7 +2,7 @@
 comparison; the timing half is ``python -m gvq.bench aggregate``, whose random gradients make errors
 meaningless).
 
-    python -m gvq.analysis peers [--model cnn --dataset digits --rank 2 4 --K auto x1 ...]
+    python -m gvq.analysis peers [model=cnn dataset=digits rank=[2,4] K=[auto,x1] ...]
 
 See docs/design.md#gvqanalysispeerspy for how it works and why.
 """

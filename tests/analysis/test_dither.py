@@ -49,3 +49,12 @@ def test_the_check_catches_draws_reused_across_calls():
     assert not verdict(stats)
     assert stats["z_lag1"] > 5 or stats["z_block"] > 4, stats
     assert set(f"z_lag{k}" for k in LAGS) <= set(stats)
+
+
+def test_the_command_refuses_an_unknown_quantizer_or_key_in_one_line(capsys):
+    from gvq.analysis.__main__ import main
+    assert main(["dither", "quantizers=[qsgd4_max,nope]"]) == 2
+    assert capsys.readouterr().err.strip() == ("gvq.analysis: error: quantizers=nope: expected one of "
+                                               + ", ".join(CONFIGS))
+    assert main(["dither", "call=5"]) == 2
+    assert "call: unknown key; did you mean calls?" in capsys.readouterr().err

@@ -26,9 +26,8 @@ def cli_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("frontier")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = analyze_main(["frontier", "--iterations", "65", "--warmup", "5", "--L-t", "20", "--L-c", "10",
-                           "--K", "x1", "x3", "x9", "--rank", "1", "2", "4", "8", "--reps", "2",
-                           "--tolerance", str(TOL), "--out", str(out)])
+        rc = analyze_main(["frontier", "iterations=65", "warmup=5", "L_t=20", "L_c=10", "K=[x1,x3,x9]",
+                           "rank=[1,2,4,8]", "reps=2", f"tolerance={TOL}", "--out", str(out)])
     return rc, out, buf.getvalue()
 
 

@@ -150,8 +150,8 @@ def test_powersgd_exact_on_low_rank_and_ef_residual():
 # -- the command ----------------------------------------------------------------------------------------------
 def test_cli_writes_csv(tmp_path, capsys):
     out = tmp_path / "peers"
-    rc = analyze_main(["peers", "--iterations", "40", "--warmup", "5", "--L-t", "15", "--L-c", "10",
-                       "--rank", "2", "--K", "auto", "--pool", "off", "--out", str(out)])
+    rc = analyze_main(["peers", "iterations=40", "warmup=5", "L_t=15", "L_c=10", "rank=[2]", "K=[auto]",
+                       "pool=[off]", "--out", str(out)])
     assert rc == 0
     df = pd.read_csv(out / "peers.csv")
     assert set(df["method"]) == {"QSGD 4-bit max", "QSGD 4-bit l2", "PowerSGD", "PowerSGD+EF",
