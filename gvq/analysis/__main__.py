@@ -19,9 +19,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gvq.analysis.keys import (CorrelationKeys, DitherKeys, FrontierKeys, PeersKeys, QuantizersKeys, TraceKeys,
-                               choose, out)
-from gvq.schema.tool import Command, dispatch, namespace
+from gvq.analysis.keys import CorrelationKeys, DitherKeys, FrontierKeys, PeersKeys, QuantizersKeys, TraceKeys, out
+from gvq.schema.tool import Command, choose, dispatch, namespace
 
 
 def analysis_quantizers(cfg, paths) -> int:

@@ -88,8 +88,7 @@ def verdict(row, z_lag: float = 5.0, z_block: float = 4.0, z_within: float = 4.0
 
 def analysis_dither(cfg, paths) -> int:
     """``python -m gvq.analysis dither``: the table, and exit status 1 where some draw is not independent."""
-    from gvq.analysis.keys import choose
-    from gvq.schema.tool import namespace
+    from gvq.schema.tool import choose, namespace
     args = namespace(cfg, paths)
     args.quantizers = args.quantizers or list(CONFIGS)
     choose("quantizers", args.quantizers, list(CONFIGS))

@@ -177,9 +177,8 @@ def plot_frontier(df: pd.DataFrame, path_png) -> None:
 
 def analysis_frontier(cfg, paths) -> int:
     """``python -m gvq.analysis frontier``: the table, its figure and the recommended K."""
-    from gvq.analysis.keys import choose
     from gvq.analysis.record import record_gradients
-    from gvq.schema.tool import namespace
+    from gvq.schema.tool import choose, namespace
     a = namespace(cfg, paths)
     choose("samples", a.samples, ("exact", "qsgd"))
     grads, net = record_gradients(a.model, a.dataset, a.iterations, batch_size=a.batch, lr=a.lr, seed=a.seed)

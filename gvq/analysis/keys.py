@@ -92,9 +92,3 @@ class TraceKeys:
 def out(default: str | None, what: str = "output folder") -> tuple[Arg]:
     return (Arg("--out", f"{what} (default: {default})", default=default),)
 
-
-def choose(key: str, given, allowed) -> None:
-    """A ValueError naming ``key`` where ``given`` holds a value outside ``allowed``."""
-    bad = [g for g in ([given] if isinstance(given, str) else given or []) if g not in allowed]
-    if bad:
-        raise ValueError(f"{key}={bad[0]}: expected one of {', '.join(allowed)}")

@@ -2,7 +2,7 @@
 
     python -m gvq.bench aggregate --world-size 4 --bandwidth 5e7 2e8   # aggregation time per aggregator
     python -m gvq.bench train --world-size 2 4                         # whole iterations vs torch DDP
-    python -m gvq.bench quantizers                                     # codec GB/s, one thread
+    python -m gvq.bench quantizers [numel=8192]                        # codec GB/s, one thread
     sudo python -m gvq.bench netns [train] --rates 5e7 2e8             # kernel-shaped links (root)
     python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
@@ -14,21 +14,30 @@
                                                                        # nothing lost
 
 ``make bench`` runs ``aggregate`` with the settings docs/results.md quotes.  Each subcommand's ``--help`` lists its
-flags.
+keys (KEY=VALUE; ``--cfg`` prints them composed) or, for those still in ``LEGACY``, its flags.
 """
 from __future__ import annotations
 
 import sys
 
-SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported on use: each is heavy)
+from gvq.bench.keys import OUT, ClockKeys, CodecsKeys, QuantizersKeys, StartupKeys
+from gvq.schema.tool import Command, dispatch
+
+COMMANDS = {
+    "quantizers": Command(QuantizersKeys, "gvq.bench.quantizers:bench_quantizers", "quantize / dequantize GB/s of "
+                          "every scalar quantizer, one thread", OUT),
+    "clock": Command(ClockKeys, "gvq.bench.validate_clock:bench_clock", "virtual against wall clock (V1-V3)", OUT,
+                     grid="clock"),
+    "startup": Command(StartupKeys, "gvq.bench.startup:bench_startup", "a 1-iteration run: its start-up split", OUT),
+    "codecs": Command(CodecsKeys, "gvq.bench.codecs:bench_codecs", "every codec per call against its floor", OUT),
+}
+#: the commands still on flags (name -> module whose ``main(argv)`` runs it, imported on use: each is heavy),
+#: until each moves into COMMANDS
+LEGACY = {
     "aggregate": "gvq.bench.aggregate",
     "train": "gvq.bench.train",
-    "quantizers": "gvq.bench.quantizers",
     "netns": "gvq.bench.netns",
-    "clock": "gvq.bench.validate_clock",
     "paper": "gvq.bench.paper",
-    "startup": "gvq.bench.startup",
-    "codecs": "gvq.bench.codecs",
     "gpucheck": "gvq.bench.gpucheck",
     "overlap": "gvq.bench.overlap",
     "soak": "gvq.bench.soak",
@@ -36,17 +45,19 @@ SUBCOMMANDS = {          # name -> module whose ``main(argv)`` runs it (imported
 
 
 def main(argv: list[str] | None = None):
-    """Dispatch ``argv[0]`` to its subcommand; returns what the subcommand returns (its records)."""
+    """Dispatch ``argv[0]`` to its command; returns what the command returns (its records)."""
     import importlib
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in SUBCOMMANDS:
-        print(f"usage: python -m gvq.bench {{{','.join(SUBCOMMANDS)}}} [--help]", file=sys.stderr)
-        raise SystemExit(2)
     from gvq.bench.common import BenchError
-    try:
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-    except BenchError as e:
-        raise SystemExit(str(e)) from None
+    if argv and argv[0] in LEGACY:
+        try:
+            return importlib.import_module(LEGACY[argv[0]]).main(argv[1:])
+        except BenchError as e:
+            raise SystemExit(str(e)) from None
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: python -m gvq.bench {{{','.join([*LEGACY, *COMMANDS])}}} [--help]", file=sys.stderr)
+        raise SystemExit(2)
+    return dispatch("python -m gvq.bench", COMMANDS, argv, errors=(BenchError,))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Codecs against their floor: ``python -m gvq.bench codecs [--model resnet32] [--device cpu|cuda]``.
+"""Codecs against their floor: ``python -m gvq.bench codecs [model=resnet32] [device=cpu|cuda]``.
 
 Every compressor at a model's gradient size, one intra-op thread on the CPU: compress, decompress and,
 for additive codecs, the payload sum a ring hop does, per call (median of ``--reps``).  Beside each, the
@@ -21,7 +21,6 @@ time is not a per-call cost).  On CUDA every timed call is synchronised.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -36,7 +35,8 @@ from gvq.bench.common import (
     print_markdown,
 )
 from gvq.bench.opcount import count_call
-from gvq.bench.quantizers import QUANTIZERS, laplace_vector
+from gvq.bench.keys import CODECS
+from gvq.bench.quantizers import laplace_vector
 from gvq.compressors._triton import count_launches
 from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 
@@ -44,7 +44,7 @@ from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", []),
             "gradiveq_pooled": ("gradiveq_pooled", []),
             "gradiveq_pooled_bf16": ("gradiveq_pooled", ["aggregator.compressor.basis_dtype=bfloat16"])}
-DEFAULT = [*QUANTIZERS, *GRADIVEQ, "powersgd"]
+DEFAULT = list(CODECS)
 
 
 def ceilings(device: torch.device, reps: int = 5) -> dict:
@@ -142,15 +142,11 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     return row
 
 
-def main(argv: list[str]) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m gvq.bench codecs", description=__doc__.split("\n")[0])
-    p.add_argument("--codecs", nargs="+", default=DEFAULT, help="option files of conf/aggregator/")
-    p.add_argument("--model", default="resnet32", help="whose gradient shapes (conf/model/)")
-    p.add_argument("--num-classes", type=int, default=100)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", help="write the records (and the ceilings) as JSON here")
-    args = p.parse_args(argv)
+def bench_codecs(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench codecs``: every codec per call against its floor, with its ops and launches."""
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(args.device)
     with one_thread():
         ceil = ceilings(device)

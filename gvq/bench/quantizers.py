@@ -1,4 +1,4 @@
-"""Quantizer throughput: ``python -m gvq.bench quantizers [--aggregators qsgd orq ...]``.
+"""Quantizer throughput: ``python -m gvq.bench quantizers [aggregators=[qsgd,orq]]``.
 
 Single-thread quantize / dequantize throughput of a compressor on a gradient-sized vector.
 
@@ -10,7 +10,6 @@ each rank of a run gets one; the previous thread count is restored.  The input i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -19,9 +18,9 @@ from pathlib import Path
 import torch
 
 from gvq.bench.common import make_aggregator, median_seconds, one_thread
+from gvq.bench.keys import RESNET32_PARAMS
 from gvq.compressors.base import Compressor
 
-RESNET32_PARAMS = 470_004
 
 
 def laplace_vector(numel: int, seed: int = 0, scale: float = 1e-3) -> torch.Tensor:
@@ -61,21 +60,15 @@ def quantizer_throughput(compressor: Compressor, numel: int = RESNET32_PARAMS, r
             "ideal_ratio": compressor.ideal_ratio}
 
 
-QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
 #: the quantizers with a ``fit`` knob (``histogram``, sort-free, or ``sorted``, the exact reference)
 FITTED = ("linear", "orq", "bingrad_pb", "bingrad_b")
 
 
-def main(argv: list[str]) -> list[dict]:
+def bench_quantizers(cfg, paths) -> list[dict]:
     """``python -m gvq.bench quantizers``: quantize / dequantize GB/s of every scalar quantizer, one
     thread, on a ResNet-32-sized gradient, with achieved and ideal compression ratios."""
-    p = argparse.ArgumentParser(prog="python -m gvq.bench quantizers")
-    p.add_argument("--aggregators", nargs="+", default=list(QUANTIZERS))
-    p.add_argument("--numel", type=int, default=RESNET32_PARAMS)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides, e.g. aggregator.compressor.bucket=512")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
     rows = []
     for name in args.aggregators:
         comp = make_aggregator(name, args.set).compressor

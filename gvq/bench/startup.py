@@ -18,7 +18,6 @@ side by side in one run.  The split comes from the start-up stamps every run wri
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -67,15 +66,12 @@ def measure_startup(world: int, loggers: list[str], methods: list[str], reps: in
     return records
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m gvq.bench startup", description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--loggers", nargs="+", default=["csv", "wandb"], choices=["csv", "wandb"])
-    p.add_argument("--start", nargs="+", default=["forkserver", "spawn"], choices=["forkserver", "spawn"],
-                   help="how ranks start (GVQ_START_METHOD)")
-    p.add_argument("--reps", type=int, default=3, help="runs per setting (medians reported)")
-    p.add_argument("--out", help="write the records as JSON here")
-    args = p.parse_args(argv)
+def bench_startup(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench startup``: the start-up split of 1-iteration runs, per logger and start method."""
+    from gvq.schema.tool import choose, namespace
+    args = namespace(cfg, paths)
+    choose("loggers", args.loggers, ("csv", "wandb"))
+    choose("start", args.start, ("forkserver", "spawn"))
     records = measure_startup(args.world_size, args.loggers, args.start, args.reps)
     from gvq.bench.common import print_markdown
     cols = ["logger", "start", *(ph for ph, _, _ in PHASES), "total"]

@@ -15,7 +15,6 @@ to them (docs/virtual-time.md explains the known causes).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -87,15 +86,11 @@ def _v3(args, bw: float, quiet: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def main(argv: list[str]) -> list[dict]:
-    """``python -m gvq.bench clock [--bandwidth 5e7 2e8] [--model resnet32]``."""
-    p = argparse.ArgumentParser(prog="python -m gvq.bench clock", description=__doc__.splitlines()[0])
-    p.add_argument("--bandwidth", type=float, nargs="+", default=load_grid("clock").links_bps)
-    p.add_argument("--model", default="resnet32")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--iters", type=int, default=6)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+def bench_clock(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench clock [grid.links_bps=[5e7,2e8]] [model=resnet32]``."""
+    from gvq.schema.tool import namespace
+    args = namespace(cfg, paths)
+    args.bandwidth = args.grid["links_bps"]
     rows = validate_clock(args)
     import pandas as pd
     print(f"\n# virtual vs wall clock, model={args.model}, 1 thread/rank, this host: {os.cpu_count()} cores; "

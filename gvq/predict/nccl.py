@@ -6,7 +6,7 @@ DDP hands each bucket to NCCL, whose all-reduce runs on the GPU: no host core is
 no message is posted from a host thread.  A bucket of ``v`` values costs the link's ring bound,
 2(N-1)/N x its bytes x 8 / B + 2(N-1) x alpha (NCCL's ring: N-1 reduce-scatter and N-1 all-gather
 steps, each paying the link's latency once), and, for the fp16 hook (``fp16_compress_hook``), its cast to
-fp16 and back at the GPU's cost: the ``fp16`` row of ``gvq.bench codecs --device cuda`` files
+fp16 and back at the GPU's cost: the ``fp16`` row of ``gvq.bench codecs device=cuda`` files
 (:data:`GPU_CODECS` by default, read as :func:`gvq.predict.codec_costs.line` reads any row; where none
 exists, the calibration's own fp16 codec, said so).  The ``allreduce`` hook (``ddp``) sends fp32; its
 division by N is one GPU kernel, left unpriced.  Buckets are DDP's defaults from ``overlap.json`` (fp16's:

@@ -141,6 +141,14 @@ def dispatch(prog: str, table: dict[str, Command], argv=None, default: str | Non
         raise SystemExit(2) from None
 
 
+def choose(key: str, given, allowed) -> None:
+    """A :class:`ConfigError` naming ``key`` where ``given`` (a value or a list) holds one outside
+    ``allowed``: a choice among names a schema cannot type as an enum (the option names of a registry)."""
+    bad = [g for g in ([given] if isinstance(given, str) else given or []) if g not in allowed]
+    if bad:
+        raise ConfigError(f"{key}={bad[0]}: expected one of {', '.join(map(str, allowed))}")
+
+
 def namespace(cfg: DictConfig, paths) -> SimpleNamespace:
     """The composed keys and the path arguments as one namespace of plain values (choices as their names):
     what a command's body reads (``args.world_size``, ``args.out``)."""

@@ -18,8 +18,8 @@ def test_quantizer_throughput_reports_every_field_and_restores_threads():
 
 
 def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
-    rows = bench_main(["quantizers", "--numel", "8192", "--reps", "1", "--aggregators", "qsgd", "orq",
-                       "--set", "qsgd:aggregator.compressor.bits=3"])
+    rows = bench_main(["quantizers", "numel=8192", "reps=1", "aggregators=[qsgd,orq]",
+                       "set=[qsgd:aggregator.compressor.bits=3]"])
     by = {r["aggregator"]: r for r in rows}
     assert by["qsgd"]["ratio"] == pytest.approx(QSGD(bits=3).ratio(8192))   # the name-scoped override applied
     assert by["orq"]["ratio"] > by["qsgd"]["ratio"] > 1
@@ -29,7 +29,8 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
 def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])
-    assert e.value.code == 2 and "aggregate,train,quantizers,netns,clock" in capsys.readouterr().err
+    assert e.value.code == 2 and "aggregate,train,netns,paper,gpucheck,overlap,soak,quantizers,clock,startup,codecs" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -37,7 +38,7 @@ def test_histogram_and_sorted_fits_are_timed_side_by_side():
     from gvq.bench.quantizers import alternated_ms
     a_ms, b_ms = alternated_ms(QSGD(bits=4), QSGD(bits=3), numel=20_000, reps=3)
     assert a_ms > 0 and b_ms > 0
-    rows = bench_main(["quantizers", "--numel", "8192", "--reps", "2", "--aggregators", "qsgd", "bingrad_b"])
+    rows = bench_main(["quantizers", "numel=8192", "reps=2", "aggregators=[qsgd,bingrad_b]"])
     by = {r["aggregator"]: r for r in rows}
     assert "sorted_over_histogram" not in by["qsgd"]         # no fitted levels
     b = by["bingrad_b"]                                      # fitted: the histogram fit against fit=sorted

@@ -11,8 +11,7 @@ pytestmark = pytest.mark.slow          # every test here starts processes (make 
 
 def test_startup_split_adds_up_to_the_total_and_prints_its_setting(capsys, tmp_path):
     out = tmp_path / "r.json"
-    rows = bench_main(["startup", "--reps", "1", "--loggers", "csv", "--start", "forkserver",
-                       "--out", str(out)])
+    rows = bench_main(["startup", "reps=1", "loggers=[csv]", "start=[forkserver]", "--out", str(out)])
     (row,) = rows
     phases = [p for p, _, _ in PHASES]
     assert (row["logger"], row["start"], row["runs"]) == ("csv", "forkserver", 1)

@@ -3,7 +3,7 @@
 On a CUDA machine (``make gpu-check`` runs every part):
 
 * ``tests``:  every test marked ``cuda`` (``pytest -m cuda``, a run per file), a row per test (JUnit XML);
-* ``codecs``: ``python -m gvq.bench codecs --device cuda``, a run per codec;
+* ``codecs``: ``python -m gvq.bench codecs device=cuda``, a run per codec;
 * ``cli``:    ``cli.py device=cuda`` for every option in ``conf/aggregator/`` at world_size 1 and 3 (more ranks
   than GPUs: the shared plan), a few iterations each.  Passed: completed with identical replicas on the
   expected plan; torch DDP on shared GPUs: refused in one line, as the placement rules require.
@@ -101,8 +101,8 @@ def codecs_plan(out: Path, names=None, reps: int = 3, timeout_s: float = 300) ->
     checks = []
     for name in names or DEFAULT:
         path = out / "codecs" / f"{name}.json"
-        argv = [sys.executable, "-m", "gvq.bench", "codecs", "--device", "cuda", "--codecs", name,
-                "--reps", str(reps), "--out", str(path)]
+        argv = [sys.executable, "-m", "gvq.bench", "codecs", "device=cuda", f"codecs=[{name}]",
+                f"reps={reps}", "--out", str(path)]
         checks.append(Check("codecs", "gvq.bench codecs", f"{name}, cuda", argv, timeout_s, path=str(path)))
     return checks
 
