@@ -9,7 +9,7 @@
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
     python -m gvq.bench codecs                                         # every codec per call vs its floor
     python -m gvq.bench gpucheck [--part tests codecs cli]             # the CUDA path, one table (make gpu-check)
-    python -m gvq.bench overlap [--wall]                               # compression vs the overlapped fp16 baseline
+    python -m gvq.bench overlap [wall=true] [grid.world_sizes=[4]]     # compression vs the overlapped fp16 baseline
     python -m gvq.bench soak --kills 4 --every 5                       # planned SIGKILLs (--seed), restarts=K,
                                                                        # nothing lost
 
@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import sys
 
-from gvq.bench.keys import OUT, ClockKeys, CodecsKeys, QuantizersKeys, StartupKeys
+from gvq.bench.keys import OUT, ClockKeys, CodecsKeys, OverlapKeys, QuantizersKeys, StartupKeys
 from gvq.schema.tool import Command, dispatch
 
 COMMANDS = {
+    "overlap": Command(OverlapKeys, "gvq.bench.overlap:bench_overlap", "compression against the overlapped fp16 "
+                       "baseline, per cell of its grid", OUT, grid="overlap"),
     "quantizers": Command(QuantizersKeys, "gvq.bench.quantizers:bench_quantizers", "quantize / dequantize GB/s of "
                           "every scalar quantizer, one thread", OUT),
     "clock": Command(ClockKeys, "gvq.bench.validate_clock:bench_clock", "virtual against wall clock (V1-V3)", OUT,
@@ -39,7 +41,6 @@ LEGACY = {
     "netns": "gvq.bench.netns",
     "paper": "gvq.bench.paper",
     "gpucheck": "gvq.bench.gpucheck",
-    "overlap": "gvq.bench.overlap",
     "soak": "gvq.bench.soak",
 }
 

@@ -4,10 +4,10 @@ For each cell (world size N, link, regime: ``net.compute_scale`` 1 a CPU cluster
 paper's GPUs), one spawn of N loopback ranks times, interleaved on the same batches and in virtual time:
 compute alone (``local``: no communication, as torch's ``noop_hook``), and every aggregator
 post-backward and overlapped (``aggregator.overlap=true``: gvq's ring inside backward through the DDP
-hook), at DDP's default buckets and at ``--bucket-mb``, over the cell's emulated link.  One spawn per
+hook), at DDP's default buckets and at ``bucket_mb``, over the cell's emulated link.  One spawn per
 cell, not per N: a rank keeps every mode's aggregator (GradiVeQ's bases, PowerSGD's Q) for the whole
 spawn, and with every link in one spawn N = 8 ran a small host out of memory.  A mode's seconds per
-iteration are the median of ``--iters`` iterations with the bootstrap interval of that median
+iteration are the median of ``iters`` iterations with the bootstrap interval of that median
 (:mod:`gvq.report.intervals`).  Per cell the table names the end-to-end winner only where its interval lies
 below every other mode's (else the tie, listing the tied), its gain over overlapped fp16, the baseline
 practitioners run (Agarwal et al., MLSys 2022), as the range the intervals allow, and checks that
@@ -15,7 +15,7 @@ overlapped RAR hides what it can: where post-backward RAR's aggregation is short
 pass, its exposed communication is at most the last bucket's own averaging plus a tenth of the compute
 time.
 
-``--wall``: the overlapped ring against torch DDP's own all-reduce on the same (default) buckets, wall
+``wall=true``: the overlapped ring against torch DDP's own all-reduce on the same (default) buckets, wall
 clock on unshaped loopback (torch's collectives never pass through gvq's link emulator or clock).
 """
 from __future__ import annotations
@@ -24,27 +24,29 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
-from gvq.bench.common import LINK_KEYS, net_node, net_settings, print_markdown
+from gvq.bench.common import net_node, print_markdown
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
-from gvq.schema.setting import BENCH_VERSION, Setting, aliases, name_of, overrides_for, variant_name
+from gvq.schema.tool import choose, namespace
+from gvq.schema.setting import BENCH_VERSION, Setting, aliases, variant_name
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
-from gvq.bench.train import ModeSpec, RUN_DEFAULTS, add_workload_args, input_shape, run_iterations
+from gvq.bench.train import ModeSpec, RUN_DEFAULTS, input_shape, run_iterations
 
 OVERLAP = ("aggregator.overlap=true",)
 HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging by this share of compute
 #                            (forward + backward); larger => a laxer hiding check
 
 
-#: the variants ``--variants`` picks from: post-backward, overlapped at DDP's default buckets, overlapped
-#: at ``--bucket-mb``
+#: the variants ``variants`` picks from: post-backward, overlapped at DDP's default buckets, overlapped
+#: at ``bucket_mb``
 VARIANTS = ("post", "overlap", "small")
 
 
 def table_grid():
     """The table's grid (conf/grid/overlap.yaml): its settings, the overrides they start from (PowerSGD's
-    rank), world sizes, links and regimes: the flags' defaults."""
+    rank), world sizes, links and regimes: the ``grid`` key's defaults."""
     return load_grid("overlap")
 
 
@@ -56,22 +58,27 @@ def variants(bucket_mb: float, kinds=VARIANTS) -> list[tuple[str, float | None, 
     return [every[k] for k in VARIANTS if k in kinds]
 
 
+def scoped(common) -> tuple[list[str], list[str]]:
+    """``grid.set`` split: its ``OPTION:KEY=VALUE`` entries (what that option's settings start from, each
+    named in the setting) and its ``KEY=VALUE`` ones (for every aggregator, unnamed)."""
+    mine = [o for o in common if ":" in o.split("=", 1)[0]]
+    return mine, [o for o in common if o not in mine]
+
+
 def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS,
-               common: tuple[str, ...] = ()) -> list[ModeSpec]:
+               common=None) -> list[ModeSpec]:
     """Every mode of one spawn: compute alone once (no link), then setting x variant x link; a setting is a
-    ``--aggregators`` entry (:meth:`Setting.parse`, from the grid's ``set``), named as the report names
-    runs (``name_of``: its ``name:key=value`` ``--set`` entries included); ``common`` (``--set``): overrides for every
-    aggregator (``name:key=value``: that one only)."""
+    ``grid.settings`` entry (:meth:`Setting.parse`) starting from ``common``'s (``grid.set``; None: the
+    grid file's) entries for its option, its own key replacing theirs, named as the report names runs
+    (:attr:`Setting.name`); ``common``'s unscoped entries apply to every aggregator after its own."""
+    base, every = scoped(table_grid().set if common is None else common)
     specs = [ModeSpec("local", "local")]
-    base = table_grid().set
     for bps in links:
         for entry in aggregators:
             s = Setting.parse(entry, base)
-            agg, own = s.option, s.overrides
-            label = name_of(agg, own + tuple(overrides_for(agg, common, scoped_only=True)))
             for variant, cap, extra in variants(bucket_mb, kinds):
-                specs.append(ModeSpec(f"{label} ({variant_name(variant, cap)}) at {bps:g} bit/s", agg,
-                                      own + tuple(common) + extra, bps, variant, cap, label))
+                specs.append(ModeSpec(f"{s.name} ({variant_name(variant, cap)}) at {bps:g} bit/s", s.option,
+                                      s.overrides + tuple(every) + extra, bps, variant, cap, s.name))
     return specs
 
 
@@ -159,7 +166,7 @@ def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
     run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "net": {**args.net, "compute_scale": scale},
                                 "compressed_only": True, "bandwidth": bps,
                                 "specs": cell_specs([bps], args.aggregators, args.bucket_mb, args.variants,
-                                                    tuple(args.set))})
+                                                    args.set)})
     return mode_records(run_iterations(run, world), run.specs, world, scale)
 
 
@@ -205,9 +212,10 @@ def cell_row(cell: dict) -> dict:
 def setting(args) -> dict:
     """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
     (``python -m gvq.report tta``) shows and checks against its runs."""
-    base = table_grid().set
+    base = scoped(args.set)[0]
     return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
-            "num_classes": args.num_classes, "set": list(args.set),
+            # grid.set beyond the grid file's: what every run priced must have set too (gvq.report.tta)
+            "num_classes": args.num_classes, "set": [o for o in args.set if o not in table_grid().set],
             # each family's default setting, which the report's gain over the family default is over
             "defaults": {o: Setting.parse(o, base).name for o in
                          sorted({Setting.parse(a).option for a in args.aggregators})},
@@ -228,53 +236,43 @@ def run_wall(args) -> list[dict]:
     return recs
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m gvq.bench overlap", description=__doc__.splitlines()[0])
-    g = table_grid()                          # the defaults: conf/grid/overlap.yaml
-    p.add_argument("--world-size", type=int, nargs="+", default=g.world_sizes)
-    p.add_argument("--bandwidth", type=float, nargs="+", default=g.links_bps, help="links, bit/s per rank")
-    p.add_argument("--compute-scale", type=float, nargs="+", default=g.compute_scales, help="1: CPU; 1/6: GPU")
-    p.add_argument("--codec-scale", type=float, default=1.0)
-    p.add_argument("--aggregators", nargs="+", default=g.settings,
-                   help="settings: OPTION or OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., e.g. "
-                        "qsgd:compressor.bits=2); each is one mode per variant, named as the report names runs")
-    p.add_argument("--bucket-mb", type=float, default=0.25, help="the smaller DDP bucket size, MB")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                   help="post-backward, overlapped at DDP's buckets, overlapped at --bucket-mb (fewer => faster)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds a rank waits for a peer")
-    p.add_argument("--wall", action="store_true", help="the wall-clock loopback check vs torch DDP instead")
-    p.add_argument("--out", type=Path, default=None, help="write the records as JSON")
-    add_workload_args(p, model="resnet32", iters=12)   # enough for an interval of the median
-    p.set_defaults(warmup=1)
-    args = p.parse_args(argv)
-    for entry in args.aggregators:           # a malformed setting: one line, before any rank starts
+#: net keys the bench sets itself: the clock (virtual), the regime (grid.compute_scales), the links
+OWN_NET = {"clock": "virtual", "compute_scale": 1.0, "bandwidth_bps": None, "latency_s": 0.0}
+
+
+def overlap_args(cfg, paths) -> SimpleNamespace:
+    """The composed keys as the namespace the table reads (``args.world_size`` ... from the grid), checked
+    before any rank starts: a malformed setting, a bad size or a net key the bench sets is a ConfigError
+    (one line naming it)."""
+    args = namespace(cfg, paths)
+    g = args.grid
+    args.aggregators, args.world_size, args.bandwidth = g["settings"], g["world_sizes"], g["links_bps"]
+    args.compute_scale, args.set, args.codec_scale = g["compute_scales"], g["set"], args.net["codec_scale"]
+    for entry in args.aggregators:
         try:
             Setting.parse(entry)
         except ValueError as e:
-            p.error(str(e))
-    if min(args.world_size) < 1 or min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
-        p.error("--world-size >= 1; --bandwidth, --compute-scale and --bucket-mb > 0")
-    # every cell on virtual time at --codec-scale, each at its --compute-scale; the other net keys
-    # (net.exclusive, net.comm_core) through --set, typed by the run's schema
-    sets = net_settings(args.set)
-    own = [o for o in sets if o.split("=", 1)[0][len("net."):] in ("clock", "compute_scale", "codec_scale", *LINK_KEYS)]
+            raise ConfigError(str(e).replace("--aggregators", "grid.settings")) from None
+    choose("variants", args.variants, VARIANTS)
+    if not (args.world_size and args.bandwidth and args.compute_scale) or min(args.world_size) < 1 or \
+            min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
+        raise ConfigError("grid.world_sizes >= 1; grid.links_bps, grid.compute_scales and bucket_mb > 0")
+    own = [k for k, v in OWN_NET.items() if args.net[k] != v] + [o for o in args.set if o.startswith("net.")]
     if own:
-        p.error(f"--set {own[0]}: this benchmark sets it (virtual time; --compute-scale, --codec-scale, --bandwidth)")
-    try:
-        args.net = net_node(["net.clock=virtual", f"net.codec_scale={args.codec_scale}", *sets])
-    except ConfigError as e:
-        p.error(str(e))
+        raise ConfigError(f"{own[0] if '=' in own[0] else 'net.' + own[0]}: this benchmark sets it (virtual time; "
+                          "grid.compute_scales, grid.links_bps; other net keys as net.KEY=VALUE)")
     return args
 
 
-def main(argv: list[str]):
-    """``python -m gvq.bench overlap ...``: the per-mode table and the per-cell summary (or ``--wall``)."""
-    args = parse_args(argv)
+def bench_overlap(cfg, paths):
+    """``python -m gvq.bench overlap [KEY=VALUE ...] [--out F]``: the per-mode table and the per-cell
+    summary (or, ``wall=true``, the wall-clock check against torch DDP)."""
+    args = overlap_args(cfg, paths)
     if args.wall:
         out = run_wall(args)
     else:
         records, cells = run_table(args)
         out = {"version": BENCH_VERSION, "setting": setting(args), "modes": records, "cells": cells}
     if args.out:
-        args.out.write_text(json.dumps(out, indent=2))
+        Path(args.out).write_text(json.dumps(out, indent=2))
     return out

@@ -160,7 +160,7 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
             if not timed:
                 raise ReportError(f"the bench JSON has no seconds for {r.setting} at N={cell[0]}, compute "
                                   f"x{cell[1]:g}, {cell[2]:g} Mbit/s (run {r.path.name}): time that setting with "
-                                  "gvq.bench overlap --aggregators OPTION:KEY=VALUE (keys under aggregator.)")
+                                  "gvq.bench overlap grid.settings=[OPTION:KEY=VALUE] (keys under aggregator.)")
             for variant in timed:
                 t = priced(counts, r.setting, variant, cell, secs, phase_options(r)) if counts else np.inf
                 rows.append({"N": cell[0], "compute_scale": cell[1], "link_Mbps": cell[2],

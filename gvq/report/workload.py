@@ -89,12 +89,12 @@ def check_bench(runs: list[Run], setting: dict, bench_path: str) -> None:
             continue
         bench = {"model": setting.get("model"), "input_shape": setting.get("input_shape"),
                  "num_classes": setting.get("num_classes")}
-        flags = [f"--model {w.get('model', setting.get('model')).split(' ')[0]}"]
+        flags = [f"model={w.get('model', setting.get('model')).split(' ')[0]}"]
         shape = w.get("input_shape") or setting.get("input_shape")
-        flags.append("--input-shape " + " ".join(map(str, shape)) if shape else "")
-        flags.append(f"--num-classes {w.get('num_classes', setting.get('num_classes'))}")
+        flags.append(f"input_shape=[{','.join(map(str, shape))}]" if shape else "")
+        flags.append(f"num_classes={w.get('num_classes', setting.get('num_classes'))}")
         if r.config.get("batch_size"):
-            flags.append(f"--batch-size {r.config['batch_size']}")
+            flags.append(f"batch_size={r.config['batch_size']}")
         raise ReportError(f"bench {bench_path} is {_describe(bench)}; the runs are {_describe(w)} ({r.path}; "
                           f"differs in {', '.join(diff)}): re-run `python -m gvq.bench overlap "
                           f"{' '.join(f for f in flags if f)} ...` with their settings")

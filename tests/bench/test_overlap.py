@@ -2,10 +2,25 @@
 RAR's hiding check, and the wall-clock comparison with torch DDP run end to end on a tiny model."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from gvq.bench import overlap
+from gvq.bench.__main__ import COMMANDS, main
 from gvq.bench.train import COLS
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import compose_command
+
+#: the fields and the timing-free values the table's records had before its keys were typed (issue 62)
+BEFORE = json.loads((Path(__file__).parents[1] / "records" / "bench_overlap.json").read_text())
+
+
+def args_of(*overrides):
+    """What ``python -m gvq.bench overlap OVERRIDES`` runs on (its composed, checked keys)."""
+    return overlap.overlap_args(compose_command(COMMANDS["overlap"], overrides), SimpleNamespace(out=None))
 
 
 def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_link():
@@ -21,15 +36,20 @@ def test_one_spawn_times_compute_alone_once_then_every_aggregator_variant_and_li
 
 
 def test_variants_and_common_overrides_pick_what_one_spawn_times():
-    specs = overlap.cell_specs([2e8], ["qsgd", "powersgd"], 0.25, kinds=["post", "overlap"], common=("L_t=50",))
+    specs = overlap.cell_specs([2e8], ["qsgd", "powersgd"], 0.25, kinds=["post", "overlap"],
+                               common=(*overlap.table_grid().set, "L_t=50"))
     assert [(s.option, s.variant, s.bucket_mb, s.bandwidth) for s in specs[1:]] == [
         ("qsgd", "post", None, 2e8), ("qsgd", "overlap", None, 2e8), ("powersgd", "post", None, 2e8),
         ("powersgd", "overlap", None, 2e8)]
     assert all("L_t=50" in s.overrides for s in specs[1:])
     assert specs[3].overrides[0] == "aggregator.rank=4"          # the table's own setting stays first
-    args = overlap.parse_args(["--variants", "post", "--input-shape", "1", "28", "28", "--model", "resnet20"])
+    args = args_of("variants=[post]", "input_shape=[1,28,28]", "model=resnet20")
     assert args.variants == ["post"] and overlap.setting(args)["input_shape"] == [1, 28, 28]
-    assert overlap.setting(overlap.parse_args([]))["input_shape"] == [3, 32, 32]   # the ResNets' default
+    assert overlap.setting(args_of())["input_shape"] == [3, 32, 32]   # the ResNets' default
+    for bad in ("variants=[later]", "net.clock=wall", "net.compute_scale=0.5", "grid.set=[net.exclusive=false]",
+                "bucket_mb=0", "grid.world_sizes=[]"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[-1] if "set" not in bad else "net"):
+            args_of(bad)
 
 
 def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_path):
@@ -50,9 +70,9 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
     assert setting_label("signsgd", ["aggregator._target_=gvq.aggregators.error_feedback.ErrorFeedbackAggregator"]
                          ) == "signsgd _target_=ErrorFeedbackAggregator"
     for bad in ("qsgd:", "qsgd:bits", "qsgd:=2"):
-        with pytest.raises(SystemExit):
-            overlap.parse_args(["--aggregators", bad])
-    args = overlap.parse_args(["--aggregators", "qsgd:compressor.bits=2", "fp16"])
+        with pytest.raises(ConfigError, match="grid.settings"):
+            args_of(f"grid.settings=['{bad}']")
+    args = args_of("grid.settings=[qsgd:compressor.bits=2,fp16]")
     assert overlap.setting(args)["defaults"] == {"fp16": "fp16", "qsgd": "qsgd"}
     # a default written out is the same setting: the bench names it so (the option file's bits: 4)
     assert aliases(["qsgd", "qsgd:compressor.bits=2", "gradiveq_pooled:compressor.target_ratio=8",
@@ -64,9 +84,9 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
 
 
 def test_the_table_grid_is_the_flags_defaults_and_names_powersgd_at_the_runs_rank():
-    """conf/grid/overlap.yaml is what ``python -m gvq.bench overlap`` runs with no flags; its settings start
+    """conf/grid/overlap.yaml is what ``python -m gvq.bench overlap`` runs with no keys; its settings start
     from the grid's ``set`` (PowerSGD at rank 4, the rank the time-to-accuracy runs train at)."""
-    g, args = overlap.table_grid(), overlap.parse_args([])
+    g, args = overlap.table_grid(), args_of()
     assert (args.aggregators, args.world_size, args.bandwidth, args.compute_scale) == (
         g.settings, g.world_sizes, g.links_bps, g.compute_scales)
     assert overlap.setting(args)["defaults"]["powersgd"] == "powersgd rank=4"
@@ -83,8 +103,8 @@ def test_each_cell_is_its_own_spawn_so_a_rank_holds_one_links_aggregators(monkey
         return {"rows": rows}
 
     monkeypatch.setattr(overlap, "run_iterations", fake)
-    records, cells = overlap.run_table(overlap.parse_args(
-        ["--world-size", "2", "3", "--bandwidth", "5e7", "1e9", "--compute-scale", "1", "--aggregators", "rar"]))
+    records, cells = overlap.run_table(args_of("grid.world_sizes=[2,3]", "grid.links_bps=[5e7,1e9]",
+                                               "grid.compute_scales=[1]", "grid.settings=[rar]"))
     assert spawned == [(w, 1.0, b, {b}) for w in (2, 3) for b in (5e7, 1e9)]
     assert len(records) == 2 * 2 * 3 and len(cells) == 4
 
@@ -133,7 +153,7 @@ def test_rar_hiding_applies_against_backward_alone_and_allows_a_tenth_of_forward
 
 @pytest.mark.slow
 def test_the_wall_clock_comparison_with_torch_ddp_runs_end_to_end():
-    recs = overlap.main(["--wall", "--world-size", "2", "--model", "cnn", "--iters", "2", "--warmup", "1"])
+    recs = main(["overlap", "wall=true", "grid.world_sizes=[2]", "model=cnn", "iters=2", "warmup=1"])
     assert [r["aggregator"] for r in recs] == ["torch_ddp", "rar_overlap"]
     assert all(r["iter_s"] > 0 for r in recs) and recs[1]["MB_per_rank"] > 0
 
@@ -141,11 +161,16 @@ def test_the_wall_clock_comparison_with_torch_ddp_runs_end_to_end():
 @pytest.mark.slow
 def test_the_virtual_time_table_runs_end_to_end_with_one_timed_phase_at_a_time(capfd):
     """Overlapped modes hold no clock lock while they wait for peers (DDP's bucket rebuild, backward's
-    tail): a rank that did would stall the others until they gave the lock up, and say so."""
-    out = overlap.main(["--world-size", "2", "--model", "cnn", "--iters", "2", "--warmup", "1",
-                        "--bandwidth", "5e7", "--compute-scale", "1", "--aggregators", "rar", "fp16",
-                        "--bucket-mb", "0.001", "--timeout", "120"])
+    tail): a rank that did would stall the others until they gave the lock up, and say so.  Its records
+    have the fields and the timing-free values the flags' version wrote (tests/records)."""
+    out = main(["overlap", "grid.world_sizes=[2]", "model=cnn", "iters=2", "warmup=1", "grid.links_bps=[5e7]",
+                "grid.compute_scales=[1]", "grid.settings=[rar,fp16]", "bucket_mb=0.001", "timeout=120"])
     assert "clock lock" not in capfd.readouterr().err
+    assert (out["version"], out["setting"]) == (BEFORE["version"], BEFORE["setting"])
+    assert [sorted(r) for r in out["modes"]] == [BEFORE["mode_fields"]] * len(BEFORE["modes"])
+    assert [{k: r[k] for k in BEFORE["modes"][0]} for r in out["modes"]] == BEFORE["modes"]
+    assert [sorted(c) for c in out["cells"]] == [BEFORE["cell_fields"]] * len(BEFORE["cells"])
+    assert [{k: c[k] for k in BEFORE["cells"][0]} for c in out["cells"]] == BEFORE["cells"]
     assert {(r["aggregator"], r["variant"]) for r in out["modes"]} == {
         (a, v) for a in ("rar", "fp16") for v in ("post", "overlap", "overlap@0.001MB")}
     assert all(r["iter_s"] > 0 and r["comm_s"] >= r["exposed_s"] >= 0 for r in out["modes"])
@@ -193,5 +218,5 @@ def test_each_mode_keeps_every_iteration_and_the_interval_of_its_median():
 
 
 def test_the_default_takes_enough_iterations_for_an_interval_and_says_how_it_is_taken():
-    args = overlap.parse_args([])
+    args = args_of()
     assert args.iters >= 10 and "bootstrap" in overlap.setting(args)["interval"]

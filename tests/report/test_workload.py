@@ -58,7 +58,7 @@ def test_a_bench_of_another_workload_is_refused_in_one_line_naming_both_and_the_
     assert f"bench {wrong} is model=resnet32 input 3x32x32 10 classes" in err[0]
     assert "the runs are model=resnet20 on fashion_mnist input 1x28x28 10 classes" in err[0]
     assert "differs in model, input_shape" in err[0]
-    command = "python -m gvq.bench overlap --model resnet20 --input-shape 1 28 28 --num-classes 10 --batch-size 16"
+    command = "python -m gvq.bench overlap model=resnet20 input_shape=[1,28,28] num_classes=10 batch_size=16"
     assert command in err[0]
     assert not (runs / "report" / "tta.md").exists()
     # the bench of the runs' own workload prices them

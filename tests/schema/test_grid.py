@@ -53,6 +53,9 @@ def test_the_tools_defaults_are_their_grids():
     assert (list(structure.AGGREGATORS), structure.SETTINGS, structure.structure_ns()) == (
         cal.settings, cal.set, cal.world_sizes)
     assert (validate_clock.AGGREGATORS, validate_clock.SETTINGS) == (clock.settings, clock.set)
-    args = overlap.parse_args([])
+    from types import SimpleNamespace
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+    args = overlap.overlap_args(compose_command(COMMANDS["overlap"]), SimpleNamespace(out=None))
     assert (args.aggregators, args.world_size, args.bandwidth, args.compute_scale) == (
         table.settings, table.world_sizes, table.links_bps, table.compute_scales)
