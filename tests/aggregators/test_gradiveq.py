@@ -279,8 +279,8 @@ def test_training_keeps_replicas_identical_and_resumes_bitwise(tmp_path):
 
 
 def test_correlation_analysis_writes_fig4_and_fig5(tmp_path):
-    from gvq.analysis.correlation import main
-    assert main(["--out", str(tmp_path), "--iterations", "30"]) == 0
+    from gvq.analysis.__main__ import main
+    assert main(["correlation", "--out", str(tmp_path), "iterations=30"]) == 0
     info = json.loads((tmp_path / "fig4.json").read_text())
     assert 0.0 < info["variance_2pc"] <= 1.0 and info["iterations"] == 30
     df = pd.read_csv(tmp_path / "fig5_slice_loss.csv")
