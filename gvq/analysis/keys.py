@@ -24,8 +24,8 @@ class CorrelationKeys:
     model: str = "cnn"                   # cnn | resnet20 (trained on digits)
     layer: int = 0                       # conv layer (0 = first) for both figures
     lam: float = 0.01                    # Eq. 6 lambda for Fig. 5's d; higher => smaller d
-    batch: int = 128                     # batch (stands for the aggregate of N ranks)
-    seed: int = 0
+    batch: int = 128                     # batch (stands for the aggregate of N ranks); larger => less noisy gradients
+    seed: int = 0                        # the recording run's seed (weights, batches)
 
 
 @dataclass
@@ -35,16 +35,16 @@ class _Recorded:
     # conf/dataset name; digits = real data (the honest default); synthetic = gaussian class means
     # (CIFAR-shaped, unrealistic gradient statistics)
     dataset: str = "digits"
-    L_t: int = 50                        # fitting gradients per cycle
-    L_c: int = 80                        # evaluation gradients per cycle
-    warmup: int = 50                     # first iterations skipped
+    L_t: int = 50                        # fitting gradients per cycle; more => a basis fitted on more, older gradients
+    L_c: int = 80                        # evaluation gradients per cycle; more => later ones, further from the fit
+    warmup: int = 50                     # first iterations skipped; more => the fast-changing start left out
     iterations: int = 400                # recorded: cycles of L_t + L_c after warmup
     samples: str = "exact"               # GradiVeQ's fitting samples: exact, or qsgd (one 4-bit encode, the paper's)
-    batch: int = 128                     # batch (stands for N=4 ranks x 32)
-    lr: float = 0.05
+    batch: int = 128                     # batch (stands for N=4 ranks x 32); larger => less noisy gradients
+    lr: float = 0.05                     # the recording run's SGD step; larger => gradients change faster
     tolerance: float = 0.03              # relative byte gap counted as matched; larger => looser matches
     min_compression_rate: float = 2.0    # GradiVeQ's rate floor; higher => fewer layers compressed
-    seed: int = 0
+    seed: int = 0                        # the recording run's seed (weights, batches)
 
 
 @dataclass
@@ -73,20 +73,20 @@ class DitherKeys:
     quantizers: Optional[List[str]] = None   # gvq.analysis.dither.CONFIGS' names; default: every one
     sizes: List[int] = field(default_factory=lambda: [2048, 100_000])     # gradient sizes drawn
     calls: int = 2000                    # consecutive calls; more => a finer test, longer
-    block: int = 100                     # calls per block of the block test
+    block: int = 100                     # calls per block of the block test; larger => fewer, longer blocks
 
 
 @dataclass
 class TraceKeys:
-    model: str = "cnn"
-    dataset: str = "fashion_mnist"
-    warmup: int = 100
-    L_t: int = 100
-    L_c: int = 400
+    model: str = "cnn"                   # conf/model name
+    dataset: str = "fashion_mnist"       # conf/dataset name
+    warmup: int = 100                    # iterations before the fit; more => a fit on smaller, later gradients
+    L_t: int = 100                       # fitting gradients; more => a basis (and mean) over a longer window
+    L_c: int = 400                       # compressed iterations traced after the fit; more => a longer trace
     lam: float = 0.01                    # Eq. 6 lambda; higher => smaller d
-    batch: int = 64
-    lr: float = 0.05
-    seed: int = 0
+    batch: int = 64                      # the recording run's batch; larger => less noisy gradients
+    lr: float = 0.05                     # the recording run's SGD step; larger => gradients shrink sooner
+    seed: int = 0                        # the recording run's seed (weights, batches)
 
 
 def out(default: str | None, what: str = "output folder") -> tuple[Arg]:

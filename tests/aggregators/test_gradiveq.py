@@ -18,6 +18,7 @@ from gvq.hooks.builder import aggregator_from
 from gvq.schema.options import GradiVeQAggregatorSchema, knobs
 from tests.helpers.launch import launch_job
 from tests.helpers.dist import run_ranks
+from tests.helpers.records import assert_csv_matches_record
 
 ROOT = Path(__file__).resolve().parents[2]
 # two conv layers (K auto = F*D*W: 12 and 18), their biases and a linear head (raw regions)
@@ -284,6 +285,7 @@ def test_correlation_analysis_writes_fig4_and_fig5(tmp_path):
     info = json.loads((tmp_path / "fig4.json").read_text())
     assert 0.0 < info["variance_2pc"] <= 1.0 and info["iterations"] == 30
     df = pd.read_csv(tmp_path / "fig5_slice_loss.csv")
+    assert_csv_matches_record(df, "analysis_correlation")  # what the flags' version wrote (issue 62)
     assert {"K", "multiple_of_FD", "d", "ratio", "loss", "local_min"} <= set(df.columns)
     assert df.K.is_monotonic_increasing and (df.loss >= 0).all() and (df.ratio >= 1).all()
     assert df.multiple_of_FD.any() and (~df.multiple_of_FD).any()

@@ -11,6 +11,7 @@ import torch
 from gvq.analysis import frontier as FR
 from gvq.analysis.__main__ import main as analyze_main
 from tests.helpers.grads import HELD_OUT_SHAPES, held_out_grads
+from tests.helpers.records import assert_csv_matches_record
 
 # tiny matrices: one intra-op thread avoids spin-waiting on a shared 2-core machine
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -36,6 +37,7 @@ def test_cli_writes_both_files_and_prints_the_recommendation(cli_run):
     assert rc == 0
     df = pd.read_csv(out / "frontier.csv")
     assert list(df.columns) == FR.COLUMNS
+    assert_csv_matches_record(df, "analysis_frontier")     # what the flags' version wrote (issue 62)
     png = (out / "frontier.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     gvq = df[df["method"] == "GradiVeQ"]

@@ -13,6 +13,7 @@ from gvq.analysis import peers as P
 from gvq.analysis.__main__ import main as analyze_main
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from tests.helpers.grads import HELD_OUT_SHAPES, held_out_grads
+from tests.helpers.records import assert_csv_matches_record
 
 # two conv layers, their biases, a small FC (PowerSGD compresses it, GradiVeQ sends it raw)
 SHAPES = [torch.Size(s) for s in [(16, 8, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 16), (10,)]]
@@ -154,6 +155,7 @@ def test_cli_writes_csv(tmp_path, capsys):
                        "pool=[off]", "--out", str(out)])
     assert rc == 0
     df = pd.read_csv(out / "peers.csv")
+    assert_csv_matches_record(df, "analysis_peers")        # what the flags' version wrote (issue 62)
     assert set(df["method"]) == {"QSGD 4-bit max", "QSGD 4-bit l2", "PowerSGD", "PowerSGD+EF",
                                  "PowerSGD+EF (t vs g)", "GradiVeQ K=auto lambda"}
     gvq = df[df["method"] == "GradiVeQ K=auto lambda"].iloc[0]
