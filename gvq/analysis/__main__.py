@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from gvq.analysis.keys import CorrelationKeys, DitherKeys, FrontierKeys, PeersKeys, QuantizersKeys, TraceKeys, out
-from gvq.schema.tool import Command, choose, dispatch, namespace
+from gvq.schema.tool import Command, choose, exit_status, namespace
 
 
 def analysis_quantizers(cfg, paths) -> int:
@@ -106,11 +106,7 @@ COMMANDS = {
 
 def main(argv=None) -> int:
     """``python -m gvq.analysis <command> [KEY=VALUE ...] [--out DIR]``; its exit status."""
-    try:
-        result = dispatch("python -m gvq.analysis", COMMANDS, argv, errors=(ValueError,))
-    except SystemExit as e:              # refused (2, one line on stderr), or --help (0)
-        return e.code if isinstance(e.code, int) else 2
-    return result if isinstance(result, int) else 0
+    return exit_status("python -m gvq.analysis", COMMANDS, argv, errors=(ValueError,))
 
 
 if __name__ == "__main__":

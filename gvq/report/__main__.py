@@ -40,7 +40,7 @@ import pandas as pd
 from gvq.report.runs import ReportError, default_dirs, find_runs, group_runs, load_run
 from gvq.report.stats import build_table, group_stats
 from gvq.report.target import Target
-from gvq.schema.tool import Arg, Command, dispatch
+from gvq.schema.tool import Arg, Command, exit_status
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -188,11 +188,7 @@ COMMANDS = {
 def main(argv=None) -> int:
     """``python -m gvq.report [table|frontier|tta|cycle] [DIR ...] [KEY=VALUE ...]``; its exit status (2:
     refused, the reason one line on stderr)."""
-    try:
-        dispatch("python -m gvq.report", COMMANDS, argv, default="table", errors=(ReportError,))
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    return 0
+    return exit_status("python -m gvq.report", COMMANDS, argv, default="table", errors=(ReportError,))
 
 
 if __name__ == "__main__":

@@ -141,6 +141,16 @@ def dispatch(prog: str, table: dict[str, Command], argv=None, default: str | Non
         raise SystemExit(2) from None
 
 
+def exit_status(prog: str, table: dict[str, Command], argv=None, **kw) -> int:
+    """:func:`dispatch` as a ``__main__``'s exit status: the command's own where it returns an int, else 0;
+    2 where refused (its one line on stderr), 0 after ``--help``."""
+    try:
+        result = dispatch(prog, table, argv, **kw)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    return result if isinstance(result, int) else 0
+
+
 def choose(key: str, given, allowed) -> None:
     """A :class:`ConfigError` naming ``key`` where ``given`` (a value or a list) holds one outside
     ``allowed``: a choice among names a schema cannot type as an enum (the option names of a registry)."""

@@ -2,8 +2,6 @@
 RAR's hiding check, and the wall-clock comparison with torch DDP run end to end on a tiny model."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,9 +11,10 @@ from gvq.bench.__main__ import COMMANDS, main
 from gvq.bench.train import COLS
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import compose_command
+from tests.helpers.records import load_record
 
 #: the fields and the timing-free values the table's records had before its keys were typed (issue 62)
-BEFORE = json.loads((Path(__file__).parents[1] / "records" / "bench_overlap.json").read_text())
+BEFORE = load_record("bench_overlap")
 
 
 def args_of(*overrides):
