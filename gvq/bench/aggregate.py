@@ -1,30 +1,31 @@
-"""Aggregation benchmark: ``python -m gvq.bench aggregate [flags]`` (``make bench`` runs the default).
-(``python -m gvq.bench train`` compares whole iterations with torch DDP: :mod:`gvq.bench.train`.)
+"""Aggregation benchmark: ``python -m gvq.bench aggregate [KEY=VALUE ...]`` (``make bench`` runs it bare:
+its grid, conf/grid/bench.yaml).  (``python -m gvq.bench train`` compares whole iterations with torch DDP.)
 
-Spawns ``--world-size`` gloo ranks (file rendezvous in a temp dir), gives every rank a gradient with a
-real model's shapes (default ResNet-32 / CIFAR-100) and times each aggregator over
-``--reps`` repetitions after ``--warmup``, with compute paused (a barrier before each repetition; the
-time of a repetition is the max over ranks).  Aggregators are the Hydra option files of
-``conf/aggregator/`` (plus ``allreduce``: gloo's own ``dist.all_reduce``, unshaped only) composed as the
-CLI would, with ``--set key=value`` overrides.  ``--bandwidth`` emulates every rank's outgoing link.
-Prints a table and writes the records as JSON (``--out``).
+Spawns each of ``grid.world_sizes`` gloo ranks (file rendezvous in a temp dir), gives every rank a
+gradient with a real model's shapes (default ResNet-32 / CIFAR-100) and times each aggregator over
+``reps`` repetitions after ``warmup``, with compute paused (a barrier before each repetition; the time of
+a repetition is the max over ranks).  Aggregators are the Hydra option files of ``conf/aggregator/``
+(plus ``allreduce``: gloo's own ``dist.all_reduce``, unshaped only) composed as the CLI would, with
+``grid.set`` overrides.  ``grid.links_bps`` emulates every rank's outgoing link.  Prints a table and
+writes the records as JSON (``--out``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
-from gvq.bench.common import (add_clock_args, add_timeout_arg, check_clock_args, clock_label, configure_clock,
-                              make_aggregator, model_shapes, print_markdown, spawn_loopback)
+from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
+                              print_markdown, spawn_loopback)
 from gvq.comm import clock
-from gvq.schema.compose import load_grid
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import namespace
 
 
 class AllReduceRef(Aggregator):
@@ -129,49 +130,35 @@ def print_aggregation(records: list[dict]) -> None:
                    f"{r0['clock']}, reps={r0['reps']}, 1 thread/rank, {torch.get_num_threads()} cores visible")
 
 
-def parse_aggregation_args(argv):
-    p = argparse.ArgumentParser(prog="python -m gvq.bench aggregate", description=__doc__.splitlines()[0])
-    g = load_grid("bench")                  # the defaults: conf/grid/bench.yaml (make bench's grid)
-    p.add_argument("--aggregators", nargs="+", default=g.settings)
-    p.add_argument("--world-size", type=int, nargs="+", default=g.world_sizes, help="ranks N (one table each)")
-    p.add_argument("--bandwidth", type=float, nargs="*", default=g.links_bps,
-                   help="per-rank link in bit/s (several => one table each); the flag alone: unshaped loopback")
-    p.add_argument("--latency", type=float, default=0.0, help="extra per-message latency, s")
-    p.add_argument("--model", default="resnet32")
-    p.add_argument("--num-classes", type=int, default=100)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--set", nargs="*", default=g.set, help="Hydra overrides for the aggregators, e.g. lambda=0.05; "
-                        "prefix name: to target one, e.g. gradiveq:aggregator.compressor.target_ratio=8 (given: "
-                        "replaces the grid's)")
-    add_clock_args(p)
-    add_timeout_arg(p)
-    p.add_argument("--out", default=None, help="write all records as JSON here")
-    p.add_argument("--rank", type=int, default=None,
-                   help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
-    p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
-    args = p.parse_args(argv)
-    args.bandwidth = args.bandwidth or [None]        # the flag alone: one unshaped table
-    if min(args.world_size) < 1 or args.reps < 1:
-        p.error("--world-size and --reps must be >= 1")
+def aggregation_args(cfg, paths) -> SimpleNamespace:
+    """The composed keys as the namespace the ranks read (``args.world_size`` ... from the grid), checked
+    before any rank starts: a bad size, a link key or a clock without a link is a ConfigError (one line)."""
+    args = namespace(cfg, paths)
+    g = args.grid
+    args.aggregators, args.world_size, args.set = g["settings"], g["world_sizes"], g["set"]
+    args.bandwidth = g["links_bps"] or [None]          # none: one unshaped loopback table
+    if not args.aggregators or not args.world_size or min(args.world_size) < 1 or args.reps < 1:
+        raise ConfigError("grid.settings: at least one; grid.world_sizes and reps >= 1")
     if any(b is not None and b <= 0 for b in args.bandwidth):
-        p.error("--bandwidth must be > 0")
-    check_clock_args(p, args, args.bandwidth)
+        raise ConfigError("grid.links_bps: each > 0")
+    check_net(args.net, args.bandwidth, ("bandwidth_bps",))
+    if args.rank is not None and (len(args.world_size) != 1 or len(args.bandwidth) != 1 or not args.init):
+        raise ConfigError("rank: needs one of grid.world_sizes, at most one of grid.links_bps, and init")
+    args.latency = args.net["latency_s"]
     return args
 
 
-def main(argv: list[str]) -> list[dict]:
-    """``python -m gvq.bench aggregate ...`` (``argv``: the words after ``aggregate``)."""
-    args = parse_aggregation_args(argv)
-    if args.rank is not None:                 # one externally started rank (gvq.bench.netns)
+def bench_aggregate(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench aggregate [KEY=VALUE ...] [--out F]``: one table per world size and link."""
+    args = aggregation_args(cfg, paths)
+    if args.rank is not None:                 # one externally started rank (gvq.bench netns)
         args.bandwidth, args.world_size = args.bandwidth[0], args.world_size[0]
         aggregation_rank(args.rank, args, args.init, args.out or "/dev/null")
         return []
     records = []
     for world in args.world_size:
         for bw in args.bandwidth:
-            one = argparse.Namespace(**{**vars(args), "world_size": world, "bandwidth": bw})
-            recs = run_aggregation(one)
+            recs = run_aggregation(SimpleNamespace(**{**vars(args), "world_size": world, "bandwidth": bw}))
             print_aggregation(recs)
             records += recs
     if args.out:

@@ -59,15 +59,15 @@ def spawn_loopback(fn, world: int, *args):
         return json.loads(Path(out).read_text())
 
 
-def run_bench(sub: str, flags: list[str], pin: bool = False) -> list[dict]:
-    """One ``python -m gvq.bench <sub> <flags>`` in a subprocess (one thread a rank; ``pin``: all on core 0),
-    its table silenced; returns the records it wrote with ``--out``."""
+def run_bench(sub: str, overrides: list[str], pin: bool = False) -> list[dict]:
+    """One ``python -m gvq.bench <sub> <overrides>`` in a subprocess (one thread a rank; ``pin``: all on core
+    0), its table silenced; returns the records it wrote with ``--out``."""
     import os
     import subprocess
     import sys
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/r.json"
-        cmd = [sys.executable, "-m", "gvq.bench", sub, *flags, "--out", out]
+        cmd = [sys.executable, "-m", "gvq.bench", sub, *overrides, "--out", out]
         if pin:
             cmd = ["taskset", "-c", "0", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -125,24 +125,6 @@ def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
     print(pd.DataFrame(records)[cols].to_markdown(index=False, floatfmt=".4g"))
 
 
-def add_clock_args(p) -> None:
-    """``--clock wall|virtual --compute-scale X --codec-scale Y``: shorthands of ``--set net.clock=...``
-    etc. (a run's ``net.*``); every other ``net`` key through ``--set net.KEY=VALUE`` (``exclusive``,
-    ``comm_core``).  Unset, the schema's default (:class:`gvq.schema.options.NetSchema`)."""
-    from gvq.schema.options import Clock
-    p.add_argument("--clock", choices=list(Clock), default=None,
-                   help="virtual: each rank's CPU time x the scales + the link model, nothing slept (default wall)")
-    p.add_argument("--compute-scale", type=float, default=None, help="virtual: forward/backward CPU time x this")
-    p.add_argument("--codec-scale", type=float, default=None, help="virtual: compress/decompress CPU time x this")
-
-
-#: the clock flags' spelling in gvq.run.validate.check_clock's messages
-BENCH_CLOCK_FLAGS = {"clock": "--clock", "compute_scale": "--compute-scale", "codec_scale": "--codec-scale",
-                     "link": "--bandwidth"}
-#: net keys a benchmark sets otherwise: its links are ``--bandwidth`` (per mode or cell) and ``--latency``
-LINK_KEYS = ("bandwidth_bps", "latency_s")
-
-
 def net_defaults() -> dict:
     """The ``net`` node's defaults, read off its schema (their one home), as plain values."""
     from gvq.schema.options import NetSchema
@@ -150,54 +132,17 @@ def net_defaults() -> dict:
             for v in [getattr(NetSchema(), f.name)]}
 
 
-def net_node(overrides) -> dict:
-    """The run's ``net`` node with ``overrides`` (``net.KEY=VALUE``), composed through its schema as a
-    run composes it; :class:`gvq.schema.errors.ConfigError` (one line naming the key) for an unknown or
-    ill-typed key."""
-    from omegaconf import OmegaConf
-    return OmegaConf.to_container(compose(["net=none", *overrides]).net, resolve=True, enum_to_str=True)
-
-
-def net_settings(settings) -> list[str]:
-    """The ``net.*`` items of a ``--set`` list (the rest are the aggregators')."""
-    return [o for o in settings if o.startswith("net.")]
-
-
-def resolve_net(p, args) -> None:
-    """``args.net``: the ``net`` node the benchmark's ranks configure their clock from: the schema's
-    defaults, the clock flags, ``--set net.KEY=VALUE``; ``p.error`` (one line) on an unknown key, a flag
-    and a ``--set`` naming the same key, or a link key (``--bandwidth`` sets those)."""
-    flags = {k: getattr(args, k) for k in ("clock", "compute_scale", "codec_scale") if getattr(args, k) is not None}
-    sets = net_settings(args.set)
-    keys = [o.split("=", 1)[0][len("net."):] for o in sets]
-    twice = sorted(set(keys) & set(flags))
-    if twice:
-        p.error(f"--set net.{twice[0]}: given by its flag {BENCH_CLOCK_FLAGS[twice[0]]} too")
-    link = sorted(set(keys) & set(LINK_KEYS))
-    if link:
-        p.error(f"--set net.{link[0]}: a benchmark's link is --bandwidth (and --latency where it has one)")
-    try:
-        args.net = net_node([f"net.{k}={v}" for k, v in flags.items()] + sets)
-    except ConfigError as e:
-        p.error(str(e))
-
-
-def add_timeout_arg(p) -> None:
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds a rank waits for a peer (raise it for many ranks on few cores)")
-
-
-def check_clock_args(p, args, bandwidths: list) -> None:
-    """:func:`resolve_net`, then the run's clock rules (:func:`gvq.run.validate.check_clock`) on it;
-    ``p.error`` on a bad combination."""
-    from gvq.run.validate import check_clock
-    resolve_net(p, args)
-    net = args.net
-    try:
-        check_clock(net["clock"], net["compute_scale"], net["codec_scale"], all(b is not None for b in bandwidths),
-                    BENCH_CLOCK_FLAGS)
-    except ConfigError as e:
-        p.error(str(e))
+def check_net(net: dict, links, own=("bandwidth_bps",)) -> None:
+    """A benchmark's composed ``net`` node: the keys in ``own`` left at their defaults (the benchmark sets
+    them: its links are ``grid.links_bps``), then the run's clock rules (:func:`gvq.run.validate.check_clock`)
+    with ``links`` as the link model; :class:`ConfigError`, one line naming the key, where not."""
+    from gvq.run.validate import NET_KEYS, check_clock
+    default = net_defaults()
+    changed = [k for k in own if net[k] != default[k]]
+    if changed:
+        raise ConfigError(f"net.{changed[0]}: this benchmark sets it (its links: grid.links_bps)")
+    check_clock(net["clock"], net["compute_scale"], net["codec_scale"], all(b is not None for b in links),
+                {**NET_KEYS, "link": "grid.links_bps=[1e9]"})
 
 
 def configure_clock(net: dict, device: str = "cpu"):

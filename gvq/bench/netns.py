@@ -1,12 +1,11 @@
-"""Kernel-shaped per-rank links (root only): ``sudo python -m gvq.bench netns [--rates 5e7 2e8]`` validates
-the link emulator; ``sudo python -m gvq.bench netns train --rates 5e7 2e8 --world-size 2`` compares whole
-training iterations of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``).
+"""Kernel-shaped per-rank links (root only): ``sudo python -m gvq.bench netns [grid.links_bps=[5e7,2e8]]``
+validates the link emulator; ``sudo python -m gvq.bench netns-train`` compares whole training iterations
+of the runner's ``rar`` with torch DDP (``ddp``, ``ddp_fp16``, ``ddp_powersgd``): conf/grid/netns_train.yaml.
 
 See docs/design.md#gvqbenchnetnspy for how it works and why.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -17,11 +16,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import run_aggregation
 from gvq.bench.common import net_defaults
-from gvq.run.errors import RunEnded
+from gvq.bench.keys import AggregateKeys
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import namespace
 from gvq.run.signals import Interrupted
 
 PREFIX = "gvqns"
@@ -120,10 +122,10 @@ class Links:
 
 def aggregation_rank_argv(args, rank: int, tmp: str, out: str) -> list[str]:
     """``python -m`` words of one namespaced rank of :func:`kernel_shaped`: RAR, unshaped by gvq."""
-    return ["gvq.bench", "aggregate", "--aggregators", "rar", "--world-size", str(args.world_size),
-            "--bandwidth",                                # the flag alone: no emulator, the kernel shapes
-            "--reps", str(args.reps), "--model", args.model, "--rank", str(rank),
-            "--init", f"file://{tmp}/rendezvous", "--out", out]
+    return ["gvq.bench", "aggregate", "grid.settings=[rar]", f"grid.world_sizes=[{args.world_size}]",
+            "grid.links_bps=[]",                          # no emulator: the kernel shapes
+            "grid.set=[]", f"reps={args.reps}", f"model={args.model}", f"rank={rank}",
+            f"init=file://{tmp}/rendezvous", "--out", out]
 
 
 def kernel_shaped(args, rate: float) -> dict:
@@ -140,9 +142,10 @@ def kernel_shaped(args, rate: float) -> dict:
 
 
 def emulated(args, rate: float) -> dict:
-    ns = argparse.Namespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
-                            model=args.model, num_classes=100, reps=args.reps, warmup=3, set=[],
-                            net=net_defaults(), timeout=120.0)            # the schema's net: the wall clock
+    keys = AggregateKeys()
+    ns = SimpleNamespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
+                         model=args.model, num_classes=keys.num_classes, reps=args.reps, warmup=keys.warmup, set=[],
+                         net=net_defaults(), timeout=keys.timeout)            # the schema's net: the wall clock
     rec = run_aggregation(ns)[0]
     rec["shaping"] = "in-process emulator, loopback"
     return rec
@@ -171,25 +174,16 @@ def shaping_label(rate: float, burst: str, world: int) -> str:
     return f"kernel tc tbf, {rate / 1e6:g} Mbit/s per rank (burst {burst}), N={world}"
 
 
-def train_main(argv) -> list[dict]:
-    """``python -m gvq.bench netns train``: whole iterations, kernel-shaped per-rank links and loopback."""
-    p = argparse.ArgumentParser(prog="python -m gvq.bench netns train",
-                                description="gvq.bench train iterations behind kernel tc tbf per-rank links")
-    p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
-    p.add_argument("--world-size", type=int, nargs="+", default=[2])
-    p.add_argument("--aggregators", nargs="+", default=["rar", "ddp", "ddp_fp16", "ddp_powersgd", "local"],
-                   help="as gvq.bench train: conf/aggregator options, torch_ddp, local")
-    bench_train.add_workload_args(p, model="resnet20", iters=20)
-    p.add_argument("--burst", default="auto", help="tbf burst (tc size, e.g. 64kb); auto: 1 ms of the rate")
-    p.add_argument("--no-loopback", action="store_true", help="skip the unshaped loopback reference")
-    p.add_argument("--timeout", type=float, default=600, help="per shaped run, s")
-    p.add_argument("--out", default=None, help="write every table's records as JSON")
-    args = p.parse_args(argv)
-    if min(args.world_size) < 2 or args.iters < 1 or min(args.rates) <= 0:
-        p.error("--world-size must be >= 2, --iters >= 1, --rates > 0")
+def bench_netns_train(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench netns-train``: whole iterations, kernel-shaped per-rank links and loopback."""
+    args = namespace(cfg, paths)
+    g = args.grid
+    args.aggregators, args.world_size, args.set, args.rates = g["settings"], g["world_sizes"], g["set"], g["links_bps"]
+    if not args.world_size or min(args.world_size) < 2 or args.iters < 1 or not args.rates or min(args.rates) <= 0:
+        raise ConfigError("grid.world_sizes: each >= 2; iters >= 1; grid.links_bps: at least one, each > 0")
     why = available()
     if why:
-        print(f"gvq.bench netns train: skipped: {why}")
+        print(f"gvq.bench netns-train: skipped: {why}")
         return []
     with _sigterm_interrupts():
         records = _train(args)
@@ -199,14 +193,20 @@ def train_main(argv) -> list[dict]:
     return records
 
 
+def rank_overrides(args) -> list[str]:
+    """What a namespaced rank's ``gvq.bench train`` is given: the workload and modes, no emulated link (the
+    kernel shapes it) and the shaped run's timeout."""
+    keys = [f"{k}={json.dumps(getattr(args, k))}" for k in ("model", "num_classes", "batch_size", "iters", "warmup",
+                                                             "input_shape", "timeout")]
+    return keys + [f"grid.settings={json.dumps(args.aggregators)}", f"grid.set={json.dumps(args.set)}",
+                   "grid.links_bps=[]"]
+
+
 def _train(args) -> list[dict]:
-    passthrough = ["--model", args.model, "--num-classes", str(args.num_classes), "--batch-size",
-                   str(args.batch_size), "--iters", str(args.iters), "--warmup", str(args.warmup),
-                   "--aggregators", *args.aggregators] + (["--set", *args.set] if args.set else []) + (
-                   ["--input-shape", *map(str, args.input_shape)] if args.input_shape else [])
+    passthrough = rank_overrides(args)
     records = []
     for world in args.world_size:
-        if not args.no_loopback:
+        if args.loopback:
             recs = bench_train.summarize_iterations(bench_train.run_iterations(args, world), args, world,
                                                     "unshaped loopback")
             bench_train.print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
@@ -216,8 +216,8 @@ def _train(args) -> list[dict]:
             label = shaping_label(rate, burst, world)
             with tempfile.TemporaryDirectory() as tmp, Links(world, rate, burst) as links:
                 out = f"{tmp}/o.json"
-                links.run_ranks(lambda i: ["gvq.bench", "train", "--rank", str(i), "--world-size", str(world),
-                                           "--init", f"file://{tmp}/rendezvous", "--out", out, *passthrough],
+                links.run_ranks(lambda i: ["gvq.bench", "train", f"rank={i}", f"grid.world_sizes=[{world}]",
+                                           f"init=file://{tmp}/rendezvous", "--out", out, *passthrough],
                                 args.timeout)
                 raw = json.loads(Path(out).read_text())
             recs = bench_train.summarize_iterations(raw, args, world, label, rate_bps=rate)
@@ -238,17 +238,12 @@ def _print_summary(records: list[dict]) -> None:
     print(piv.to_markdown(floatfmt=".4g"))
 
 
-def main(argv=None) -> list[dict]:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "train":
-        return train_main(argv[1:])
-    p = argparse.ArgumentParser(prog="python -m gvq.bench netns", description=__doc__.splitlines()[0])
-    p.add_argument("--rates", type=float, nargs="+", default=[5e7, 2e8], help="bit/s per rank")
-    p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--model", default="resnet32")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+def bench_netns(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench netns``: uncompressed RAR, kernel tbf per-rank links against the emulator."""
+    args = namespace(cfg, paths)
+    args.rates, args.world_size = args.grid["links_bps"], (args.grid["world_sizes"] or [0])[0]
+    if args.world_size < 2 or not args.rates or min(args.rates) <= 0 or args.reps < 1:
+        raise ConfigError("grid.world_sizes: its first >= 2; grid.links_bps: at least one, each > 0; reps >= 1")
     why = available()
     if why:
         print(f"gvq.bench netns: skipped: {why}")
@@ -268,10 +263,3 @@ def main(argv=None) -> list[dict]:
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     return rows
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except RunEnded as e:              # SIGTERM, after the teardowns
-        sys.exit(e.code)

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
-from gvq.bench.common import net_node, print_markdown
+from gvq.bench.common import net_defaults, print_markdown
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import choose, namespace
@@ -228,7 +228,7 @@ def run_wall(args) -> list[dict]:
     """Overlapped gvq RAR vs torch DDP, default buckets, wall clock, unshaped loopback."""
     from gvq.bench.train import print_iterations, summarize_iterations
     specs = [ModeSpec("torch_ddp", "torch_ddp"), ModeSpec("rar_overlap", "rar", OVERLAP)]
-    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "net": net_node([]), "bandwidth": None,
+    run = argparse.Namespace(**{**RUN_DEFAULTS, **vars(args), "net": net_defaults(), "bandwidth": None,
                                 "specs": specs})
     world = args.world_size[0]
     recs = summarize_iterations(run_iterations(run, world), run, world, "unshaped loopback")

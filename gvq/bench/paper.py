@@ -5,7 +5,6 @@ See docs/design.md#gvqbenchpaperpy for how it works and why.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import statistics
@@ -14,12 +13,15 @@ import sys
 from pathlib import Path
 
 from gvq.bench.common import BenchError
+from gvq.schema.compose import load_grid
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import namespace
 
 ROOT = Path(__file__).resolve().parents[2]          # cli.py and conf/ (an editable install's checkout)
-METHODS = ("rar", "qsgd", "gradiveq", "gradiveq_pooled")
 #: the paper's table times a whole {L_t, L_c} cycle: GradiVeQ's monitor (on by default) must not cut the
-#: compressed phase short on the synthetic data's gradients
-UNINTERRUPTED = {m: ["aggregator.monitor_threshold=null"] for m in METHODS if m.startswith("gradiveq")}
+#: compressed phase short on the synthetic data's gradients (the methods: conf/grid/paper.yaml)
+UNINTERRUPTED = {m: ["aggregator.monitor_threshold=null"] for m in load_grid("paper").settings
+                 if m.startswith("gradiveq")}
 PAPER_RATIO = 850 / 650                             # RAR aggregation / computation, paper's CPU cluster
 CALIBRATION_BPS = 5.0e7                             # the link of the calibration run (any: solved from it)
 L_T = 100                                           # the preset's L_t
@@ -67,7 +69,7 @@ def solve_bandwidth(compute_s: float, aggregate_s: float, bytes_sent: float, bps
 
 
 def calibrate_link(args, world: int = 6) -> float:
-    """The paper's ratio is a fact about its 6-node cluster: solved at N = 6 whatever ``--world-size`` runs."""
+    """The paper's ratio is a fact about its 6-node cluster: solved at N = 6 whatever ``grid.world_sizes`` runs."""
     run_dir = run_job(args.out / "calibrate", world, CALIBRATION_BPS, 1.0, "rar", args.steady_iters, args.set,
                       args.force)
     m = read_columns(run_dir)
@@ -78,24 +80,20 @@ def calibrate_link(args, world: int = 6) -> float:
     return bps
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m gvq.bench paper", description=__doc__.split("\n\n")[0])
-    p.add_argument("--world-size", type=int, nargs="+", default=[6])
-    p.add_argument("--bandwidth", nargs="+", default=["auto"], help="bit/s per rank, or auto (850/650)")
-    p.add_argument("--compute-scale", type=float, nargs="+", default=[1.0, 0.16667], help="1: CPU, 1/6: GPU")
-    p.add_argument("--methods", nargs="+", default=list(METHODS))
-    p.add_argument("--steady-iters", type=int, default=12, help="iterations of the rar / qsgd runs")
-    p.add_argument("--compressed-iters", type=int, default=10, help="compressed iterations of GradiVeQ runs")
-    p.add_argument("--set", nargs="*", default=[], help="more cli.py overrides for every job")
-    p.add_argument("--out", type=Path, default=Path("runs/paper_time"))
-    p.add_argument("--force", action="store_true", help="rerun jobs that completed before")
-    p.add_argument("--calibrate", action="store_true", help="only solve the 850/650 link and print it")
-    args = p.parse_args(argv)
+def bench_paper(cfg, paths):
+    """``python -m gvq.bench paper [KEY=VALUE ...] [--out DIR]``: every cell's runs, then the report's table."""
+    args = namespace(cfg, paths)
+    g = args.grid
+    args.methods, args.world_size, args.compute_scale, args.set = g["settings"], g["world_sizes"], \
+        g["compute_scales"], g["set"]
+    bad = [b for b in args.links if b != "auto" and not _positive(b)]
+    if bad or not args.links:
+        raise ConfigError(f"links={bad[0] if bad else '[]'}: each bit/s > 0 or auto")
     args.out = args.out.resolve()
-    auto = calibrate_link(args) if args.calibrate or "auto" in args.bandwidth else None
+    auto = calibrate_link(args) if args.calibrate or "auto" in args.links else None
     if args.calibrate:
         return auto
-    links = [auto if b == "auto" else float(b) for b in args.bandwidth]
+    links = [auto if b == "auto" else float(b) for b in args.links]
     settings = []                                      # the calibration run is not a row of the table
     for world in args.world_size:
         for bps in links:
@@ -106,3 +104,10 @@ def main(argv=None):
     subprocess.run([sys.executable, "-m", "gvq.report", "cycle", *map(str, settings), "--out",
                     str(args.out / "report")], check=True, cwd=ROOT)
     return links
+
+
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False

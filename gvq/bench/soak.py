@@ -1,7 +1,7 @@
-"""A kill soak: ``python -m gvq.bench soak --kills 4 --every 5``.
+"""A kill soak: ``python -m gvq.bench soak kills=4 every=5``.
 
-One run with ``restarts=<kills>`` loses a rank in each of its first ``--kills`` attempts: the plan, drawn
-from ``--seed`` (which rank, after how many rows, and where: right after a row is written, or mid-iteration
+One run with ``restarts=<kills>`` loses a rank in each of its first ``kills`` attempts: the plan, drawn
+from ``seed`` (which rank, after how many rows, and where: right after a row is written, or mid-iteration
 between backward and the aggregate), goes to the run in ``GVQ_KILLS`` (gvq/run/fault.py) and the chosen
 rank SIGKILLs itself there, so a seed kills at the same rows on any machine.  The run is then compared
 with an uninterrupted run of the same config: rows one per iteration, non-time columns equal, and each
@@ -10,7 +10,6 @@ at the kill beyond the checkpoint its restart resumed from) against ``checkpoint
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -23,6 +22,8 @@ import numpy as np
 import pandas as pd
 
 from gvq.run import fault
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAME = ("iteration", "train_loss", "train_acc", "test_loss", "test_acc", "bytes_sent")
@@ -33,7 +34,7 @@ def draw_kills(kills: int, iterations: int, ranks: int, rng: random.Random) -> l
     restart that makes no progress stops the run) and before the last row (a rank past its last row is
     not a lost rank)."""
     if not 0 <= kills < iterations:
-        raise ValueError(f"--kills {kills}: must be in [0, --iterations) (one more row written before each)")
+        raise ValueError(f"kills={kills}: must be in [0, iterations) (one more row written before each)")
     out = []
     for attempt, rows in enumerate(sorted(rng.sample(range(1, iterations), kills))):
         point = rng.choice(fault.POINTS)
@@ -68,23 +69,14 @@ def _outcome(tmp: Path, args, kills: list[fault.Kill], err: str) -> dict:
             "kills_as_planned": done == kills and resumed == resumes(kills, args.every)}
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gvq.bench soak", description=__doc__.splitlines()[0])
-    ap.add_argument("--kills", type=int, default=4, help="attempts that lose a rank (restarts=<kills>)")
-    ap.add_argument("--every", type=int, default=5, help="checkpoint.every")
-    ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--ranks", type=int, default=2, help="world_size")
-    ap.add_argument("--seed", type=int, default=0, help="which ranks die, after which rows, where")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
-    ap.add_argument("--set", nargs="*", default=["model.width=8"], help="more cli.py overrides")
-    ap.add_argument("--out", type=Path, default=None)
-    return ap
-
-
-def main(argv: list[str]) -> dict:
-    """``python -m gvq.bench soak ...``: the soak's table (iterations lost per kill) and its check."""
-    args = _parser().parse_args(argv)
-    kills = draw_kills(args.kills, args.iterations, args.ranks, random.Random(args.seed))
+def bench_soak(cfg, paths) -> dict:
+    """``python -m gvq.bench soak [KEY=VALUE ...] [--out F]``: the soak's table (iterations lost per kill)
+    and its check."""
+    args = namespace(cfg, paths)
+    try:
+        kills = draw_kills(args.kills, args.iterations, args.ranks, random.Random(args.seed))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     with tempfile.TemporaryDirectory() as tmp:
         ref = _start(Path(tmp) / "ref", args, [], [])
         p = _start(Path(tmp) / "soak", args, [f"restarts={args.kills}"], kills)
@@ -101,7 +93,7 @@ def main(argv: list[str]) -> dict:
         print(f"mean iterations lost per kill: {np.mean(out['iterations_lost']):.2f} (checkpoint.every = "
               f"{args.every}: at most {args.every} redone per kill)")
     if args.out:
-        args.out.write_text(json.dumps(out, indent=2))
+        Path(args.out).write_text(json.dumps(out, indent=2))
     problem = ("the soaked run failed" if p.returncode else "the soaked run differs"
                if not out["rows_and_metrics_equal"] else "" if out["kills_as_planned"] else "not killed as planned")
     if problem:

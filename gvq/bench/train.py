@@ -1,17 +1,17 @@
 """Iteration-time benchmark: the runner's aggregators against torch ``DistributedDataParallel`` (gloo) on
-the same model, batch and ranks: ``python -m gvq.bench train --world-size 2 4``.
+the same model, batch and ranks: ``python -m gvq.bench train grid.world_sizes=[2,4]`` (conf/grid/train.yaml).
 
 See docs/design.md#gvqbenchtrainpy for how it works and why.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import statistics
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -19,27 +19,27 @@ import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import wrap_ddp
-from gvq.bench.common import (BenchError, add_clock_args, add_timeout_arg, build_model, check_clock_args,
-                              clock_label, collections_untimed, configure_clock, net_defaults, make_aggregator,
-                              print_markdown, spawn_loopback)
+from gvq.bench.common import (BenchError, build_model, check_net, clock_label, collections_untimed,
+                              configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
+from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
 from gvq.run import train
 from gvq.run.rows import reduce_row
 from gvq.schema import columns
 from gvq.run.placement import cuda_plan, group_backend
-from gvq.run.validate import ConfigError
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import choose, namespace
 
-DEFAULT_MODES = ("rar", "ddp", "torch_ddp", "local")
-#: what an iteration run reads beyond the workload flags (:func:`add_workload_args`), for callers whose
-#: parser has only those (``gvq.bench netns train``): no link, the wall clock, the host, no GPU plan
-RUN_DEFAULTS = {"bandwidth": None, "timeout": 120.0, "compressed_only": False, "device": "cpu", "plan": None,
-                "net": net_defaults(), "specs": None, "input_shape": None}
+#: what an iteration run reads beyond a :class:`gvq.bench.keys.Workload`'s keys, for callers whose keys are
+#: only those (``gvq.bench overlap``, ``netns-train``): no link, the wall clock, the host, no GPU plan
+RUN_DEFAULTS = {"bandwidth": None, "timeout": TrainKeys.timeout, "compressed_only": False, "device": "cpu",
+                "plan": None, "net": net_defaults(), "specs": None}
 
 
-def with_run_defaults(args) -> argparse.Namespace:
-    """``args`` with :data:`RUN_DEFAULTS` filled in where its parser had no such flag."""
-    return argparse.Namespace(**{**RUN_DEFAULTS, **vars(args)})
+def with_run_defaults(args) -> SimpleNamespace:
+    """``args`` with :data:`RUN_DEFAULTS` filled in where its keys have none."""
+    return SimpleNamespace(**{**RUN_DEFAULTS, **vars(args)})
 COLS = ("iter_s", *(c for c in columns.BENCH if c != "iter_s"))   # iter_s first: the reference ratio reads it
 
 
@@ -57,7 +57,7 @@ class ModeSpec:
 
 
 def mode_specs(args) -> list[ModeSpec]:
-    """``--aggregators`` as modes: each option under its own name, ``--set`` and ``--bandwidth`` for all."""
+    """``grid.settings`` as modes: each option under its own name, ``grid.set`` and the link for all."""
     return [ModeSpec(m, m, tuple(args.set), args.bandwidth) for m in args.aggregators]
 
 
@@ -201,7 +201,7 @@ def print_iterations(records: list[dict], header: str) -> None:
 
 
 def input_shape(args) -> tuple[int, int, int]:
-    """``--input-shape``, else :func:`default_input_shape`."""
+    """The ``input_shape`` key, else :func:`default_input_shape`."""
     if args.input_shape:
         return tuple(args.input_shape)
     return default_input_shape(args.model)
@@ -212,55 +212,28 @@ def default_input_shape(model: str) -> tuple[int, int, int]:
     return (1, 8, 8) if model == "cnn" else (3, 32, 32)
 
 
-def add_workload_args(p, model: str, iters: int) -> None:
-    """What one timed iteration is (model, batch, counts, aggregator overrides): shared with
-    ``gvq.bench netns train``, which passes these flags on to the ranks it starts."""
-    p.add_argument("--model", default=model)
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--input-shape", type=int, nargs=3, default=None, metavar=("C", "H", "W"),
-                   help="one input's shape (default: 1 8 8 for cnn, 3 32 32 otherwise); e.g. 1 28 28 for "
-                        "Fashion-MNIST, so seconds per iteration match a run on it")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--iters", type=int, default=iters)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--set", nargs="*", default=[], help="Hydra overrides for the aggregators (as gvq.bench "
-                   "aggregate), e.g. ddp_powersgd:aggregator.rank=4")
-
-
-def parse_iteration_args(argv):
-    p = argparse.ArgumentParser(prog="python -m gvq.bench train", description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--aggregators", nargs="+", default=list(DEFAULT_MODES),
-                   help="conf/aggregator options, torch_ddp (bare DDP loop) or local (no communication)")
-    add_workload_args(p, model="cnn", iters=30)
-    p.add_argument("--bandwidth", type=float, default=None,
-                   help="emulated per-rank link (bit/s) for the runner's aggregators; DDP's are never shaped")
-    p.add_argument("--compressed-only", action="store_true",
-                   help="time compressed iterations only (as gvq.bench aggregate: fit GradiVeQ's basis first)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: model, data and codecs on the GPU (a GPU per rank over NCCL, else ranks "
-                        "sharing GPUs over host-staged gloo; wall clock, synchronised at every reading)")
-    add_clock_args(p)
-    add_timeout_arg(p)
-    p.add_argument("--out", default=None, help="write the table's records as JSON (with --rank: the raw "
-                   "per-iteration rows, rank 0 only)")
-    p.add_argument("--rank", type=int, default=None,
-                   help="run only this rank (ranks started elsewhere, e.g. in network namespaces)")
-    p.add_argument("--init", default=None, help="with --rank: the rendezvous URL (file://...)")
-    args = p.parse_args(argv)
-    if min(args.world_size) < 1 or args.iters < 1 or args.warmup < 0:
-        p.error("--world-size and --iters must be >= 1, --warmup >= 0")
+def iteration_args(cfg, paths) -> SimpleNamespace:
+    """The composed keys as the namespace the ranks read (``args.world_size`` ... from the grid), checked
+    before any rank starts: a bad count, a link key, a clock that cannot time a mode is a ConfigError."""
+    args = namespace(cfg, paths)
+    g = args.grid
+    args.aggregators, args.world_size, args.set = g["settings"], g["world_sizes"], g["set"]
+    args.links = g["links_bps"] or [None]              # none: unshaped loopback
+    if not args.aggregators or not args.world_size or min(args.world_size) < 1 or args.iters < 1 or args.warmup < 0:
+        raise ConfigError("grid.settings: at least one; grid.world_sizes and iters >= 1, warmup >= 0")
     if len(set(args.aggregators)) != len(args.aggregators):
-        p.error("--aggregators: each mode once")
-    if args.rank is not None and (len(args.world_size) != 1 or not args.init):
-        p.error("--rank needs one --world-size and --init")
-    if args.bandwidth is not None and args.bandwidth <= 0:
-        p.error("--bandwidth must be > 0")
-    check_clock_args(p, args, [args.bandwidth])
+        raise ConfigError("grid.settings: each mode once")
+    if any(b is not None and b <= 0 for b in args.links):
+        raise ConfigError("grid.links_bps: each > 0")
+    choose("device", args.device, ("cpu", "cuda"))
+    check_net(args.net, args.links, ("bandwidth_bps", "latency_s"))
+    if args.rank is not None and (len(args.world_size) != 1 or len(args.links) != 1 or not args.init):
+        raise ConfigError("rank: needs one of grid.world_sizes, at most one of grid.links_bps, and init")
     unseen = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]
     if args.net["clock"] == "virtual" and unseen:
-        p.error(f"--clock virtual: {', '.join(unseen)} communicate outside gvq's P2P (torch DDP); "
-                "time them with --clock wall (kernel shaping: python -m gvq.bench netns train)")
+        raise ConfigError(f"net.clock=virtual: {', '.join(unseen)} communicate outside gvq's P2P (torch DDP); "
+                          "time them with net.clock=wall (kernel shaping: python -m gvq.bench netns-train)")
+    args.plan, args.specs, args.bandwidth = None, None, args.links[0]
     return args
 
 
@@ -270,7 +243,7 @@ def _cuda_plan(args, world: int) -> str:
     try:
         return cuda_plan(world, ddp[0] if ddp else args.aggregators[0], bool(ddp))
     except ConfigError as e:
-        raise BenchError(f"gvq.bench train --device cuda --world-size {world}: {e}") from None
+        raise BenchError(f"train device=cuda, N={world}: {e}") from None
 
 
 def run_iterations(args, world: int) -> dict:
@@ -282,20 +255,21 @@ def run_iterations(args, world: int) -> dict:
     return raw
 
 
-def main(argv: list[str]) -> list[dict]:
-    """``python -m gvq.bench train ...`` (``argv``: the words after ``train``)."""
-    args = parse_iteration_args(argv)
-    if args.rank is not None:                 # one externally started rank (gvq.bench.netns train)
+def bench_train(cfg, paths) -> list[dict]:
+    """``python -m gvq.bench train [KEY=VALUE ...] [--out F]``: one table per world size and link."""
+    args = iteration_args(cfg, paths)
+    if args.rank is not None:                 # one externally started rank (gvq.bench netns-train)
         iteration_rank(args.rank, args.world_size[0], args, args.init, args.out or "/dev/null")
         return []
     records = []
-    link = (f"{args.bandwidth / 1e6:g} Mbit/s per rank (emulated, runner aggregators)" if args.bandwidth
-            else "unshaped loopback")
-    for world in args.world_size:
-        args.plan = _cuda_plan(args, world) if args.device == "cuda" else None
-        recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=args.bandwidth)
-        print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args.net)}")
-        records += recs
+    for bw in args.links:
+        args.bandwidth = bw
+        link = f"{bw / 1e6:g} Mbit/s per rank (emulated, runner aggregators)" if bw else "unshaped loopback"
+        for world in args.world_size:
+            args.plan = _cuda_plan(args, world) if args.device == "cuda" else None
+            recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=bw)
+            print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args.net)}")
+            records += recs
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
     return records

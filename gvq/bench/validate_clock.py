@@ -28,17 +28,21 @@ AGGREGATORS = load_grid("clock").settings
 SETTINGS = load_grid("clock").set
 
 
+def _cell_keys(world: int, bw: float) -> list[str]:
+    """The clock grid's settings at one world size and link, as a bench command's overrides."""
+    return [f"grid.world_sizes=[{world}]", f"grid.links_bps=[{bw:g}]", f"grid.settings={json.dumps(AGGREGATORS)}",
+            f"grid.set={json.dumps(SETTINGS)}"]
+
+
 def _aggregation(args, world: int, bw: float, clock: str, pin: bool = False) -> dict[str, dict]:
-    flags = ["--world-size", str(world), "--bandwidth", f"{bw:g}", "--model", args.model, "--reps",
-             str(args.reps), "--warmup", "2", "--clock", clock, "--aggregators", *AGGREGATORS, "--set", *SETTINGS]
-    return {r["aggregator"]: r for r in run_bench("aggregate", flags, pin)}
+    keys = [*_cell_keys(world, bw), f"model={args.model}", f"reps={args.reps}", "warmup=2", f"net.clock={clock}"]
+    return {r["aggregator"]: r for r in run_bench("aggregate", keys, pin)}
 
 
 def _iterations(args, bw: float, clock: str, pin: bool = False) -> dict[str, dict]:
-    flags = ["--world-size", "2", "--bandwidth", f"{bw:g}", "--model", args.model, "--num-classes", "100",
-             "--iters", str(args.iters), "--warmup", "2", "--clock", clock, "--compressed-only",
-             "--aggregators", *AGGREGATORS, "--set", *SETTINGS]
-    return {r["aggregator"]: r for r in run_bench("train", flags, pin)}
+    keys = [*_cell_keys(2, bw), f"model={args.model}", "num_classes=100", f"iters={args.iters}", "warmup=2",
+            f"net.clock={clock}", "compressed_only=true"]
+    return {r["aggregator"]: r for r in run_bench("train", keys, pin)}
 
 
 def _pair_rows(check: str, bw: float, what: str, ref: dict, test: dict, key: str, band: float,

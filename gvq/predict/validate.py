@@ -1,7 +1,7 @@
 """``python -m gvq.predict validate``: the model against virtual-time benchmarks, cell by cell.
 
-For every ``--world-size`` and ``--bandwidth``: ``gvq.bench aggregate --clock virtual`` (aggregation, the
-slowest rank, median of repetitions) and ``gvq.bench train --clock virtual --compressed-only`` (whole
+For every world size and link: ``gvq.bench aggregate net.clock=virtual`` (aggregation, the slowest rank,
+median of repetitions) and ``gvq.bench train net.clock=virtual compressed_only=true`` (whole
 iterations) with the calibration's model, batch and aggregator settings, run as subprocesses; then the
 model's figure for the same cell and the ratio model / measured.  The compute step is re-timed on one
 quiet rank just before and after each ``bench train`` (``compute_now_s``: the calibration's own
@@ -10,6 +10,7 @@ nothing is adjusted to the outcome.
 """
 from __future__ import annotations
 
+import json
 import statistics
 
 import pandas as pd
@@ -19,8 +20,8 @@ from gvq.predict import cost_model as M
 from gvq.predict.structure import SETTINGS
 
 
-def _virtual_bench(sub: str, flags: list[str]) -> list[dict]:
-    return run_bench(sub, [*flags, "--clock", "virtual", "--timeout", "900"])   # 16 ranks on 2 cores: slow fits
+def _virtual_bench(sub: str, keys: list[str]) -> list[dict]:
+    return run_bench(sub, [*keys, "net.clock=virtual", "timeout=900"])   # 16 ranks on 2 cores: slow fits
 
 
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
@@ -28,17 +29,17 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
     """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train)."""
     from gvq.predict.structure import calibrated_shape
     cal, cells = m.cal, {}
-    common = ["--model", cal["model"], "--num-classes", str(cal["num_classes"]), "--set", *SETTINGS]
+    common = [f"model={cal['model']}", f"num_classes={cal['num_classes']}", f"grid.set={json.dumps(SETTINGS)}",
+              f"grid.settings={json.dumps(names)}", "warmup=2"]
     for n in worlds:
-        for r in _virtual_bench("aggregate", ["--world-size", str(n), "--bandwidth", *map(str, links),
-                                              "--reps", str(reps), "--warmup", "2", "--aggregators", *names, *common]):
+        for r in _virtual_bench("aggregate", [f"grid.world_sizes=[{n}]", f"grid.links_bps={json.dumps(links)}",
+                                              f"reps={reps}", *common]):
             cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
     for b in links:
         before = _compute_now(cal)                     # samples before and after: the drift averaged
-        recs = _virtual_bench("train", ["--world-size", *map(str, worlds), "--bandwidth", str(b), "--iters", str(iters),
-                                  "--warmup", "2", "--compressed-only", "--batch-size", str(cal["batch_size"]),
-                                  "--input-shape", *map(str, calibrated_shape(cal)),
-                                  "--aggregators", *names, *common])
+        recs = _virtual_bench("train", [f"grid.world_sizes={json.dumps(worlds)}", f"grid.links_bps=[{b}]",
+                                        f"iters={iters}", "compressed_only=true", f"batch_size={cal['batch_size']}",
+                                        f"input_shape={json.dumps(list(calibrated_shape(cal)))}", *common])
         now = sorted(before + _compute_now(cal))
         for r in recs:
             cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(

@@ -19,7 +19,7 @@ from gvq.run.checkpoint import complete_sets
 from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
 from gvq.schema.errors import ConfigError
 
-#: how the clock's keys are spelt in a run config; the benchmarks pass their flags' spelling
+#: how the clock's keys are spelt in a run config; a benchmark names its own link key
 NET_KEYS = {"clock": "net.clock", "compute_scale": "net.compute_scale", "codec_scale": "net.codec_scale",
             "link": "net=mbit50 or net.bandwidth_bps=1e9"}
 

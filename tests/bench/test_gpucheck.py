@@ -15,6 +15,17 @@ from gvq.bench.__main__ import main as bench_main
 from gvq.bench.gpucheck.judge import Check, Proc, first_error, judge_cli, judge_tests, outcome
 
 ROOT = gpucheck.ROOT
+
+
+def run(argv: list[str], runner, gpus: int = 1) -> list[dict]:
+    """``python -m gvq.bench gpucheck <argv>`` composed as the tool composes it, with ``runner`` and ``gpus``
+    standing in for the subprocesses and the machine."""
+    from types import SimpleNamespace
+
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import parse_command
+    args, cfg = parse_command("python -m gvq.bench gpucheck", COMMANDS["gpucheck"], argv)
+    return gpucheck.bench_gpucheck(cfg, SimpleNamespace(out=args.out), runner, gpus)
 OPTIONS = {p.stem for p in (ROOT / "conf" / "aggregator").glob("*.yaml")}
 
 
@@ -24,7 +35,7 @@ def test_without_cuda_it_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench_main(["gpucheck", "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("gpucheck: no CUDA device is visible: torch ")
+    assert e.value.code == 2 and err.startswith("gvq.bench: error: no CUDA device is visible: torch ")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []                        # nothing planned, nothing written
 
@@ -68,9 +79,9 @@ def _stand_in(check: Check) -> list[dict]:
 
 
 def test_the_table_counts_stand_in_outcomes_and_fails_the_exit(tmp_path, capsys):
-    argv = ["--part", "cli", "--out", str(tmp_path), "--aggregators", "rar", "qsgd", "powersgd", "ddp"]
+    argv = ["part=[cli]", "--out", str(tmp_path), "aggregators=[rar,qsgd,powersgd,ddp]"]
     with pytest.raises(SystemExit) as e:
-        gpucheck.main(argv, runner=_stand_in, gpus=1)
+        run(argv, _stand_in)
     assert e.value.code == 1
     out = capsys.readouterr().out
     table = (tmp_path / "gpucheck.md").read_text()
@@ -80,14 +91,14 @@ def test_the_table_counts_stand_in_outcomes_and_fails_the_exit(tmp_path, capsys)
            "tensor |" in table                                                    # a | in an error stays one cell
     data = json.loads((tmp_path / "gpucheck.json").read_text())
     assert len(data["rows"]) == 8 and data["parts"][0]["part"] == "cli"
-    assert data["parts"][0]["command"] == "python -m gvq.bench gpucheck " + " ".join(argv)
+    # the keys given, in key order whatever order they were typed in, quoted for a shell (brackets glob)
+    assert data["parts"][0]["command"] == \
+        "python -m gvq.bench gpucheck 'part=[cli]' 'aggregators=[rar,qsgd,powersgd,ddp]'"
 
 
 def test_parts_run_apart_merge_into_one_table(tmp_path):
-    gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "rar", "--world-sizes", "3"],
-                  runner=_stand_in, gpus=1)
-    rows = gpucheck.main(["--part", "codecs", "--out", str(tmp_path), "--codecs", "qsgd", "fp16"],
-                         runner=_stand_in, gpus=1)
+    run(["part=[cli]", "--out", str(tmp_path), "aggregators=[rar]", "world_sizes=[3]"], _stand_in)
+    rows = run(["part=[codecs]", "--out", str(tmp_path), "codecs=[qsgd,fp16]"], _stand_in)
     assert [r["setting"] for r in rows] == ["qsgd, cuda", "fp16, cuda"]
     table = (tmp_path / "gpucheck.md").read_text()
     assert "- cli: " in table and "- codecs: " in table and "3 passed, 0 failed" in table
@@ -97,11 +108,10 @@ def test_parts_run_apart_merge_into_one_table(tmp_path):
 def test_a_check_run_again_keeps_its_newest_row(tmp_path):
     """World sizes run apart both stay; a later run of the same check replaces its row, not the others."""
     for world in ("1", "3"):
-        gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "rar", "--world-sizes", world],
-                      runner=_stand_in, gpus=1)
+        run(["part=[cli]", "--out", str(tmp_path), "aggregators=[rar]", f"world_sizes=[{world}]"], _stand_in)
     with pytest.raises(SystemExit):
-        gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "qsgd", "rar", "--world-sizes", "1"],
-                      runner=lambda c: [outcome(c, "failed", 1.0, "E: later")], gpus=1)
+        run(["part=[cli]", "--out", str(tmp_path), "aggregators=[qsgd,rar]", "world_sizes=[1]"],
+            lambda c: [outcome(c, "failed", 1.0, "E: later")])
     rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
     assert [(r["setting"], r["result"]) for r in rows] == [
         ("aggregator=rar world_size=1 (nccl)", "failed"), ("aggregator=rar world_size=3 (shared)", "passed"),
@@ -109,9 +119,12 @@ def test_a_check_run_again_keeps_its_newest_row(tmp_path):
     assert (tmp_path / "gpucheck.md").read_text().count("\n- cli: ") == 2      # the first run's rows are all superseded
 
 
-def test_an_unknown_aggregator_is_one_line(tmp_path):
-    with pytest.raises(SystemExit, match="gpucheck: --aggregators nope: not in conf/aggregator/"):
-        gpucheck.main(["--part", "cli", "--out", str(tmp_path), "--aggregators", "nope"], runner=_stand_in, gpus=1)
+def test_an_unknown_aggregator_or_part_is_one_line(tmp_path):
+    from gvq.schema.errors import ConfigError
+    with pytest.raises(ConfigError, match="^aggregators=nope: expected one of .*rar"):
+        run(["part=[cli]", "--out", str(tmp_path), "aggregators=[nope]"], _stand_in)
+    with pytest.raises(ConfigError, match="^part=gpu: expected one of tests, codecs, cli$"):
+        run(["part=[gpu]", "--out", str(tmp_path)], _stand_in)
 
 
 def _cli_check(tmp_path, **expect) -> Check:
@@ -211,13 +224,12 @@ def test_checks_run_several_at_a_time_and_keep_plan_order(tmp_path):
             live[0] -= 1
         return _stand_in(check)
 
-    argv = ["--part", "cli", "--out", str(tmp_path), "--jobs", "4", "--aggregators", "rar", "qsgd", "fp16"]
+    argv = ["part=[cli]", "--out", str(tmp_path), "jobs=4", "aggregators=[rar,qsgd,fp16]"]
     with pytest.raises(SystemExit):                      # the stand-in fails some checks on purpose
-        gpucheck.main(argv, runner=slow, gpus=1)
+        run(argv, slow)
     serial = tmp_path / "serial"
     with pytest.raises(SystemExit):
-        gpucheck.main(["--part", "cli", "--out", str(serial), "--jobs", "1", "--aggregators", "rar", "qsgd", "fp16"],
-                      runner=_stand_in, gpus=1)
+        run(["part=[cli]", "--out", str(serial), "jobs=1", "aggregators=[rar,qsgd,fp16]"], _stand_in)
     assert peak[0] > 1
     rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
     serial_rows = json.loads((serial / "gpucheck.json").read_text())["rows"]

@@ -1,4 +1,5 @@
-"""``python -m gvq.bench netns train``: runner and torch DDP iterations behind kernel-shaped per-rank links.
+"""``python -m gvq.bench netns-train`` (and ``netns``): runner and torch DDP iterations behind kernel-shaped
+per-rank links.
 
 Root + iproute2 only (network namespaces, veth, tc tbf); skipped elsewhere with the reason."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import subprocess
 import pytest
 
 from gvq.bench import netns
+from gvq.bench.__main__ import main as bench_main
 
 pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
 
@@ -25,9 +27,9 @@ def _ours() -> list[str]:
 def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsys):
     """N=2, tiny model, 5 Mbit/s: every aggregator in both tables, and the shaped ring really is slowed
     to its link (so the test cannot pass on an unshaped path)."""
-    recs = netns.main(["train", "--rates", "5e6", "--world-size", "2", "--model", "cnn", "--iters", "4",
-                       "--warmup", "2", "--aggregators", *AGGS,
-                       "--set", "ddp_powersgd:aggregator.start_iter=2", "--out", str(tmp_path / "t.json")])
+    recs = bench_main(["netns-train", "grid.links_bps=[5e6]", "grid.world_sizes=[2]", "model=cnn", "iters=4",
+                       "warmup=2", f"grid.settings=[{','.join(AGGS)}]",
+                       "grid.set=[ddp_powersgd:aggregator.start_iter=2]", "--out", str(tmp_path / "t.json")])
     loop = {r["aggregator"]: r for r in recs if r["rate_bps"] is None}
     shaped = {r["aggregator"]: r for r in recs if r["rate_bps"] == 5e6}
     assert list(loop) == AGGS and list(shaped) == AGGS
@@ -52,8 +54,8 @@ def test_train_harness_shapes_runner_and_ddp_and_labels_the_link(tmp_path, capsy
 @pytest.mark.slow
 def test_train_harness_removes_namespaces_when_a_rank_fails():
     with pytest.raises(RuntimeError, match="a shaped rank failed"):
-        netns.main(["train", "--rates", "5e7", "--world-size", "2", "--model", "cnn", "--iters", "1",
-                    "--no-loopback", "--aggregators", "rar", "--set", "aggregator.no_such_key=1"])
+        bench_main(["netns-train", "grid.links_bps=[5e7]", "grid.world_sizes=[2]", "model=cnn", "iters=1",
+                    "loopback=false", "grid.settings=[rar]", "grid.set=[aggregator.no_such_key=1]"])
     assert _ours() == []
 
 
@@ -70,7 +72,7 @@ def test_links_are_removed_when_setup_fails_half_way():
 def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
     """Root only: per-rank veth + tbf really shape (a ring cannot beat its links), and the emulator
     comparison runs end to end."""
-    rows = netns.main(["--rates", "2e8", "--world-size", "2", "--reps", "3", "--model", "resnet20",
+    rows = bench_main(["netns", "grid.links_bps=[2e8]", "grid.world_sizes=[2]", "reps=3", "model=resnet20",
                        "--out", str(tmp_path / "n.json")])
     (row,) = rows
     assert row["kernel_over_bound"] >= 0.9 and row["emulated_over_bound"] >= 0.9

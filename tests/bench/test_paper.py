@@ -41,3 +41,29 @@ def test_read_columns_takes_medians_after_start_up(tmp_path):
     rows = ["compute_s,aggregate_s,bytes_sent"] + ["9,9,5"] * 2 + ["1,2,5", "3,4,5", "2,3,5"]
     (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
     assert paper.read_columns(tmp_path) == {"compute_s": 2.0, "aggregate_s": 3.0, "bytes_sent": 5.0}
+
+
+def test_the_command_runs_every_cell_of_its_grid_then_the_cycle_report(tmp_path, monkeypatch):
+    """``gvq.bench paper`` with keys: world sizes x links (auto: the solved one) x compute scales x methods,
+    GradiVeQ's runs long enough for a whole cycle; then one ``gvq.report cycle`` over them."""
+    from gvq.bench.__main__ import main as bench_main
+    jobs, reports = [], []
+    monkeypatch.setattr(paper, "calibrate_link", lambda args: 5.26e7)
+    monkeypatch.setattr(paper, "run_job", lambda out, w, bps, scale, method, iters, extra, force: jobs.append(
+        (w, bps, scale, method, iters, list(extra), force)) or out / method)
+    monkeypatch.setattr(paper.subprocess, "run", lambda cmd, **kw: reports.append(cmd))
+    links = bench_main(["paper", "links=[auto,1e9]", "grid.world_sizes=[8]", "grid.compute_scales=[1]",
+                        "grid.settings=[rar,gradiveq]", "grid.set=[seed=1]", "force=true", "--out", str(tmp_path)])
+    assert links == [5.26e7, 1e9]
+    assert jobs == [(8, 5.26e7, 1.0, "rar", 12, ["seed=1"], True), (8, 5.26e7, 1.0, "gradiveq", 110, ["seed=1"], True),
+                    (8, 1e9, 1.0, "rar", 12, ["seed=1"], True), (8, 1e9, 1.0, "gradiveq", 110, ["seed=1"], True)]
+    (report,) = reports
+    assert report[2:4] == ["gvq.report", "cycle"] and report[-2:] == ["--out", str(tmp_path / "report")]
+
+
+def test_a_link_that_is_neither_a_rate_nor_auto_is_one_line(capsys):
+    from gvq.bench.__main__ import main as bench_main
+    with pytest.raises(SystemExit) as e:
+        bench_main(["paper", "links=[fast]"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == "gvq.bench: error: links=fast: each bit/s > 0 or auto\n"

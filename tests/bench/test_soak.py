@@ -9,6 +9,7 @@ import random
 import pytest
 
 from gvq.bench import soak
+from gvq.bench.__main__ import main as bench_main
 from gvq.run import fault
 
 
@@ -19,7 +20,7 @@ def test_a_plan_kills_once_per_attempt_each_after_more_rows(seed):
     assert [k.attempt for k in kills] == list(range(5)) and all(0 <= k.rank < 3 for k in kills)
     rows = [k.rows for k in kills]
     assert rows == sorted(set(rows)) and 1 <= rows[0] and rows[-1] <= 11   # progress each time, none at the end
-    with pytest.raises(ValueError, match="--kills 12"):
+    with pytest.raises(ValueError, match="kills=12"):
         soak.draw_kills(12, 12, 2, random.Random(seed))
 
 
@@ -34,7 +35,7 @@ def test_the_soak_kills_ranks_at_the_planned_rows_and_loses_nothing():
     # a checkpoint was due (it is not written: resume from 3, not 6), one just after the checkpoint at 12
     plan = "0:0:1:row 1:2:0:aggregate 2:5:0:row 3:12:1:aggregate"
     assert fault.plan_text(soak.draw_kills(4, 14, 2, random.Random(2))) == plan
-    out = soak.main(["--kills", "4", "--every", "3", "--iterations", "14", "--seed", "2", "--set", "model.width=8"])
+    out = bench_main(["soak", "kills=4", "every=3", "iterations=14", "seed=2", "set=[model.width=8]"])
     assert out["status"] == "completed" and out["rows_and_metrics_equal"] and out["kills_as_planned"]
     assert out["plan"] == plan and out["kills"] == out["restarts"] == 4
     assert out["killed_at_rows"] == [1, 2, 6, 12] and out["resumed_from"] == [0, 0, 3, 12]

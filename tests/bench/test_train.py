@@ -9,15 +9,17 @@ import torch
 import torch.distributed as dist
 
 from gvq.bench.__main__ import main as bench_main
+from tests.helpers.records import assert_records_match
 
 
 @pytest.mark.slow
 def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     """gvq.bench train: every mode timed through the runner's path, PowerSGD only once compressed."""
     from gvq.bench import train as bench_train
-    recs = bench_main(["train", "--world-size", "2", "--model", "cnn", "--iters", "3", "--warmup", "1",
-                       "--aggregators", "rar", "ddp", "ddp_powersgd", "torch_ddp", "local",
-                       "--set", "ddp_powersgd:aggregator.start_iter=2"])
+    recs = bench_main(["train", "grid.world_sizes=[2]", "model=cnn", "iters=3", "warmup=1",
+                       "grid.settings=[rar,ddp,ddp_powersgd,torch_ddp,local]",
+                       "grid.set=[ddp_powersgd:aggregator.start_iter=2]"])
+    assert_records_match(recs, "bench_train")                   # as the flags' version wrote them (issue 62)
     by = {r["aggregator"]: r for r in recs}
     assert list(by) == ["rar", "ddp", "ddp_powersgd", "torch_ddp", "local"]
     for r in recs:
@@ -33,27 +35,60 @@ def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     assert all(r["device"] == "cpu" and r["plan"] is None for r in recs)
     out = capsys.readouterr().out
     assert "unshaped loopback, N=2" in out and "interleaved" in out and "cpu, 1 thread/rank" in out
-    assert bench_train.DEFAULT_MODES[0] == "rar"
+    assert bench_train.__name__ == "gvq.bench.train"
 
 
-def test_train_bench_rank_mode_needs_init():
-    with pytest.raises(SystemExit):
-        bench_main(["train", "--rank", "0", "--world-size", "2"])
+@pytest.mark.parametrize("keys, says", [
+    (["rank=0", "grid.world_sizes=[2]"], "rank: needs one of grid.world_sizes, at most one of grid.links_bps, "
+                                          "and init"),
+    (["grid.settings=[rar,rar]"], "grid.settings: each mode once"),
+    (["device=tpu"], "device=tpu: expected one of cpu, cuda"),
+    (["net.clock=virtual", "grid.links_bps=[1e9]"], "net.clock=virtual: ddp, torch_ddp communicate outside"),
+    (["net.latency_s=0.01"], "net.latency_s: this benchmark sets it"),
+    (["iters=0"], "iters >= 1"),
+])
+def test_a_bad_train_key_is_one_line_before_any_rank_starts(keys, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_main(["train", *keys])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_netns_train_ranks_run_the_train_bench_with_the_workload_and_no_emulated_link():
+    """netns-train passes its workload keys on to the ranks it starts in namespaces; their links are the
+    kernel's, so the bench each runs emulates none."""
+    from types import SimpleNamespace
+
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.bench.netns import rank_overrides
+    from gvq.bench.train import iteration_args
+    from gvq.schema.tool import parse_command
+    given = SimpleNamespace(model="resnet20", num_classes=10, batch_size=8, iters=4, warmup=2, input_shape=[1, 28, 28],
+                            aggregators=["rar", "ddp"], set=["ddp_powersgd:aggregator.rank=4"], timeout=600.0)
+    argv = ["rank=1", "grid.world_sizes=[2]", "init=file:///tmp/x/rendezvous", *rank_overrides(given)]
+    paths, cfg = parse_command("python -m gvq.bench train", COMMANDS["train"], argv)
+    got = iteration_args(cfg, paths)
+    assert (got.model, got.batch_size, got.iters, got.warmup, got.input_shape) == ("resnet20", 8, 4, 2, [1, 28, 28])
+    assert (got.aggregators, got.set, got.links, got.rank, got.world_size) == \
+        (["rar", "ddp"], ["ddp_powersgd:aggregator.rank=4"], [None], 1, [2])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
-def test_train_bench_on_cuda_without_a_gpu_is_one_line():
-    with pytest.raises(SystemExit, match="--device cuda --world-size 2: device=cuda: "):
-        bench_main(["train", "--world-size", "2", "--device", "cuda", "--aggregators", "rar"])
+def test_train_bench_on_cuda_without_a_gpu_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_main(["train", "grid.world_sizes=[2]", "device=cuda", "grid.settings=[rar]"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("gvq.bench: error: train device=cuda, N=2: device=cuda: ")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 def test_train_bench_times_gpu_iterations():
-    recs = bench_main(["train", "--world-size", "1", "2", "--device", "cuda", "--model", "resnet32",
-                       "--num-classes", "100", "--iters", "3", "--warmup", "2", "--aggregators", "rar", "qsgd",
-                       "gradiveq", "powersgd", "--compressed-only", "--bandwidth", "1e9"])
+    recs = bench_main(["train", "grid.world_sizes=[1,2]", "device=cuda", "model=resnet32", "num_classes=100",
+                       "iters=3", "warmup=2", "grid.settings=[rar,qsgd,gradiveq,powersgd]", "compressed_only=true",
+                       "grid.links_bps=[1e9]"])
     assert {r["device"] for r in recs} == {"cuda"} and all(r["iter_s"] >= r["compute_s"] > 0 for r in recs)
 
 

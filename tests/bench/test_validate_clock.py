@@ -34,3 +34,25 @@ def test_validation_pairs_wall_and_virtual_and_flags_out_of_band(monkeypatch):
     assert qd["quiet_s"] == pytest.approx(0.02 * 0.95 * (7 / 4) / (3 / 2))
     assert not by[("V3", "compress_s per iteration, N=4", "gradiveq_bf16")]["within"]
     assert ("V3", "compress_s per iteration, N=4", "rar") not in by   # no codec
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_each_check_runs_the_benches_on_the_clock_grid_as_keys(monkeypatch, pin):
+    """The keys V1-V3 pass ``gvq.bench aggregate`` and ``train`` compose against each command's schema and
+    carry the clock grid's settings, the cell's world size and link, and the clock being checked."""
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+    seen = []
+    monkeypatch.setattr(V, "run_bench", lambda sub, keys, p=False: seen.append(
+        (sub, compose_command(COMMANDS[sub], keys), p)) or [])
+    args = argparse.Namespace(model="cnn", reps=2, iters=3)
+    V._aggregation(args, 4, 5e7, "virtual", pin)
+    V._iterations(args, 2e8, "wall", pin)
+    (_, agg, p1), (_, it, p2) = seen
+    assert (p1, p2) == (pin, pin)
+    assert (list(agg.grid.world_sizes), list(agg.grid.links_bps), agg.net.clock.name, agg.reps) == \
+        ([4], [5e7], "virtual", 2)
+    assert (list(it.grid.world_sizes), list(it.grid.links_bps), it.net.clock.name, it.iters, it.compressed_only) == \
+        ([2], [2e8], "wall", 3, True)
+    assert all(list(c.grid.settings) == list(V.AGGREGATORS) and list(c.grid.set) == list(V.SETTINGS)
+               for c in (agg, it))

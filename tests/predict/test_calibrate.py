@@ -110,3 +110,20 @@ def test_a_reencode_rings_hop_is_priced_through_the_codecs_own_reencode_sum():
     got = one_rank_ring(comp, flat, pieces, lambda f: contextlib.nullcontext(), True, Evict(False))
     assert calls == pieces
     assert [n for n, _ in got["hop"]] == [256, 256]
+
+
+def test_a_calibration_has_the_fields_the_flags_version_wrote(calibrated):
+    """tests/records/predict/cnn is ``calibrate --model cnn --num-classes 10 --aggregators rar qsgd`` as the
+    flags' version wrote it (1615f19^, before issue 62 typed its keys): today's calibration has the same
+    fields, each of the same type, at every level the model reads (its values are this host's timings)."""
+    from tests.helpers.records import RECORDS
+    for name in ("calibration.json", "structure.json"):
+        now = json.loads((calibrated / name).read_text())
+        before = json.loads((RECORDS / "predict" / "cnn" / name).read_text())
+        assert list(now) == list(before), name
+        assert {k: type(v).__name__ for k, v in now.items()} == {k: type(v).__name__ for k, v in before.items()}
+    cal = json.loads((calibrated / "calibration.json").read_text())
+    old = json.loads((RECORDS / "predict" / "cnn" / "calibration.json").read_text())
+    assert set(cal["codecs"]["qsgd"]) == set(old["codecs"]["qsgd"]) and set(cal["vector"]) == set(old["vector"])
+    assert (cal["version"], cal["model"], cal["batch_size"], cal["num_classes"], cal["cache"]) == \
+        (old["version"], old["model"], old["batch_size"], old["num_classes"], old["cache"])

@@ -142,3 +142,36 @@ def test_validation_by_the_post_backward_benchmarks_refuses_a_setting_in_one_lin
     with pytest.raises(M.PredictError, match="validate: 'qsgd bits=2': settings, which the benchmarks it runs do "
                                              "not take; validate them with validate-overlap --bench BENCH_JSON"):
         validate.report_validation(m, args)
+
+
+def test_the_benchmarks_validation_runs_are_given_the_calibrations_workload_as_keys(monkeypatch):
+    """``measure`` runs ``gvq.bench aggregate`` and ``train`` as subprocesses: the keys it passes compose
+    against each command's schema (so a renamed key fails here, not hours into a validation) and carry the
+    calibration's model, batch, input, settings, world sizes and links, on the virtual clock."""
+    from types import SimpleNamespace
+
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+    from gvq.predict.structure import SETTINGS
+    seen = []
+
+    def bench(sub, keys, pin=False):
+        cfg = compose_command(COMMANDS[sub], keys)
+        seen.append((sub, cfg))
+        worlds, links = cfg.grid.world_sizes, cfg.grid.links_bps
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 1.0, "iter_s": 2.0, "compute_s": 0.5}
+                for n in worlds for b in links for a in cfg.grid.settings]
+    monkeypatch.setattr(validate, "run_bench", bench)
+    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.5])
+    cal = {"model": "cnn", "num_classes": 10, "batch_size": 16, "input_shape": [1, 28, 28]}
+    rows = validate.measure(SimpleNamespace(cal=cal), ["rar", "qsgd"], [2, 4], [5e7, 1e9], reps=3, iters=5)
+    assert len(rows) == 2 * 2 * 2 and all(r["iter_s"] == 2.0 and r["aggregate_s"] == 1.0 for r in rows)
+    for _, cfg in seen:
+        assert (cfg.model, cfg.num_classes, cfg.net.clock.name, cfg.timeout) == ("cnn", 10, "virtual", 900)
+        assert (list(cfg.grid.settings), list(cfg.grid.set)) == (["rar", "qsgd"], list(SETTINGS))
+    aggregate = [cfg for sub, cfg in seen if sub == "aggregate"]
+    train = [cfg for sub, cfg in seen if sub == "train"]
+    assert [list(c.grid.world_sizes) for c in aggregate] == [[2], [4]] and aggregate[0].reps == 3
+    assert [list(c.grid.links_bps) for c in train] == [[5e7], [1e9]]
+    assert (train[0].batch_size, list(train[0].input_shape), train[0].iters, train[0].compressed_only) == \
+        (16, [1, 28, 28], 5, True)

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from gvq.report.__main__ import main as report_main
+from tests.helpers.records import assert_csv_matches_record
 from gvq.report.runs import ReportError, default_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +122,7 @@ def test_report_writes_every_output(built):
         assert mpimg.imread(out / png).std() > 0.01          # a drawn figure, not a blank canvas
     assert "final top-1" in (out / "table.md").read_text()
     assert len(table) == 4                                   # rar (2 seeds), qsgd, qsgd incomplete, failed
+    assert_csv_matches_record(table, "report_table")         # the flags' version's columns and values (issue 62)
 
 
 @pytest.mark.slow

@@ -59,3 +59,18 @@ def test_the_tools_defaults_are_their_grids():
     args = overlap.overlap_args(compose_command(COMMANDS["overlap"]), SimpleNamespace(out=None))
     assert (args.aggregators, args.world_size, args.bandwidth, args.compute_scale) == (
         table.settings, table.world_sizes, table.links_bps, table.compute_scales)
+
+
+def test_every_bench_command_with_a_grid_starts_from_its_file():
+    """A command's ``grid`` key composes to conf/grid/<its grid>.yaml, untouched by anything typed in code."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+    gridded = {name: c for name, c in COMMANDS.items() if c.grid is not None}
+    assert {"aggregate", "train", "overlap", "clock", "paper", "netns", "netns-train"} <= set(gridded)
+    for name, command in gridded.items():
+        composed = OmegaConf.to_container(compose_command(command).grid)
+        assert composed == dataclasses.asdict(load_grid(command.grid)), name

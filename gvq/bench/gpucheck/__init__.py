@@ -1,4 +1,4 @@
-"""The CUDA path checked in one command: ``python -m gvq.bench gpucheck [--part tests codecs cli]``.
+"""The CUDA path checked in one command: ``python -m gvq.bench gpucheck [part=[tests,codecs,cli]]``.
 
 On a CUDA machine (``make gpu-check`` runs every part):
 
@@ -8,18 +8,17 @@ On a CUDA machine (``make gpu-check`` runs every part):
   than GPUs: the shared plan), a few iterations each.  Passed: completed with identical replicas on the
   expected plan; torch DDP on shared GPUs: refused in one line, as the placement rules require.
 
-Each check is a subprocess with a time limit (its process group is killed there), ``--jobs`` of them at a
+Each check is a subprocess with a time limit (its process group is killed there), ``jobs`` of them at a
 time (half the CPUs, at most 8: on a 16-core GPU machine the whole check in one command of a few
-minutes); where it still does not fit a time-boxed session, run one part at a time or narrow it (``-k``,
-``--aggregators``, ``--world-sizes``, ``--codecs``).  ``--out`` (``runs/gpucheck``) gets
+minutes); where it still does not fit a time-boxed session, run one part at a time or narrow it (``k=``,
+``aggregators=``, ``world_sizes=``, ``codecs=``).  ``--out`` (``runs/gpucheck``) gets
 ``parts/<part>-<command>.json`` as each check ends, then ``gpucheck.json`` and ``gpucheck.md`` merged from every
 part file there (a check's newest row wins; delete the folder to start over), each part headed by its date,
 commit, machine and command (for docs/results.md); that one table is printed.  Exit status: 0 all passed,
-1 something failed, 2 no CUDA device is visible (one line, before anything runs).
+1 something failed, 2 no CUDA device is visible (one line, before anything runs) or a key is refused.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Callable
 
 from gvq.bench.gpucheck.judge import Check, Proc, judge_cli, judge_codec, judge_tests, outcome
+from gvq.schema.errors import ConfigError
+from gvq.schema.tool import choose, namespace
 
 ROOT = Path(__file__).resolve().parents[3]
 AGGREGATORS = ROOT / "conf" / "aggregator"
@@ -221,22 +222,6 @@ def default_jobs() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def _gpucheck_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gvq.bench gpucheck", description=__doc__.split("\n")[0])
-    p.add_argument("--part", nargs="+", choices=PARTS, default=list(PARTS), help="which checks (default: all)")
-    p.add_argument("--out", default="runs/gpucheck", help="results dir (part JSONs, gpucheck.json/.md, runs)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per cli.py run and per codec run")
-    p.add_argument("-k", dest="k", help="tests: only CUDA tests matching this pytest -k expression")
-    p.add_argument("--file-timeout", type=float, default=540, help="tests: seconds per test file's pytest run")
-    p.add_argument("--codecs", nargs="+", help="codecs: labels of gvq.bench codecs (default: all of them)")
-    p.add_argument("--reps", type=int, default=3, help="codecs: timed calls per codec")
-    p.add_argument("--aggregators", nargs="+", help="cli: options of conf/aggregator/ (default: every one)")
-    p.add_argument("--world-sizes", nargs="+", type=int, default=[1, 3], help="cli: ranks per run")
-    p.add_argument("--jobs", type=int, default=default_jobs(),
-                   help="checks run at a time (default: half the CPUs, at most 8); more => sooner, more contention")
-    return p
-
-
 def plan_checks(part: str, args, gpus: int, out: Path) -> list[Check]:
     if part == "tests":
         return tests_plan(out, args.k, args.file_timeout)
@@ -245,22 +230,36 @@ def plan_checks(part: str, args, gpus: int, out: Path) -> list[Check]:
     return cli_plan(out, gpus, args.world_sizes, args.aggregators, args.timeout)
 
 
-def main(argv: list[str] | None = None, runner: Callable | None = None, gpus: int | None = None) -> list[dict]:
+def given(cfg) -> list[str]:
+    """The keys set away from their defaults, as ``KEY=VALUE`` in key order: the command a part file
+    records (the same command again replaces its file, however its words were ordered)."""
+    from omegaconf import OmegaConf
+
+    from gvq.bench.keys import GpucheckKeys
+    now, default = (OmegaConf.to_container(c) for c in (cfg, OmegaConf.structured(GpucheckKeys)))
+    return [f"{k}={_value_text(v)}" for k, v in now.items() if v != default[k]]
+
+
+def _value_text(v) -> str:
+    return f"[{','.join(map(str, v))}]" if isinstance(v, list) else "null" if v is None else str(v)
+
+
+def bench_gpucheck(cfg, paths, runner: Callable | None = None, gpus: int | None = None) -> list[dict]:
     """Run the chosen parts; ``runner`` and ``gpus`` stand in for the subprocesses and the machine in tests."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = _gpucheck_parser().parse_args(argv)
+    args = namespace(cfg, paths)
+    choose("part", args.part, PARTS)
+    args.jobs = args.jobs or default_jobs()
     if gpus is None:
         gpus, why = visible_gpus()
         if not gpus:
-            print(f"gpucheck: no CUDA device is visible: {why}; run it on a CUDA machine", file=sys.stderr)
-            raise SystemExit(2)
-    unknown = sorted(set(args.aggregators or []) - set(aggregator_options())) if "cli" in args.part else []
-    if unknown:
-        raise SystemExit(f"gpucheck: --aggregators {' '.join(unknown)}: not in conf/aggregator/")
+            raise ConfigError(f"no CUDA device is visible: {why}; run it on a CUDA machine")
+    if "cli" in args.part:
+        choose("aggregators", args.aggregators, aggregator_options())
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    plans = {part: plan_checks(part, args, gpus, out) for part in args.part}     # a bad flag fails before any run
+    plans = {part: plan_checks(part, args, gpus, out) for part in args.part}     # a bad key fails before any run
     (out / "parts").mkdir(exist_ok=True)
+    argv = given(cfg)
     tag = hashlib.sha1(shlex.join(argv).encode()).hexdigest()[:8]     # the same command again replaces its file
     rows = [r for part, checks in plans.items() for r in run_part(
         checks, runner or run_check, machine_meta(part, argv, gpus), out / "parts" / f"{part}-{tag}.json",
