@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from gvq.aggregators.base import RunContext
+from gvq.aggregators.ddp import wrap_ddp
 from gvq.comm import clock
 from gvq.comm.p2p import peer_timeout_s
 from gvq.aggregators.rar import RingAllReduce
@@ -64,7 +64,7 @@ def _hook_vs_post_backward(rank, world, option, iterations):
     torch.manual_seed(0)
     net = Net()
     twin_net = Net()                                # the post-backward reference: same seed, own state
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
     state = GvqHookState(_bound(option, net.parameters(), rank, world))
     twin = _bound(option, twin_net.parameters(), rank, world)
     records, out = [], []
@@ -147,7 +147,7 @@ def test_buckets_follow_ddps_rebuild_and_every_parameter_is_averaged_once(hooked
 def _train(rank, world, option):
     torch.manual_seed(0)
     net = Net()
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
     # an emulated link: a sender thread of the transport's, which close() must stop as well
     with GvqHookState.from_config(option, net.parameters(), seed=1, timeout_s=30.0, bandwidth_bps=1e9) as state:
         ddp.register_comm_hook(state, gvq_hook)
@@ -176,7 +176,7 @@ def test_replicas_stay_identical_and_state_pickles(tmp_path, option):
 def _lose_peer(rank, world):
     torch.manual_seed(0)
     net = Net()
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
     state = GvqHookState(_bound("rar", net.parameters(), rank, world, timeout_s=3.0))
     ddp.register_comm_hook(state, gvq_hook)
     if rank == 1:                                   # leaves before backward: its ring never answers
@@ -213,7 +213,7 @@ class _Broken(RingAllReduce):
 def _failing_bucket(rank, world):
     torch.manual_seed(0)
     net = Net()
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
     agg = _Broken()
     agg.bind(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
     state = GvqHookState(agg)
@@ -264,7 +264,7 @@ def test_a_state_is_built_without_a_process_group_and_takes_back_only_its_own_ra
 def _train_in(rank, world, dtype):
     torch.manual_seed(0)
     net = Net().to(dtype)
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.002)
+    ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
     # start_iter 1: the compressed path (P and Q, the error memory) from the second step on
     with GvqHookState.from_config("powersgd", net.parameters(), {"start_iter": 1}, seed=1,
                                   timeout_s=30.0) as state:
@@ -325,7 +325,7 @@ def _two_states(rank, world):
         net = _net()
         lanes = clock.Lanes(SpyClock(), SpyClock())
         state = GvqHookState.from_config("rar", net.parameters(), lanes=lanes)
-        ddp = DistributedDataParallel(net)
+        ddp = wrap_ddp(net)
         ddp.register_comm_hook(state, gvq_hook)
         states.append(state)
         ddps.append(ddp)
@@ -371,7 +371,7 @@ def _paused(rank, world, timeout_s, gave_up):
     until the waiting rank has given up (the file ``gave_up``), so no machine speed decides who wins;
     returns what the rank's steps raised and its timeouts."""
     net = _net()
-    ddp = DistributedDataParallel(net)
+    ddp = wrap_ddp(net)
     kw = {} if timeout_s is None else {"timeout_s": timeout_s}
     state = GvqHookState.from_config("qsgd", net.parameters(), **kw)
     ddp.register_comm_hook(state, gvq_hook)
