@@ -93,8 +93,8 @@ validate-clock: $(STAMP)
 	$(PY) -m gvq.bench clock       # its grid: conf/grid/clock.yaml
 
 paper-time: $(STAMP)
-	$(PY) -m gvq.bench paper --world-size 6 --bandwidth auto 1e9
-	$(PY) -m gvq.bench paper --world-size 8 16 --bandwidth auto
+	$(PY) -m gvq.bench paper grid.world_sizes=[6] links=[auto,1e9]
+	$(PY) -m gvq.bench paper grid.world_sizes=[8,16] links=[auto]
 	$(PY) -m gvq.report cycle runs/paper_time/N* --out runs/paper_time/report
 
 COMMA := ,
@@ -134,7 +134,7 @@ lm-frontier: $(STAMP) data
 
 # make gpu-check -> on a CUDA machine: every CUDA test, gvq.bench codecs on the GPU, cli.py device=cuda for every
 # aggregator at world_size 1 and 3; one table (runs/gpucheck/gpucheck.md).  No venv needed (python3 with torch
-# and hydra on PYTHONPATH); with the venv: make gpu-check PYTHON=.venv/bin/python.  Parts: GPU_CHECK_ARGS="--part cli"
+# and hydra on PYTHONPATH); with the venv: make gpu-check PYTHON=.venv/bin/python.  Parts: GPU_CHECK_ARGS="part=[cli]"
 .PHONY: gpu-check
 gpu-check:
 	WANDB_MODE=disabled $(PYTHON) -m gvq.bench gpucheck $(GPU_CHECK_ARGS)

@@ -98,7 +98,7 @@ class DDPAggregator(Aggregator):
         if ctx.bandwidth_bps and ctx.rank == 0:
             log.warning("%s: the emulated link (net.bandwidth_bps=%g) does not apply to DDP's own "
                         "collectives; they run at loopback speed. Compare under kernel shaping "
-                        "(sudo python -m gvq.bench netns train).", self.name, ctx.bandwidth_bps)
+                        "(sudo python -m gvq.bench netns-train).", self.name, ctx.bandwidth_bps)
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         ddp = wrap_ddp(model, self.bucket_cap_mb)

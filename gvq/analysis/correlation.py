@@ -1,6 +1,6 @@
 """GradiVeQ's motivating observations on real gradients (paper sec. 1, Fig. 4 and Fig. 5).
 
-    python -m gvq.analysis correlation --out runs/correlation --iterations 150 [--model resnet20]
+    python -m gvq.analysis correlation --out runs/correlation iterations=150 [model=resnet20]
 
 See docs/design.md#gvqanalysiscorrelationpy for how it works and why.
 """

@@ -1,7 +1,7 @@
 """Codecs against their floor: ``python -m gvq.bench codecs [model=resnet32] [device=cpu|cuda]``.
 
 Every compressor at a model's gradient size, one intra-op thread on the CPU: compress, decompress and,
-for additive codecs, the payload sum a ring hop does, per call (median of ``--reps``).  Beside each, the
+for additive codecs, the payload sum a ring hop does, per call (median of ``reps``).  Beside each, the
 floor: what the call cannot beat on this machine, from ceilings measured in the same run --
 
 * ``gemm_gflops``: one-core matmul rate in the codec's dtype (a 1024 x 1024 fp32 / bf16 product);

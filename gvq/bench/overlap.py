@@ -252,7 +252,7 @@ def overlap_args(cfg, paths) -> SimpleNamespace:
         try:
             Setting.parse(entry)
         except ValueError as e:
-            raise ConfigError(str(e).replace("--aggregators", "grid.settings")) from None
+            raise ConfigError(str(e)) from None
     choose("variants", args.variants, VARIANTS)
     if not (args.world_size and args.bandwidth and args.compute_scale) or min(args.world_size) < 1 or \
             min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:

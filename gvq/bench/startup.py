@@ -1,7 +1,7 @@
 """What a short run pays before and after it trains: ``python -m gvq.bench startup``.
 
 Runs ``python cli.py world_size=2 iterations=1 logger=<csv|wandb>`` (wandb offline) as a user would, in a
-fresh subprocess, ``--reps`` times per setting, with the ranks forked from the warm fork server
+fresh subprocess, ``reps`` times per setting, with the ranks forked from the warm fork server
 (``forkserver``, the default) or spawned as fresh interpreters (``spawn``, ``GVQ_START_METHOD=spawn``),
 side by side in one run.  The split comes from the start-up stamps every run writes into summary.json
 (``startup``: gvq/run/logs.py ``mark``), all on the wall clock:

@@ -2,8 +2,8 @@
 the host is not?  ``python -m gvq.bench clock`` (``make validate-clock``) prints, in one run:
 
 * **V1** N = 2, one core per rank: virtual vs wall-clock for rar, 4-bit QSGD-RAR, GradiVeQ-RAR (bf16 bases,
-  pooled, K/d = 8) and PowerSGD r6 at each ``--bandwidth``: aggregation time (``gvq.bench aggregate``) and
-  whole compressed iterations (``gvq.bench train --compressed-only``).  Target: within 10%.
+  pooled, K/d = 8) and PowerSGD r6 at each of ``grid.links_bps``: aggregation time (``gvq.bench aggregate``) and
+  whole compressed iterations (``gvq.bench train compressed_only=true``).  Target: within 10%.
 * **V2** the same two ranks pinned to ONE core (``taskset -c 0``): wall-clock inflates (the ranks take
   turns), virtual time should stay within 10% of V1's.
 * **V3** N = 4 on fewer cores than ranks: the per-iteration compress / decompress virtual times of each codec

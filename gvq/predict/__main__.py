@@ -1,9 +1,9 @@
-"""``python -m gvq.predict [flags]``: predicted aggregation and iteration times per aggregator.
+"""``python -m gvq.predict [command] [KEY=VALUE ...]``: predicted aggregation and iteration times per aggregator.
 
-    python -m gvq.predict calibrate [--model resnet32]       # once per machine: costs + ring structure
-    python -m gvq.predict calibrate-overlap [--model resnet32]   # then: backward profile + DDP's buckets
+    python -m gvq.predict calibrate [model=resnet32]        # once per machine: costs + ring structure
+    python -m gvq.predict calibrate-overlap [model=resnet32]    # then: backward profile + DDP's buckets
     python -m gvq.predict calibrate-overlap host_ranks=[4,8]     # ... + messages as N ranks here pay them
-    python -m gvq.predict rings [--model resnet32]           # are the stored rings still the declared ones?
+    python -m gvq.predict rings [model=resnet32]            # are the stored rings still the declared ones?
     python -m gvq.predict world_size=[6,16] bandwidth=[5e7,1e9] compute_scale=[0.16667]
     python -m gvq.predict validate                         # model vs virtual-time benchmarks
     python -m gvq.predict validate-overlap --bench BENCH.json      # model vs gvq.bench overlap --out BENCH.json

@@ -124,7 +124,7 @@ BASELINE_CODEC_COSTS = Arg("--baseline-codec-costs", "baseline=nccl: gvq.bench c
 
 
 def from_args(args) -> Nccl | None:
-    """The baseline the flags ask for (None: ``gvq_ring``, the pricing before it)."""
+    """The baseline ``baseline=`` asks for (None: ``gvq_ring``, the pricing before it)."""
     if args.baseline != "nccl":
         return None
     try:

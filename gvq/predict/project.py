@@ -301,7 +301,7 @@ def _as_calibrated(model: str, m, iters, spread, optional):
     a calibration without fp16, the reference every gain is over, said once."""
     if FP16 not in m.aggregators:
         print(f"gvq.predict project: {model}: fp16 not calibrated: no gain over overlapped fp16 (margin left "
-              "empty); calibrate with --aggregators fp16 ...", flush=True)
+              "empty); calibrate with aggregators=[fp16,...]", flush=True)
     names = {k: calibrated_name(k, m.aggregators, m.cal.get("settings", ())) for k in (iters or {})}
     for k, v in names.items():
         if k != v:

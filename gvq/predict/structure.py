@@ -26,7 +26,7 @@ def structure_ns() -> list[int]:
 
 def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTINGS, in_channels: int | None = None):
     """The calibrated ``entry`` (an option, or a setting ``OPTION:KEY=VALUE[,KEY=VALUE]`` as ``gvq.bench
-    overlap --aggregators`` takes it; its own keys win over ``settings``, make bench's by default) set up
+    overlap grid.settings=[...]`` takes it; its own keys win over ``settings``, make bench's by default) set up
     on one rank of ``model``'s gradient (``in_channels``: its input's, default the model's default data's),
     GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
     from gvq.bench.common import build_model, make_aggregator
@@ -63,7 +63,7 @@ def calibrated_entries(cal: dict, struct: dict) -> dict[str, str]:
 
 
 def calibrated_shape(cal: dict) -> tuple[int, int, int]:
-    """One input's shape a calibration timed; one written before ``--input-shape`` timed the default's."""
+    """One input's shape a calibration timed; one written before ``input_shape`` timed the default's."""
     from gvq.bench.train import default_input_shape
     return tuple(cal.get("input_shape") or default_input_shape(cal["model"]))
 

@@ -136,7 +136,7 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, ho
 
 def _calibrated_name(rec: dict, defaults: dict, calibrated) -> str | None:
     """The calibrated name a bench record's setting is priced under: the setting itself where the
-    calibration holds it (``calibrate --aggregators qsgd:compressor.bits=2`` holds ``qsgd bits=2``), else
+    calibration holds it (``calibrate aggregators=[qsgd:compressor.bits=2]`` holds ``qsgd bits=2``), else
     its family's option where the record is that family's default setting (a calibration of options);
     None: not calibrated (another setting of a calibrated family is not its default's)."""
     setting = rec.get("setting", rec["aggregator"])

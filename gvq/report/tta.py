@@ -248,7 +248,7 @@ def _config_value(config: dict, dotted: str):
 
 def check_setting(runs: list[Run], setting: dict) -> None:
     """Refuse runs priced at seconds measured on another setting: batch per rank, and every override the
-    bench applied to all its modes (``--set``) must be the run's.  A setting's own overrides (PowerSGD's
+    bench applied to all its modes (``grid.set``) must be the run's.  A setting's own overrides (PowerSGD's
     rank, QSGD's bits) are in its name, which each run is matched by (``bench_seconds``)."""
     import yaml
     for r in runs:

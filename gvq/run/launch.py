@@ -79,7 +79,7 @@ def preflight(cfg: DictConfig):
     if cfg.net.clock == "virtual" and not agg.virtual_time:
         config_error(f"net.clock=virtual: aggregator {agg.name!r} communicates outside gvq's P2P (torch DDP's "
                      "collectives), so virtual time cannot see it; use net.clock=wall with kernel shaping "
-                     "(sudo python -m gvq.bench netns train)")
+                     "(sudo python -m gvq.bench netns-train)")
     if cfg.aggregator.get("bucket_cap_mb") is not None and not agg.inside_backward:
         print(f"gvq: warning: aggregator.bucket_cap_mb={cfg.aggregator.bucket_cap_mb} does nothing without "
               "aggregator.overlap=true (gradients are averaged after backward, as one vector)", file=sys.stderr)

@@ -6,7 +6,7 @@ Choices (``device``, ``net.clock``, ``optim.schedule`` ...) are enums in the sch
 (:mod:`gvq.schema.config`, :mod:`gvq.schema.options`), refused at compose time.  The GradiVeQ knobs
 (``lambda``, ``K``, ``s``, ``L_t``, ``L_c``, ``warmup``) are checked by the constructors that read them,
 run here on the top-level values so that a bad one is refused whichever aggregator runs.  The clock's
-rules serve the run (``net.*``) and the benchmarks' flags (``--clock`` ...): :func:`check_clock`.
+rules serve the run (``net.*``) and the benchmarks' ``net`` keys (``net.clock`` ...): :func:`check_clock`.
 """
 from __future__ import annotations
 

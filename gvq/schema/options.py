@@ -65,7 +65,7 @@ Tokenizer = Choice("Tokenizer", "bytes bpe", module=__name__)   # dataset.tokeni
 class NetSchema:
     """An emulated per-rank link and the clock runs are timed on: the one home of every ``net.*``
     default (conf/net/*.yaml set only what differs; the benchmarks read them here too, and take any key
-    as ``--set net.KEY=VALUE``); gvq.run.validate holds the clock's rules."""
+    as ``net.KEY=VALUE`` on their command lines); gvq.run.validate holds the clock's rules."""
     bandwidth_bps: Optional[float] = None    # bit/s per rank's outgoing link; lower => the wire dominates;
                                              # null: unshaped
     latency_s: float = 0.0                   # extra per-message latency (s) on top of the real transport's own

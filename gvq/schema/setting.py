@@ -1,7 +1,7 @@
 """A setting: an aggregator option, the overrides it runs with and the variant it is reduced in; the one
-home of how a setting is written (``OPTION:KEY=VALUE[,KEY=VALUE]``, the benches' ``--aggregators``), named
-(``qsgd bits=2``, the report's), scoped (``OPTION:KEY=VALUE`` in a ``--set`` list applies to that option
-only) and keyed in a bench record (:class:`BenchKey`).
+home of how a setting is written (``OPTION:KEY=VALUE[,KEY=VALUE]``, an entry of a grid's ``grid.settings``),
+named (``qsgd bits=2``, the report's), scoped (``OPTION:KEY=VALUE`` in a ``grid.set`` list applies to that
+option only) and keyed in a bench record (:class:`BenchKey`).
 
     s = Setting.parse("qsgd:compressor.bits=2")            # option qsgd, ("aggregator.compressor.bits=2",)
     s.name                                                  # 'qsgd bits=2': what the report calls its runs
@@ -30,7 +30,7 @@ SYNTAX = "write OPTION or OPTION:KEY=VALUE[,KEY=VALUE] (keys under aggregator., 
 
 
 def overrides_for(option: str, overrides, scoped_only: bool = False) -> list[str]:
-    """The overrides that apply to the aggregator option ``option`` in the benches' ``--set`` syntax:
+    """The overrides that apply to the aggregator option ``option`` in a grid's ``grid.set`` syntax:
     ``key=value`` applies to every option, ``option:key=value`` to that one (returned without its scope);
     ``scoped_only``: just the latter, the ones that make a setting's name."""
     out = []
@@ -87,12 +87,14 @@ class Setting:
     @classmethod
     def parse(cls, spec: str, common=(), variant: str = "post") -> Setting:
         """``OPTION`` or ``OPTION:KEY=VALUE,...`` (keys under ``aggregator.``); its overrides start from
-        ``common``'s for the option (``--set`` syntax: :func:`overrides_for`) and its own keys replace
+        ``common``'s for the option (``grid.set`` syntax: :func:`overrides_for`) and its own keys replace
         those of the same key.  A ValueError (one line, the syntax) for a malformed entry."""
+        if not isinstance(spec, str):        # YAML read ``qsgd:`` or ``a: b`` inside a list as a mapping
+            raise ValueError(f"grid.settings {spec}: not OPTION[:KEY=VALUE,...] (quote an entry holding ':')")
         option, colon, own = spec.partition(":")
         pairs = [kv for kv in own.split(",") if kv]
         if not option or (colon and not pairs) or any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
-            raise ValueError(f"--aggregators {spec}: {SYNTAX}")
+            raise ValueError(f"grid.settings {spec}: {SYNTAX}")
         mine = tuple(f"aggregator.{kv}" for kv in pairs)
         keys = {o.split("=", 1)[0] for o in mine}
         base = tuple(o for o in overrides_for(option, list(common)) if o.split("=", 1)[0] not in keys)
@@ -106,12 +108,12 @@ class Setting:
 
     @property
     def entry(self) -> str:
-        """Back to the ``--aggregators`` syntax (its ``aggregator.*`` overrides only): ``qsgd:compressor.bits=2``."""
+        """Back to the ``grid.settings`` syntax (its ``aggregator.*`` overrides only): ``qsgd:compressor.bits=2``."""
         own = [o[len("aggregator."):] for o in self.overrides if o.startswith("aggregator.")]
         return self.option + (":" + ",".join(own) if own else "")
 
     def scoped(self, common) -> Setting:
-        """This setting with ``common`` (``--set`` syntax) applied after its own overrides."""
+        """This setting with ``common`` (``grid.set`` syntax) applied after its own overrides."""
         return Setting(self.option, self.overrides + tuple(overrides_for(self.option, list(common))), self.variant)
 
 

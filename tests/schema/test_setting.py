@@ -68,3 +68,14 @@ def test_a_bench_json_of_the_old_format_still_loads(tmp_path):
     assert secs[(4, 1.0, 50.0, "rar", "post")] == pytest.approx(0.9)
     with pytest.raises(ValueError, match="newer"):
         read_bench({"version": BENCH_VERSION + 1, "modes": []})
+
+
+def test_an_entry_yaml_read_as_a_mapping_is_one_line_not_a_traceback(capsys):
+    """``grid.settings=[qsgd:]``: YAML reads ``qsgd:`` inside a list as a mapping, which the list's type
+    lets through; the bench says so in one line, naming the key, and how to write it."""
+    from gvq.bench.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["overlap", "grid.settings=[qsgd:]"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("gvq.bench: error: grid.settings {'qsgd': None}: not OPTION") and "quote" in err
