@@ -1,7 +1,8 @@
 """The keys of the ``python -m gvq.bench`` commands on the tool command line (``key=value``; ``--cfg`` prints
 them composed), declared here once with their defaults; ``--out`` (the records as JSON) is each one's path
 argument (``paper`` and ``gpucheck``: the folder their runs go to).  A grid key (``grid.settings``, ``grid.set``,
-``grid.world_sizes``, ``grid.links_bps``, ``grid.compute_scales``) starts from ``conf/grid/<command>.yaml``."""
+``grid.world_sizes``, ``grid.links_bps``, ``grid.compute_scales``) starts from the command's grid file,
+``conf/grid/<grid>.yaml`` (``COMMANDS`` in gvq/bench/__main__.py names it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,9 +11,6 @@ from typing import List, Optional
 from gvq.schema.grid import GridSchema
 from gvq.schema.options import Clock, NetSchema
 from gvq.schema.tool import Arg
-
-#: the runner's own aggregators and torch's, timed whole iterations against each other (gvq.bench train)
-TRAIN_MODES = ("rar", "ddp", "torch_ddp", "local")
 
 #: a ResNet-32 (100 classes) gradient's size: the quantizer bench's default vector
 RESNET32_PARAMS = 470_004

@@ -58,3 +58,15 @@ def test_the_command_refuses_an_unknown_quantizer_or_key_in_one_line(capsys):
                                                + ", ".join(CONFIGS))
     assert main(["dither", "call=5"]) == 2
     assert "call: unknown key; did you mean calls?" in capsys.readouterr().err
+
+
+def test_the_command_writes_what_the_flags_version_wrote(tmp_path):
+    """``dither`` through the tool's command line, seeded, writes the table the flags' version wrote for the
+    same quantizers, size and calls (tests/records/analysis_dither.json, issue 62)."""
+    from gvq.analysis.__main__ import main
+    from tests.helpers.records import assert_csv_matches_record
+    out = tmp_path / "dither.csv"
+    assert main(["dither", "quantizers=[qsgd4_max,orq3,terngrad]", "sizes=[2048]", "calls=100", "block=25",
+                 "--out", str(out)]) == 0
+    import pandas as pd
+    assert_csv_matches_record(pd.read_csv(out), "analysis_dither")

@@ -39,3 +39,17 @@ def test_codec_error_equals_the_reference_and_a_stale_mean_shows_as_mean_share()
 def test_too_few_gradients_is_refused():
     with pytest.raises(ValueError, match="need more than warmup"):
         trace(_grads(5, 0, 1.0), SHAPES, warmup=0, L_t=5, L_c=10)
+
+
+def test_the_command_traces_a_short_run_as_the_flags_version_did(tmp_path):
+    """``gradiveq_trace`` end to end on digits (5 warm-up, 10 fitting, 5 compressed iterations): the rows
+    (iteration, layer, K, d) and columns the flags' version wrote (tests/records/analysis_gradiveq_trace.json,
+    issue 62), and the codec's error equal to the float64 reference's."""
+    import pandas as pd
+
+    from gvq.analysis.__main__ import main
+    from tests.helpers.records import assert_csv_matches_record
+    assert main(["gradiveq_trace", "dataset=digits", "warmup=5", "L_t=10", "L_c=5", "--out", str(tmp_path)]) == 0
+    df = pd.read_csv(tmp_path / "trace.csv")
+    assert_csv_matches_record(df, "analysis_gradiveq_trace")
+    assert df.err.to_numpy() == pytest.approx(df.ref_err.to_numpy(), rel=1e-5)

@@ -24,3 +24,17 @@ def test_error_table_claims_and_plot_on_synthetic_gradients(tmp_path):
     assert not {c: h for c, h, _ in check_claims(flipped)}["ORQ-5 error < QSGD-5 error"]
     plot_errors(df, tmp_path / "errors.png")
     assert (tmp_path / "errors.png").stat().st_size > 1000
+
+
+def test_the_command_on_recorded_gradients_writes_the_flags_versions_table(tmp_path):
+    """``quantizers`` end to end (a short digits run's gradients, then the table and the plot): the columns,
+    quantizers, levels and byte ratios the flags' version wrote (tests/records/analysis_quantizers.json,
+    issue 62), and an error per quantizer."""
+    import pandas as pd
+
+    from gvq.analysis.__main__ import main
+    from tests.helpers.records import assert_csv_matches_record
+    assert main(["quantizers", "--out", str(tmp_path), "iterations=10", "every=5"]) == 0
+    df = pd.read_csv(tmp_path / "quantizer_errors.csv")
+    assert_csv_matches_record(df, "analysis_quantizers")
+    assert (df.error > 0).all() and (tmp_path / "quantizer_errors.png").stat().st_size > 1000
