@@ -20,7 +20,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gvq-installed
 
-.PHONY: setup data run test test-fast test-costs coverage layout-report bench validate-clock paper-time projection frontier lm-frontier clean
+.PHONY: setup data run test test-fast coverage layout-report bench validate-clock paper-time projection frontier lm-frontier clean
 
 # the exact versions this machine installs (torch's CPU build); pyproject.toml states only the ranges gvq needs
 CONSTRAINTS ?= constraints-cpu.txt
@@ -59,10 +59,8 @@ run: $(STAMP) data
 # --durations=25: the slowest tests, so the next slow one is seen the day it lands.  -n 2 --dist loadfile: two
 # pytest-xdist workers, a test file each at a time (its module fixtures computed once): much of the suite waits
 # (rank rendezvous, interpreters starting, signals) or runs one thread, so two files fill two cores better than
-# one; a fixed 2, not the host's core count, so the suite runs the same on every machine.  --no-loadscope-reorder:
-# files in the order tests/helpers/file_costs.py gives them, the costliest first (xdist's own puts the files with
-# the most tests first, and the run ended on one worker inside the examples' minutes)
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# one; a fixed 2, not the host's core count, so the suite runs the same on every machine
+XDIST := -n 2 --dist loadfile
 # ruff first (pyproject.toml's [tool.ruff]: the rules the code keeps): a finding stops the suite before it starts
 LINT := $(PY) -m ruff check --no-cache --quiet .
 test: $(STAMP) data
@@ -72,10 +70,6 @@ test: $(STAMP) data
 test-fast: $(STAMP) data
 	$(LINT)
 	WANDB_MODE=disabled $(PY) -m pytest -q -ra -m "not slow" $(XDIST)
-
-# tests/file_costs.json anew from a whole run (the order make test takes the files in)
-test-costs: $(STAMP) data
-	WANDB_MODE=disabled $(PY) -m pytest -q $(XDIST) --file-costs-out tests/file_costs.json
 
 # coverage.py follows every process the suite starts (pyproject.toml's [tool.coverage.run]: spawned or forked
 # ranks, `python cli.py`); the data lives under .coverage-data/, never in the repository root that tests watch

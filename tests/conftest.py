@@ -23,8 +23,7 @@ from gvq.schema.config import register  # noqa: E402 - imported after TRITON_INT
 
 register()
 
-# counts the processes the suite starts (make test's summary); costliest test files first (make test's split)
-pytest_plugins = ["tests.helpers.launches", "tests.helpers.file_costs"]
+pytest_plugins = ["tests.helpers.launches"]      # counts the processes the suite starts (make test's summary)
 
 
 @pytest.fixture

@@ -122,27 +122,3 @@ def test_coverage_follows_a_rank_forked_from_the_fork_server(tmp_path):
     lines = (ROOT / "gvq" / "run" / "warm.py").read_text().splitlines()
     update = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "os.environ.update(env)")
     assert update in warm["executed_lines"]
-
-
-def test_the_costliest_files_go_first_each_file_whole_and_in_its_own_order():
-    """make test's workers take whole files in collection order: the recorded costliest first, files it
-    does not name last in collection order, and a file's tests never reordered or split."""
-    from types import SimpleNamespace
-
-    from tests.helpers.file_costs import costliest_first
-    ids = ["tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t1", "tests/new.py::t1", "tests/c.py::t1",
-           "tests/c.py::t2", "tests/newer.py::t1"]
-    items = [SimpleNamespace(nodeid=i) for i in ids]
-    got = [it.nodeid for it in costliest_first(items, {"tests/a.py": 2.0, "tests/b.py": 0.0, "tests/c.py": 90.5})]
-    assert got == ["tests/c.py::t1", "tests/c.py::t2", "tests/a.py::t1", "tests/a.py::t2", "tests/b.py::t1",
-                   "tests/new.py::t1", "tests/newer.py::t1"]
-
-
-def test_the_recorded_costs_name_files_that_exist():
-    """tests/file_costs.json (make test-costs) names test files of this suite: a renamed file would quietly
-    lose its place at the front."""
-    from tests.helpers.file_costs import COSTS
-    costs = json.loads(COSTS.read_text())
-    root = COSTS.parents[1]
-    missing = [f for f in costs if not (root / f).is_file()]
-    assert len(costs) > 50 and missing == [], missing
