@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import wrap_ddp
 from gvq.bench.common import (BenchError, build_model, check_net, clock_label, collections_untimed,
-                              configure_clock, net_defaults, make_aggregator, print_markdown, spawn_loopback)
+                              configure_clock, default_input_shape, in_channels, net_defaults, make_aggregator,
+                              print_markdown, spawn_loopback, step_loss, synthetic_batch)
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
@@ -66,7 +66,7 @@ class _Mode:
 
     def __init__(self, spec: ModeSpec, rank: int, world: int, args, shape, device: torch.device):
         self.name, self.agg = spec.label, None
-        net = build_model(args.model, args.num_classes, shape[0]).to(device)
+        net = build_model(args.model, args.num_classes, in_channels(shape)).to(device)
         if spec.option == "torch_ddp":
             net = wrap_ddp(net)           # as gvq's own DDP options wrap it (no per-forward buffer sync)
         elif spec.option != "local":
@@ -91,7 +91,7 @@ class _Mode:
         t0 = clock.now()
         if self.agg is None:
             with clock.phase("compute"):
-                loss = F.cross_entropy(self.net(x), y)
+                loss = step_loss(self.net(x), y)
                 self.opt.zero_grad(set_to_none=False)
                 t_backward = clock.now()
                 loss.backward()
@@ -141,8 +141,7 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
         warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
         g = torch.Generator().manual_seed(rank)
-        x = torch.randn(args.batch_size, *shape, generator=g).to(device)
-        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(device)
+        x, y = (t.to(device) for t in synthetic_batch(args.batch_size, shape, args.num_classes, g))
         rows = time_rounds(modes, x, y, warmup, args.iters)
         for m in modes:
             if m.agg is not None:
@@ -200,16 +199,11 @@ def print_iterations(records: list[dict], header: str) -> None:
                    f"(_ci: {CONFIDENCE:.0%} bootstrap interval of the median), {ref}")
 
 
-def input_shape(args) -> tuple[int, int, int]:
+def input_shape(args) -> tuple[int, ...]:
     """The ``input_shape`` key, else :func:`default_input_shape`."""
     if args.input_shape:
         return tuple(args.input_shape)
     return default_input_shape(args.model)
-
-
-def default_input_shape(model: str) -> tuple[int, int, int]:
-    """The shape of the data a model is built for by default (digits for the CNN, CIFAR for the ResNets)."""
-    return (1, 8, 8) if model == "cnn" else (3, 32, 32)
 
 
 def iteration_args(cfg, paths) -> SimpleNamespace:

@@ -67,15 +67,14 @@ def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS, 
     """CPU seconds of one forward + backward + SGD step (what the compute phase times) on inputs of
     ``shape`` (default: the model's default data's), ``reps`` samples sorted: their spread on one quiet
     rank is the spread between ranks of one iteration."""
-    from gvq.bench.common import build_model
-    from gvq.bench.train import default_input_shape
+    from gvq.bench.common import build_model, default_input_shape, in_channels, step_loss, synthetic_batch
     shape = tuple(shape or default_input_shape(model))
-    net = build_model(model, num_classes, shape[0])
+    net = build_model(model, num_classes, in_channels(shape))
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, *shape), torch.randint(0, num_classes, (batch,))
+    x, y = synthetic_batch(batch, shape, num_classes)
 
     def step():
-        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss = step_loss(net(x), y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
@@ -256,7 +255,7 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     """Measure everything for each of ``aggregators`` (options, or settings ``OPTION:KEY=VALUE[,...]``,
     each keyed by its name: :func:`gvq.predict.structure.entries`) on inputs of ``shape`` (default: the
     model's default data's); write ``calibration.json`` and ``structure.json`` under ``out``."""
-    from gvq.bench.train import default_input_shape
+    from gvq.bench.common import default_input_shape, in_channels
     named, shape = entries(aggregators), list(shape or default_input_shape(model))
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -269,7 +268,7 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     cal["compute_s"] = statistics.median(cal["compute_samples"])
     struct = {"model": model, "aggregators": {}, "passes": {}}
     for name, entry in named.items():
-        agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=shape[0])
+        agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=in_channels(shape))
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel

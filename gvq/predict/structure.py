@@ -29,11 +29,11 @@ def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTING
     overlap grid.settings=[...]`` takes it; its own keys win over ``settings``, make bench's by default) set up
     on one rank of ``model``'s gradient (``in_channels``: its input's, default the model's default data's),
     GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
-    from gvq.bench.common import build_model, make_aggregator
-    from gvq.bench.train import default_input_shape
+    from gvq.bench.common import build_model, default_input_shape, make_aggregator
+    from gvq.bench.common import in_channels as channels_of
     s = Setting.parse(entry, settings)
     option, overrides = s.option, s.overrides
-    net = build_model(model, num_classes, in_channels or default_input_shape(model)[0])
+    net = build_model(model, num_classes, in_channels or channels_of(default_input_shape(model)))
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -64,7 +64,7 @@ def calibrated_entries(cal: dict, struct: dict) -> dict[str, str]:
 
 def calibrated_shape(cal: dict) -> tuple[int, int, int]:
     """One input's shape a calibration timed; one written before ``input_shape`` timed the default's."""
-    from gvq.bench.train import default_input_shape
+    from gvq.bench.common import default_input_shape
     return tuple(cal.get("input_shape") or default_input_shape(cal["model"]))
 
 

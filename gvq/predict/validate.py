@@ -186,7 +186,7 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
     import json
     bench = json.loads(bench_json.read_text())
     st = bench["setting"]
-    from gvq.bench.train import default_input_shape
+    from gvq.bench.common import default_input_shape
     from gvq.predict.structure import calibrated_shape
     shape = tuple(st.get("input_shape") or default_input_shape(st["model"]))   # older files: the default
     cal = ov.m.cal

@@ -145,3 +145,14 @@ def test_each_modes_seconds_and_its_paired_ratio_to_the_reference_carry_interval
     assert by["ddp"]["ref"] == "ddp" and (by["ddp"]["over_ref_lo"], by["ddp"]["over_ref_hi"]) == (1.0, 1.0)
     assert (by["rar"]["over_ref"], by["rar"]["over_ref_lo"], by["rar"]["over_ref_hi"]) == (2.0, 2.0, 2.0)
     assert by["ddp"]["iter_lo_s"] <= by["ddp"]["iter_s"] <= by["ddp"]["iter_hi_s"] < 0.30
+
+
+@pytest.mark.slow
+def test_train_bench_times_the_language_model_on_token_windows(capsys):
+    """model=gpt_tiny: every rank steps on windows of its context's tokens (a vocabulary of 256), through
+    the runner's path for rar and alone for compute; the bytes are the transformer's gradient."""
+    recs = bench_main(["train", "grid.world_sizes=[2]", "model=gpt_tiny", "num_classes=256", "batch_size=2",
+                       "iters=1", "warmup=0", "grid.settings=[rar,local]"])
+    by = {r["aggregator"]: r for r in recs}
+    assert by["rar"]["MB_per_rank"] == pytest.approx(4 * 834_304 / 1e6) and by["local"]["MB_per_rank"] == 0
+    assert all(r["iter_s"] >= r["compute_s"] > 0 and r["model"] == "gpt_tiny" for r in recs)

@@ -90,3 +90,15 @@ def test_a_gradiveq_bucket_is_cut_into_its_own_pieces_and_its_codec_timed():
     factors = [e["codec_factor"] for e in entries]               # measured ratios (this CNN's calls are
     assert all(0 < f < float("inf") for f in factors)            # too small for their size to tell)
     assert any(f != 1.0 for f in factors)
+
+
+def test_a_language_models_backward_profile_and_compute_are_timed_on_token_windows():
+    """gpt_tiny calibrates as the CNN does: its step on windows of its context's tokens (the cost model's
+    projection of the transformer reads these), every parameter's gradient placed in backward, the tied
+    embedding once."""
+    from gvq.predict.calibrate import compute
+    prof = B.backward_profile("gpt_tiny", 2, 256, reps=1)
+    assert sum(prof["nbytes"]) == 4 * 834_304 and sorted(prof["order"]) == list(range(len(prof["nbytes"])))
+    assert all(0.0 <= r <= 1.0 for r in prof["ready"]) and prof["backward"][0] > 0
+    samples = compute("gpt_tiny", 2, 256, reps=2)
+    assert len(samples) == 2 and 0 < samples[0] <= samples[1]
