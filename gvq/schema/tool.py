@@ -59,6 +59,8 @@ def compose_command(command: Command, overrides=()) -> DictConfig:
     for o in overrides:
         if not OVERRIDE.match(o):
             raise ConfigError(f"{o!r}: an override is KEY=VALUE (keys: {', '.join(keys_of(command.schema))})")
+    for o in overrides:
+        _readable(o)
     try:
         return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except (ConfigKeyError, ConfigAttributeError) as e:
@@ -67,6 +69,16 @@ def compose_command(command: Command, overrides=()) -> DictConfig:
         raise ConfigError(unknown_key(str(e.full_key), keys_of(command.schema))) from e
     except OmegaConfBaseException as e:
         raise ConfigError(describe(e)) from e
+
+
+def _readable(override: str) -> None:
+    """A ConfigError naming ``override`` where YAML cannot read its value (``'a',b``), before OmegaConf's
+    parser raises its own multi-line error."""
+    import yaml
+    try:
+        yaml.safe_load(override.split("=", 1)[1])
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{override}: YAML cannot read the value ({str(e).splitlines()[0]}); quote it") from None
 
 
 def parse_command(prog: str, command: Command, argv: list[str],
@@ -99,7 +111,14 @@ def parse_command(prog: str, command: Command, argv: list[str],
 
 
 def _is_override(token: str) -> bool:
-    return bool(OVERRIDE.match(token)) and not Path(token).exists()
+    return bool(OVERRIDE.match(token)) and not _is_path(token)
+
+
+def _is_path(token: str) -> bool:
+    try:
+        return Path(token).exists()
+    except OSError:                     # a long list of settings is no file name (ENAMETOOLONG)
+        return False
 
 
 def _dest(arg: Arg) -> str:

@@ -74,6 +74,19 @@ def test_paths_and_overrides_are_told_apart(tmp_path):
     assert (cfg.reps, cfg.target, cfg.model) == (4, 1.5, "resnet20") and args.out == tmp_path / "o"
 
 
+def test_an_override_longer_than_a_file_name_is_still_an_override():
+    """A long list of settings is no path: asking the file system whether it exists must not end the
+    command (its name is longer than a file name may be)."""
+    long = "resnet" * 50
+    _, cfg = parse_command("prog", PLAIN, [f"model={long}", "reps=2"])
+    assert cfg.model == long and cfg.reps == 2
+
+
+def test_a_value_yaml_cannot_read_is_one_line_naming_it():
+    with pytest.raises(ConfigError, match="^model='a',b: YAML cannot read the value"):
+        compose_command(PLAIN, ["model='a',b"])
+
+
 def test_dispatch_runs_the_named_command_or_the_default_and_prints_cfg_without_running(capsys):
     table = {"plain": PLAIN, "grid": GRID}
     CALLS.clear()
