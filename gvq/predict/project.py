@@ -87,7 +87,13 @@ def plot(win: pd.DataFrame, model: str, path: Path, note: str = "") -> None:
     import matplotlib.pyplot as plt
     tied, label, names, cmap = _cell_colours(win)
     scales = sorted(win["compute_scale"].unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.6 + 0.4 * bool(note)), squeeze=False)
+    line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
+    entries = names + ["GradiVeQ-RAR = RAR"] * line
+    # the legend wraps rather than outrun the figure: as many columns as its longest name allows (inches at 8 pt)
+    ncol = max(1, min(len(entries), int(5.2 * len(scales) // (0.5 + 0.07 * max(map(len, entries))))))
+    rows = -(-len(entries) // ncol)
+    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.4 + 0.4 * bool(note) + 0.25 * rows),
+                             squeeze=False)
     for ax, c in zip(axes[0], scales):
         w = win[win["compute_scale"] == c]
         Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
@@ -109,10 +115,8 @@ def plot(win: pd.DataFrame, model: str, path: Path, note: str = "") -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(names))]
     if note:                                  # wrapped: the baseline's line outruns a narrow figure
         fig.suptitle("\n".join(textwrap.wrap(note, 70 * len(scales))), fontsize=7)
-    line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
-    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, names + ["GradiVeQ-RAR = RAR"] * line,
-               loc="lower center", ncol=len(names) + 1, fontsize=8)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.92 if note else 1))
+    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, entries, loc="lower center", ncol=ncol, fontsize=8)
+    fig.tight_layout(rect=(0, 0.02 + 0.05 * rows, 1, 0.92 if note else 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

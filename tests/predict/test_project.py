@@ -149,3 +149,22 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
     assert (tmp_path / "out" / "projection_overlap_tta_cnn.png").stat().st_size > 10_000   # settings ranked
     full = main([*base, "--frontier", str(csv), "iterations_to_target=[qsgd bits=2=1000]"])
     assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])
+
+
+def test_a_heatmap_with_many_winners_keeps_its_legend_inside_the_figure(tmp_path, monkeypatch):
+    """Eight winners and the GradiVeQ line in two panels: the legend wraps into rows instead of one line
+    wider than the figure (the transformer's projection cut its first and last names off)."""
+    import matplotlib.pyplot as plt
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    winners = [f"signsgd _target_=ErrorFeedback {k} post" for k in range(8)]
+    rows = [{"N": n, "link_bps": b, "compute_scale": c, "winner": winners[(i + j) % 8], "margin": 1.5,
+             "gradiveq_vs_rar": 0.5 + j, "tied": ""}
+            for c in (1.0, 1 / 6) for i, n in enumerate((8, 16)) for j, b in enumerate((5e7, 1e9, 1e10))]
+    project.plot(pd.DataFrame(rows), "m", tmp_path / "h.png", note="baseline: a long line " * 6)
+    (fig,) = kept
+    renderer = fig.canvas.get_renderer()
+    box, whole = fig.legends[0].get_window_extent(renderer), fig.bbox
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0
+    assert all(not box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert (tmp_path / "h.png").stat().st_size > 1000
