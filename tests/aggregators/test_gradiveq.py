@@ -215,6 +215,10 @@ def test_prepare_benchmark_pins_the_compressed_phase_with_d_near_L_t():
     (dict(monitor_threshold=0), "aggregator.monitor_threshold"),
     (dict(qsgd_bits=1), "aggregator.qsgd_bits"),
     (dict(qsgd_bucket=-3), "aggregator.qsgd_bucket"),
+    (dict(warmup_by="fp16"), "aggregator.warmup_by"),
+    (dict(sampling="powersgd"), "aggregator.warmup_by='rar', aggregator.sampling='powersgd'"),
+    (dict(samples_in_warmup="yes"), "aggregator.samples_in_warmup"),
+    (dict(error_feedback=1), "aggregator.error_feedback"),
 ])
 def test_bad_knobs_raise_one_line_errors_naming_the_key(kw, key):
     with pytest.raises(ValueError) as e:

@@ -179,3 +179,11 @@ def test_powersgd_state_roundtrips_for_a_bitwise_resume():
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.feedback.memory, b.feedback.memory)
     assert all(torch.equal(a.low_rank.q[i], b.low_rank.q[i]) for i in a.low_rank.q)
+
+
+def test_built_directly_a_knob_of_the_wrong_type_is_refused_naming_it():
+    """Built without the schema (a user's own code), PowerSGD refuses what the schema would: a warm start
+    that is not a boolean."""
+    good = knobs(PowerSGDSchema)
+    with pytest.raises(ValueError, match="aggregator.warm_start='yes': must be true or false"):
+        PowerSGDAggregator(**{**good, "warm_start": "yes"})

@@ -59,3 +59,16 @@ def test_bits_per_byte_is_nats_per_token_over_ln2_and_bytes_per_token():
     row = {"test_loss": 1.0}
     text_metrics(row, Images(), tokens=1000, step_s=0.5)
     assert row == {"test_loss": 1.0}
+
+
+def test_a_split_never_starts_inside_a_character_and_a_bad_fraction_is_refused(tmp_path):
+    """The held-out cut moves past UTF-8 continuation bytes (an é's second byte stays with its first), and
+    ``test_fraction`` outside (0, 1) is refused naming the key."""
+    from gvq.data.tokens import char_boundary
+    raw = "aé".encode() * 3                             # a, 0xC3, 0xA9, ...
+    assert char_boundary(raw, 2) == 3 and char_boundary(raw, 3) == 3 and char_boundary(raw, len(raw)) == len(raw)
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"a" * 200)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=f"dataset.test_fraction={bad!r}: must be in"):
+            text_file(str(path), context=10, test_fraction=bad)

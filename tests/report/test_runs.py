@@ -46,3 +46,21 @@ def test_wandbs_setting_groups_runs_as_the_report_does(tmp_path):
     by_report = {id(r): g.label for g in group_runs(runs) for r in g.runs}
     pairs = {(by_report[id(r)], setting_of(r.overrides)) for r in runs}
     assert len(pairs) == 4 == len({p[0] for p in pairs}) == len({p[1] for p in pairs})
+
+
+@pytest.mark.parametrize("files, name", [
+    ({".hydra/overrides.yaml": "- aggregator=qsgd\n- seed=1\n"}, "qsgd"),
+    ({".hydra/config.yaml": "aggregator:\n  _target_: gvq.aggregators.powersgd.PowerSGDAggregator\n"},
+     "PowerSGDAggregator"),
+    ({".hydra/hydra.yaml": "hydra:\n  runtime:\n    choices:\n      aggregator: fp16\n",
+      ".hydra/overrides.yaml": "- aggregator=qsgd\n"}, "fp16"),
+])
+def test_a_run_without_a_summary_is_named_from_what_hydra_left(tmp_path, files, name):
+    """A run killed before its summary: its aggregator is Hydra's recorded choice, else the override that
+    chose it, else its config's ``_target_``; it is reported incomplete, with what it logged."""
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "metrics.csv").write_text("iteration,wall_s\n0,0.5\n1,0.9\n2,1.")
+    run = load_run(tmp_path)
+    assert run.aggregator == name and run.status == "incomplete" and len(run.metrics) == 3
