@@ -19,9 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gvq.bench import train as bench_train
-from gvq.bench.aggregate import run_aggregation
-from gvq.bench.common import net_defaults
-from gvq.bench.keys import AggregateKeys
+from gvq.bench.aggregate import aggregation_args, run_aggregation
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
 from gvq.run.signals import Interrupted
@@ -120,12 +118,18 @@ class Links:
             time.sleep(0.1)
 
 
+def rar_keys(args, link: str) -> list[str]:
+    """``gvq.bench aggregate``'s keys for uncompressed RAR on this check's ranks and model, on ``link``
+    (``[]``: none emulated)."""
+    return ["grid.settings=[rar]", f"grid.world_sizes=[{args.world_size}]", f"grid.links_bps={link}",
+            "grid.set=[]", f"reps={args.reps}", f"model={args.model}"]
+
+
 def aggregation_rank_argv(args, rank: int, tmp: str, out: str) -> list[str]:
-    """``python -m`` words of one namespaced rank of :func:`kernel_shaped`: RAR, unshaped by gvq."""
-    return ["gvq.bench", "aggregate", "grid.settings=[rar]", f"grid.world_sizes=[{args.world_size}]",
-            "grid.links_bps=[]",                          # no emulator: the kernel shapes
-            "grid.set=[]", f"reps={args.reps}", f"model={args.model}", f"rank={rank}",
-            f"init=file://{tmp}/rendezvous", "--out", out]
+    """``python -m`` words of one namespaced rank of :func:`kernel_shaped`: RAR, unshaped by gvq (the kernel
+    shapes it)."""
+    return ["gvq.bench", "aggregate", *rar_keys(args, "[]"), f"rank={rank}", f"init=file://{tmp}/rendezvous",
+            "--out", out]
 
 
 def kernel_shaped(args, rate: float) -> dict:
@@ -142,10 +146,11 @@ def kernel_shaped(args, rate: float) -> dict:
 
 
 def emulated(args, rate: float) -> dict:
-    keys = AggregateKeys()
-    ns = SimpleNamespace(aggregators=["rar"], world_size=args.world_size, bandwidth=rate, latency=0.0,
-                         model=args.model, num_classes=keys.num_classes, reps=args.reps, warmup=keys.warmup, set=[],
-                         net=net_defaults(), timeout=keys.timeout)            # the schema's net: the wall clock
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+    cfg = compose_command(COMMANDS["aggregate"], rar_keys(args, f"[{rate}]"))
+    ns = aggregation_args(cfg, SimpleNamespace(out=None))
+    ns.world_size, ns.bandwidth = ns.world_size[0], ns.bandwidth[0]    # one cell, as bench_aggregate runs each
     rec = run_aggregation(ns)[0]
     rec["shaping"] = "in-process emulator, loopback"
     return rec

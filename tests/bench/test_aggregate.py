@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gvq.bench.__main__ import main as bench_main
+from tests.helpers.cli import refusal
 from tests.helpers.records import assert_records_match
 
 
@@ -37,10 +38,7 @@ def test_aggregate_bench_writes_records_with_bounds(tmp_path, capsys):
     (["world_size=2"], "world_size"),
 ])
 def test_a_bad_key_is_one_line_before_any_rank_starts(keys, says, capsys):
-    with pytest.raises(SystemExit) as e:
-        bench_main(["aggregate", *keys])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert says in refusal(bench_main, ["aggregate", *keys], capsys)
 
 
 def _args(keys):

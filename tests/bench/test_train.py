@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.bench.__main__ import main as bench_main
+from tests.helpers.cli import refusal
 from tests.helpers.records import assert_records_match
 
 
@@ -48,10 +49,7 @@ def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     (["iters=0"], "iters >= 1"),
 ])
 def test_a_bad_train_key_is_one_line_before_any_rank_starts(keys, says, capsys):
-    with pytest.raises(SystemExit) as e:
-        bench_main(["train", *keys])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert says in refusal(bench_main, ["train", *keys], capsys)
 
 
 def test_netns_train_ranks_run_the_train_bench_with_the_workload_and_no_emulated_link():

@@ -60,3 +60,13 @@ def cli_in_process(*args):
         sys.argv[:] = [str(ROOT / "cli.py"), *args]
         code = cli_status(entry.main)
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def refusal(main, argv: list[str], capsys) -> str:
+    """What a tool's ``main(argv)`` printed refusing ``argv``: it must exit with status 2 and one line."""
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
