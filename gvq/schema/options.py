@@ -259,6 +259,8 @@ SCHEDULE_KEYS = tuple(f.name for f in fields(_Schedule))
 @dataclass
 class SGDSchema(_Schedule):
     _target_: str = "gvq.run.optim.sgd"
+    warmup_iters: int = 50         # the CNNs' first gradients are their largest (docs/results.md, "Defaults on
+                                   # CIFAR-format data"): a full lr on them can kill the net
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4

@@ -30,6 +30,40 @@ def write_fake_cifar(root, classes: int, n: int = 4):
     return folder
 
 
+def write_digits_as_cifar(root: Path) -> Path:
+    """scikit-learn's digits as CIFAR-10 python batches (8x8 scaled 4x to 32x32, three equal channels,
+    1,500 to train in five files, 297 to test): CIFAR's format with images a CNN learns, as a user's own
+    CIFAR-format data would be, since no CIFAR is bundled."""
+    x, y = D.digits_arrays()
+    pixels = np.kron(x[:, 0] * 255, np.ones((4, 4))).astype(np.uint8)
+    return _write_as_cifar(root, pixels, y, 1500)
+
+
+def write_fashion_as_cifar(root: Path) -> Path:
+    """The real Fashion-MNIST as CIFAR-10 python batches (28x28 padded to 32x32, three equal channels;
+    the first 50,000 training images in five files, the 10,000 test images): CIFAR's format and size at
+    CIFAR's scale (docs/results.md, "Defaults on CIFAR-format data")."""
+    d = D.fashion_mnist()
+    x = np.concatenate([d.x_train[:50000].numpy(), d.x_test.numpy()])[:, 0]
+    y = np.concatenate([d.y_train[:50000].numpy(), d.y_test.numpy()])
+    return _write_as_cifar(root, np.pad(x, ((0, 0), (2, 2), (2, 2))), y, 50000)
+
+
+def _write_as_cifar(root: Path, gray: np.ndarray, y: np.ndarray, n_train: int) -> Path:
+    """(n, 32, 32) uint8 images and their labels as ``root/cifar-10-batches-py``: the first ``n_train`` in
+    five training files, the rest in the test file."""
+    pixels = np.repeat(gray[:, None], 3, axis=1).reshape(len(gray), -1)
+    name, train, test, key, _ = D.CIFAR_LAYOUT[10]
+    folder = root / name
+    folder.mkdir(parents=True)
+    bounds = np.linspace(0, n_train, len(train) + 1).astype(int)
+    parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])] + [slice(n_train, len(gray))]
+    for f, part in zip(train + test, parts):
+        with open(folder / f, "wb") as fh:
+            pickle.dump({b"data": pixels[part], key: y[part].tolist()}, fh)
+    return root
+
+
 def fashion_source() -> Path | None:
     """The folder of the real Fashion-MNIST files (Debian's package, or GVQ_DATA's), or None."""
     try:
