@@ -2,6 +2,7 @@
 schedule keys kept out of the builders, and clipping applied to the averaged gradient."""
 from __future__ import annotations
 
+import csv
 import math
 
 import pytest
@@ -12,6 +13,8 @@ from omegaconf import OmegaConf
 from gvq.models import GPT
 from gvq.run import optim
 from gvq.run.train import lr_lambda, step
+from tests.helpers.data import write_digits_as_cifar
+from tests.helpers.launch import launch_job
 
 
 def _built(compose_cfg, *overrides):
@@ -91,10 +94,6 @@ def test_the_default_cnn_run_on_cifar_format_batches_ramps_its_lr_without_a_loss
     # the first gradients of the CNN on CIFAR-format images are 10-30x the later ones; at the full lr the
     # first steps spiked the loss to 2-3x its start and left the net at chance (docs/results.md, "Defaults
     # on CIFAR-format data"): by default the lr ramps from lr/50, so the first steps are small
-    import csv
-
-    from tests.helpers.data import write_digits_as_cifar
-    from tests.helpers.launch import launch_job
     root = write_digits_as_cifar(tmp_path / "data")
     run = tmp_path / "run"
     code, summary = launch_job(run, "dataset=cifar10", f"dataset.root={root}", "aggregator=qsgd", "logger=csv",
