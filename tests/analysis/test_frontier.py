@@ -17,6 +17,10 @@ from tests.helpers.records import assert_csv_matches_record
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 CNN_NUMEL = 15338       # DigitsCNN (width 16): 13,968 conv values, 1,370 raw (biases, FC)
 TOL = 0.03
+# the record's errors come out of 65 training steps, which carry the last digits of the CPU's kernels into the
+# model: MKL on an AMD EPYC ends up to 1.1% from the Intel-made record, so errors are compared at 5%; the
+# discrete columns (bytes, d, K, rank, matched) a changed setting would move still compare exactly
+RECORD_REL = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def test_cli_writes_both_files_and_prints_the_recommendation(cli_run):
     assert rc == 0
     df = pd.read_csv(out / "frontier.csv")
     assert list(df.columns) == FR.COLUMNS
-    assert_csv_matches_record(df, "analysis_frontier")     # what the flags' version wrote (issue 62)
+    assert_csv_matches_record(df, "analysis_frontier", rel=RECORD_REL)   # what the flags' version wrote (issue 62)
     png = (out / "frontier.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     gvq = df[df["method"] == "GradiVeQ"]
