@@ -124,6 +124,27 @@ def on_sigterm(signum, frame):
     raise Interrupted(signum)
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGTERM and SIGHUP held while a rank records how its run ended, then acted on: a peer's death and
+    the launcher's SIGTERM arrive together (torchrun stops the other workers as soon as one exits), and a
+    signal raised inside the summary's write left no summary.  One that arrived meanwhile is handed to the
+    handler that was in place, after the block.  Python runs handlers only in the main thread, so
+    elsewhere (a rank run in a test's thread) nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if held and callable(old[held[0]]):
+            old[held[0]](held[0], None)
+
+
 def _root_cause(ctx, e: Exception) -> Exception:
     """When several ranks failed, the one to report is the cause: torch reports the first to exit, and a
     rank that lost its peer (``PeerLostError``) may exit before the peer that raised does (forked ranks

@@ -39,6 +39,7 @@ from gvq.run.guards import (
 )
 from gvq.run.logs import RunLog, mark
 from gvq.run.rows import TIME_KEYS, reduce_row
+from gvq.run.signals import signals_deferred
 from gvq.schema import columns
 
 log = logging.getLogger("gvq")
@@ -205,9 +206,10 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
         failed = False
         return summary
     except BaseException as e:
-        err = peer_lost(e, rank, cfg["timeout_s"])
-        if runlog is not None:
-            runlog.failure(err)
+        with signals_deferred():         # the record first: a SIGTERM now (torchrun's, after a peer died) waits
+            err = peer_lost(e, rank, cfg["timeout_s"])
+            if runlog is not None:
+                runlog.failure(err)
         if err is e:
             raise
         raise err from e

@@ -2,14 +2,27 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 
 from gvq.aggregators.rar import RingAllReduce
 
 
+class TermWhenRecorded(RuntimeError):
+    """A failure whose message, the first time it is read (as a rank records the failure), sends SIGTERM to
+    its own process: the launcher's SIGTERM arriving at the worst moment, deterministically."""
+
+    def __str__(self):
+        if not getattr(self, "sent", False):
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().__str__()
+
+
 class FailAt(RingAllReduce):
-    """Rank ``rank`` raises (or dies with ``os._exit``) at iteration ``at`` (or each of a list).
+    """Rank ``rank`` raises (or dies with ``os._exit``, or raises :class:`TermWhenRecorded`: ``how=term``)
+    at iteration ``at`` (or each of a list).
     ``once``: each such iteration fails only the first time the run dir reaches it (a marker file), so
     a restarted run gets past it."""
 
@@ -33,6 +46,8 @@ class FailAt(RingAllReduce):
         if self._fails(bucket.iteration):
             if self.how == "exit":
                 os._exit(3)
+            if self.how == "term":
+                raise TermWhenRecorded(f"injected failure on rank {self.rank} at iteration {bucket.iteration}")
             raise RuntimeError(f"injected failure on rank {self.rank} at iteration {bucket.iteration}")
         return super().average(bucket)
 

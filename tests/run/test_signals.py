@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from tests.helpers.cli import ROOT
+from tests.helpers.dist import run_ranks
 
 
 def _default_signals():
@@ -261,3 +262,45 @@ def test_a_rank_error_file_holding_an_object_is_not_unpickled(tmp_path):
     ctx = SimpleNamespace(error_files=files, processes=[SimpleNamespace(pid=200 + i) for i in range(3)])
     first = tmp_mp.ProcessRaisedException("gvq.comm.p2p.PeerLostError: rank 0", 0, 200)
     assert _root_cause(ctx, first).error_index == 2
+
+
+def test_a_sigterm_while_a_block_is_deferred_acts_after_it():
+    from gvq.run.signals import Interrupted, on_sigterm, signals_deferred
+    before = signal.getsignal(signal.SIGTERM)
+    done = []
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+        with pytest.raises(Interrupted) as e:
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                done.append("the block ran to its end")
+        assert done and e.value.code == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)    # on_sigterm set both to ignored
+
+
+def _fail_with_sigterm_in_the_record(rank, world, cfg, run_dir):
+    from gvq.run.signals import on_sigterm
+    from gvq.run.train import train
+    signal.signal(signal.SIGTERM, on_sigterm)        # as gvq's ranks and torchrun's workers run
+    try:
+        train(cfg, rank, world, run_dir, {"run_dir": run_dir})
+    except BaseException as e:                       # what ended the rank is the result
+        return type(e).__name__
+    return None
+
+
+def test_a_sigterm_arriving_while_rank_0_records_its_failure_waits_for_the_summary(compose_cfg, tmp_path):
+    """torchrun SIGTERMs the other workers as soon as one exits, often while rank 0 is writing down the
+    peer it lost: the summary is written first, the signal acted on after (an interrupted write left none)."""
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.to_container(compose_cfg(
+        "world_size=1", "iterations=10", "logger=csv", "logger.progress=false", "model.width=4",
+        "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.at=2", "+aggregator.rank=0",
+        "+aggregator.how=term"), resolve=True)
+    ended = run_ranks(_fail_with_sigterm_in_the_record, 1, tmp_path, cfg, str(tmp_path))[0]
+    assert ended == "Interrupted"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "injected failure on rank 0 at iteration 2" in summary["reason"]
+    assert summary["last_iteration"] == 1
