@@ -188,3 +188,24 @@ def test_wrap_ddp_keeps_each_ranks_buffers_and_takes_the_bucket_cap(tmp_path):
     (mean0, cap), (mean1, _) = run_ranks(_buffers_after_forward, 2, tmp_path)
     assert torch.equal(mean0, torch.zeros(4)) and torch.equal(mean1, torch.ones(4))   # not rank 0's
     assert cap == int(0.001 * 1024 * 1024)
+
+
+#: a two-block GPT: a 1.7 MB gradient, more than DDP's first bucket (1 MB), so DDP's default buckets are two
+TWO_BUCKET_LM = ["dataset=text", "dataset.context=16", "dataset.n_test=16", "model=gpt_tiny", "model.layers=2",
+                 "model.context=16", "optim=adamw", "iterations=14", "eval_every=14", "batch_size=4", "logger=csv",
+                 "logger.progress=false"]
+
+
+@pytest.mark.slow
+def test_ddp_powersgd_at_its_defaults_trains_a_model_larger_than_one_default_bucket(compose_cfg, tmp_path):
+    """Past ``start_iter`` (10), where torch's PowerSGD hook starts compressing: with DDP's default buckets
+    (two here) the ranks posted its all-reduces in different orders and the run died (SIGABRT), hung, or ended
+    with different replicas; ``train`` raises on any of those."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"Line {i} of a short text the test writes for itself.\n" for i in range(200)))
+    cfg = OmegaConf.to_container(compose_cfg("aggregator=ddp_powersgd", *TWO_BUCKET_LM, f"dataset.path={text}"),
+                                 resolve=True)
+    assert cfg["aggregator"]["start_iter"] < cfg["iterations"]
+    (tmp_path / "psgd").mkdir()
+    acc = run_ranks(_train_all, 2, tmp_path, {"psgd": cfg}, str(tmp_path), timeout=240)[0]
+    assert acc["psgd"] is not None
