@@ -72,3 +72,14 @@ def test_a_split_never_starts_inside_a_character_and_a_bad_fraction_is_refused(t
     for bad in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match=f"dataset.test_fraction={bad!r}: must be in"):
             text_file(str(path), context=10, test_fraction=bad)
+
+
+def test_token_and_tensor_data_refuse_mismatched_shapes_and_unscaled_bytes():
+    from gvq.data.tensors import TensorData
+    from gvq.data.tokens import TokenData
+    x = torch.zeros(4, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="must be \\(windows, context\\) of one shape"):
+        TokenData(x, torch.zeros(4, 7, dtype=torch.int64), x, x.long(), 256, 1)
+    with pytest.raises(ValueError, match="uint8 images need mean and std"):
+        TensorData(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64),
+                   torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64), 10, 1)

@@ -178,3 +178,11 @@ def test_what_a_state_is_given_is_checked_in_one_line():
             place_in(None, rank, world)
         assert "\n" not in str(e.value)
     assert place_in(None, 1, 3) == (1, 3)
+
+
+def test_a_process_group_given_without_torch_distributed_is_refused_in_one_line():
+    from gvq.hooks.group import ring_ranks
+    assert not dist.is_initialized()                 # the test process never joins a group (ranks do)
+    with pytest.raises(ValueError, match="a process group was given but torch.distributed is not initialized"):
+        ring_ranks(object())
+    assert ring_ranks(None) is None

@@ -97,3 +97,9 @@ def test_a_strategy_that_is_not_ddp_is_refused_in_one_line():
     with pytest.raises(ValueError, match="GvqHook: Lightning strategy SingleDeviceStrategy is not DDP") as e:
         t.fit(Module(), _data(0))
     assert "\n" not in str(e.value)
+
+
+def test_a_callback_torn_down_before_fit_started_has_nothing_to_close():
+    hook = GvqHook("rar")
+    hook.teardown(None, None, "fit")                 # Lightning tears down after a setup failure too
+    assert hook.state is None

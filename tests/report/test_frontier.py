@@ -205,3 +205,8 @@ def test_the_report_page_names_the_bpb_frontier(lm_sweep, tmp_path):
     page = (tmp_path / "page" / "report.html").read_text()
     assert "Bits-per-byte-cost frontier" in page and "Accuracy-cost frontier" not in page
     assert "<th>final bpb</th>" in page
+
+
+def test_a_mean_that_is_not_finite_is_its_own_band():
+    b = frontier.band(float("nan"), 0.1)
+    assert all(np.isnan(v) for v in (b.median, b.lo, b.hi))

@@ -95,3 +95,9 @@ def test_aggregate_error_is_carried_as_mean_and_std_over_seeds_where_a_run_logge
     plain = group_runs([run(0, None)])
     table = build_table(plain, {id(g): group_stats(g, 0.9) for g in plain})
     assert np.isnan(table["aggregate_error"][0]) and "aggregate error" not in display_table(table, 0.9)
+
+
+def test_a_language_model_run_without_its_csv_reads_bpb_from_its_summary():
+    run = Run(Path("."), "completed", "", "rar", [], {}, None,
+              {"final_test_acc": 0.3, "mean_aggregate_s": 0.02, "final_test_bpb": 3.41})
+    assert run_stats(run, target=0.5) == {"final_acc": 0.3, "aggregate_s": 0.02, "final_bpb": 3.41}
