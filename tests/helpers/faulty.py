@@ -13,8 +13,10 @@ class TermWhenRecorded(RuntimeError):
     """A failure whose message, the first time it is read (as a rank records the failure), sends SIGTERM to
     its own process: the launcher's SIGTERM arriving at the worst moment, deterministically."""
 
+    sent = False                     # per instance once set: one SIGTERM, however often the message is read
+
     def __str__(self):
-        if not getattr(self, "sent", False):
+        if not self.sent:
             self.sent = True
             os.kill(os.getpid(), signal.SIGTERM)
         return super().__str__()
