@@ -11,10 +11,8 @@ writes the records as JSON (``--out``).
 """
 from __future__ import annotations
 
-import json
 import statistics
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -22,7 +20,7 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
-                              print_markdown, spawn_loopback)
+                              print_markdown, spawn_loopback, write_json)
 from gvq.comm import clock
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -100,7 +98,7 @@ def aggregation_rank(rank, args, init, out):
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
             records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
         if rank == 0:
-            Path(out).write_text(json.dumps(records))
+            write_json(out, records, indent=None)
     finally:
         dist.destroy_process_group()
 
@@ -162,6 +160,6 @@ def bench_aggregate(cfg, paths) -> list[dict]:
             print_aggregation(recs)
             records += recs
     if args.out:
-        Path(args.out).write_text(json.dumps(records, indent=2))
+        write_json(args.out, records)
         print(f"records -> {args.out}")
     return records

@@ -21,9 +21,7 @@ time is not a per-call cost).  On CUDA every timed call is synchronised.
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 
@@ -33,6 +31,7 @@ from gvq.bench.common import (
     model_shapes,
     one_thread,
     print_markdown,
+    write_json,
 )
 from gvq.bench.opcount import count_call
 from gvq.bench.keys import CODECS
@@ -159,5 +158,5 @@ def bench_codecs(cfg, paths) -> list[dict]:
                    f"codecs per call, {args.model} gradient ({sum(int(torch.Size(s).numel()) for s in shapes):,} "
                    f"values), {device.type}, 1 thread, median of {args.reps}; floor of compress from {setting}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=1))
+        write_json(args.out, {"ceilings": ceil, "rows": rows}, indent=1)
     return rows

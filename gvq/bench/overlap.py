@@ -21,12 +21,10 @@ clock on unshaped loopback (torch's collectives never pass through gvq's link em
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 from types import SimpleNamespace
 
-from gvq.bench.common import net_defaults, print_markdown
+from gvq.bench.common import net_defaults, print_markdown, write_json
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import choose, namespace
@@ -274,5 +272,5 @@ def bench_overlap(cfg, paths):
         records, cells = run_table(args)
         out = {"version": BENCH_VERSION, "setting": setting(args), "modes": records, "cells": cells}
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2))
+        write_json(args.out, out)
     return out

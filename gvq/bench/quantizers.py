@@ -10,14 +10,12 @@ each rank of a run gets one; the previous thread count is restored.  The input i
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from gvq.bench.common import make_aggregator, median_seconds, one_thread
+from gvq.bench.common import make_aggregator, median_seconds, one_thread, write_json
 from gvq.bench.keys import RESNET32_PARAMS
 from gvq.compressors.base import Compressor
 
@@ -85,5 +83,5 @@ def bench_quantizers(cfg, paths) -> list[dict]:
           "quantize_ms_sorted, sorted_over_histogram: the sort-free fit's gain)")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        write_json(args.out, rows)
     return rows

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gvq.bench.common import write_json
 from gvq.run import fault
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -93,7 +94,7 @@ def bench_soak(cfg, paths) -> dict:
         print(f"mean iterations lost per kill: {np.mean(out['iterations_lost']):.2f} (checkpoint.every = "
               f"{args.every}: at most {args.every} redone per kill)")
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2))
+        write_json(args.out, out)
     problem = ("the soaked run failed" if p.returncode else "the soaked run differs"
                if not out["rows_and_metrics_equal"] else "" if out["kills_as_planned"] else "not killed as planned")
     if problem:

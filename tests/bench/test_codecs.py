@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow          # every test here starts processes (make 
 
 def test_codecs_rows_carry_times_floor_ratio_and_ops(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GVQ_FUSED", "0")             # the device path's ops, counted on the host
-    out = tmp_path / "c.json"
+    out = tmp_path / "not" / "yet" / "c.json"      # --out's folder is made, not a late FileNotFoundError
     rows = bench_main(["codecs", "model=cnn", "num_classes=10", "reps=1", "codecs=[qsgd,gradiveq_pooled_bf16,powersgd]",
                        "--out", str(out)])
     by = {r["codec"]: r for r in rows}
