@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
-                              print_markdown, spawn_loopback, write_json)
+                              print_markdown, spawn_loopback)
 from gvq.comm import clock
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
+from gvq.run.logs import write_json_atomic
 
 
 class AllReduceRef(Aggregator):
@@ -98,7 +99,7 @@ def aggregation_rank(rank, args, init, out):
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
             records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
         if rank == 0:
-            write_json(out, records, indent=None)
+            write_json_atomic(out, records, indent=None)
     finally:
         dist.destroy_process_group()
 
@@ -160,6 +161,6 @@ def bench_aggregate(cfg, paths) -> list[dict]:
             print_aggregation(recs)
             records += recs
     if args.out:
-        write_json(args.out, records)
+        write_json_atomic(args.out, records)
         print(f"records -> {args.out}")
     return records

@@ -31,13 +31,13 @@ from gvq.bench.common import (
     model_shapes,
     one_thread,
     print_markdown,
-    write_json,
 )
 from gvq.bench.opcount import count_call
 from gvq.bench.keys import CODECS
 from gvq.bench.quantizers import laplace_vector
 from gvq.compressors._triton import count_launches
 from gvq.compressors.gradiveq.codec import BASIS_DTYPES
+from gvq.run.logs import write_json_atomic
 
 #: label -> (option file in conf/aggregator/, overrides): the GradiVeQ settings the papers and docs/results.md use
 GRADIVEQ = {"gradiveq": ("gradiveq", []), "gradiveq_bf16": ("gradiveq_bf16", []),
@@ -158,5 +158,5 @@ def bench_codecs(cfg, paths) -> list[dict]:
                    f"codecs per call, {args.model} gradient ({sum(int(torch.Size(s).numel()) for s in shapes):,} "
                    f"values), {device.type}, 1 thread, median of {args.reps}; floor of compress from {setting}")
     if args.out:
-        write_json(args.out, {"ceilings": ceil, "rows": rows}, indent=1)
+        write_json_atomic(args.out, {"ceilings": ceil, "rows": rows}, indent=1)
     return rows

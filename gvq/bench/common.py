@@ -150,14 +150,6 @@ def median_seconds(fn, reps: int, device: torch.device | None = None) -> float:
     return statistics.median(times)
 
 
-def write_json(path, obj, indent: int | None = 2) -> None:
-    """A bench's ``--out`` file, its folder made first: a measurement that took minutes is not lost to a
-    folder the user had not created yet."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=indent))
-
-
 def print_markdown(records: list[dict], cols: list[str], header: str) -> None:
     """A result table with its setting on the line above it (the figure never travels alone)."""
     import pandas as pd

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import aggregation_args, run_aggregation
-from gvq.bench.common import write_json
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
 from gvq.run.signals import Interrupted
+from gvq.run.logs import write_json_atomic
 
 PREFIX = "gvqns"
 
@@ -195,7 +195,7 @@ def bench_netns_train(cfg, paths) -> list[dict]:
         records = _train(args)
     _print_summary(records)
     if args.out:
-        write_json(args.out, records)
+        write_json_atomic(args.out, records)
     return records
 
 
@@ -267,5 +267,5 @@ def bench_netns(cfg, paths) -> list[dict]:
           "(burst 1 ms of the rate) vs emulator")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
-        write_json(args.out, rows)
+        write_json_atomic(args.out, rows)
     return rows

@@ -24,13 +24,14 @@ import argparse
 import statistics
 from types import SimpleNamespace
 
-from gvq.bench.common import net_defaults, print_markdown, write_json
+from gvq.bench.common import net_defaults, print_markdown
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import choose, namespace
 from gvq.schema.setting import BENCH_VERSION, Setting, aliases, variant_name
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
 from gvq.bench.train import ModeSpec, RUN_DEFAULTS, input_shape, run_iterations
+from gvq.run.logs import write_json_atomic
 
 OVERLAP = ("aggregator.overlap=true",)
 HIDE_SLACK = 0.10          # exposed RAR may exceed its last bucket's averaging by this share of compute
@@ -272,5 +273,5 @@ def bench_overlap(cfg, paths):
         records, cells = run_table(args)
         out = {"version": BENCH_VERSION, "setting": setting(args), "modes": records, "cells": cells}
     if args.out:
-        write_json(args.out, out)
+        write_json_atomic(args.out, out)
     return out

@@ -15,9 +15,10 @@ import time
 
 import torch
 
-from gvq.bench.common import make_aggregator, median_seconds, one_thread, write_json
+from gvq.bench.common import make_aggregator, median_seconds, one_thread
 from gvq.bench.keys import RESNET32_PARAMS
 from gvq.compressors.base import Compressor
+from gvq.run.logs import write_json_atomic
 
 
 
@@ -83,5 +84,5 @@ def bench_quantizers(cfg, paths) -> list[dict]:
           "quantize_ms_sorted, sorted_over_histogram: the sort-free fit's gain)")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
     if args.out:
-        write_json(args.out, rows)
+        write_json_atomic(args.out, rows)
     return rows

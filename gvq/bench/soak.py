@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gvq.bench.common import write_json
 from gvq.run import fault
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
+from gvq.run.logs import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 SAME = ("iteration", "train_loss", "train_acc", "test_loss", "test_acc", "bytes_sent")
@@ -94,7 +94,7 @@ def bench_soak(cfg, paths) -> dict:
         print(f"mean iterations lost per kill: {np.mean(out['iterations_lost']):.2f} (checkpoint.every = "
               f"{args.every}: at most {args.every} redone per kill)")
     if args.out:
-        write_json(args.out, out)
+        write_json_atomic(args.out, out)
     problem = ("the soaked run failed" if p.returncode else "the soaked run differs"
                if not out["rows_and_metrics_equal"] else "" if out["kills_as_planned"] else "not killed as planned")
     if problem:

@@ -127,10 +127,14 @@ class RunLog:
             self.wandb = None
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file and rename it over ``path``: readers never see half a file."""
+def write_json_atomic(path: Path, data, indent: int | None = 2) -> None:
+    """Write JSON to a temporary file and rename it over ``path``: readers never see half a file.  The
+    folder is made first: a bench's ``--out`` that took minutes to measure is not lost to a folder the
+    user had not created yet."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.write_text(json.dumps(data, indent=indent, default=str))
     os.replace(tmp, path)
 
 

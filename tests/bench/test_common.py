@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import gc
-import json
 
 import pytest
 
-from gvq.bench.common import collections_untimed, write_json
+from gvq.bench.common import collections_untimed
 
 
 class _Node:
@@ -76,11 +75,3 @@ def test_a_language_models_timed_step_is_a_window_of_tokens_scored_per_token():
     xi, yi = synthetic_batch(4, (1, 8, 8), 10, g)
     assert xi.shape == (4, 1, 8, 8) and yi.shape == (4,) and xi.dtype == torch.float32
     assert sum(s.numel() for s in model_shapes("gpt_tiny", 256)) == 834_304    # the tied embedding once
-
-
-def test_an_out_file_in_a_folder_not_made_yet_is_written_with_its_folder(tmp_path):
-    out = tmp_path / "runs" / "bench" / "b.json"
-    write_json(out, {"rows": [1.5, 2]})
-    assert json.loads(out.read_text()) == {"rows": [1.5, 2]}
-    write_json(out, [3], indent=None)                 # an existing folder and file: overwritten
-    assert out.read_text() == "[3]"

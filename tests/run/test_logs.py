@@ -1,9 +1,11 @@
-"""gvq/run/logs.py: the setting wandb groups a method's seeds by, and an offline wandb run carrying it."""
+"""gvq/run/logs.py: the setting wandb groups seeds by, an offline wandb run carrying it, the JSON writer."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
-from gvq.run.logs import setting_of
+from gvq.run.logs import setting_of, write_json_atomic
 from tests.helpers.launch import launch_job
 
 
@@ -31,3 +33,11 @@ def test_an_offline_wandb_run_records_group_and_setting(tmp_path, monkeypatch):
     raw = records[0].read_bytes()                                 # protobuf: config values as JSON text
     assert b'"aggregator=qsgd eval_every=2 iterations=4"' in raw and b"setting" in raw and b"cmp" in raw
     assert b"seed=3 " not in raw.split(b"setting", 1)[1][:80]
+
+
+def test_an_out_file_in_a_folder_not_made_yet_is_written_with_its_folder(tmp_path):
+    out = tmp_path / "runs" / "bench" / "b.json"
+    write_json_atomic(out, {"rows": [1.5, 2]})
+    assert json.loads(out.read_text()) == {"rows": [1.5, 2]}
+    write_json_atomic(out, [3], indent=None)          # an existing folder and file: overwritten
+    assert out.read_text() == "[3]"
