@@ -95,7 +95,7 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
 
 def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path]) -> str:
     import json
-    from gvq.report import tta, workload
+    from gvq.report import tta, tta_markdown, workload
     # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
     # counts; a failed or incomplete one says nothing about iterations to the target
     runs = [r for r in load_runs(dirs) if r.status in ("completed", "collapsed", "diverged")]
@@ -115,7 +115,7 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path
               "validation": tta.validation(runs, bench, target)}
     out.mkdir(parents=True, exist_ok=True)
     records.to_csv(out / "tta.csv", index=False)
-    text = tta.markdown(tables, bench["setting"], target, bench_path)
+    text = tta_markdown.markdown(tables, bench["setting"], target, bench_path)
     (out / "tta.md").write_text(text)
     return text + f"-> {out}/tta.md, tta.csv"
 

@@ -19,13 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gvq.report.intervals import Interval
+from gvq.report.intervals import MIN_SEEDS, UNRANKED, Interval
 from gvq.report.target import as_target
 
-#: seeds a setting needs to be ranked at all: with fewer it has no band, so a lucky seed's mean would
-#: dominate settings measured with their spread (a one-seed screen row is shown, marked, never ranked);
-#: more => fewer settings ranked, each on firmer ground
-MIN_SEEDS = 2
 #: a setting's bytes per iteration within this share of another's count as equal (counters of one run
 #: vary by a few bytes: headers, the relay); larger => more settings tie on cost
 BYTES_TOLERANCE = 0.01
@@ -182,7 +178,7 @@ def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
                                   f"iterations to {as_target(target).label}")):
         ok = df[np.isfinite(df[col])]
         for name, part, style in (("frontier", ok[ok[flag]], "o"), ("dominated", ok[ok["ranked"] & ~ok[flag]], "o"),
-                                  (f"unranked (< {MIN_SEEDS} seeds)", ok[~ok["ranked"] & ~ok["all_at_chance"]], "x"),
+                                  (UNRANKED, ok[~ok["ranked"] & ~ok["all_at_chance"]], "x"),
                                   ("every seed at chance", ok[ok["all_at_chance"]], "v")):
             ax.errorbar(part["MB_per_iter"], part[col], yerr=part[col + "_std"].fillna(0), fmt=style,
                         mfc="none" if name == "dominated" else None, capsize=3, label=name)

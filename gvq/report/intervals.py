@@ -15,6 +15,11 @@ import numpy as np
 CONFIDENCE = 0.95
 RESAMPLES = 9999     # more => an interval steadier against the seed, slower
 SEED = 0             # fixed: a table re-printed from the same iterations shows the same intervals
+#: seeds a setting needs to be ranked at all (the frontier, time to the target): with fewer it has no seed
+#: band, so a lucky seed's figure would win over settings measured with their spread (a one-seed screen
+#: row is shown, marked, never ranked); more => fewer settings ranked, each on firmer ground
+MIN_SEEDS = 2
+UNRANKED = f"unranked (< {MIN_SEEDS} seeds)"      # how every table and figure marks such a setting
 
 
 @dataclass(frozen=True)

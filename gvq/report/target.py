@@ -24,6 +24,12 @@ class Target:
         """``acc 0.8`` or ``loss 2.1``: the target as a table's header names it."""
         return f"{'loss' if self.lower_is_better else 'acc'} {self.value:g}"
 
+    @property
+    def describe(self) -> str:
+        """``test accuracy 0.8`` or ``validation loss 2.4``: the target in a sentence.  A loss target is the
+        held-out split's, which every table and figure of the report calls validation."""
+        return f"validation loss {self.value:g}" if self.lower_is_better else f"test accuracy {self.value:g}"
+
     def reached(self, rows: pd.DataFrame) -> pd.Series:
         """Per row: at or beyond the target (an evaluation row that has the column; False elsewhere)."""
         if self.column not in rows:

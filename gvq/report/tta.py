@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gvq.report.intervals import Interval, best_of
+from gvq.report.intervals import MIN_SEEDS, UNRANKED, Interval, best_of, tied_with_best
 from gvq.report.runs import ReportError, Run
 from gvq.report.target import as_target, typical_first_step
 from gvq.schema.setting import BenchKey, overrides_for, read_bench
@@ -105,14 +105,15 @@ def merge_benches(benches: list[tuple[str, dict]]) -> dict:
     return {"setting": {**first["setting"], "defaults": defaults, "aliases": aliases}, "modes": modes}
 
 
-def bench_seconds(bench: dict) -> dict[tuple, float]:
+def bench_seconds(bench: dict, field: str = "iter_s") -> dict[tuple, float]:
     """(N, compute_scale, link_Mbps, setting, variant) -> median seconds per iteration (a setting named as
     ``Run.setting`` names a run's: ``qsgd``, ``qsgd bits=2``), each also under its alias (``qsgd bits=4``:
-    the bench's ``aliases``)."""
+    the bench's ``aliases``); ``field="iter_lo_s"`` / ``"iter_hi_s"``: the ends of the bench's interval of
+    that median instead (NaN where a record has none: an older file, or a single timed iteration)."""
     names = {}
     for alias, name in bench["setting"].get("aliases", {}).items():
         names.setdefault(name, []).append(alias)
-    return {BenchKey.of(r, s): r["iter_s"] for r in bench["modes"]
+    return {BenchKey.of(r, s): np.nan if r.get(field) is None else r[field] for r in bench["modes"]
             for s in [r["setting"], *names.get(r["setting"], [])]}
 
 
@@ -143,14 +144,18 @@ def iteration_table(runs: list[Run], target: float) -> pd.DataFrame:
         rows.append({"aggregator": r.setting, "N": r.config.get("world_size"), "variant": _variant(r),
                      "seed": r.config.get("seed"), "iters": sum(counts.values()) if counts else np.nan})
     df = pd.DataFrame(rows)
-    return (df.groupby(["aggregator", "N", "variant"])["iters"]
-            .agg(mean="mean", std="std", seeds="size", reached="count").reset_index())
+    out = (df.groupby(["aggregator", "N", "variant"])["iters"]
+           .agg(mean="mean", std="std", seeds="size", reached="count").reset_index())
+    out["ranked"] = np.where(out["seeds"] >= MIN_SEEDS, "yes", UNRANKED)
+    return out
 
 
 def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
     """One record per (cell, aggregator, variant, seed): its composed seconds to the target (inf if that
-    seed never reached it)."""
+    seed never reached it) and the range the bench's intervals allow it (``tta_lo_s``, ``tta_hi_s``: each
+    phase's count x the ends of its seconds' interval; NaN where the bench has none)."""
     secs, post = bench_seconds(bench), [r for r in runs if _variant(r) == "post"]
+    ends = {f"tta_{end}_s": bench_seconds(bench, f"iter_{end}_s") for end in ("lo", "hi")}
     cells = sorted({k[:3] for k in secs})
     rows = []
     for r in post:
@@ -162,10 +167,11 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
                                   f"x{cell[1]:g}, {cell[2]:g} Mbit/s (run {r.path.name}): time that setting with "
                                   "gvq.bench overlap grid.settings=[OPTION:KEY=VALUE] (keys under aggregator.)")
             for variant in timed:
-                t = priced(counts, r.setting, variant, cell, secs, phase_options(r)) if counts else np.inf
+                price = (lambda s: priced(counts, r.setting, variant, cell, s, phase_options(r))) if counts \
+                    else (lambda s: np.inf)
                 rows.append({"N": cell[0], "compute_scale": cell[1], "link_Mbps": cell[2],
                              "aggregator": r.setting, "variant": variant, "seed": r.config.get("seed"),
-                             "tta_s": t})
+                             "tta_s": price(secs), **{k: price(v) for k, v in ends.items()}})
     if not rows:
         raise ReportError("no post-backward run shares a world size with the bench JSON's cells")
     return pd.DataFrame(rows)
@@ -185,36 +191,78 @@ def family_gain(spread: dict[str, Interval], best: str, defaults: dict[str, str]
 
 def cell_table(records: pd.DataFrame, defaults: dict[str, str] | None = None,
                aliases: dict[str, str] | None = None) -> pd.DataFrame:
-    """Per cell: every (setting, variant)'s mean +- std seconds to the target over seeds (inf where a
-    seed never reached it), the winner, its gain over overlapped fp16 and over its family's default
-    setting (``defaults``, the bench JSON's: option -> setting; an option's bare name where absent)."""
-    g = (records.groupby(["N", "compute_scale", "link_Mbps", "aggregator", "variant"])["tta_s"]
-         .agg(mean="mean", std="std", seeds="size").reset_index())
+    """Per cell: every (setting, variant)'s mean seconds to the target over seeds (inf where a seed never
+    reached it); the winner among the modes run with at least :data:`MIN_SEEDS` seeds that reached it (a
+    never-reached mode is behind every figure, in no tie), its gain over overlapped fp16 and over its
+    family's default setting (``defaults``, the bench JSON's: option -> setting; an option's bare name where
+    absent); ``one_seed``: the fastest mode run with one seed, never a winner (:func:`one_seed_text`);
+    ``unranked``: those modes' names."""
+    g = (records.groupby(["N", "compute_scale", "link_Mbps", "aggregator", "variant"])
+         .agg(mean=("tta_s", "mean"), std=("tta_s", "std"), seeds=("tta_s", "size"),
+              lo=("tta_lo_s", "first"), hi=("tta_hi_s", "first")).reset_index())
     out = []
     for cell, recs in g.groupby(["N", "compute_scale", "link_Mbps"]):
-        spread = {f"{a} ({v})": _seed_band(m, s) for a, v, m, s in
-                  recs[["aggregator", "variant", "mean", "std"]].itertuples(index=False)}
-        won = best_of(spread, FP16_OVERLAP)
-        best, fp16 = spread[won["best"]], spread.get(FP16_OVERLAP)
+        modes = {f"{r.aggregator} ({r.variant})": r for r in recs.itertuples(index=False)}
+        ranked = {k: _seed_band(r.mean, r.std) for k, r in modes.items() if r.seeds >= MIN_SEEDS}
+        single = {k: _bench_band(r.mean, r.lo, r.hi) for k, r in modes.items() if r.seeds < MIN_SEEDS}
+        every = {**ranked, **single}
+        reached = {k: v for k, v in ranked.items() if np.isfinite(v.median)}
+        won = best_of(reached) if reached else {"best": "", "winner": _no_winner(ranked, single)}
+        best, fp16 = every.get(won["best"]), every.get(FP16_OVERLAP)
         out.append({"N": cell[0], "scale": cell[1], "link_Mbps": cell[2],
                     "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"), "winner": won["winner"], "best": won["best"],
-                    "winner_s": best.median, "winner_std": best.median - best.lo if best.bounded else np.nan,
+                    "winner_s": best.median if best else np.nan,
+                    "winner_std": best.median - best.lo if best and best.bounded else np.nan,
                     "fp16_overlap_s": fp16.median if fp16 else np.nan,
-                    "gain_over_fp16": won["gain"] if won["gain"] is not None and np.isfinite(best.median) else np.nan,
-                    "gain_over_default": family_gain(spread, won["best"], defaults or {}, aliases),
-                    **{k: v.median for k, v in spread.items()}})
+                    "gain_over_fp16": fp16.median / best.median if best and fp16 else np.nan,
+                    "gain_over_default": family_gain(every, won["best"], defaults or {}, aliases) if best else np.nan,
+                    "one_seed": one_seed_text(single), "unranked": "; ".join(single),
+                    **{k: v.median for k, v in every.items()}})
     # the overlap table's order: per N, the CPU regime first, links from slow to fast
     return (pd.DataFrame(out).sort_values(["N", "scale", "link_Mbps"], ascending=[True, False, True])
             .drop(columns="scale").reset_index(drop=True))
 
 
+def _no_winner(ranked: dict, single: dict) -> str:
+    """The winner cell where no mode with a seed band reached the target."""
+    if any(np.isfinite(v.median) for v in single.values()):
+        return UNRANKED
+    return "none reached" if ranked or single else "—"
+
+
+def one_seed_text(single: dict[str, Interval]) -> str:
+    """The fastest one-seed mode that reached the target, its seconds, and the one-seed modes the bench's
+    intervals cannot tell from it (a one-seed figure has no seed band, so only the bench's timing spread is
+    known: its iteration count's spread is not); "" where no one-seed mode reached the target."""
+    finite = {k: v for k, v in single.items() if np.isfinite(v.median)}
+    if not finite:
+        return ""
+    fastest = min(finite, key=lambda k: finite[k].median)
+    head = f"{fastest} {finite[fastest].median:.1f} s, {UNRANKED}"
+    if not finite[fastest].bounded:
+        return head + "; the bench JSON has no intervals to compare it by"
+    tied = [k for k in tied_with_best(finite)[1:] if finite[k].bounded]
+    blind = sorted(k for k, v in finite.items() if not v.bounded)
+    return head + (f"; within the bench's intervals: {', '.join(tied)}" if tied
+                   else "; no other within the bench's intervals") + (
+        f"; no intervals for {', '.join(blind)}" if blind else "")
+
+
 def _seed_band(mean: float, std: float) -> Interval:
-    """A mean over seeds with its band mean +- std (none from one seed: tied with every other)."""
+    """A mean over seeds with its band mean +- std (a setting run with at least :data:`MIN_SEEDS` seeds;
+    a never (inf) is a point behind every finite figure)."""
     if not np.isfinite(mean):                  # never reached in some seed: behind every finite figure
         return Interval(mean, mean, mean)
     if not np.isfinite(std):
         return Interval(mean, None, None)
     return Interval(mean, mean - std, mean + std)
+
+
+def _bench_band(mean: float, lo: float, hi: float) -> Interval:
+    """A one-seed figure with the range the bench's intervals allow it (none where the bench has none)."""
+    if not np.isfinite(mean):
+        return Interval(mean, mean, mean)
+    return Interval(mean, None, None) if np.isnan(lo) or np.isnan(hi) else Interval(mean, lo, hi)
 
 
 def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
@@ -262,65 +310,3 @@ def check_setting(runs: list[Run], setting: dict) -> None:
                 mismatch.append(f"{key}={have} (bench: {value})")
         if mismatch:
             raise ReportError(f"{r.path}: measured on another setting than the bench JSON: {', '.join(mismatch)}")
-
-
-def _reached_pm(mean: float, std: float, fmt: str = "{:.0f}", missing: str = "—") -> str:
-    """A figure ± its spread; ``not reached`` for a never (inf), ``missing`` where there is no figure (NaN:
-    nothing was run to give one)."""
-    if np.isnan(mean):
-        return missing
-    if not np.isfinite(mean):
-        return "not reached"
-    return fmt.format(mean) + ("" if np.isnan(std) else " ± " + fmt.format(std))
-
-
-def _gain(gain: float, reference_s: float) -> str:
-    """A winner's gain over overlapped fp16; without an fp16 run there is no reference, and it says so."""
-    if np.isnan(reference_s):
-        return f"no {FP16_OVERLAP.split(' ')[0]} run"
-    return f"{gain:.2f}x" if np.isfinite(gain) else "—"
-
-
-def _every_option(cells: pd.DataFrame) -> str:
-    """Every (setting, variant)'s seconds per cell: ``not reached`` for a never, ``—`` where that setting was
-    not run or timed in the cell."""
-    shown = cells.drop(columns=["winner", "winner_s", "winner_std", "fp16_overlap_s", "gain_over_fp16",
-                                "gain_over_default"])
-    modes = [c for c in shown.columns if c not in ("N", "link_Mbps", "regime", "best")]
-    for c in modes:
-        shown[c] = [_reached_pm(v, np.nan, "{:.1f}") for v in shown[c]]
-    return shown.to_markdown(index=False)
-
-
-def markdown(tables: dict, setting: dict, target: float, bench_path) -> str:
-    """``tta.md``: the setting, iterations to the target, the winner per cell, every option per cell and
-    the end-to-end validation."""
-    it, cells, val = tables["iterations"], tables["cells"], tables["validation"]
-    shape = "x".join(map(str, setting["input_shape"]))
-    lines = [f"Time to test {as_target(target).label}: iterations to it (runs, mean ± std over seeds) x seconds per "
-             f"iteration of each phase's option in each cell ({bench_path}: {setting['model']}, input {shape}, "
-             f"batch {setting['batch_per_rank']}/rank, clock {setting['clock']}, overrides "
-             f"{' '.join(setting['set']) or 'none'}). Seconds are on that clock; evaluation excluded.", "",
-             "Iterations to the target:", "",
-             pd.DataFrame({"aggregator": it["aggregator"], "N": it["N"], "variant": it["variant"],
-                           "iterations": [_reached_pm(m, s, missing="not reached")
-                                          for m, s in zip(it["mean"], it["std"])],
-                           "reached": [f"{r}/{n}" for r, n in zip(it["reached"], it["seeds"])]}
-                          ).to_markdown(index=False), "",
-             "Winner per cell, its gain over overlapped fp16 and over its family's default setting:", "",
-             pd.DataFrame({"N": cells["N"], "link (Mbit/s)": cells["link_Mbps"], "regime": cells["regime"],
-                           "winner": cells["winner"],
-                           "seconds to target": [_reached_pm(m, s, "{:.1f}") for m, s in
-                                                 zip(cells["winner_s"], cells["winner_std"])],
-                           "overlapped fp16": [_reached_pm(m, np.nan, "{:.1f}", "no fp16 run")
-                                               for m in cells["fp16_overlap_s"]],
-                           "gain": [_gain(g, f) for g, f in zip(cells["gain_over_fp16"], cells["fp16_overlap_s"])],
-                           "over family default": [f"{g:.2f}x" if np.isfinite(g) else "—"
-                                                   for g in cells["gain_over_default"]]}
-                          ).to_markdown(index=False), "",
-             "Every option per cell (seconds to target, mean over seeds):", "",
-             _every_option(cells), ""]
-    if len(val):
-        lines += [f"End to end (virtual time, emulated link): measured against composed, within "
-                  f"{VALIDATION_TOLERANCE:.0%}:", "", val.to_markdown(index=False, floatfmt=".4g"), ""]
-    return "\n".join(lines)

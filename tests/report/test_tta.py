@@ -174,8 +174,10 @@ def test_settings_of_one_family_are_priced_apart_and_the_gain_over_its_default(t
         tta.tta_records([explicit], bench, 0.8)
     bench["setting"]["aliases"] = {"qsgd bits=4": "qsgd"}
     assert tta.tta_records([explicit], bench, 0.8).query("variant == 'post'")["tta_s"].item() == pytest.approx(2.0)
-    # and its family's winner is measured against it under that name
-    records = tta.tta_records([runs[0], explicit], bench, 0.8)
+    # and its family's winner is measured against it under that name (two seeds each: ranked)
+    explicit_1 = load_run(_run(tmp_path, "q4x1", "qsgd", ["qsgd"] * 20, {9: 0.85}, seed=1,
+                               overrides=["aggregator.compressor.bits=4"]))
+    records = tta.tta_records([*runs[:2], explicit, explicit_1], bench, 0.8)
     c = tta.cell_table(records, bench["setting"]["defaults"], bench["setting"]["aliases"]).iloc[0]
     assert c["best"] == "qsgd bits=2 (post)" and c["gain_over_default"] == pytest.approx(2.0)
     assert np.isnan(tta.cell_table(records, bench["setting"]["defaults"]).iloc[0]["gain_over_default"])
@@ -251,3 +253,69 @@ def test_without_an_fp16_run_the_missing_baseline_is_said_not_printed_as_not_rea
     assert winner.count("no fp16 run") == 2                     # the reference column and the gain
     assert "nan" not in md.lower()
     assert "not reached" in md                                  # rar never reached 0.8: that is still said
+
+
+def _bench_with_spread(path: Path, spread: dict) -> Path:
+    """``_bench`` whose modes carry the bench's interval of their median seconds (``iter_lo_s``,
+    ``iter_hi_s``), ``spread``: (setting, variant) -> (lo, hi)."""
+    bench = json.loads(_bench(path).read_text())
+    for r in bench["modes"]:
+        r["iter_lo_s"], r["iter_hi_s"] = spread.get((r["setting"], r["variant"]), (r["iter_s"], r["iter_s"]))
+    path.write_text(json.dumps(bench))
+    return path
+
+
+def test_one_seed_is_listed_unranked_and_a_never_reached_setting_is_never_in_a_tie(tmp_path):
+    """One seed per setting (the issue's lm_tta screen): the winner read ``tie: ...`` of every mode, a setting
+    that never reached the target among them.  Now: no ranking (< 2 seeds), every figure still listed; the
+    fastest one-seed mode is named with the modes the bench's intervals cannot tell from it; never-reached
+    modes are in no tie."""
+    spread = {("qsgd", "post"): (0.19, 0.21), ("qsgd", "overlap"): (0.2, 0.3), ("rar", "post"): (0.45, 0.55)}
+    bench = json.loads(_bench_with_spread(tmp_path / "b.json", spread).read_text())
+    runs = [load_run(_run(tmp_path, "q", "qsgd", ["qsgd"] * 20, {9: 0.85})),
+            load_run(_run(tmp_path, "r", "rar", ["rar"] * 20, {9: 0.85})),
+            load_run(_run(tmp_path, "p", "powersgd", ["powersgd"] * 20, {19: 0.5}))]       # never reaches
+    c = tta.cell_table(tta.tta_records(runs, bench, 0.8)).iloc[0]
+    assert not c["winner"].startswith("tie") and "unranked" in c["winner"]
+    assert "powersgd" not in c["one_seed"] and "rar" not in c["one_seed"]
+    # qsgd post: 10 x [0.19, 0.21] s; its overlap: 10 x [0.2, 0.3] s overlaps it, rar's [4.5, 5.5] does not
+    assert c["one_seed"].startswith("qsgd (post) 2.0 s") and "qsgd (overlap)" in c["one_seed"]
+    assert c["qsgd (post)"] == pytest.approx(2.0) and np.isinf(c["powersgd (post)"])   # every figure listed
+    it = tta.iteration_table(runs, 0.8).set_index(["aggregator", "variant"])
+    assert it.loc[("qsgd", "post"), "ranked"] == "unranked (< 2 seeds)"
+
+
+def test_a_one_seed_tie_says_where_the_bench_has_no_intervals(tmp_path):
+    """A bench file without ``iter_lo_s`` (an older one): one seed's fastest is named and the missing
+    intervals said, never a tie of everything."""
+    bench = json.loads(_bench(tmp_path / "b.json").read_text())
+    runs = [load_run(_run(tmp_path, "q", "qsgd", ["qsgd"] * 20, {9: 0.85})),
+            load_run(_run(tmp_path, "r", "rar", ["rar"] * 20, {9: 0.85}))]
+    c = tta.cell_table(tta.tta_records(runs, bench, 0.8)).iloc[0]
+    assert "unranked" in c["winner"] and "no intervals" in c["one_seed"]
+
+
+def test_two_seeds_rank_and_one_seed_beside_them_stays_unranked(tmp_path):
+    """A 2-seed setting is ranked by its seed band; a 1-seed setting faster than it is listed beside the
+    winner, never the winner."""
+    bench = json.loads(_bench_with_spread(tmp_path / "b.json", {}).read_text())
+    runs = [load_run(_run(tmp_path, f"r{s}", "rar", ["rar"] * 20, {9 + s: 0.85}, seed=s)) for s in (0, 1)]
+    runs.append(load_run(_run(tmp_path, "g", "gradiveq", ["compress"] * 20, {9: 0.85})))
+    c = tta.cell_table(tta.tta_records(runs, bench, 0.8)).iloc[0]
+    assert c["best"] == "rar (overlap)" and c["winner"] == "rar (overlap)"
+    assert c["one_seed"].startswith("gradiveq (post)")
+
+
+def test_tta_md_says_validation_loss_and_marks_one_seed_figures(tmp_path):
+    """tta.md named a loss target "test loss" where the frontier and curves say validation; a one-seed
+    figure is marked unranked in every table."""
+    runs = tmp_path / "sweep"
+    for agg in ("fp16", "qsgd"):
+        d = _run(runs, agg, agg, [agg] * 10, {})
+        text = (d / "metrics.csv").read_text().replace("test_acc", "test_loss").splitlines()
+        text[10] = text[10] + "2.0"                                      # iteration 9: validation loss 2.0
+        (d / "metrics.csv").write_text("\n".join(text) + "\n")
+    assert main(["tta", str(runs), "--bench", str(_bench(tmp_path / "b.json")), "target_loss=2.4"]) == 0
+    md = (runs / "report" / "tta.md").read_text()
+    assert "validation loss 2.4" in md and "test loss" not in md
+    assert "unranked (< 2 seeds)" in md and "tie:" not in md
