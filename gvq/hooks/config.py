@@ -39,7 +39,7 @@ def option_config(name: str, overrides: dict | None = None):
     try:
         return compose([f"aggregator={name}", *(_override(k, v) for k, v in overrides.items())]).aggregator
     except ConfigError as e:
-        raise ConfigError(_hook_line(e, name, overrides)) from e.__cause__
+        raise ConfigError(_hook_line(e, name, overrides), source=e.source) from None
 
 
 def build_aggregator(config, **overrides) -> FlatAggregator:
@@ -79,7 +79,7 @@ def instantiate_aggregator(node, **kwargs) -> tuple[Aggregator, dict]:
     try:
         return instantiate(node, **{"_convert_": "object", **kwargs}), run
     except (ValueError, TypeError, InstantiationException) as e:      # a knob out of range: its one line
-        raise ConfigError(instantiation_line("aggregator", node, e)) from e
+        raise ConfigError(instantiation_line("aggregator", node, e), source=e) from None
 
 
 def check_overrides(overrides) -> dict:
@@ -144,7 +144,7 @@ def _hook_line(e: ConfigError, name: str, overrides: dict) -> str:
     """The CLI's line, but an unknown option is offered only the options a hook runs, and a misspelt
     bare key closest to a knob (``lamda``) is named as given, the knobs offered beside the aggregator's keys."""
     from hydra.errors import MissingConfigException
-    hydra_error = e.__cause__
+    hydra_error = e.source
     if isinstance(hydra_error, MissingConfigException):
         return no_such_option("aggregator", name, hook_options())
     cause = hydra_error.__cause__ if hydra_error is not None else None

@@ -6,7 +6,7 @@
 
 The option files are ``conf/`` at the repository's top level (``cli.py``'s ``config_path``); a wheel
 carries a copy inside the package as ``gvq/conf/`` (setup.py).  A bad override is refused as the CLI
-refuses it: one line (:class:`gvq.schema.errors.ConfigError`), Hydra's exception as its cause.
+refuses it: one line (:class:`gvq.schema.errors.ConfigError`), unchained, Hydra's exception its ``source``.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _composed(conf: Path, overrides: tuple[str, ...]) -> DictConfig:
             return hydra_compose("config", overrides=list(overrides))
         except (ConfigCompositionException, MissingConfigException, OverrideParseException,
                 OmegaConfBaseException) as e:
-            raise ConfigError(describe(e)) from e
+            raise ConfigError(describe(e), source=e) from None
 
 
 @contextlib.contextmanager
@@ -88,7 +88,7 @@ def _grid(name: str, overrides: tuple[str, ...]) -> GridSchema:
             where = conf_dir() / "grid" / f"{name}.yaml"
             if where.is_file():     # Hydra drops the cause of a key refused inside a file: typed again, named
                 _typed_grid(name, {k: v for k, v in OmegaConf.load(where).items() if k != "defaults"})
-            raise ConfigError(f"grid {name}: {describe(e)}") from e
+            raise ConfigError(f"grid {name}: {describe(e)}", source=e) from None
     return GridSchema(**_typed_grid(name, cfg.grid))
 
 
@@ -100,7 +100,7 @@ def _typed_grid(name: str, node) -> dict:
     try:
         typed = OmegaConf.merge(schema, {"grid": OmegaConf.to_container(OmegaConf.create(node))})
     except OmegaConfBaseException as e:
-        raise ConfigError(f"grid {name}: {describe(e)}") from e
+        raise ConfigError(f"grid {name}: {describe(e)}", source=e) from None
     return OmegaConf.to_container(typed.grid, resolve=True)
 
 

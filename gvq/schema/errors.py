@@ -3,7 +3,8 @@
 Hydra reports a composition error over several lines (the override, the OmegaConf node, a search path, a
 hint about ``HYDRA_FULL_ERROR``).  :func:`describe` reduces what it raises to ``<key>: <what is wrong>;
 <allowed values or the closest match>``, from the exception's fields.  The CLI prints that line
-(gvq/run/errors.py); a library call raises it as :class:`ConfigError` (gvq/schema/compose.py).
+(gvq/run/errors.py); a library call raises it as :class:`ConfigError` (gvq/schema/compose.py), never
+chained: a user's script (under torchrun, every rank's) ends in the line, not in Hydra's report above it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ from gvq.schema.config import TOP_LEVEL_KEYS
 
 
 class ConfigError(ValueError):
-    """A bad config value; its message is the single line shown to the user."""
+    """A bad config value; its message is the single line shown to the user.  Raised ``from None``: a
+    chained cause would print OmegaConf's and Hydra's reports (with Hydra's ``+key=`` advice, which does
+    not work on typed keys) above the line.  ``source``: the exception the line was read from, kept for a
+    caller that words it for its own users (the hook offers only the options a hook runs)."""
+
+    def __init__(self, line: str, source: BaseException | None = None):
+        super().__init__(line)
+        self.source = source
 
 
 #: options a Hydra plugin brings, and the extra of pyproject.toml that installs it

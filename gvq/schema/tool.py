@@ -65,10 +65,10 @@ def compose_command(command: Command, overrides=()) -> DictConfig:
         return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except (ConfigKeyError, ConfigAttributeError) as e:
         if "." in str(e.full_key or ""):
-            raise ConfigError(describe(e)) from e
-        raise ConfigError(unknown_key(str(e.full_key), keys_of(command.schema))) from e
+            raise ConfigError(describe(e), source=e) from None
+        raise ConfigError(unknown_key(str(e.full_key), keys_of(command.schema)), source=e) from None
     except OmegaConfBaseException as e:
-        raise ConfigError(describe(e)) from e
+        raise ConfigError(describe(e), source=e) from None
 
 
 def _readable(override: str) -> None:

@@ -10,12 +10,15 @@ from omegaconf import OmegaConf
 
 from gvq.hooks.config import build_aggregator, hook_options, option_config
 from gvq.schema.errors import ConfigError
+from tests.helpers.errors import assert_one_line_unchained
 
 
 def _refusal(name: str, **overrides) -> str:
+    """The line ``build_aggregator`` refuses with; raised unchained (a user's script, under torchrun each
+    rank's, ends in this line, not below OmegaConf's and Hydra's reports)."""
     with pytest.raises(ConfigError) as e:
         build_aggregator(name, **overrides)
-    assert "\n" not in str(e.value)
+    assert_one_line_unchained(e.value)
     return str(e.value)
 
 
@@ -150,7 +153,7 @@ def test_the_hook_and_the_cli_print_the_same_line_for_a_bad_value():
 def test_a_hooks_misuse_is_one_line_naming_what_to_pass(call, says):
     with pytest.raises(ValueError, match=says) as e:
         call(torch.nn.Linear(3, 2).parameters())
-    assert "\n" not in str(e.value)
+    assert_one_line_unchained(e.value)
 
 
 def _state(config, params, overrides=None, rank=0, world_size=1, **context):
@@ -166,3 +169,33 @@ def test_the_lightning_callback_checks_its_option_when_built():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="bits=0"):
         GvqHook("qsgd", {"compressor.bits": 0})
+
+
+# -- the same misuse in a user's script under torchrun: each rank's one line, nothing chained above it ---
+
+MISUSE = '''import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from gvq.hooks import GvqHookState
+dist.init_process_group("gloo")
+GvqHookState.from_config("qsgd", DistributedDataParallel(torch.nn.Linear(4, 2)), {"compressor.bits": "two"})
+'''
+
+
+@pytest.mark.slow
+def test_a_hook_misuse_under_torchrun_ends_each_rank_in_its_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import ROOT
+    from tests.helpers.dist import env_without_hydra
+    from tests.helpers.errors import CHAINED
+    (tmp_path / "misuse.py").write_text(MISUSE)
+    env = dict(env_without_hydra(), PYTHONPATH=str(ROOT))        # this checkout's gvq, whatever is installed
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(tmp_path / "misuse.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    line = "ConfigError: aggregator.compressor.bits=two: expected integer"
+    assert r.returncode != 0 and r.stderr.count(line) == 2, r.stderr[-3000:]        # once per rank
+    assert not [c for c in CHAINED if c in r.stderr], r.stderr[-3000:]
+    # each rank's traceback alone (3 chained ones each before; torchrun's own summary is the one more)
+    assert r.stderr.count("Traceback (most recent call last)") <= 3 and len(r.stderr.splitlines()) < 100

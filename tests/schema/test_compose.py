@@ -7,6 +7,7 @@ import pytest
 from gvq.schema.compose import compose, conf_dir
 from gvq.schema.errors import ConfigError
 from tests.helpers.cli import ROOT
+from tests.helpers.errors import assert_one_line_unchained
 
 
 def test_a_checkouts_conf_is_found_beside_the_package():
@@ -26,7 +27,8 @@ def test_compose_is_the_clis_composition(compose_cfg):
 def test_a_bad_override_raises_the_clis_line(overrides, line):
     with pytest.raises(ConfigError) as e:
         compose(overrides)
-    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+    assert str(e.value).startswith(line)
+    assert_one_line_unchained(e.value)
 
 
 def test_overrides_for_reads_a_scope_as_the_bench_applies_it_and_the_report_checks_it():

@@ -8,6 +8,7 @@ from gvq.schema.compose import conf_dir, load_grid
 from gvq.schema.errors import ConfigError
 from gvq.schema.grid import GridSchema
 from gvq.schema.setting import Setting
+from tests.helpers.errors import assert_one_line_unchained
 
 GRIDS = sorted(p.stem for p in (conf_dir() / "grid").glob("*.yaml"))
 
@@ -28,7 +29,8 @@ def test_a_grid_takes_overrides_and_refuses_an_unknown_or_ill_typed_key_in_one_l
                        (["grid.links_bps=[fast]"], "grid.links_bps")):
         with pytest.raises(ConfigError) as e:
             load_grid("overlap", bad)
-        assert named in str(e.value) and "\n" not in str(e.value)
+        assert named in str(e.value)
+        assert_one_line_unchained(e.value)
     with pytest.raises(ConfigError, match="nosuch"):
         load_grid("nosuch")
 
@@ -43,7 +45,7 @@ def test_an_unknown_key_in_a_grid_file_is_named(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as e:
         load_grid("typo")
     assert "grid.world_size: unknown key; did you mean grid.world_sizes?" in str(e.value)
-    assert "\n" not in str(e.value)
+    assert_one_line_unchained(e.value)
 
 
 def test_the_tools_defaults_are_their_grids():

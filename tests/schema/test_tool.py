@@ -10,6 +10,7 @@ import pytest
 from gvq.schema.errors import ConfigError
 from gvq.schema.grid import GridSchema
 from gvq.schema.tool import Arg, Command, compose_command, dispatch, keys, parse_command
+from tests.helpers.errors import assert_one_line_unchained
 
 CALLS: list = []
 
@@ -55,7 +56,28 @@ def test_overrides_replace_defaults_typed():
 def test_a_bad_override_is_one_line_naming_the_key(override, line):
     with pytest.raises(ConfigError) as e:
         compose_command(GRID if override.startswith("grid.") else PLAIN, [override])
-    assert line in str(e.value) and "\n" not in str(e.value)
+    assert line in str(e.value)
+    assert_one_line_unchained(e.value)
+
+
+def _tool_commands() -> list:
+    import importlib
+    return [pytest.param(command, id=f"{tool}-{name}") for tool in ("bench", "predict", "report", "analysis")
+            for name, command in importlib.import_module(f"gvq.{tool}.__main__").COMMANDS.items()]
+
+
+@pytest.mark.parametrize("command", _tool_commands())
+def test_every_tools_refusal_is_raised_unchained(command):
+    """In-process (a notebook, a script calling a tool's command), each tool's ConfigError is its one line
+    with nothing chained: an unknown key, a number given a word, a grid's misspelt key."""
+    from omegaconf import OmegaConf
+    defaults = OmegaConf.to_container(compose_command(command))
+    numeric = [k for k, v in defaults.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    bad = ["nosuchkey=1", *(f"{k}=abc" for k in numeric[:1]), *(["grid.world_size=[4]"] if command.grid else [])]
+    for override in bad:
+        with pytest.raises(ConfigError) as e:
+            compose_command(command, [override])
+        assert_one_line_unchained(e.value)
 
 
 def test_a_grid_command_starts_from_its_grid_file_and_takes_its_keys():
