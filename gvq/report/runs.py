@@ -41,6 +41,11 @@ class Run:
         knobs left out."""
         return Setting(self.aggregator, tuple(o for o in self.overrides if not _inert(o, self))).name
 
+    @property
+    def variant(self) -> str:
+        """How it reduced its gradients: ``overlap`` (inside backward, ``aggregator.overlap``) or ``post``."""
+        return "overlap" if (self.config.get("aggregator") or {}).get("overlap") else "post"
+
 
 @dataclass
 class Group:

@@ -29,7 +29,9 @@ def run_stats(run: Run, target) -> dict:
     hit = evals[as_target(target).reached(evals)]
     out["target_s"] = hit["wall_s"].iloc[0] - startup_s(m) if len(hit) else np.nan
     out["target_iters"] = hit["iteration"].iloc[0] + 1 if len(hit) and "iteration" in hit else np.nan
-    for col in ("compression_error", "compression_ratio", "aggregate_error"):   # absent: not logged by the run
+    # the logged compression_ratio (a codec's own, per iteration) is not averaged here: the report's
+    # compression ratio is one quantity, from bytes_sent and a rar baseline (build_table)
+    for col in ("compression_error", "aggregate_error"):   # absent: not logged by the run
         if col in m and m[col].notna().any():
             out[col] = m[col].mean()
     if "compression_error" in out:          # heavy-tailed (GradiVeQ's Eq. 7 loss): the median too
@@ -55,15 +57,24 @@ def group_stats(g: Group, target: float) -> dict:
 
 
 def baseline_for(g: Group, groups: list[Group], stats: dict) -> dict | None:
-    """Pooled means of the completed rar runs sharing ``g``'s setting (None if there are none)."""
+    """Pooled means of the completed rar runs sharing ``g``'s setting and how many there are (``runs``);
+    None if there are none."""
     want = {setting_key(r.config) for r in g.runs}
     rar = [h for h in groups if h.aggregator == "rar" and h.status == "completed"
            and {setting_key(r.config) for r in h.runs} == want]
     if not rar:
         return None
     weights = [len(h.runs) for h in rar]
-    return {k: np.average([stats[id(h)].get(k, np.nan) for h in rar], weights=weights)
-            for k in ("aggregate_s", "iter_s", "bytes_sent")}
+    return {"runs": sum(weights), **{k: np.average([stats[id(h)].get(k, np.nan) for h in rar], weights=weights)
+                                     for k in ("aggregate_s", "iter_s", "bytes_sent")}}
+
+
+def compression_ratio(base: dict | None, s: dict) -> float:
+    """The report's one compression ratio: the rar baseline's mean bytes a rank sends per iteration over the
+    group's (both ``bytes_sent``, every hop of the ring counted alike); NaN where there is no baseline or
+    no bytes, never another quantity in its place."""
+    sent = s.get("bytes_sent", np.nan)
+    return base["bytes_sent"] / sent if base and sent > 0 else np.nan
 
 
 def run_statuses(runs: list[Run]) -> str:
@@ -85,10 +96,9 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
         s, base = stats[id(g)], baseline_for(g, groups, stats)
         reasons = list(dict.fromkeys(r.reason for r in g.runs if r.reason))     # distinct, the first seed's first
         done = g.status == "completed"
-        ratio = (base["bytes_sent"] / s["bytes_sent"] if base and s.get("bytes_sent", 0) > 0
-                 else s.get("compression_ratio", np.nan))
         rows.append({
-            "group": g.label, "aggregator": g.aggregator, "runs": len(g.runs), "status": g.status,
+            "group": g.label, "aggregator": g.aggregator, "setting_name": g.runs[0].setting,
+            "variant": g.runs[0].variant, "runs": len(g.runs), "status": g.status,
             "run_status": run_statuses(g.runs), "collapsed": g.collapsed,
             "clock": g.clock,
             "reason": reasons[0] if reasons else "", "reasons": len(reasons),
@@ -103,7 +113,8 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
             "aggregation_speedup": base["aggregate_s"] / s["aggregate_s"] if base else np.nan,
             "iteration_s": s.get("iter_s", np.nan),
             "iteration_speedup": base["iter_s"] / s["iter_s"] if base and "iter_s" in s else np.nan,
-            "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": ratio,
+            "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": compression_ratio(base, s),
+            "baseline_runs": base["runs"] if base else 0,
             "compression_error": s.get("compression_error", np.nan),
             "compression_error_median": s.get("error_median", np.nan),
             "aggregate_error": s.get("aggregate_error", np.nan),

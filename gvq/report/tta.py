@@ -132,16 +132,12 @@ def priced(counts: dict[str, int], option: str, variant: str, cell: tuple, secs:
     return total
 
 
-def _variant(run: Run) -> str:
-    return "overlap" if (run.config.get("aggregator") or {}).get("overlap") else "post"
-
-
 def iteration_table(runs: list[Run], target: float) -> pd.DataFrame:
     """Per (aggregator, N, variant) group: iterations to the target, mean +- std over its seeds."""
     rows = []
     for r in runs:
         counts = phase_counts(r, target)
-        rows.append({"aggregator": r.setting, "N": r.config.get("world_size"), "variant": _variant(r),
+        rows.append({"aggregator": r.setting, "N": r.config.get("world_size"), "variant": r.variant,
                      "seed": r.config.get("seed"), "iters": sum(counts.values()) if counts else np.nan})
     df = pd.DataFrame(rows)
     out = (df.groupby(["aggregator", "N", "variant"])["iters"]
@@ -154,7 +150,7 @@ def tta_records(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
     """One record per (cell, aggregator, variant, seed): its composed seconds to the target (inf if that
     seed never reached it) and the range the bench's intervals allow it (``tta_lo_s``, ``tta_hi_s``: each
     phase's count x the ends of its seconds' interval; NaN where the bench has none)."""
-    secs, post = bench_seconds(bench), [r for r in runs if _variant(r) == "post"]
+    secs, post = bench_seconds(bench), [r for r in runs if r.variant == "post"]
     ends = {f"tta_{end}_s": bench_seconds(bench, f"iter_{end}_s") for end in ("lo", "hi")}
     cells = sorted({k[:3] for k in secs})
     rows = []
@@ -275,10 +271,10 @@ def validation(runs: list[Run], bench: dict, target: float) -> pd.DataFrame:
         if net.get("clock") != "virtual" or not net.get("bandwidth_bps") or not counts:
             continue
         cell = (r.config["world_size"], round(net["compute_scale"], 4), net["bandwidth_bps"] / 1e6)
-        composed = priced(counts, r.setting, _variant(r), cell, secs, phase_options(r))
+        composed = priced(counts, r.setting, r.variant, cell, secs, phase_options(r))
         measured = measured_time(r, target)
         rows.append({"N": cell[0], "link_Mbps": cell[2], "regime": REGIMES.get(cell[1], f"x{cell[1]:g}"),
-                     "aggregator": r.setting, "variant": _variant(r), "seed": r.config.get("seed"),
+                     "aggregator": r.setting, "variant": r.variant, "seed": r.config.get("seed"),
                      "iters": sum(counts.values()), "measured_s": measured, "composed_s": composed,
                      "composed_over_measured": composed / measured,
                      "within": abs(composed / measured - 1) <= VALIDATION_TOLERANCE})

@@ -90,7 +90,9 @@ COLUMNS = (
     Column("aggregate_error", "", "rank0", "||mean - exact mean||^2 / ||exact mean||^2 of the averaged gradient, "
        "every bucket of the step (exact: an untimed fp64 all-reduce of the ranks' raw gradients; only with "
        "aggregate_error=true; NaN: torch DDP)", skipped=float("nan")),
-    Column("compression_ratio", "", "rank0", "fp32 gradient bytes over the bytes on the wire"),
+    Column("compression_ratio", "", "rank0", "gradiveq: the iteration's fp32 gradient bytes over the bytes of the "
+       "payloads rank 0 encoded (one encoding, not every hop of the ring: bytes_sent counts those; 1 while "
+       "uncompressed); the report's compression ratio is not its mean but rar's bytes_sent over the run's"),
     Column("fit_s", "s", "rank0", "gradiveq: fitting the bases (PCA) at a refresh"),
     Column("monitor_s", "s", "rank0", "gradiveq: the Eq. 7 vote"),
     # the training benchmark only

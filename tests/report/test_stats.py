@@ -53,7 +53,7 @@ def test_time_to_target_leaves_out_iteration_zeros_one_off_start_up():
 def test_the_status_column_says_summary_jsons_status_and_one_reason():
     """Two seeds, both collapsed, each with its own long reason: the table says ``collapsed`` (the runs'
     status, not ``completed, 2/2 at chance``) and one reason, once."""
-    from gvq.report.plots import display_table
+    from gvq.report.display import display_table
     from gvq.report.runs import group_runs
     from gvq.report.stats import build_table, group_stats
     why = ("train loss back at chance since iteration {} to the end (smoothed 2.301 >= 0.95 x ln 10 = 2.187); "
@@ -78,7 +78,7 @@ def test_the_status_column_says_summary_jsons_status_and_one_reason():
 def test_aggregate_error_is_carried_as_mean_and_std_over_seeds_where_a_run_logged_it():
     """Runs with ``aggregate_error=true`` have the column: the table's mean ± std over seeds, shown; runs
     without it: NaN in table.csv, and no column in the shown table."""
-    from gvq.report.plots import display_table
+    from gvq.report.display import display_table
     from gvq.report.runs import group_runs
     from gvq.report.stats import build_table, group_stats
 
@@ -101,3 +101,38 @@ def test_a_language_model_run_without_its_csv_reads_bpb_from_its_summary():
     run = Run(Path("."), "completed", "", "rar", [], {}, None,
               {"final_test_acc": 0.3, "mean_aggregate_s": 0.02, "final_test_bpb": 3.41})
     assert run_stats(run, target=0.5) == {"final_acc": 0.3, "aggregate_s": 0.02, "final_bpb": 3.41}
+
+
+def _bytes_run(agg: str, seed: int, sent: list[float], logged_ratio: list[float] | None = None) -> Run:
+    m = _startup_run().metrics.iloc[:len(sent)].copy()
+    m["bytes_sent"] = sent
+    if logged_ratio is not None:
+        m["compression_ratio"] = logged_ratio
+    return Run(Path(f"{agg}{seed}"), "completed", "", agg, [f"aggregator={agg}", f"seed={seed}"], {}, m)
+
+
+def test_the_compression_ratio_is_one_definition_whatever_company_a_run_keeps():
+    """The same GradiVeQ run read 2.84 beside rar and 4.21 alone (a silent fallback to the mean of the
+    logged per-iteration column).  The report's compression ratio is one quantity, rar's mean bytes per
+    iteration over the group's: alone it is missing (NaN, shown as —, and the note says why), never
+    another quantity."""
+    from gvq.report.display import display_table, table_note
+    from gvq.report.runs import group_runs
+    from gvq.report.stats import build_table, group_stats
+    # warm-up at rar's 1500 B, then compressed at 150 B: ratio of the means 1500 / 825 = 1.82; the mean of
+    # the logged per-iteration ratios (1 and 10, as GradiVeQ logs them) 5.5
+    gvq = _bytes_run("gradiveq", 0, [1500.0] * 5 + [150.0] * 5, [1.0] * 5 + [10.0] * 5)
+    rar = _bytes_run("rar", 0, [1500.0] * 10)
+
+    def table_of(runs):
+        groups = group_runs(runs)
+        return build_table(groups, {id(g): group_stats(g, 0.9) for g in groups}).set_index("aggregator")
+
+    beside, alone = table_of([rar, gvq]), table_of([gvq])
+    assert beside.loc["gradiveq", "compression_ratio"] == pytest.approx(1500 / 825)
+    assert np.isnan(alone.loc["gradiveq", "compression_ratio"])
+    assert np.isnan(alone.loc["gradiveq", "aggregation_speedup"])
+    shown = display_table(alone.reset_index(), 0.9)
+    assert list(shown["compression ratio vs rar (bytes)"]) == ["—"]
+    assert "No completed rar run of its setting: gradiveq:" in table_note(alone.reset_index())
+    assert "No completed rar run" not in table_note(beside.reset_index())
