@@ -39,7 +39,7 @@ import pandas as pd
 
 from gvq.report.runs import ReportError, default_dirs, find_runs, group_runs, load_run
 from gvq.report.stats import build_table, group_stats
-from gvq.report.target import Target
+from gvq.report.target import Target, default_target
 from gvq.schema.tool import Arg, Command, exit_status
 
 
@@ -53,9 +53,10 @@ def load_runs(dirs: list[Path]) -> list:
     return [load_run(p) for p in paths]
 
 
-def write_report(dirs: list[Path], out: Path, target: float) -> pd.DataFrame:
+def write_report(dirs: list[Path], out: Path, target: Target | None) -> pd.DataFrame:
     from gvq.report import plots as rp  # matplotlib: only when a report is drawn
     runs = load_runs(dirs)
+    target = _resolved(target, runs)
     groups = group_runs(runs)
     stats = {id(g): group_stats(g, target) for g in groups}
     title = f"gvq report: {', '.join(str(d) for d in dirs)}"
@@ -77,9 +78,11 @@ def write_cycle(dirs: list[Path], out: Path) -> str:
     return text + f"-> {out}/cycle.md, cycle.csv, cycle.png"
 
 
-def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
+def write_frontier(dirs: list[Path], out: Path, target: Target | None) -> str:
     from gvq.report import frontier
-    groups = group_runs(load_runs(dirs))
+    runs = load_runs(dirs)
+    target = _resolved(target, runs)
+    groups = group_runs(runs)
     stats = {id(g): group_stats(g, target) for g in groups}
     table = build_table(groups, stats)
     df = frontier.setting_frontier(table, frontier.score_axis(table, target))
@@ -93,12 +96,13 @@ def write_frontier(dirs: list[Path], out: Path, target: float) -> str:
     return text + f"-> {out}/frontier.md, frontier.csv, frontier.png"
 
 
-def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path]) -> str:
+def write_tta(dirs: list[Path], out: Path, target: Target | None, bench_paths: list[Path]) -> str:
     import json
     from gvq.report import tta, tta_markdown, workload
     # a run that diverged or collapsed trained, and never reached the target (or reached it first): it
     # counts; a failed or incomplete one says nothing about iterations to the target
     runs = [r for r in load_runs(dirs) if r.status in ("completed", "collapsed", "diverged")]
+    target = _resolved(target, runs)
     benches = []
     for path in bench_paths:
         try:
@@ -123,15 +127,27 @@ def write_tta(dirs: list[Path], out: Path, target: float, bench_paths: list[Path
 @dataclass
 class ReportKeys:
     # "reaching the target": test accuracy at least this (time and iterations to it); higher => fewer
-    # runs reach it
-    target_acc: float = 0.9
-    # instead, where set: a test loss at most this (a language model's nats per token); lower => fewer
-    # runs reach it
+    # runs reach it; unset (and no target_loss): 0.9, or for a language model's runs target_loss 2.4
+    target_acc: Optional[float] = None
+    # instead, where set: a validation loss at most this (a language model's nats per token); lower =>
+    # fewer runs reach it
     target_loss: Optional[float] = None
 
 
-def _target_of(cfg) -> Target:
-    return Target.loss(cfg.target_loss) if cfg.target_loss is not None else Target(cfg.target_acc)
+def _target_of(cfg) -> Target | None:
+    """The target given on the command line; None: :func:`gvq.report.target.default_target` of the runs."""
+    if cfg.target_loss is not None:
+        return Target.loss(cfg.target_loss)
+    return None if cfg.target_acc is None else Target(cfg.target_acc)
+
+
+def _resolved(target: Target | None, runs) -> Target:
+    """``target``, or the runs' default, said on stdout (a default is an answer the reader did not ask)."""
+    if target is not None:
+        return target
+    chosen = default_target(runs)
+    print(f"gvq.report: {chosen.said}")
+    return chosen
 
 
 def _dirs_and_out(paths) -> tuple[list[Path], Path]:

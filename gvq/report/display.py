@@ -104,10 +104,10 @@ def time_to_target(table: pd.DataFrame, target) -> pd.DataFrame:
         "clock": done["clock"]})
 
 
-def table_note(table: pd.DataFrame, runs=()) -> str:
+def table_note(table: pd.DataFrame, runs=(), target=None) -> str:
     """What the summary table's figures are, said under it in table.md and report.html: the groups, the
     baseline (and the groups that have none: their speed-ups and compression ratio are missing, not
-    replaced), time to the target, and the clock (:func:`clock_note`)."""
+    replaced), the target (and why, where it is a default), time to it, and the clock (:func:`clock_note`)."""
     missing = [f"{g} ({a})" if g != a else g for g, a, n in
                zip(table["group"], table["aggregator"], table["baseline_runs"]) if n == 0]
     lines = [f"{len(runs)} runs in {len(table)} groups (same overrides minus seed). Speed-ups and compression "
@@ -118,6 +118,9 @@ def table_note(table: pd.DataFrame, runs=()) -> str:
     if missing:
         lines.append(f"No completed rar run of its setting: {', '.join(missing)}: speed-ups and compression "
                      f"ratio {DASH} (run aggregator=rar with the same overrides beside them).")
+    if target is not None:
+        said = as_target(target).said
+        lines.append(f"{said[0].upper()}{said[1:]}.")
     clock = clock_note(runs)
     return "\n".join(lines + ([clock] if clock else []))
 

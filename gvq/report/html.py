@@ -73,7 +73,8 @@ def write_html(path: Path, title: str, setting: str, s: Sections, groups) -> Pat
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p class='setting'><b>Setting</b> · {html.escape(setting)}</p>",
              f"<div class='warn'><b>Not completed:</b><ul>{''.join(bad)}</ul></div>" if bad else "",
-             "<h2>Summary</h2>", html_table(s.display, s.table["status"]), f"<p>{html.escape(s.note)}</p>",
+             "<h2>Summary</h2>", html_table(s.display, s.table["status"]),
+             *(f"<p class='note'>{html.escape(line)}</p>" for line in s.note.splitlines()),
              *_target_and_frontier(s, setting),
              "<h2>Figures</h2>", *(_img(p, alt, setting) for p, alt in s.figures),
              f"<h2>Runs</h2><details><summary>{sum(len(g.runs) for g in groups)} run dirs</summary>"

@@ -186,7 +186,7 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
     display = display_table(table, target)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "table.csv", index=False)
-    note = table_note(table, runs)
+    note = table_note(table, runs, target)
     (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
     setting = describe_setting(runs)
     bpb = ", validation bits per byte" if "test_bpb" in curve_columns(groups) else ""

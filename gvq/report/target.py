@@ -9,15 +9,28 @@ from dataclasses import dataclass
 import pandas as pd
 
 
+#: the defaults where a report is given no target: a language model's validation loss (nats per token) is the
+#: Makefile's LM_TARGET (``make lm-frontier``; docs/results.md's transformer frontier: rar is below it well
+#: inside experiment=lm_tta's budget); any other run's test accuracy
+LM_TARGET_LOSS = 2.4
+ACC_TARGET = 0.9
+
+
 @dataclass(frozen=True)
 class Target:
     value: float
     column: str = "test_acc"
     lower_is_better: bool = False
+    chosen: str = ""           # why this target where none was given ("": given on the command line)
 
     @classmethod
-    def loss(cls, value: float) -> "Target":
-        return cls(value, "test_loss", lower_is_better=True)
+    def loss(cls, value: float, chosen: str = "") -> "Target":
+        return cls(value, "test_loss", lower_is_better=True, chosen=chosen)
+
+    @property
+    def said(self) -> str:
+        """The target in the report's own words, with why it was chosen where no one gave it."""
+        return f"target: {self.describe}" + (f" ({self.chosen})" if self.chosen else "")
 
     @property
     def label(self) -> str:
@@ -70,3 +83,19 @@ def startup_s(metrics: pd.DataFrame) -> float:
 def as_target(target) -> Target:
     """A Target, or a bare number read as a test-accuracy target (the tools' long-standing meaning)."""
     return target if isinstance(target, Target) else Target(float(target))
+
+
+def is_language_model(runs) -> bool:
+    """Whether the runs trained a language model: one of them logged validation bits per byte (``test_bpb``
+    in its metrics.csv, or ``final_test_bpb`` in a CSV-less summary)."""
+    return any((r.metrics is not None and "test_bpb" in r.metrics and r.metrics["test_bpb"].notna().any())
+               or "final_test_bpb" in r.summary for r in runs)
+
+
+def default_target(runs) -> Target:
+    """The target where neither ``target_acc`` nor ``target_loss`` was given: :data:`LM_TARGET_LOSS` for a
+    language model's runs (an accuracy target means nothing to them), else :data:`ACC_TARGET`."""
+    if is_language_model(runs):
+        return Target.loss(LM_TARGET_LOSS, "the default for a language model's runs, nats per token; "
+                                           "set target_loss=... or target_acc=...")
+    return Target(ACC_TARGET, chosen="the default; set target_acc=... or, for a language model, target_loss=...")

@@ -61,3 +61,38 @@ def test_the_report_takes_target_loss_and_shows_bits_per_byte(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "out" / "table.csv")
     assert table.final_bpb.iloc[0] == pytest.approx(np.mean([1.6, 1.7]) / np.log(2), rel=1e-5)
     assert table.iters_to_target.iloc[0] == 10
+
+
+def test_an_lm_runs_report_defaults_to_a_loss_target_and_says_which(tmp_path, capsys):
+    """Given no target, a language model's runs were timed to test accuracy 0.9 (meaningless to them): the
+    report now counts to the LM default (the Makefile's LM_TARGET, validation loss 2.4 nats per token) and
+    says so on stdout and under the table; a CNN's runs keep test accuracy 0.9."""
+    from gvq.report.target import ACC_TARGET, LM_TARGET_LOSS
+    for seed, last in ((0, 1.6), (1, 1.7)):
+        _lm_run(tmp_path / "sweep", f"rar-{seed}", {4: 2.3, 9: last}, seed=seed)
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    shown = capsys.readouterr().out
+    assert f"target: validation loss {LM_TARGET_LOSS:g} (the default for a language model's runs" in shown
+    assert f"time to loss {LM_TARGET_LOSS:g}" in shown
+    table = pd.read_csv(tmp_path / "out" / "table.csv")
+    assert table.iters_to_target.iloc[0] == 5                                  # 2.3 <= 2.4 at iteration 4
+    assert "Target: validation loss 2.4 (the default" in (tmp_path / "out" / "table.md").read_text()
+    assert LM_TARGET_LOSS == 2.4 and "LM_TARGET ?= 2.4" in (Path(__file__).parents[2] / "Makefile").read_text()
+    assert main([str(tmp_path / "sweep"), "target_acc=0.2", "--out", str(tmp_path / "acc")]) == 0
+    assert "time to acc 0.2" in capsys.readouterr().out                         # given: taken as it is
+    cnn = tmp_path / "cnn"
+    _lm_run(cnn, "rar", {4: 2.3})
+    (cnn / "rar" / "metrics.csv").write_text((cnn / "rar" / "metrics.csv").read_text().replace(",test_bpb", ",x"))
+    assert main([str(cnn), "--out", str(tmp_path / "cnn_out")]) == 0
+    assert f"target: test accuracy {ACC_TARGET:g} (the default" in capsys.readouterr().out
+
+
+def test_the_report_says_validation_for_a_loss_target_everywhere():
+    """tta said "test loss" where the frontier and curves say validation: one word."""
+    from gvq.report.__main__ import ReportKeys
+    assert Target.loss(2.4).describe == "validation loss 2.4" and Target(0.8).describe == "test accuracy 0.8"
+    import inspect
+    from gvq.report import frontier, plots, tta_markdown
+    for module in (frontier, plots, tta_markdown, tta):
+        assert "test loss" not in inspect.getsource(module), module.__name__
+    assert "test loss" not in inspect.getsource(ReportKeys)
