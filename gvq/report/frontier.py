@@ -112,7 +112,8 @@ def setting_frontier(table: pd.DataFrame, axis: Axis = ACC) -> pd.DataFrame:
     score = [band(m, s) for m, s in zip(t[axis.source], t[axis.source + "_std"])]
     cost = list(t["bytes_per_iter"].astype(float))
     out = pd.DataFrame({
-        "setting": t["group"], "aggregator": t["aggregator"], "seeds": t["runs"], "at_chance": t["collapsed"],
+        "setting": t["group"], "aggregator": t["aggregator"], "setting_name": t["setting_name"],
+        "variant": t["variant"], "seeds": t["runs"], "at_chance": t["collapsed"],
         "MB_per_iter": t["bytes_per_iter"] / 1e6, f"final_{axis.key}": t[axis.source],
         f"final_{axis.key}_std": t[axis.source + "_std"],
         "iters_to_target": t["iters_to_target"], "iters_to_target_std": t["iters_to_target_std"],
@@ -165,37 +166,93 @@ def frontier_markdown(df: pd.DataFrame, target: float) -> str:
     return f"{axis_of(df).title} ({FRONTIER_NOTE}):\n\n{shown.to_markdown(index=False)}\n"
 
 
+#: how the frontier figure marks a setting's place (the colour is the setting's own): (label, marker, filled)
+PLACES = (("on the frontier", "o", True), ("dominated", "o", False), (UNRANKED, "X", True),
+          ("every seed at chance", "v", True))
+NOT_REACHED = "not reached by any seed (at the top edge)"
+
+
+def _place_of(r) -> str:
+    if r["all_at_chance"]:
+        return PLACES[3][0]
+    return PLACES[2][0] if not r["ranked"] else PLACES[0][0] if r["on"] else PLACES[1][0]
+
+
 def plot_setting_frontier(df: pd.DataFrame, path, target: float) -> None:
     """Two panels against MB per iteration (log): final accuracy (or bpb) and iterations to the target, seeds
-    as error bars, the frontier filled and joined."""
+    as error bars, the frontier joined; each setting in its own colour (:func:`gvq.schema.palette.colour_of`),
+    its place by marker; a setting no seed of which reached the target at the top edge of the iterations
+    panel; a legend for every mark."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     score = axis_of(df)
     for ax, col, flag, label in ((axes[0], f"final_{score.key}", f"frontier_{score.key}", score.label),
                                  (axes[1], "iters_to_target", "frontier_iters",
                                   f"iterations to {as_target(target).label}")):
-        ok = df[np.isfinite(df[col])]
-        for name, part, style in (("frontier", ok[ok[flag]], "o"), ("dominated", ok[ok["ranked"] & ~ok[flag]], "o"),
-                                  (UNRANKED, ok[~ok["ranked"] & ~ok["all_at_chance"]], "x"),
-                                  ("every seed at chance", ok[ok["all_at_chance"]], "v")):
-            ax.errorbar(part["MB_per_iter"], part[col], yerr=part[col + "_std"].fillna(0), fmt=style,
-                        mfc="none" if name == "dominated" else None, capsize=3, label=name)
-        front = ok[ok[flag]].sort_values("MB_per_iter")
-        ax.plot(front["MB_per_iter"], front[col], "-", alpha=0.5)
+        shown = df.assign(on=df[flag])
+        ok = shown[np.isfinite(shown[col])]
         for _, r in ok.iterrows():
-            part_reached = col == "iters_to_target" and r["reached"].split("/")[0] != r["reached"].split("/")[1]
-            text = f"{r['setting']} ({r['reached']} reached)" if part_reached else r["setting"]
-            ax.annotate(text, (r["MB_per_iter"], r[col]), xytext=(4, 4), textcoords="offset points", fontsize=6,
-                        alpha=0.8)
+            _point(ax, r, col)
+        front = ok[ok["on"]].sort_values("MB_per_iter")
+        ax.plot(front["MB_per_iter"], front[col], "-", color="0.4", alpha=0.5, label="frontier (joined)")
+        _never_reached(ax, shown[~np.isfinite(shown[col])] if col == "iters_to_target" else shown.iloc[:0])
         _log_ticks(ax)
         ax.set_xlabel("MB a rank sends per iteration")
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+        _place_legend(ax, {_place_of(r) for _, r in ok.iterrows()})
+    _setting_legend(fig, df)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _point(ax, r, col: str) -> None:
+    """One setting's point: its colour, its place's marker, its seed band, its name beside it."""
+    from gvq.schema.palette import colour_of
+    colour = colour_of(r["setting_name"], r["variant"])
+    marker, filled = next((m, f) for name, m, f in PLACES if name == _place_of(r))
+    std = r[col + "_std"] if np.isfinite(r[col + "_std"]) else 0.0
+    ax.errorbar([r["MB_per_iter"]], [r[col]], yerr=[std], fmt=marker, color=colour, capsize=3,
+                mfc=colour if filled else "none", ms=7)
+    k, n = r["reached"].split("/")
+    text = f"{r['setting']} ({k}/{n} reached)" if col == "iters_to_target" and k != n else r["setting"]
+    ax.annotate(text, (r["MB_per_iter"], r[col]), xytext=(4, 4), textcoords="offset points", fontsize=6, alpha=0.8)
+
+
+def _never_reached(ax, never: pd.DataFrame) -> None:
+    """Settings no seed of which reached the target: a marker at the iterations panel's top edge, at their
+    bytes, in their colour, labelled, so they never vanish from it."""
+    from gvq.schema.palette import colour_of
+    for _, r in never.iterrows():
+        colour = colour_of(r["setting_name"], r["variant"])
+        ax.plot([r["MB_per_iter"]], [0.97], "^", color=colour, ms=9, transform=ax.get_xaxis_transform(),
+                clip_on=False)
+        ax.annotate(f"{r['setting']}: not reached", (r["MB_per_iter"], 0.97), xycoords=ax.get_xaxis_transform(),
+                    xytext=(5, -10), textcoords="offset points", fontsize=6, color=colour)
+    if len(never):
+        ax.plot([], [], "^", color="0.3", ms=9, label=NOT_REACHED)
+
+
+def _place_legend(ax, used: set[str]) -> None:
+    """What each marker ``used`` on ``ax`` means, in grey (the colour is the setting's: the figure's other
+    legend), and the panel's own marks (the joined frontier, the not-reached marker)."""
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], marker=m, ls="none", color="0.3", mfc="0.3" if f else "none", ms=7, label=name)
+               for name, m, f in PLACES if name in used]
+    own, labels = ax.get_legend_handles_labels()
+    ax.legend(handles + own, [h.get_label() for h in handles] + labels, fontsize=7, loc="best",
+              title="error bars: ± std over seeds", title_fontsize=7)
+
+
+def _setting_legend(fig, df: pd.DataFrame) -> None:
+    """Each setting's colour, by name (the colour of a setting is the same in every gvq figure)."""
+    from matplotlib.patches import Patch
+    from gvq.schema.palette import colour_of
+    handles = [Patch(color=colour_of(n, v), label=s) for s, n, v in
+               dict.fromkeys(zip(df["setting"], df["setting_name"], df["variant"]))]
+    fig.legend(handles=handles, loc="center right", fontsize=7, title="setting", title_fontsize=8)
 
 
 def _log_ticks(ax) -> None:

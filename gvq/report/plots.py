@@ -15,12 +15,17 @@ import pandas as pd
 
 from gvq.report import html as report_html
 from gvq.report.display import describe_setting, display_table, table_note, time_to_target
+from gvq.report.target import as_target, in_panel
+from gvq.schema.palette import colour_of
 
 PARTS = (("compute_s", "computation", "0.55"), ("compress_s", "compress", "tab:blue"),
          ("wire_s", "wire (blocked on peers)", "tab:orange"), ("decompress_s", "decompress", "tab:green"),
          ("other_s", "other aggregation", "tab:purple"),
          ("exposed_s", "exposed communication (overlapped)", "tab:red"))
 HIDDEN = ("hidden_s", "hidden communication (overlapped, during backward)")
+#: the target line's colour and style: no setting's colour (gvq.schema.palette), so it never reads as a run
+TARGET_STYLE = {"color": "#b8860b", "linestyle": (0, (6, 3)), "lw": 2.0}
+BAND_LABEL = "± std over seeds (shading)"
 
 
 # -- figures ------------------------------------------------------------------------------------------
@@ -62,6 +67,12 @@ def curve_columns(groups) -> list[str]:
     return ["test_acc", "train_loss", *(["test_bpb"] if lm else [])]
 
 
+def group_colour(group) -> str:
+    """A group's colour in every figure: its setting's name and variant's (:func:`gvq.schema.palette.colour_of`),
+    never its place among the groups of one report."""
+    return colour_of(group.runs[0].setting, group.runs[0].variant)
+
+
 def _plot_group(axes, group, color, smooth: int, on_time_axis: bool, columns: list[str]) -> None:
     style = "-" if group.status == "completed" else "--"
     label = group.label + ("" if group.status == "completed" else f" ({group.status})") + (
@@ -87,17 +98,18 @@ def _loss_limits(axes, groups, smooth: int) -> None:
             ax.set_ylim(values.min() / 1.5, values.max() * 1.5)
 
 
-def plot_curves(groups, path: Path, setting: str) -> Path:
+def plot_curves(groups, path: Path, setting: str, target=None) -> Path:
     """2 x 2: test accuracy / train loss against iteration / the run's clock (a third row, validation bits
-    per byte, for a language model's runs: :func:`curve_columns`); shading: +- std over seeds."""
+    per byte, for a language model's runs: :func:`curve_columns`); shading: +- std over seeds; each group in
+    its setting's colour (:func:`group_colour`); ``target`` drawn on the panels that show its quantity, in
+    their unit (:func:`_target_lines`)."""
     columns = curve_columns(groups)
     fig, axes = plt.subplots(len(columns), 2, figsize=(12, 4 * len(columns)), sharex="col")
     longest = max((len(r.metrics) for g in groups for r in g.runs if r.metrics is not None), default=1)
     smooth = max(1, longest // 50)
-    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
     clock = time_clock(groups)
-    for i, g in enumerate(groups):
-        _plot_group(axes, g, colors[i % len(colors)], smooth, g.clock == clock, columns)
+    for g in groups:
+        _plot_group(axes, g, group_colour(g), smooth, g.clock == clock, columns)
     axes[0][0].set_ylabel("test accuracy (top-1)")
     axes[1][0].set_ylabel("train loss" + (f" (running mean of {smooth})" if smooth > 1 else "")
                           + "\ngeometric mean ± std over seeds")
@@ -109,12 +121,44 @@ def plot_curves(groups, path: Path, setting: str) -> Path:
     _loss_limits(axes[1], groups, smooth)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="lower right")
+    drawn = _target_lines(axes, columns, target, [r for g in groups for r in g.runs])
+    _curve_legends(axes, columns, drawn, banded=any(len(g.runs) > 1 for g in groups))
     fig.suptitle(textwrap.fill(f"Convergence ({setting})", 150), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _target_lines(axes, columns: list[str], target, runs) -> list[int]:
+    """The target as a horizontal line on each panel of the rows whose column shows its quantity (an
+    accuracy target on test accuracy; a loss target, nats per token, on validation bits per byte converted as
+    the runs converted it); the rows drawn on."""
+    if target is None:
+        return []
+    drawn = []
+    for row, col in enumerate(columns):
+        y = in_panel(target, col, runs)
+        if y is None:
+            continue
+        t = as_target(target)
+        label = f"target: {t.describe}" + (f" = {y:.3g} bpb" if col != t.column else "")
+        for ax in axes[row]:
+            ax.axhline(y, label=label, **TARGET_STYLE)
+        drawn.append(row)
+    return drawn
+
+
+def _curve_legends(axes, columns: list[str], target_rows: list[int], banded: bool) -> None:
+    """A legend for every mark: the groups (and the shading) on the first panel, and on each row with a target
+    line that line's own entry."""
+    from matplotlib.patches import Patch
+    for row in sorted({0, *target_rows}):
+        handles, labels = axes[row][0].get_legend_handles_labels()
+        if row == 0 and banded:
+            handles, labels = handles + [Patch(color="0.5", alpha=0.2)], labels + [BAND_LABEL]
+        loc = "lower right" if columns[row] == "test_acc" else "upper right"
+        axes[row][0].legend(handles, labels, fontsize=8, loc=loc)
 
 
 def breakdown(groups, stats_of) -> pd.DataFrame:
@@ -190,7 +234,7 @@ def render(out: Path, title: str, runs, groups, stats_of, table: pd.DataFrame, t
     (out / "table.md").write_text(display.to_markdown(index=False) + "\n\n" + note + "\n")
     setting = describe_setting(runs)
     bpb = ", validation bits per byte" if "test_bpb" in curve_columns(groups) else ""
-    figures = [(plot_curves(groups, out / "curves.png", setting),
+    figures = [(plot_curves(groups, out / "curves.png", setting, target),
                 f"Test accuracy, train loss{bpb} against iteration and {time_clock(groups)} "
                 "(bands: ± std over seeds; loss: geometric)")]
     parts = breakdown(groups, stats_of)

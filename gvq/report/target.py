@@ -99,3 +99,25 @@ def default_target(runs) -> Target:
         return Target.loss(LM_TARGET_LOSS, "the default for a language model's runs, nats per token; "
                                            "set target_loss=... or target_acc=...")
     return Target(ACC_TARGET, chosen="the default; set target_acc=... or, for a language model, target_loss=...")
+
+
+def bpb_per_nat(runs) -> float | None:
+    """Bits per byte per nat of validation loss, as the runs converted it (``test_bpb = test_loss / ln 2 /
+    bytes per token``, gvq.run.train): read back from their evaluation rows, the one place the report finds
+    a text's bytes per token; None where no run logged both columns."""
+    ratios = [r.metrics["test_bpb"] / r.metrics["test_loss"] for r in runs if r.metrics is not None
+              and {"test_bpb", "test_loss"} <= set(r.metrics.columns)]
+    ratios = pd.concat(ratios).dropna() if ratios else pd.Series(dtype=float)
+    return float(ratios.median()) if len(ratios) else None
+
+
+def in_panel(target, column: str, runs) -> float | None:
+    """``target`` in the unit of a panel showing ``column`` (``test_acc``; ``test_bpb``: a loss target in nats
+    converted by :func:`bpb_per_nat`); None where that panel does not show the target's quantity."""
+    t = as_target(target)
+    if column == t.column:
+        return t.value
+    if column == "test_bpb" and t.column == "test_loss":
+        factor = bpb_per_nat(runs)
+        return None if factor is None else t.value * factor
+    return None

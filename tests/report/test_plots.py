@@ -77,7 +77,8 @@ def test_the_frontiers_tick_labels_do_not_overlap_over_a_narrow_span_of_bytes(tm
     from gvq.report.frontier import plot_setting_frontier
     plt = _kept_figure(monkeypatch)
     mb = [0.00195, 0.0021, 0.0039, 0.0077, 0.0155, 0.0307, 0.0614]
-    df = pd.DataFrame({"setting": [f"s{i}" for i in range(len(mb))], "MB_per_iter": mb,
+    df = pd.DataFrame({"setting": [f"s{i}" for i in range(len(mb))], "MB_per_iter": mb, "variant": "post",
+                       "setting_name": [f"qsgd bits={i}" for i in range(len(mb))],
                        "final_acc": [0.8, 0.84, 0.1, 0.86, 0.87, 0.88, 0.88], "final_acc_std": 0.01,
                        "iters_to_target": [120, 100, float("inf"), 100, 80, 60, 60], "iters_to_target_std": 5.0,
                        "reached": ["2/2"] * len(mb), "ranked": True, "all_at_chance": False,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -261,22 +262,42 @@ def _chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
+def _screenshot(base: list[str], page: Path, shot: Path) -> "np.ndarray":
+    """``page`` as headless Chromium draws it (a 1200 x 4000 window: every figure of a small report), read
+    back as RGB floats; fails naming Chromium's stderr where no screenshot came (never a timing assert: a
+    busy machine only takes longer, up to the timeout)."""
+    import matplotlib.image as mpimg
+    res = subprocess.run(base + [f"--screenshot={shot}", "--window-size=1200,4000", page.resolve().as_uri()],
+                         capture_output=True, text=True, timeout=300)
+    assert shot.is_file(), res.stderr[-2000:]
+    return mpimg.imread(shot)[..., :3]
+
+
 @pytest.mark.slow
 def test_report_renders_in_a_headless_browser(built, tmp_path):
+    """report.html in a real browser: the page is drawn (not blank), its inlined figures load (the page
+    differs from the same page without its <img> elements, by the figures' own pixels: qsgd's palette blue
+    is there only with them), and the DOM holds the tables."""
+    import re
+    from gvq.schema.palette import colour_of
     browser = _chromium()
     if browser is None:
-        pytest.skip("no chromium on this machine (CI installs Debian's chromium)")
-    page = (built[0] / "report.html").resolve().as_uri()
+        pytest.skip("no chromium on this machine (CI installs Debian's chromium; here: apt-get install -y chromium)")
+    html_path = built[0] / "report.html"
+    bare = tmp_path / "bare.html"
+    bare.write_text(re.sub(r"<img [^>]*>", "", html_path.read_text()))
     base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             f"--user-data-dir={tmp_path / 'profile'}"]
-    shot = tmp_path / "shot.png"
-    subprocess.run(base + [f"--screenshot={shot}", "--window-size=1280,2000", page],
-                   capture_output=True, timeout=120)
-    import matplotlib.image as mpimg
-    pixels = mpimg.imread(shot)
-    assert pixels.shape[0] >= 1000 and pixels[..., :3].std() > 0.05     # text and figures, not blank
-    dom = subprocess.run(base + ["--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    pixels = _screenshot(base, html_path, tmp_path / "shot.png")
+    without = _screenshot(base, bare, tmp_path / "bare.png")
+    assert pixels.shape[0] >= 2000 and pixels.std() > 0.05                     # text and figures, not blank
+    assert np.abs(pixels - without).mean() > 0.01                               # the figures drew something
+    blue = np.array([int(colour_of("qsgd")[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    near = [int((np.abs(p - blue) <= 0.08).all(axis=-1).sum()) for p in (pixels, without)]
+    assert near[0] > 100 and near[1] < near[0] / 10, near                        # qsgd's colour: in the figures
+    dom = subprocess.run(base + ["--dump-dom", html_path.resolve().as_uri()], capture_output=True, text=True,
+                         timeout=300).stdout
     assert dom.count("<img") == 3 and 'id="summary"' in dom and "rank 1 exploded" in dom
     assert 'id="time-to-target"' in dom and 'id="frontier"' in dom and "Accuracy-cost frontier" in dom
 
