@@ -93,3 +93,11 @@ def test_every_tool_line_of_the_presets_composes():
                 parse_command(tool, table[name], argv)
                 checked += 1
     assert checked >= 10
+
+
+def test_make_lm_frontier_counts_to_the_reports_own_lm_default():
+    """``make lm-frontier``'s LM_TARGET is the loss ``gvq.report`` counts an LM's runs to when given none:
+    the frontier and a plain report of the same runs answer for one target."""
+    from gvq.report.target import LM_TARGET_LOSS
+    made = re.search(r"^LM_TARGET \?= ([0-9.]+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert made and float(made.group(1)) == LM_TARGET_LOSS
