@@ -204,6 +204,7 @@ def test_tests_mirror_the_package():
 
 
 MIRROR_EXCEPTIONS = {
+    "bench/test_progress.py": "every bench's progress line (gvq/bench/__init__.py's Progress), side by side",
     "compressors/test_quantizers.py": "the scalar quantizers' shared properties, side by side",
     "compressors/test_devices.py": "every compressor on its input's device (meta; CUDA where visible)",
     "run/test_config.py": "every conf/ option composed through schema/ and run/validate.py",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 
+from gvq.bench import BenchError
 from gvq.bench.keys import (OUT, AggregateKeys, ClockKeys, CodecsKeys, GpucheckKeys, NetnsKeys, NetnsTrainKeys,
                             OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TrainKeys)
 from gvq.schema.tool import Arg, Command, dispatch
@@ -55,8 +56,8 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None):
-    """Dispatch ``argv[0]`` to its command; returns what the command returns (its records)."""
-    from gvq.bench.common import BenchError
+    """Dispatch ``argv[0]`` to its command; returns what the command returns (its records).  Nothing of
+    torch is imported before a command runs: ``--help`` lists the benches at once."""
     return dispatch("python -m gvq.bench", COMMANDS, argv, errors=(BenchError,))
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator, RunContext
+from gvq.bench import Progress
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
                               print_markdown, spawn_loopback)
 from gvq.comm import clock
@@ -154,12 +155,14 @@ def bench_aggregate(cfg, paths) -> list[dict]:
         args.bandwidth, args.world_size = args.bandwidth[0], args.world_size[0]
         aggregation_rank(args.rank, args, args.init, args.out or "/dev/null")
         return []
-    records = []
+    records, shown = [], Progress("aggregate", len(args.world_size) * len(args.bandwidth))
     for world in args.world_size:
         for bw in args.bandwidth:
             recs = run_aggregation(SimpleNamespace(**{**vars(args), "world_size": world, "bandwidth": bw}))
             print_aggregation(recs)
             records += recs
+            shown.done(f"N={world}, {f'{bw / 1e6:g} Mbit/s' if bw else 'unshaped loopback'}: "
+                       f"{len(recs)} settings")
     if args.out:
         write_json_atomic(args.out, records)
         print(f"records -> {args.out}")

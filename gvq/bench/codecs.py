@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from gvq.bench import Progress
 from gvq.bench.common import (
     make_aggregator,
     median_seconds,
@@ -150,7 +151,10 @@ def bench_codecs(cfg, paths) -> list[dict]:
     with one_thread():
         ceil = ceilings(device)
         shapes = model_shapes(args.model, args.num_classes)
-        rows = [measure_codec(name, shapes, device, ceil, args.reps) for name in args.codecs]
+        rows, shown = [], Progress("codecs", len(args.codecs))
+        for name in args.codecs:
+            rows.append(measure_codec(name, shapes, device, ceil, args.reps))
+            shown.done(f"{name} on {device.type}")
     setting = ", ".join(f"{k} {v:.1f}" for k, v in ceil.items())
     print_markdown(rows, ["codec", "dtype", "payload_mb", "compress_ms", "decompress_ms", "add_ms", "floor_ms",
                           "x_floor", "compress_ops", "compress_launches", "compress_syncs", "decompress_ops",

@@ -25,10 +25,6 @@ from gvq.schema.setting import overrides_for
 from gvq.schema.errors import ConfigError
 
 
-class BenchError(Exception):
-    """A benchmark that cannot run or conclude as asked: one line, which ``python -m gvq.bench`` exits with."""
-
-
 def make_aggregator(name: str, overrides: list[str]):
     """Compose ``aggregator=<name>`` with the overrides; ``name:key=value`` applies to that one only.
     Built as the runner builds it: ``aggregator.overlap=true`` wraps it (DDP + the gvq hook)."""

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from gvq.bench import Progress
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import aggregation_args, run_aggregation
 from gvq.schema.errors import ConfigError
@@ -210,13 +211,14 @@ def rank_overrides(args) -> list[str]:
 
 def _train(args) -> list[dict]:
     passthrough = rank_overrides(args)
-    records = []
+    records, shown = [], Progress("netns-train", len(args.world_size) * (len(args.rates) + bool(args.loopback)))
     for world in args.world_size:
         if args.loopback:
             recs = bench_train.summarize_iterations(bench_train.run_iterations(args, world), args, world,
                                                     "unshaped loopback")
             bench_train.print_iterations(recs, f"iteration time, unshaped loopback, N={world}")
             records += [{**r, "rate_bps": None} for r in recs]
+            shown.done(f"N={world}, unshaped loopback")
         for rate in args.rates:
             burst = auto_burst(rate) if args.burst == "auto" else args.burst
             label = shaping_label(rate, burst, world)
@@ -229,6 +231,7 @@ def _train(args) -> list[dict]:
             recs = bench_train.summarize_iterations(raw, args, world, label, rate_bps=rate)
             bench_train.print_iterations(recs, f"iteration time, {label}")
             records += [{**r, "rate_bps": rate, "burst": burst} for r in recs]
+            shown.done(label)
     return records
 
 
@@ -254,10 +257,11 @@ def bench_netns(cfg, paths) -> list[dict]:
     if why:
         print(f"gvq.bench netns: skipped: {why}")
         return []
-    rows = []
+    rows, shown = [], Progress("netns", len(args.rates))
     for rate in args.rates:
         with _sigterm_interrupts():
             k, e = kernel_shaped(args, rate), emulated(args, rate)
+        shown.done(f"{rate / 1e6:g} Mbit/s, N={args.world_size}: kernel-shaped and emulated")
         rows.append({"rate_mbps": rate / 1e6, "N": args.world_size, "kernel_median_s": k["median_s"],
                      "emulated_median_s": e["median_s"], "emulated_over_kernel": e["median_s"] / k["median_s"],
                      "bound_s": k["bound_s"], "kernel_over_bound": k["median_s"] / k["bound_s"],

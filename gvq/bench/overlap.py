@@ -24,6 +24,7 @@ import argparse
 import statistics
 from types import SimpleNamespace
 
+from gvq.bench import Progress
 from gvq.bench.common import net_defaults, print_markdown
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
@@ -170,10 +171,14 @@ def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
 
 
 def run_table(args) -> tuple[list[dict], list[dict]]:
-    records = []
+    records, shown = [], Progress("overlap", len(args.world_size) * len(args.compute_scale) * len(args.bandwidth))
     for world in args.world_size:
         for scale in args.compute_scale:
-            recs = [r for bps in args.bandwidth for r in run_cell(args, world, scale, bps)]
+            recs = []
+            for bps in args.bandwidth:      # one spawn a cell: its line as it ends (a grid runs for minutes)
+                cell = run_cell(args, world, scale, bps)
+                recs += cell
+                shown.done(f"N={world}, compute x{scale:g}, {bps / 1e6:g} Mbit/s: {len(cell)} modes")
             print_markdown([{**r, "iter_ci": _interval(r).text()} for r in recs],
                            ["link_Mbps", "setting", "variant", "iter_s", "iter_ci", "aggregate_s", "comm_s",
                             "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gvq.bench.common import BenchError
+from gvq.bench import BenchError, Progress
 from gvq.schema.compose import load_grid
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -40,7 +40,6 @@ def run_job(out: Path, world: int, bps: float, scale: float, method: str, iters:
     cmd = [sys.executable, str(ROOT / "cli.py"), "experiment=paper_time", f"aggregator={method}",
            f"world_size={world}", f"net.bandwidth_bps={bps:g}", f"net.compute_scale={scale:g}",
            f"iterations={iters}", *UNINTERRUPTED.get(method, []), f"hydra.run.dir={run_dir}", *extra]
-    print(f"gvq.bench paper: {' '.join(cmd[2:-1])}", flush=True)
     env = dict(os.environ, WANDB_MODE="disabled")
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     return run_dir
@@ -94,13 +93,13 @@ def bench_paper(cfg, paths):
     if args.calibrate:
         return auto
     links = [auto if b == "auto" else float(b) for b in args.links]
-    settings = []                                      # the calibration run is not a row of the table
-    for world in args.world_size:
-        for bps in links:
-            for scale in args.compute_scale:
-                for method in args.methods:
-                    iters = L_T + args.compressed_iters if method.startswith("gradiveq") else args.steady_iters
-                    settings.append(run_job(args.out, world, bps, scale, method, iters, args.set, args.force))
+    jobs = [(world, bps, scale, method) for world in args.world_size for bps in links
+            for scale in args.compute_scale for method in args.methods]
+    settings, shown = [], Progress("paper", len(jobs))    # the calibration run is not a row of the table
+    for world, bps, scale, method in jobs:
+        iters = L_T + args.compressed_iters if method.startswith("gradiveq") else args.steady_iters
+        settings.append(run_job(args.out, world, bps, scale, method, iters, args.set, args.force))
+        shown.done(f"{method}, N={world}, {bps / 1e6:g} Mbit/s, compute x{scale:g} -> {settings[-1]}")
     subprocess.run([sys.executable, "-m", "gvq.report", "cycle", *map(str, settings), "--out",
                     str(args.out / "report")], check=True, cwd=ROOT)
     return links

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from gvq.bench import Progress
 from gvq.bench.common import make_aggregator, median_seconds, one_thread
 from gvq.bench.keys import RESNET32_PARAMS
 from gvq.compressors.base import Compressor
@@ -68,7 +69,7 @@ def bench_quantizers(cfg, paths) -> list[dict]:
     thread, on a ResNet-32-sized gradient, with achieved and ideal compression ratios."""
     from gvq.schema.tool import namespace
     args = namespace(cfg, paths)
-    rows = []
+    rows, shown = [], Progress("quantizers", len(args.aggregators))
     for name in args.aggregators:
         comp = make_aggregator(name, args.set).compressor
         row = {"aggregator": name, **quantizer_throughput(comp, numel=args.numel, reps=args.reps)}
@@ -78,6 +79,7 @@ def bench_quantizers(cfg, paths) -> list[dict]:
             row.update(quantize_ms_hist_alt=hist_ms, quantize_ms_sorted=sorted_ms,
                        sorted_over_histogram=sorted_ms / hist_ms)
         rows.append(row)
+        shown.done(name)
     import pandas as pd
     print(f"\n# quantizer throughput, {args.numel:,} fp32 values, 1 thread, median of {args.reps}; "
           "fitted ones also against fit=sorted, alternated call by call (quantize_ms_hist_alt, "

@@ -16,11 +16,13 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from gvq.bench import Progress
 from gvq.run import fault
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -79,10 +81,13 @@ def bench_soak(cfg, paths) -> dict:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     with tempfile.TemporaryDirectory() as tmp:
+        shown, t0 = Progress("soak", 2), time.perf_counter()      # the two runs side by side: each since the start
         ref = _start(Path(tmp) / "ref", args, [], [])
         p = _start(Path(tmp) / "soak", args, [f"restarts={args.kills}"], kills)
         err = p.communicate(timeout=args.timeout)[1]
+        shown.done(f"the soaked run ({args.kills} planned kills, exit {p.returncode})", time.perf_counter() - t0)
         ref_err = ref.communicate(timeout=args.timeout)[1]
+        shown.done(f"the uninterrupted run (exit {ref.returncode})", time.perf_counter() - t0)
         if ref.returncode:
             raise SystemExit(f"gvq.bench soak: the uninterrupted run failed: {ref_err[-500:]}")
         out = _outcome(Path(tmp), args, kills, err)

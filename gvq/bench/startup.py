@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gvq.bench import Progress
+
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = [("imports", None, "main"), ("data", "main", "spawn"), ("proc_start", "spawn", "rank_start"),
           ("rendezvous", "rank_start", "rendezvous"), ("build", "rendezvous", "built"),
@@ -55,10 +57,12 @@ def measure_startup(world: int, loggers: list[str], methods: list[str], reps: in
     """Medians over ``reps`` runs of each (logger, method), the settings interleaved rep by rep so a
     noisy spell on the host hits them alike."""
     runs: dict[tuple, list[dict]] = {(lg, m): [] for lg in loggers for m in methods}
+    shown = Progress("startup", reps * len(runs))
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(reps):
             for lg, m in runs:
                 runs[lg, m].append(one_run(Path(tmp) / f"{lg}-{m}-{r}", world, lg, m))
+                shown.done(f"logger={lg}, start={m}, run {r + 1} of {reps}")
     records = []
     for (lg, m), rows in runs.items():
         med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import wrap_ddp
-from gvq.bench.common import (BenchError, build_model, check_net, clock_label, collections_untimed,
+from gvq.bench import BenchError, Progress
+from gvq.bench.common import (build_model, check_net, clock_label, collections_untimed,
                               configure_clock, default_input_shape, in_channels, net_defaults, make_aggregator,
                               print_markdown, spawn_loopback, step_loss, synthetic_batch)
 from gvq.bench.keys import TrainKeys
@@ -255,7 +256,7 @@ def bench_train(cfg, paths) -> list[dict]:
     if args.rank is not None:                 # one externally started rank (gvq.bench netns-train)
         iteration_rank(args.rank, args.world_size[0], args, args.init, args.out or "/dev/null")
         return []
-    records = []
+    records, shown = [], Progress("train", len(args.links) * len(args.world_size))
     for bw in args.links:
         args.bandwidth = bw
         link = f"{bw / 1e6:g} Mbit/s per rank (emulated, runner aggregators)" if bw else "unshaped loopback"
@@ -264,6 +265,7 @@ def bench_train(cfg, paths) -> list[dict]:
             recs = summarize_iterations(run_iterations(args, world), args, world, link, rate_bps=bw)
             print_iterations(recs, f"iteration time, {link}, N={world}, {clock_label(args.net)}")
             records += recs
+            shown.done(f"N={world}, {f'{bw / 1e6:g} Mbit/s' if bw else 'unshaped loopback'}: {len(recs)} modes")
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
     return records

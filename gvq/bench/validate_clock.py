@@ -20,6 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
+from gvq.bench import Progress
 from gvq.bench.common import run_bench
 from gvq.schema.compose import load_grid
 
@@ -58,6 +59,7 @@ def _pair_rows(check: str, bw: float, what: str, ref: dict, test: dict, key: str
 def validate_clock(args) -> list[dict]:
     rows = []
     pin = shutil.which("taskset") is not None
+    shown = Progress("clock", len(args.bandwidth))        # each link's benches print their own lines too
     for bw in args.bandwidth:
         wall, virt = _aggregation(args, 2, bw, "wall"), _aggregation(args, 2, bw, "virtual")
         rows += _pair_rows("V1", bw, "aggregation", wall, virt, "median_s", 0.10, "wall_s", "virtual_s")
@@ -70,6 +72,7 @@ def validate_clock(args) -> list[dict]:
             rows += _pair_rows("V2 (wall, for scale)", bw, "aggregation, 1 core", wall, pw, "median_s",
                                float("inf"), "wall_s", "wall_pinned_s")
         rows += _v3(args, bw, virt)
+        shown.done(f"{bw / 1e6:g} Mbit/s: V1, {'V2, ' if pin else ''}V3")
     return rows
 
 

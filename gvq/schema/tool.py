@@ -136,14 +136,17 @@ def dispatch(prog: str, table: dict[str, Command], argv=None, default: str | Non
              errors: tuple[type[BaseException], ...] = ()):
     """Run ``argv[0]``'s command of ``table`` (``default``'s where ``argv[0]`` names none) on its
     composed config; a ConfigError or one of ``errors`` is one line on stderr and exit status 2 (as
-    argparse's usage errors).  Returns what the command returns."""
+    argparse's usage errors).  Without a default command, ``--help`` lists the commands on stdout (exit 0;
+    no command or an unknown one: the same on stderr, exit 2).  Returns what the command returns."""
     argv = sys.argv[1:] if argv is None else list(argv)
     name = argv[0] if argv and argv[0] in table else default
-    if name is None or (argv[:1] in (["-h"], ["--help"]) and default is None):
+    asked = argv[:1] in (["-h"], ["--help"]) and default is None
+    if name is None or asked:
         width = max(map(len, table))
         lines = "\n".join(f"  {n:<{width}}  {c.help}" for n, c in table.items())
-        print(f"usage: {prog} {{{','.join(table)}}} [KEY=VALUE ...] [--cfg] [--help]\n{lines}", file=sys.stderr)
-        raise SystemExit(2 if name is None else 0)
+        print(f"usage: {prog} {{{','.join(table)}}} [KEY=VALUE ...] [--cfg] [--help]\n{lines}",
+              file=sys.stdout if asked else sys.stderr)
+        raise SystemExit(0 if asked else 2)
     command = table[name]
     named = bool(argv) and argv[0] == name
     others = f"\n(the tool's commands: {', '.join(table)}; each has its own --help)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gvq.bench import paper
-from gvq.bench.common import BenchError
+from gvq.bench import BenchError
 
 
 def test_solve_bandwidth_puts_rar_aggregation_at_the_papers_ratio_of_compute():

@@ -26,14 +26,35 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     assert "8,192 fp32 values, 1 thread" in capsys.readouterr().out
 
 
+BENCHES = ["aggregate", "train", "netns", "netns-train", "paper", "gpucheck", "overlap", "soak", "quantizers",
+           "clock", "startup", "codecs"]
+
+
 def test_unknown_subcommand_exits_with_usage(capsys):
     with pytest.raises(SystemExit) as e:
         bench_main(["nope"])
     usage = capsys.readouterr().err
     listed = usage.split("{", 1)[1].split("}", 1)[0].split(",")
-    assert e.value.code == 2 and sorted(listed) == sorted(["aggregate", "train", "netns", "netns-train", "paper",
-                                                           "gpucheck", "overlap", "soak", "quantizers", "clock",
-                                                           "startup", "codecs"])
+    assert e.value.code == 2 and sorted(listed) == sorted(BENCHES)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_the_benches_with_status_0_before_torch_is_imported(flag):
+    """As the other tools' ``--help``: exit 0, the list on stdout; and nothing of torch imported for it
+    (its import was most of the 11 s ``--help`` took)."""
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import ROOT
+    r = subprocess.run([sys.executable, "-m", "gvq.bench", flag], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    listed = r.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert sorted(listed) == sorted(BENCHES) and all(f"  {b} " in r.stdout for b in BENCHES)
+    probe = ("import sys\nfrom gvq.bench.__main__ import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+             "    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "[]", r.stdout[-500:] + r.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -129,3 +129,12 @@ def test_dispatch_refuses_in_one_line_with_status_2(capsys):
     with pytest.raises(SystemExit) as e:
         dispatch("python -m tool", table, ["nope"])
     assert e.value.code == 2 and "usage: python -m tool {plain}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_without_a_default_command_lists_the_commands_on_stdout_with_status_0(capsys, flag):
+    with pytest.raises(SystemExit) as e:
+        dispatch("python -m tool", {"plain": PLAIN, "grid": GRID}, [flag])
+    out = capsys.readouterr()
+    assert e.value.code == 0 and out.out.startswith("usage: python -m tool {plain,grid}") and not out.err
+    assert "  plain  a plain command" in out.out and "  grid   a command on the bench grid" in out.out

@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from gvq.bench import Progress
 from gvq.bench.gpucheck.judge import Check, Proc, judge_cli, judge_codec, judge_tests, outcome
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import choose, namespace
@@ -197,7 +198,7 @@ def run_part(checks: list[Check], runner: Callable, meta: dict, path: Path, jobs
     """Every check, ``jobs`` at a time (each is a subprocess; the GPU and the host's cores are shared), the
     rows saved as each ends (a session killed at its limit keeps them) and returned in plan order."""
     done: dict[int, list[dict]] = {}
-    lock = threading.Lock()
+    lock, shown = threading.Lock(), Progress("gpucheck", len(checks))
 
     def one(i: int, check: Check) -> None:
         try:
@@ -208,9 +209,9 @@ def run_part(checks: list[Check], runner: Callable, meta: dict, path: Path, jobs
             done[i] = outcomes
             rows = [r for j in sorted(done) for r in done[j]]
             path.write_text(json.dumps({"meta": meta, "written": time.time(), "rows": rows}, indent=1))
-            for o in outcomes:
-                print(f"[{len(done)}/{len(checks)}] {o['check']} {o['setting']}: {o['result']} "
-                      f"({o['seconds']:.1f} s)" + (f" {o['detail']}" if o["result"] != "passed" else ""), flush=True)
+            shown.done("; ".join(f"{o['check']} {o['setting']}: {o['result']}" +
+                                 (f" {o['detail']}" if o["result"] != "passed" else "") for o in outcomes),
+                       sum(o["seconds"] for o in outcomes))        # checks run side by side: each its own
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(lambda ic: one(*ic), enumerate(checks)))
