@@ -69,16 +69,17 @@ def cell_specs(links: list[float], aggregators, bucket_mb: float, kinds=VARIANTS
                common=None) -> list[ModeSpec]:
     """Every mode of one spawn: compute alone once (no link), then setting x variant x link; a setting is a
     ``grid.settings`` entry (:meth:`Setting.parse`) starting from ``common``'s (``grid.set``; None: the
-    grid file's) entries for its option, its own key replacing theirs, named as the report names runs
-    (:attr:`Setting.name`); ``common``'s unscoped entries apply to every aggregator after its own."""
+    grid file's) entries for its option, its own key replacing theirs, named by every value that differs
+    from the option's defaults (:attr:`Setting.canonical`: ``powersgd rank=4``); ``common``'s unscoped
+    entries apply to every aggregator after its own."""
     base, every = scoped(table_grid().set if common is None else common)
     specs = [ModeSpec("local", "local")]
     for bps in links:
         for entry in aggregators:
             s = Setting.parse(entry, base)
             for variant, cap, extra in variants(bucket_mb, kinds):
-                specs.append(ModeSpec(f"{s.name} ({variant_name(variant, cap)}) at {bps:g} bit/s", s.option,
-                                      s.overrides + tuple(every) + extra, bps, variant, cap, s.name))
+                specs.append(ModeSpec(f"{s.canonical} ({variant_name(variant, cap)}) at {bps:g} bit/s", s.option,
+                                      s.overrides + tuple(every) + extra, bps, variant, cap, s.canonical))
     return specs
 
 
@@ -221,7 +222,7 @@ def setting(args) -> dict:
             # grid.set beyond the grid file's: what every run priced must have set too (gvq.report.tta)
             "num_classes": args.num_classes, "set": [o for o in args.set if o not in table_grid().set],
             # each family's default setting, which the report's gain over the family default is over
-            "defaults": {o: Setting.parse(o, base).name for o in
+            "defaults": {o: Setting.parse(o, base).canonical for o in
                          sorted({Setting.parse(a).option for a in args.aggregators})},
             "aliases": aliases(args.aggregators, base), "iters": args.iters, "warmup": args.warmup,
             "interval": f"{CONFIDENCE:.0%} percentile bootstrap of the median, seed {SEED}",
@@ -252,11 +253,7 @@ def overlap_args(cfg, paths) -> SimpleNamespace:
     g = args.grid
     args.aggregators, args.world_size, args.bandwidth = g["settings"], g["world_sizes"], g["links_bps"]
     args.compute_scale, args.set, args.codec_scale = g["compute_scales"], g["set"], args.net["codec_scale"]
-    for entry in args.aggregators:
-        try:
-            Setting.parse(entry)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    _check_settings(args.aggregators, scoped(args.set)[0])
     choose("variants", args.variants, VARIANTS)
     if not (args.world_size and args.bandwidth and args.compute_scale) or min(args.world_size) < 1 or \
             min(args.bandwidth) <= 0 or min(args.compute_scale) <= 0 or args.bucket_mb <= 0:
@@ -266,6 +263,20 @@ def overlap_args(cfg, paths) -> SimpleNamespace:
         raise ConfigError(f"{own[0] if '=' in own[0] else 'net.' + own[0]}: this benchmark sets it (virtual time; "
                           "grid.compute_scales, grid.links_bps; other net keys as net.KEY=VALUE)")
     return args
+
+
+def _check_settings(entries, base) -> None:
+    """Each entry well formed and a setting of its own: two entries that name one setting
+    (``qsgd`` and ``qsgd:compressor.bits=4``, its default) would time it twice under one name."""
+    seen: dict[str, str] = {}
+    for entry in entries:
+        try:
+            name = Setting.parse(entry, base).canonical
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if name in seen:
+            raise ConfigError(f"grid.settings {entry}: the same setting as {seen[name]} ({name!r})")
+        seen[name] = entry
 
 
 def bench_overlap(cfg, paths):

@@ -54,7 +54,7 @@ class ModeSpec:
     bandwidth: float | None = None
     variant: str = "post"              # post-backward, or ``overlap`` (inside backward, gvq's hook)
     bucket_mb: float | None = None     # overlapped: DDP's bucket size (None: its defaults)
-    setting: str = ""                  # the setting it times (``report.runs.setting_label``; "": the option)
+    setting: str = ""                  # the setting it times (``Setting.canonical``; "": the option)
 
 
 def mode_specs(args) -> list[ModeSpec]:

@@ -253,7 +253,8 @@ def measure_cost(agg, numel: int, reps: int = 5) -> float:
 def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = True,
               aggregators=AGGREGATORS, shape=None) -> dict:
     """Measure everything for each of ``aggregators`` (options, or settings ``OPTION:KEY=VALUE[,...]``,
-    each keyed by its name: :func:`gvq.predict.structure.entries`) on inputs of ``shape`` (default: the
+    each with the calibration grid's ``set`` applied and keyed by the name of what it runs:
+    :func:`gvq.predict.structure.entries`, ``powersgd rank=6``) on inputs of ``shape`` (default: the
     model's default data's); write ``calibration.json`` and ``structure.json`` under ``out``."""
     from gvq.bench.common import default_input_shape, in_channels
     named, shape = entries(aggregators), list(shape or default_input_shape(model))

@@ -21,9 +21,10 @@ from typing import List, Optional
 from gvq.predict.cost_model import Calibrated, PredictError
 from gvq.schema.tool import Arg
 
-#: the calibration's codec keys -> gvq.bench codecs labels, where they differ (the calibration's GradiVeQ
-#: is make bench's bf16 pooled K/d = 8; PowerSGD's two passes are timed as its pass P)
-DEFAULT_MAP = {"gradiveq_bf16": "gradiveq_pooled_bf16", "powersgd-P": "powersgd", "powersgd-Q": "powersgd"}
+#: the calibration's codec keys (its settings' names, conf/grid/calibration.yaml's) -> gvq.bench codecs
+#: labels, where they differ (GradiVeQ bf16 pooled K/d = 8; PowerSGD's two passes are timed as its pass P)
+DEFAULT_MAP = {"gradiveq_bf16 pool=true target_ratio=8": "gradiveq_pooled_bf16", "powersgd rank=6-P": "powersgd",
+               "powersgd rank=6-Q": "powersgd"}
 OPS = ("compress", "decompress", "add")
 
 
@@ -98,10 +99,11 @@ def priced_model(m: Calibrated, rows: dict[str, dict], names: list[str], mapping
 
 
 def parse_map(pairs: list[str]) -> dict[str, str]:
-    """``KEY=LABEL`` pairs (``codec_map``), refused in one line where malformed."""
+    """``KEY=LABEL`` pairs (``codec_map``; KEY a calibration's codec key, ``powersgd rank=6-P``), refused in
+    one line where malformed."""
     out = {}
     for pair in pairs:
-        key, sep, label = pair.partition("=")
+        key, sep, label = pair.rpartition("=")        # a key is a setting's name: '=' in it
         if not sep or not key or not label:
             raise PredictError(f"codec_map {pair!r}: expected KEY=LABEL (e.g. gradiveq_bf16=gradiveq_pooled)")
         out[key] = label

@@ -38,6 +38,11 @@ class Calibrated:
         except FileNotFoundError as e:
             raise PredictError(f"gvq.predict: {e.filename} missing: run `python -m gvq.predict calibrate` "
                              f"first (--calibration {folder})") from None
+        from gvq.predict.structure import stale_names
+        hidden = stale_names(cal, struct)
+        if hidden:                 # its costs would be matched to the setting the name says, not the one priced
+            raise PredictError(f"gvq.predict: {folder}: calibrated before names carried their values: "
+                               f"{', '.join(hidden)}; run `python -m gvq.predict calibrate` again")
         struct["passes"] = declared_passes(cal, struct)
         return cls(cal, struct)
 
@@ -53,6 +58,24 @@ class Calibrated:
     @property
     def world_sizes(self) -> list[int]:
         return sorted(int(n) for n in next(iter(self.struct["aggregators"].values())))
+
+
+def calibration_folder(root: Path, model: str) -> Path:
+    """``model``'s calibration under ``--calibration root``: ``root/model`` where that holds one (the
+    default ``runs/predict/`` keeps one folder per model), else ``root`` itself where it is a calibration
+    of ``model`` (the folder ``calibrate --out`` wrote); a calibration of another model there is refused
+    in one line.  Else ``root/model`` (loading it says to calibrate)."""
+    own = root / model
+    if (own / "calibration.json").is_file() or not (root / "calibration.json").is_file():
+        return own
+    try:
+        got = json.loads((root / "calibration.json").read_text()).get("model")
+    except ValueError as e:
+        raise PredictError(f"--calibration {root}: calibration.json unreadable ({e})") from None
+    if got != model:
+        raise PredictError(f"--calibration {root}: a calibration of {got}, not {model}: give models=[{got}], "
+                           f"or the folder holding {model}'s calibration")
+    return root
 
 
 def declared_passes(cal: dict, struct: dict) -> dict[str, int]:

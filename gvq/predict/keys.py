@@ -106,7 +106,8 @@ class ProjectKeys(CodecCostKeys):
 
 
 CALIBRATION = Arg("--calibration", "calibrate's output folder, if not runs/predict/<model>")
-PROJECT_PATHS = (Arg("--calibration", "calibrate's output folders, one per model", default=str(ROOT_DIR)),
+PROJECT_PATHS = (Arg("--calibration", "a folder of calibrations, one per model (<DIR>/<model>), or the folder "
+                     "`calibrate --out` wrote", default=str(ROOT_DIR)),
                  Arg("--out", "where the heatmaps and CSVs go", default=str(ROOT_DIR)),
                  Arg("--frontier", "overlap: rank by time to accuracy from `python -m gvq.report frontier "
                      "RUNS`'s frontier.csv (iterations_to_target entries replace its figures)"),

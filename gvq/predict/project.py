@@ -1,14 +1,14 @@
 """``python -m gvq.predict project``: which aggregator is fastest per iteration at N = 2..1024 ranks x
 B = 1 Mbit/s..100 Gbit/s x compute scale {1, 1/6, 1/50}, for each calibrated model: ``projection.csv``
-(every cell, every aggregator, its bound) and one heatmap per model (``projection_<model>.png``: the
-winner's colour, its margin over the second in the cell, and the line beyond which GradiVeQ-RAR is no
-longer faster than uncompressed RAR), and ``crossovers.csv``: per N, the link speed where GradiVeQ-RAR stops
-paying off and up to which link each aggregator stays bandwidth-bound.  Aggregation does not depend on the
-compute scale (every rank starts it together), so it is simulated once per (aggregator, N, B).
+(every cell, every aggregator, its bound) and one heatmap per model (``projection_<model>.png``, drawn by
+:mod:`gvq.predict.heatmap`: the winner's colour, its margin over the second in the cell, and the line
+beyond which GradiVeQ-RAR is no longer faster than uncompressed RAR), and ``crossovers.csv``: per N, the
+link speed where GradiVeQ-RAR stops paying off and up to which link each aggregator stays
+bandwidth-bound.  Aggregation does not depend on the compute scale (every rank starts it together), so it
+is simulated once per (aggregator, N, B).
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,10 @@ import pandas as pd
 
 from gvq.predict import codec_costs, nccl
 from gvq.predict import cost_model as M
+from gvq.predict.heatmap import plot
 from gvq.predict.table import row
 from gvq.schema.tool import namespace
-from gvq.predict.project_names import calibrated_name
+from gvq.predict.project_names import calibrated_name, priced_of, uncalibrated
 
 LINKS = [1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]
 SCALES = [1.0, 1 / 6, 1 / 50]
@@ -75,61 +76,12 @@ def _last_crossing(ratio: pd.Series) -> float:
     return float(np.exp(b0 + (r0 - 1) / (r0 - r1) * (b1 - b0)))
 
 
-TIE = "tie within the seed spread"
-
-
-def plot(win: pd.DataFrame, model: str, path: Path, note: str = "") -> None:
-    """One panel per compute scale: each cell coloured by its winner, or grey where ``win``'s ``tied``
-    names modes tied with it (the number below its gain: how many share the cell); ``note`` titles the
-    figure (which baseline priced it)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    tied, label, names, cmap = _cell_colours(win)
-    scales = sorted(win["compute_scale"].unique(), reverse=True)
-    line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
-    entries = names + ["GradiVeQ-RAR = RAR"] * line
-    # the legend wraps rather than outrun the figure: as many columns as its longest name allows (inches at 8 pt)
-    ncol = max(1, min(len(entries), int(5.2 * len(scales) // (0.5 + 0.07 * max(map(len, entries))))))
-    rows = -(-len(entries) // ncol)
-    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.4 + 0.4 * bool(note) + 0.25 * rows),
-                             squeeze=False)
-    for ax, c in zip(axes[0], scales):
-        w = win[win["compute_scale"] == c]
-        Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
-        img = np.full((len(Ns), len(Bs)), np.nan)
-        for k, r in w.iterrows():
-            i, j = Ns.index(r["N"]), Bs.index(r["link_bps"])
-            img[i, j] = names.index(label[k])
-            share = f"\n={len(tied[k].split(', ')) + 1}" if tied[k] else ""
-            ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6)
-        ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=cmap.N - 0.5, aspect="auto", origin="lower")
-        gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
-        if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line
-            ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
-        ax.set_xticks(range(len(Bs)), [f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M" for b in Bs], fontsize=7)
-        ax.set_yticks(range(len(Ns)), [str(n) for n in Ns], fontsize=7)
-        ax.set_xlabel("link, bit/s per rank")
-        ax.set_ylabel("N ranks")
-        ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k)) for k in range(len(names))]
-    if note:                                  # wrapped: the baseline's line outruns a narrow figure
-        fig.suptitle("\n".join(textwrap.wrap(note, 70 * len(scales))), fontsize=7)
-    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, entries, loc="lower center", ncol=ncol, fontsize=8)
-    fig.tight_layout(rect=(0, 0.02 + 0.05 * rows, 1, 0.92 if note else 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _cell_colours(win: pd.DataFrame):
-    """(modes tied per cell, each cell's label: its winner or :data:`TIE`, the legend's names, their colours)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-    tied = win["tied"].fillna("").astype(str) if "tied" in win else pd.Series("", index=win.index)
-    label = win["winner"].where(tied == "", TIE)
-    names = sorted(set(label) - {TIE}) + [TIE] * bool((tied != "").any())
-    colours = [plt.get_cmap("tab10")(k % 10) for k in range(len(names) - (TIE in names))]
-    return tied, label, names, ListedColormap(colours + ["lightgrey"] * (TIE in names))
+#: what the number in a cell is, said in each heatmap
+MARGIN = "number in a cell: the winner's margin, the runner-up's seconds per iteration / the winner's"
+GAIN = ("number in a cell: the winner's gain over overlapped fp16, fp16 overlapped's seconds per iteration / "
+        "the winner's")
+TTA_GAIN = ("number in a cell: the winner's gain over overlapped fp16 in time to the target, fp16 overlapped's "
+            "(iterations x seconds per iteration) / the winner's")
 
 
 def predict_project(cfg, paths):
@@ -151,12 +103,12 @@ def predict_project(cfg, paths):
             raise M.PredictError(f"gvq.predict project overlap=true: {e}") from None
     frames = []
     for model in args.models:
-        m, how = pricing(M.Calibrated.load(args.calibration / model))
+        m, how = pricing(M.Calibrated.load(M.calibration_folder(args.calibration, model)))
         print(f"gvq.predict project: {model}: {how}", flush=True)
         worlds = [n for n in m.world_sizes if n & (n - 1) == 0 and n <= args.max_world_size]
         df = grid(m, worlds, LINKS, SCALES)
         win = winners(df).assign(model=model)
-        plot(win, model, args.out / f"projection_{model}.png")
+        plot(win, model, args.out / f"projection_{model}.png", caption=MARGIN)
         frames.append(df.merge(win, on=["N", "link_bps", "compute_scale", "model"]))
         print(f"gvq.predict project: {model}: {len(win)} cells -> {args.out}/projection_{model}.png", flush=True)
     full = pd.concat(frames)
@@ -261,21 +213,17 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
     from gvq.predict.overlap import Overlap
     frames = []
     for model in models:
-        ov = Overlap.load(calibration / model, pricing)
+        ov = Overlap.load(M.calibration_folder(calibration, model), pricing)
         iters, spread, optional = _as_calibrated(model, ov.m, iters, spread, optional)
-        unknown = sorted(set(iters or {}) - set(ov.m.aggregators))
-        if set(unknown) - optional:         # a misspelt setting would drop out of the ranking unseen
-            raise M.PredictError(f"gvq.predict project: iterations_to_target {', '.join(map(repr, unknown))}: not "
-                                 f"calibrated for {model} (have {', '.join(map(repr, ov.m.aggregators))})")
-        if unknown:
-            print(f"gvq.predict project: {model}: not calibrated, left out: {', '.join(unknown)}", flush=True)
+        _refuse_uncalibrated(model, ov.m.aggregators, iters or {}, optional)
         worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
         win = overlap_winners(overlap_grid(ov, worlds, baseline=baseline), iters, spread).assign(model=model)
-        plot(win, f"{model}, post | overlapped",         # the number in a cell: gain over overlapped fp16
-             out / f"projection_overlap_{model}.png", baseline_line(baseline))
+        plot(win, f"{model}, post | overlapped", out / f"projection_overlap_{model}.png", baseline_line(baseline),
+             GAIN, modes=True)
         if iters:               # the same cells ranked by time to the target, ties within the seed spread marked
             plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"], tied=win["tta_tied"]),
-                 f"{model}, time to target", out / f"projection_overlap_tta_{model}.png", baseline_line(baseline))
+                 f"{model}, time to target", out / f"projection_overlap_tta_{model}.png", baseline_line(baseline),
+                 TTA_GAIN, modes=True)
         frames.append(win)
     full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"],
                                          ascending=[True, False, True, True])
@@ -299,14 +247,30 @@ def baseline_line(baseline) -> str:
     return f"{baseline.describe()}; CPU regime: {old}"
 
 
+def _refuse_uncalibrated(model: str, have, iters: dict, optional: frozenset) -> None:
+    """Iterations for a setting the calibration did not price are refused in one line naming what it did
+    price of that option (a misspelt name, or ``powersgd`` at rank 2 beside a calibrated ``powersgd
+    rank=6``, would otherwise drop out of the ranking unseen or be priced at another setting's seconds);
+    a frontier's setting (``optional``) is left out, said so."""
+    unknown = [k for k in iters if k not in have]
+    wanted = [k for k in unknown if k not in optional]
+    if wanted:
+        raise M.PredictError(f"gvq.predict project: {model}: " + "; ".join(
+            f"iterations_to_target {uncalibrated(k, have)}; calibrate {k} or give iterations for "
+            f"{' or '.join(priced_of(k, have)) or 'a calibrated setting'}" for k in wanted))
+    if unknown:
+        print(f"gvq.predict project: {model}: left out: {'; '.join(uncalibrated(k, have) for k in unknown)}",
+              flush=True)
+
+
 def _as_calibrated(model: str, m, iters, spread, optional):
-    """The report's names of ``iters``, ``spread`` and ``optional`` as the calibration ``m`` names them (its
+    """The report's names of ``iters``, ``spread`` and ``optional`` as the calibration ``m`` keys them (its
     default under ``qsgd``, the report's ``qsgd bits=4``: :func:`calibrated_name`), each renaming said; and
     a calibration without fp16, the reference every gain is over, said once."""
     if FP16 not in m.aggregators:
         print(f"gvq.predict project: {model}: fp16 not calibrated: no gain over overlapped fp16 (margin left "
               "empty); calibrate with aggregators=[fp16,...]", flush=True)
-    names = {k: calibrated_name(k, m.aggregators, m.cal.get("settings", ())) for k in (iters or {})}
+    names = {k: calibrated_name(k) for k in (iters or {})}
     for k, v in names.items():
         if k != v:
             print(f"gvq.predict project: {model}: {k!r} is the calibrated {v!r} (its defaults)", flush=True)

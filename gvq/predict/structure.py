@@ -43,13 +43,14 @@ def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTING
     return agg, sum(p.numel() for p in params)
 
 
-def entries(names) -> dict[str, str]:
-    """Calibrated entries keyed by their names (:attr:`Setting.name` of the entry's own keys: ``qsgd bits=2``
-    for ``qsgd:compressor.bits=2``), the keys of every cost the calibration stores; a ValueError for a
-    malformed entry or two entries of one name."""
+def entries(names, settings=SETTINGS) -> dict[str, str]:
+    """Calibrated entries keyed by their names (:attr:`Setting.canonical` of the entry with ``settings``
+    applied, as :func:`build_on_one_rank` builds it: ``qsgd bits=2`` for ``qsgd:compressor.bits=2``,
+    ``powersgd rank=6`` for ``powersgd`` under the calibration grid's ``set``), the keys of every cost the
+    calibration stores; a ValueError for a malformed entry or two entries of one name."""
     out: dict[str, str] = {}
     for entry in names:
-        label = Setting.parse(entry).name
+        label = Setting.parse(entry, settings).canonical
         if label in out:
             raise ValueError(f"aggregators {entry}: the same setting as {out[label]} ({label!r})")
         out[label] = entry
@@ -59,7 +60,16 @@ def entries(names) -> dict[str, str]:
 def calibrated_entries(cal: dict, struct: dict) -> dict[str, str]:
     """name -> entry of a calibration; one written before settings were calibrated (no ``version``) keyed
     option names, each read as the setting of its option."""
-    return cal.get("entries") or {Setting.parse(name).name: name for name in struct["aggregators"]}
+    return cal.get("entries") or {name: name for name in struct["aggregators"]}
+
+
+def stale_names(cal: dict, struct: dict) -> list[str]:
+    """The names of a calibration that hide a value it priced (written before names carried every value
+    that differs from the option's defaults: ``powersgd`` for rank 6), each as ``'old' (priced as 'new')``;
+    empty for a calibration whose names are :func:`entries`'."""
+    named = calibrated_entries(cal, struct)
+    now = entries(named.values(), cal.get("settings", ()))
+    return [f"{old!r} (priced as {new!r})" for old, new in zip(named, now) if old != new]
 
 
 def calibrated_shape(cal: dict) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from gvq.bench.common import run_bench
 from gvq.predict import cost_model as M
+from gvq.predict.project_names import calibrated_name, uncalibrated
 from gvq.predict.structure import SETTINGS
 
 
@@ -26,15 +27,19 @@ def _virtual_bench(sub: str, keys: list[str]) -> list[dict]:
 
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
             iters: int) -> list[dict]:
-    """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train)."""
-    from gvq.predict.structure import calibrated_shape
+    """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train),
+    each under its calibrated name (the benches time options with the calibration's ``set``: ``powersgd``
+    there is the calibrated ``powersgd rank=6``)."""
+    from gvq.predict.structure import calibrated_entries, calibrated_shape
     cal, cells = m.cal, {}
-    common = [f"model={cal['model']}", f"num_classes={cal['num_classes']}", f"grid.set={json.dumps(SETTINGS)}",
-              f"grid.settings={json.dumps(names)}", "warmup=2"]
+    name_of = {e: n for n, e in calibrated_entries(cal, m.struct).items() if n in names}
+    common = [f"model={cal['model']}", f"num_classes={cal['num_classes']}",
+              f"grid.set={json.dumps(cal.get('settings', SETTINGS))}", f"grid.settings={json.dumps(list(name_of))}",
+              "warmup=2"]
     for n in worlds:
         for r in _virtual_bench("aggregate", [f"grid.world_sizes=[{n}]", f"grid.links_bps={json.dumps(links)}",
                                               f"reps={reps}", *common]):
-            cells[(n, float(r["bandwidth_bps"]), r["aggregator"])] = {"aggregate_s": r["median_s"]}
+            cells[(n, float(r["bandwidth_bps"]), name_of[r["aggregator"]])] = {"aggregate_s": r["median_s"]}
     for b in links:
         before = _compute_now(cal)                     # samples before and after: the drift averaged
         recs = _virtual_bench("train", [f"grid.world_sizes={json.dumps(worlds)}", f"grid.links_bps=[{b}]",
@@ -42,7 +47,7 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
                                         f"input_shape={json.dumps(list(calibrated_shape(cal)))}", *common])
         now = sorted(before + _compute_now(cal))
         for r in recs:
-            cells.setdefault((int(r["N"]), float(b), r["aggregator"]), {}).update(
+            cells.setdefault((int(r["N"]), float(b), name_of[r["aggregator"]]), {}).update(
                 iter_s=r["iter_s"], bench_compute_s=r["compute_s"], compute_now_s=statistics.median(now),
                 compute_samples=now)
     return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
@@ -88,7 +93,7 @@ def summary(df: pd.DataFrame) -> str:
 def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
     from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators
-    settings = [n for n, e in calibrated_entries(m.cal, m.struct).items() if n in names and n != e]
+    settings = [n for n, e in calibrated_entries(m.cal, m.struct).items() if n in names and ":" in e]
     if settings:                # gvq.bench aggregate and train take options: a setting would run its default
         raise M.PredictError(f"gvq.predict validate: {', '.join(map(repr, settings))}: settings, which the "
                              "benchmarks it runs do not take; validate them with validate-overlap --bench BENCH_JSON")
@@ -110,15 +115,16 @@ def bench_phases(rec: dict):
 
 
 def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, host: bool = True) -> pd.DataFrame:
-    """One row per record of a ``gvq.bench overlap --out`` JSON whose aggregator is calibrated: the
+    """One row per record of a ``gvq.bench overlap --out`` JSON whose setting is calibrated (its
+    :func:`calibrated_name` among the calibration's; the others are left out, said in one line): the
     measured and the modelled ``iter_s``, ``aggregate_s``, ``exposed_s`` and the ratio model / measured
     of ``iter_s``.  ``phases``: ``bench`` (the record's compute-alone mode) or ``calibration``;
     ``host``: messages cost what N ranks sharing this host's cores pay (the benchmark's ranks did)."""
-    codec, rows = bench["setting"].get("codec_scale", 1.0), []
-    defaults = bench["setting"].get("defaults", {})        # files from before settings: one per family
+    codec, rows, left = bench["setting"].get("codec_scale", 1.0), [], {}
     for r in bench["modes"]:
-        name = _calibrated_name(r, defaults, ov.m.aggregators)
-        if name is None:
+        name = calibrated_name(r.get("setting") or r["aggregator"])
+        if name not in ov.m.aggregators:           # never priced at another setting's costs
+            left[name] = uncalibrated(name, ov.m.aggregators)
             continue
         ph = bench_phases(r) if phases == "bench" else None
         args = (name, int(r["N"]), r["link_Mbps"] * 1e6, 0.0, codec, r["compute_scale"])
@@ -131,19 +137,9 @@ def overlap_rows(ov, bench: dict, phases: str = "bench", shared: bool = True, ho
                     | {k: r[k] for k in ("variant", "iter_s", "aggregate_s", "exposed_s")}
                     | {f"model_{k}": got[k] for k in ("iter_s", "aggregate_s", "exposed_s")}
                     | {"iter_ratio": got["iter_s"] / r["iter_s"], "in_interval": _inside(got["iter_s"], r)})
+    if left:
+        print(f"gvq.predict validate-overlap: left out: {'; '.join(left.values())}", flush=True)
     return pd.DataFrame(rows)
-
-
-def _calibrated_name(rec: dict, defaults: dict, calibrated) -> str | None:
-    """The calibrated name a bench record's setting is priced under: the setting itself where the
-    calibration holds it (``calibrate aggregators=[qsgd:compressor.bits=2]`` holds ``qsgd bits=2``), else
-    its family's option where the record is that family's default setting (a calibration of options);
-    None: not calibrated (another setting of a calibrated family is not its default's)."""
-    setting = rec.get("setting", rec["aggregator"])
-    if setting in calibrated:
-        return setting
-    family = rec["aggregator"]
-    return family if family in calibrated and setting == defaults.get(family, setting) else None
 
 
 def _inside(value: float, rec: dict) -> bool | None:

@@ -8,11 +8,18 @@ option only) and keyed in a bench record (:class:`BenchKey`).
     Setting.parse("powersgd", common=["powersgd:aggregator.rank=4"]).overrides   # ('aggregator.rank=4',)
 
 ``gvq.bench`` names the modes it times with it, ``gvq.predict`` the settings it calibrates, ``gvq.report``
-the runs it groups, so each finds the others' figures under one name.  Pure: YAML and, for
-:func:`aliases` only, the schema's compose.
+the runs it groups, so each finds the others' figures under one name.
+
+:attr:`Setting.name` is the name as written (every ``aggregator.*`` override it was given); the name a
+tool keys figures by is :func:`canonical_name` (``Setting.canonical``, :func:`canonical` of a written name):
+every key whose value differs from the option's composed default, and no other, so ``powersgd`` set to
+rank 6 by a grid's ``set`` is ``powersgd rank=6`` and ``qsgd bits=4`` (QSGD's default written out) is
+``qsgd``.  Composing is the schema's (once per option a process); everything else here is pure.
 """
 from __future__ import annotations
 
+import enum
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -47,6 +54,8 @@ def overrides_for(option: str, overrides, scoped_only: bool = False) -> list[str
 def setting_value(value) -> str:
     """A knob's value as a setting's name writes it, whether it came as override text (``true``, ``2``) or
     as a resolved config value (``True``, ``2``): YAML's reading, booleans and null lower-case."""
+    if isinstance(value, enum.Enum):                            # a typed key composed: its override text
+        return value.name
     if isinstance(value, str):
         try:
             value = yaml.safe_load(value)
@@ -107,6 +116,11 @@ class Setting:
         return name_of(self.option, self.overrides)
 
     @property
+    def canonical(self) -> str:
+        """:func:`canonical_name` of its option and overrides: the name its figures are keyed by."""
+        return canonical_name(self.option, self.overrides)
+
+    @property
     def entry(self) -> str:
         """Back to the ``grid.settings`` syntax (its ``aggregator.*`` overrides only): ``qsgd:compressor.bits=2``."""
         own = [o[len("aggregator."):] for o in self.overrides if o.startswith("aggregator.")]
@@ -120,14 +134,62 @@ class Setting:
 def name_of(option: str, overrides) -> str:
     """:attr:`Setting.name` of ``option`` with ``overrides`` (any iterable of ``key=value``; only the
     ``aggregator.*`` ones name it)."""
-    own = []
+    return " ".join([option, *sorted(f"{k}={v}" for k, v in _pairs(overrides).items())])
+
+
+def _pairs(overrides) -> dict[str, str]:
+    """The short ``key -> value`` pairs ``overrides`` name a setting by (the last of a key wins, as in Hydra)."""
+    out = {}
     for o in overrides:
         if o.startswith("aggregator.") and "=" in o:
             key, value = short(o).split("=", 1)
-            if key in VARIANT_KEYS:
-                continue
-            own.append(f"{key}={setting_value(value)}")
+            if key not in VARIANT_KEYS:
+                out[key] = setting_value(value)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def option_defaults(option: str) -> dict[str, str] | None:
+    """Option ``option``'s composed defaults as short ``key -> value`` text (its ``aggregator.*`` keys, then
+    its compressor's; the aggregator's own where both hold a key, as :func:`short` names it); None where
+    ``option`` is no aggregator option (``local``, ``torch_ddp``: nothing to compare against)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from gvq.schema.compose import compose
+    from gvq.schema.errors import ConfigError
+    try:
+        cfg = compose([f"aggregator={option}"])
+    except ConfigError:
+        return None
+    out = {}
+    for node in ("aggregator.compressor", "aggregator"):
+        sub = OmegaConf.select(cfg, node)
+        if isinstance(sub, DictConfig):
+            for key in sub:
+                value = OmegaConf.select(cfg, f"{node}.{key}")
+                if not isinstance(value, DictConfig):
+                    out[str(key)] = short(f"aggregator.{key}={setting_value(value)}").split("=", 1)[1]
+    return out
+
+
+_ABSENT = object()        # a key the option does not have (``+aggregator.new=...``) differs from any default
+
+
+def canonical_name(option: str, overrides=()) -> str:
+    """The name every tool keys a setting's figures by: ``option`` and each ``aggregator.*`` override whose
+    value differs from the option's composed default (:func:`option_defaults`), short and sorted, the
+    variant's keys left out.  ``powersgd`` with ``aggregator.rank=6`` is ``powersgd rank=6``;
+    ``qsgd`` with ``aggregator.compressor.bits=4`` (its default) is ``qsgd``."""
+    defaults = option_defaults(option) or {}
+    own = [f"{k}={v}" for k, v in _pairs(overrides).items() if defaults.get(k, _ABSENT) != v]
     return " ".join([option, *sorted(own)])
+
+
+def canonical(name: str) -> str:
+    """A written name (``OPTION KEY=VALUE ...``, a report's or a frontier's) as :func:`canonical_name`
+    writes it: ``qsgd bits=4`` -> ``qsgd``."""
+    option, pairs = split_name(name)
+    return canonical_name(option, [f"aggregator.{k}={v}" for k, v in pairs])
 
 
 def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
@@ -138,8 +200,9 @@ def split_name(name: str) -> tuple[str, list[tuple[str, str]]]:
 
 def aliases(entries, common=()) -> dict[str, str]:
     """Each setting's second name, with every key that any setting of its family overrides written out at
-    its resolved value (``qsgd`` is also ``qsgd bits=4`` beside ``qsgd:compressor.bits=2``): a run that set
-    a default explicitly (``aggregator.compressor.bits=4``) finds the seconds of the setting it ran."""
+    its resolved value, -> its :attr:`Setting.canonical` (``qsgd bits=4`` -> ``qsgd`` beside
+    ``qsgd:compressor.bits=2``): a run that set a default explicitly (``aggregator.compressor.bits=4``),
+    named as written, finds the seconds of the setting it ran."""
     from omegaconf import OmegaConf
     from gvq.schema.compose import compose
     parsed = [Setting.parse(e, common) for e in entries]
@@ -150,7 +213,7 @@ def aliases(entries, common=()) -> dict[str, str]:
     for s in parsed:
         cfg = compose([f"aggregator={s.option}", *s.overrides])
         full = [f"{k}={setting_value(OmegaConf.select(cfg, k))}" for k in sorted(keys[s.option])]
-        out[name_of(s.option, full)] = s.name
+        out[name_of(s.option, full)] = s.canonical
     return {k: v for k, v in out.items() if k != v}
 
 

@@ -73,13 +73,27 @@ def test_settings_of_one_family_are_modes_named_as_the_report_names_runs(tmp_pat
             args_of(f"grid.settings=['{bad}']")
     args = args_of("grid.settings=[qsgd:compressor.bits=2,fp16]")
     assert overlap.setting(args)["defaults"] == {"fp16": "fp16", "qsgd": "qsgd"}
-    # a default written out is the same setting: the bench names it so (the option file's bits: 4)
+    # a default written out is the same setting: the bench names it so (the option file's bits: 4), and an
+    # entry that only restates its option's default (gradiveq_pooled's K/d is 8) is named by the option
     assert aliases(["qsgd", "qsgd:compressor.bits=2", "gradiveq_pooled:compressor.target_ratio=8",
                     "gradiveq:samples_in_warmup=true", "gradiveq"], overlap.table_grid().set) == {
-        "qsgd bits=4": "qsgd", "gradiveq samples_in_warmup=false": "gradiveq"}
+        "qsgd bits=4": "qsgd", "gradiveq samples_in_warmup=false": "gradiveq",
+        "gradiveq_pooled target_ratio=8": "gradiveq_pooled"}
     assert setting_label("g", ["aggregator.a=True", "aggregator.b=8.0", "aggregator.c=null"]) == "g a=true b=8 c=null"
     # the variant (overlapped, bucket size) is not the setting: the bench times it beside
     assert setting_label("g", ["aggregator.overlap=true", "aggregator.bucket_cap_mb=0.25", "aggregator.b=2"]) == "g b=2"
+
+
+def test_a_modes_name_carries_each_value_that_differs_from_its_options_defaults_and_no_other():
+    """The records' ``setting``: PowerSGD under the grid's ``set`` is ``powersgd rank=4``, an entry restating
+    QSGD's default (``qsgd:compressor.bits=4``) is ``qsgd`` (it was ``qsgd bits=4``, a second name for the
+    default setting); two entries of one setting are refused in one line, before any rank starts."""
+    specs = overlap.cell_specs([2e8], ["qsgd:compressor.bits=4", "powersgd", "qsgd:compressor.bits=2"], 0.25,
+                               kinds=["post"])
+    assert [s.setting for s in specs[1:]] == ["qsgd", "powersgd rank=4", "qsgd bits=2"]
+    assert specs[1].label == "qsgd (post) at 2e+08 bit/s"
+    with pytest.raises(ConfigError, match=r"grid.settings qsgd:compressor.bits=4: the same setting as qsgd \('qsgd'\)"):
+        args_of("grid.settings=[qsgd,qsgd:compressor.bits=4]")
 
 
 def test_the_table_grid_is_the_flags_defaults_and_names_powersgd_at_the_runs_rank():

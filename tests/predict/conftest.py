@@ -23,6 +23,10 @@ def calibrated(tmp_path_factory):
     return once_per_run(tmp_path_factory, "predict", lambda root: calibrate("cnn", 32, 10, root / "cnn")) / "cnn"
 
 
+#: the names the default calibration (``calibrated``) prices two of its settings under: conf/grid/calibration.yaml's
+#: ``set`` is part of them
+POWERSGD, GRADIVEQ = "powersgd rank=6", "gradiveq_bf16 pool=true target_ratio=8"
+
 #: a family at two settings beside the overlapped baseline: what a projection over settings prices
 SETTING_ENTRIES = ("fp16", "qsgd", "qsgd:compressor.bits=2")
 SETTING_SHAPE = (3, 10, 10)              # three channels: a first layer, so a gradient, unlike the default's

@@ -7,6 +7,7 @@ import pytest
 
 from gvq.predict.calibrate import curve, linear
 from gvq.predict.structure import AGGREGATORS
+from tests.predict.conftest import GRADIVEQ, POWERSGD
 
 
 def test_linear_recovers_fixed_and_per_value_cost():
@@ -19,12 +20,26 @@ def test_linear_never_returns_a_negative_fixed_cost():
     assert fixed == 0.0 and per > 0
 
 
+def test_a_calibrated_setting_is_named_by_the_values_the_grids_set_gave_it():
+    """``calibrate aggregators=[rar,fp16,qsgd,powersgd]`` prices PowerSGD at the calibration grid's rank 6:
+    it is stored and printed as ``powersgd rank=6`` (it was ``powersgd``, which a rank-2 run's report also
+    says); an entry restating its option's default is named by the option, and is the option's setting."""
+    from gvq.predict.structure import entries
+    assert entries(["rar", "fp16", "qsgd", "powersgd"]) == {"rar": "rar", "fp16": "fp16", "qsgd": "qsgd",
+                                                             POWERSGD: "powersgd"}
+    assert entries(["powersgd:rank=2", "gradiveq_bf16"]) == {"powersgd": "powersgd:rank=2", GRADIVEQ: "gradiveq_bf16"}
+    with pytest.raises(ValueError, match="the same setting as qsgd"):
+        entries(["qsgd", "qsgd:compressor.bits=4"])
+
+
 def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
     cal = json.loads((calibrated / "calibration.json").read_text())
     assert cal["model"] == "cnn" and 0 < cal["compute_s"] < 5 and cal["cache"] == "cold"
     assert 0 < cal["msg"][0] < 0.05 and cal["msg"][1] >= 0
     assert set(cal["vector"]) == {"add", "div", "finite"}
-    assert set(cal["codecs"]) == {"fp16", "qsgd", "gradiveq_bf16", "powersgd-P", "powersgd-Q"}
+    assert cal["entries"] == {"rar": "rar", "fp16": "fp16", "qsgd": "qsgd", GRADIVEQ: "gradiveq_bf16",
+                              POWERSGD: "powersgd"}
+    assert set(cal["codecs"]) == {"fp16", "qsgd", GRADIVEQ, f"{POWERSGD}-P", f"{POWERSGD}-Q"}
     for key, ops in cal["codecs"].items():
         hop = key in ("fp16", "qsgd")                                  # re-encode rings: no payload add
         assert set(ops) == {"compress", "decompress", "hop" if hop else "add", "pieces"}, key
@@ -33,10 +48,10 @@ def test_a_calibration_holds_every_cost_the_model_reads(calibrated):
             assert all(t >= 0 for t in c["seconds"])
     qsgd = cal["codecs"]["qsgd"]["compress"]
     assert qsgd["seconds"][-1] > qsgd["seconds"][0]                   # a bigger piece costs more
-    assert set(cal["measure"]) == set(AGGREGATORS) and cal["measure"]["qsgd"] > cal["measure"]["rar"]
+    assert set(cal["measure"]) == set(cal["entries"]) and cal["measure"]["qsgd"] > cal["measure"]["rar"]
     struct = json.loads((calibrated / "structure.json").read_text())
-    assert list(struct["aggregators"]) == list(AGGREGATORS)
-    assert struct["passes"] == {name: 4 if name == "powersgd" else 0 for name in AGGREGATORS}   # extra_passes
+    assert list(struct["aggregators"]) == list(cal["entries"]) and list(cal["entries"].values()) == list(AGGREGATORS)
+    assert struct["passes"] == {name: 4 if name == POWERSGD else 0 for name in cal["entries"]}   # extra_passes
     for name, per_n in struct["aggregators"].items():         # small N: every piece timed, in ring order
         for rnd in (r for r in per_n["4"] if r["kind"] != "plain"):
             timed = cal["codecs"][rnd["key"]]["pieces"]["4"]

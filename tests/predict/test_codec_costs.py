@@ -11,6 +11,7 @@ import pytest
 
 from gvq.predict import codec_costs as C
 from gvq.predict import cost_model as M
+from tests.predict.conftest import GRADIVEQ, POWERSGD
 
 H100 = Path(__file__).resolve().parents[2] / "docs" / "gpu" / "h100-2026-11-27"
 RESNET32 = 470004
@@ -70,10 +71,11 @@ def test_the_cost_model_prices_the_codecs_it_is_given(calibrated, capsys):
     slow = {k: {**r, "compress_ms": 50.0, "floor_ms": 0.0} for k, r in rows.items()}
     slowed = C.priced_model(m, slow, ["qsgd"])[0]
     assert M.aggregation(slowed, "qsgd", 4, 1e9) > M.aggregation(priced, "qsgd", 4, 1e9) + 0.1
-    with pytest.raises(M.PredictError, match=r"codec_map=\[powersgd-P=LABEL\]"):
-        C.priced_model(m, rows, ["powersgd"])
-    mapped = C.priced_model(m, rows, ["gradiveq_bf16"], {"gradiveq_bf16": "gradiveq_pooled"})[0]
-    assert "gradiveq_bf16" in mapped.aggregators
+    with pytest.raises(M.PredictError, match=rf"codec_map=\[{POWERSGD}-P=LABEL\]"):
+        C.priced_model(m, rows, [POWERSGD])
+    # a key is a setting's name (it holds '='): the label is what follows the last one
+    mapped = C.priced_model(m, rows, [GRADIVEQ], C.parse_map([f"{GRADIVEQ}=gradiveq_pooled"]))[0]
+    assert GRADIVEQ in mapped.aggregators
 
 
 def test_the_commands_take_the_codec_costs(calibrated, tmp_path, capsys):
@@ -88,4 +90,4 @@ def test_the_commands_take_the_codec_costs(calibrated, tmp_path, capsys):
     assert "implied: device-path ops x 12 us + floor" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["--calibration", str(calibrated), "--codec-costs", str(H100), "codec_costs_numel=470004"])
-    assert re.search("no measurement for codec 'gradiveq_bf16'.*codec_map", capsys.readouterr().err)
+    assert re.search(f"no measurement for codec '{GRADIVEQ}'.*codec_map", capsys.readouterr().err)

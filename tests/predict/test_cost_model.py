@@ -6,6 +6,7 @@ import pytest
 
 from gvq.predict import cost_model as M
 from gvq.predict import schedule as S
+from tests.predict.conftest import GRADIVEQ, POWERSGD
 
 
 def test_iteration_is_compute_plus_aggregation_and_scales_apply(calibrated):
@@ -68,7 +69,7 @@ def test_a_fresher_median_rescales_the_calibrated_spread(calibrated):
 
 def test_pieces_timed_at_an_n_are_used_as_timed_and_curves_elsewhere(calibrated):
     m = M.Calibrated.load(calibrated)
-    for name in ("gradiveq_bf16", "qsgd"):
+    for name in (GRADIVEQ, "qsgd"):
         rnd = m.struct["aggregators"][name]["4"][0]
         costs = m.cal["codecs"][rnd["key"]]
         p = M._pieces(rnd, costs, 2.0)
@@ -102,7 +103,7 @@ def test_passes_declared_outside_the_rings_price_every_aggregator_as_before(cali
     import json
     import shutil
     m = M.Calibrated.load(calibrated)
-    assert m.struct["passes"] == {name: 4 if name == "powersgd" else 0 for name in m.aggregators}
+    assert m.struct["passes"] == {name: 4 if name == POWERSGD else 0 for name in m.aggregators}
     for name in m.aggregators:
         for n, bps, scale in ((2, 1e8, 1.0), (4, 5e9, 0.5), (16, 1e7, 2.0)):
             assert M.aggregation(m, name, n, bps, codec_scale=scale) == pytest.approx(

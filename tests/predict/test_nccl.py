@@ -85,13 +85,6 @@ def test_the_baseline_prices_overlapped_fp16_and_ddp_in_the_gpu_regime_only():
     assert win.loc[1 / 6, "tta_tied"] == "ddp overlap"      # RAR's 100 - 30 iterations x 0.7 s reach fp16's 50 s
 
 
-def test_a_tied_cell_is_coloured_as_a_tie():
-    win = pd.DataFrame({"winner": ["qsgd post", "rar post", "qsgd post"], "tied": ["fp16 overlap", "", None]})
-    tied, label, names, cmap = project._cell_colours(win)
-    assert list(label) == [project.TIE, "rar post", "qsgd post"]
-    assert names == ["qsgd post", "rar post", project.TIE] and cmap.N == 3
-
-
 def test_the_gpu_regime_is_priced_by_nccl_by_default_and_the_cpu_regime_as_before(calibrated_settings, tmp_path,
                                                                                   capsys):
     """On a real calibration: the CPU regime's every row is the overlap model's own (the pricing before the

@@ -1,8 +1,6 @@
 """Projection (gvq/predict/project.py) and the default query CLI: a table, a heatmap, a CSV."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -30,6 +28,19 @@ def test_project_writes_heatmap_and_csv(calibrated, tmp_path):
     assert (tmp_path / "projection_cnn.png").stat().st_size > 10_000
     cross = pd.read_csv(tmp_path / "crossovers.csv")
     assert len(cross) == 3 * len(project.SCALES) and "rar_bandwidth_bound_to_bps" in cross
+
+
+def test_project_takes_the_folder_calibrate_wrote_as_its_calibration(calibrated, tmp_path, capsys):
+    """``calibrate --out DIR`` then ``project models=[cnn] --calibration DIR``: DIR is the calibration (it
+    was read as DIR/cnn, with advice to calibrate into DIR/cnn); a folder of calibrations (DIR/<model>, the
+    default runs/predict/) reads as before (above); another model's calibration is refused in one line."""
+    cli.main(["project", "models=[cnn]", "--calibration", str(calibrated), "max_world_size=4", "--out", str(tmp_path)])
+    assert (tmp_path / "projection_cnn.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        cli.main(["project", "models=[resnet32]", "--calibration", str(calibrated), "--out", str(tmp_path)])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"--calibration {calibrated}: a calibration of cnn, not resnet32: give models=[cnn], or the folder holding "
+        "resnet32's calibration")
 
 
 def test_crossing_is_interpolated_geometrically_between_links():
@@ -102,8 +113,9 @@ def test_the_projection_ranks_settings_by_their_names(calibrated_settings, tmp_p
     assert "qsgd bits=2" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*base, "iterations_to_target=[qsgd bits=3=100]"])
-    assert re.search(r"iterations_to_target 'qsgd bits=3': not calibrated for cnn "
-                     r"\(have 'fp16', 'qsgd', 'qsgd bits=2'\)", capsys.readouterr().err)
+    assert capsys.readouterr().err.strip().endswith(
+        "cnn: iterations_to_target qsgd bits=3: not calibrated (the calibration priced qsgd, qsgd bits=2); "
+        "calibrate qsgd bits=3 or give iterations for qsgd or qsgd bits=2")
 
 
 def test_time_to_accuracy_names_the_modes_tied_with_the_winner_within_the_seed_spread():
@@ -145,26 +157,7 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
             "max_world_size=8", "--out", str(tmp_path / "out"), "baseline=gvq_ring"]   # as above: settings vs settings
     full = main([*base, "--frontier", str(csv)])
     assert set(full["tta_winner"]) <= {"qsgd bits=2 post", "qsgd bits=2 overlap"} and "tta_tied" in full
-    assert "cnn: not calibrated, left out: rar" in capsys.readouterr().out
+    assert "cnn: left out: rar: not calibrated (have fp16, qsgd, qsgd bits=2)" in capsys.readouterr().out
     assert (tmp_path / "out" / "projection_overlap_tta_cnn.png").stat().st_size > 10_000   # settings ranked
     full = main([*base, "--frontier", str(csv), "iterations_to_target=[qsgd bits=2=1000]"])
     assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])
-
-
-def test_a_heatmap_with_many_winners_keeps_its_legend_inside_the_figure(tmp_path, monkeypatch):
-    """Eight winners and the GradiVeQ line in two panels: the legend wraps into rows instead of one line
-    wider than the figure (the transformer's projection cut its first and last names off)."""
-    import matplotlib.pyplot as plt
-    kept = []
-    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
-    winners = [f"signsgd _target_=ErrorFeedback {k} post" for k in range(8)]
-    rows = [{"N": n, "link_bps": b, "compute_scale": c, "winner": winners[(i + j) % 8], "margin": 1.5,
-             "gradiveq_vs_rar": 0.5 + j, "tied": ""}
-            for c in (1.0, 1 / 6) for i, n in enumerate((8, 16)) for j, b in enumerate((5e7, 1e9, 1e10))]
-    project.plot(pd.DataFrame(rows), "m", tmp_path / "h.png", note="baseline: a long line " * 6)
-    (fig,) = kept
-    renderer = fig.canvas.get_renderer()
-    box, whole = fig.legends[0].get_window_extent(renderer), fig.bbox
-    assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0
-    assert all(not box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
-    assert (tmp_path / "h.png").stat().st_size > 1000

@@ -1,24 +1,28 @@
-"""gvq/predict/project_names.py and the projection's reading of names: the report's name of a calibrated
-default (``qsgd bits=4``) is found as the calibration's (``qsgd``), and a calibration without fp16 says that
-the gain over overlapped fp16 is left empty."""
+"""gvq/predict/project_names.py and the projection's reading of names: a report's or a frontier's name is the
+calibration's where it names the same setting (``qsgd bits=4``, QSGD's default written out, is ``qsgd``),
+never where a value differs (``powersgd``, rank 2, is not a calibrated ``powersgd rank=6``: refused in one
+line naming both); a calibration without fp16 says that the gain over overlapped fp16 is left empty."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from gvq.predict import __main__ as cli
 from gvq.predict.project import _as_calibrated
-from gvq.predict.project_names import calibrated_name
+from gvq.predict.project_names import calibrated_name, uncalibrated
+from gvq.predict.structure import AGGREGATORS, entries
 
-HAVE = ("fp16", "qsgd", "qsgd bits=2")
 
-
-def test_a_setting_that_restates_its_options_defaults_is_found_under_the_calibrated_name():
-    assert calibrated_name("qsgd bits=4", HAVE) == "qsgd"          # the sweep wrote QSGD's default out
-    assert calibrated_name("qsgd bits=2", HAVE) == "qsgd bits=2"
-    assert calibrated_name("qsgd bits=3", HAVE) == "qsgd bits=3"   # not priced: the caller says so
-    assert calibrated_name("nosuch k=1", HAVE) == "nosuch k=1"
-    # the calibration's own settings are the defaults its bare names mean
-    assert calibrated_name("powersgd rank=6", ("powersgd",), ["powersgd:aggregator.rank=6"]) == "powersgd"
-    assert calibrated_name("powersgd rank=6", ("powersgd",), ["powersgd:aggregator.rank=2"]) == "powersgd rank=6"
+def test_a_name_is_found_under_the_calibrated_one_only_where_every_value_agrees():
+    assert calibrated_name("qsgd bits=4") == "qsgd"                # the sweep wrote QSGD's default out
+    assert calibrated_name("qsgd bits=2") == "qsgd bits=2"
+    assert calibrated_name("powersgd rank=2") == "powersgd"        # PowerSGD's own default rank
+    assert calibrated_name("powersgd rank=6") == "powersgd rank=6"
+    assert calibrated_name("nosuch k=1") == "nosuch k=1"           # not an option: as given (not calibrated)
+    assert uncalibrated("powersgd", ["rar", "powersgd rank=6"]) == \
+        "powersgd: not calibrated (the calibration priced powersgd rank=6)"
+    assert uncalibrated("nosuch", ["rar"]) == "nosuch: not calibrated (have rar)"
 
 
 def test_the_projection_renames_the_reports_names_and_says_a_missing_fp16(capsys):
@@ -30,3 +34,21 @@ def test_the_projection_renames_the_reports_names_and_says_a_missing_fp16(capsys
     out = capsys.readouterr().out
     assert "cnn: 'qsgd bits=4' is the calibrated 'qsgd'" in out
     assert "cnn: fp16 not calibrated: no gain over overlapped fp16 (margin left empty)" in out
+
+
+def test_iterations_for_a_setting_the_calibration_did_not_price_are_refused_naming_both(monkeypatch, tmp_path, capsys):
+    """A calibration of the default settings (conf/grid/calibration.yaml: PowerSGD at rank 6) named as
+    ``calibrate`` names them; ``iterations_to_target=[powersgd=250]`` (a rank-2 run's) is one line naming
+    the rank-6 setting it priced, never priced at rank 6's seconds (it was: calibrate named it ``powersgd``)."""
+    have = list(entries(AGGREGATORS))
+    assert "powersgd rank=6" in have and "powersgd" not in have
+    model = SimpleNamespace(m=SimpleNamespace(aggregators=have, cal={"model": "cnn", "settings": []}))
+    monkeypatch.setattr("gvq.predict.overlap.Overlap.load", lambda folder, pricing=None: model)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["project", "overlap=true", "models=[cnn]", "--calibration", str(tmp_path), "--out", str(tmp_path),
+                  "iterations_to_target=[rar=100,powersgd=250]"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "iterations_to_target powersgd: not calibrated (the calibration priced powersgd rank=6); calibrate "
+        "powersgd or give iterations for powersgd rank=6")

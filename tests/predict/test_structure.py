@@ -6,6 +6,8 @@ import json
 import pytest
 import torch
 
+from tests.predict.conftest import GRADIVEQ, POWERSGD
+
 
 def test_structure_matches_each_aggregators_ring(calibrated):
     s = json.loads((calibrated / "structure.json").read_text())
@@ -18,12 +20,12 @@ def test_structure_matches_each_aggregators_ring(calibrated):
         assert fp16["kind"] == "reencode" and sum(map(sum, fp16["bytes"])) == 2 * numel
         q, = s["aggregators"]["qsgd"][n]
         assert q["kind"] == "reencode" and sum(map(sum, q["bytes"])) < numel      # 4 bits + norms
-        g, = s["aggregators"]["gradiveq_bf16"][n]
+        g, = s["aggregators"][GRADIVEQ][n]
         assert g["kind"] == "additive" and len(g["vals"]) == int(n)
         assert sum(map(sum, g["vals"])) == numel and sum(map(sum, g["bytes"])) < 4 * numel
         assert max(len(seg) for seg in g["vals"]) <= 4                              # aggregator.pieces
-        p, q2 = s["aggregators"]["powersgd"][n]
-        assert (p["key"], q2["key"]) == ("powersgd-P", "powersgd-Q")
+        p, q2 = s["aggregators"][POWERSGD][n]
+        assert (p["key"], q2["key"]) == (f"{POWERSGD}-P", f"{POWERSGD}-Q")
 
 
 def test_a_buckets_rings_are_the_aggregators_per_bucket_rings():

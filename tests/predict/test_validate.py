@@ -103,6 +103,24 @@ def test_overlap_validation_pairs_each_mode_with_its_prediction():
     assert validate.overlap_summary(df).endswith("; 1 of 2 inside the measured 95% interval")
 
 
+def test_overlap_validation_never_prices_a_setting_at_anothers_costs(capsys):
+    """``gvq.bench overlap`` times PowerSGD at its grid's rank 4 (``powersgd rank=4``), a calibration of the
+    default settings priced rank 6 (``powersgd rank=6``): the record is left out, said in one line naming
+    both.  It was paired with rank 6's costs (the calibration named them ``powersgd``, the record was its
+    family's default): validate-overlap's worst cell."""
+    from gvq.bench import overlap
+    from gvq.predict.structure import AGGREGATORS, entries
+    specs = overlap.cell_specs([5e7], ["rar", "powersgd"], 0.25, kinds=["post"])
+    modes = [{**_record(s.option, "post", 1.0), "setting": s.setting} for s in specs[1:]]
+    bench = {"setting": {"codec_scale": 1.0, "defaults": {s.option: s.setting for s in specs[1:]}}, "modes": modes}
+    model = _ScriptedModel()
+    model.m = type("M", (), {"aggregators": list(entries(AGGREGATORS))})()
+    df = validate.overlap_rows(model, bench)
+    assert list(df["aggregator"]) == ["rar"] and [s[1] for s in model.seen] == ["rar"]
+    assert "validate-overlap: left out: powersgd rank=4: not calibrated (the calibration priced powersgd " \
+           "rank=6)" in capsys.readouterr().out
+
+
 def test_overlap_validation_reads_several_files_and_refuses_another_jobs(tmp_path, monkeypatch, capsys):
     model = _ScriptedModel()
     model.m = type("M", (), {"aggregators": ["rar", "fp16"], "cal": {"model": "resnet32", "batch_size": 32,
@@ -163,12 +181,16 @@ def test_the_benchmarks_validation_runs_are_given_the_calibrations_workload_as_k
                 for n in worlds for b in links for a in cfg.grid.settings]
     monkeypatch.setattr(validate, "run_bench", bench)
     monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.5])
-    cal = {"model": "cnn", "num_classes": 10, "batch_size": 16, "input_shape": [1, 28, 28]}
-    rows = validate.measure(SimpleNamespace(cal=cal), ["rar", "qsgd"], [2, 4], [5e7, 1e9], reps=3, iters=5)
+    cal = {"model": "cnn", "num_classes": 10, "batch_size": 16, "input_shape": [1, 28, 28],
+           "entries": {"rar": "rar", "qsgd": "qsgd", "powersgd rank=6": "powersgd"}}
+    rows = validate.measure(SimpleNamespace(cal=cal, struct={}), ["rar", "powersgd rank=6"], [2, 4], [5e7, 1e9],
+                            reps=3, iters=5)
     assert len(rows) == 2 * 2 * 2 and all(r["iter_s"] == 2.0 and r["aggregate_s"] == 1.0 for r in rows)
+    # the benches time options (PowerSGD at the set's rank 6): each row under the name calibrate gave it
+    assert {r["aggregator"] for r in rows} == {"rar", "powersgd rank=6"}
     for _, cfg in seen:
         assert (cfg.model, cfg.num_classes, cfg.net.clock.name, cfg.timeout) == ("cnn", 10, "virtual", 900)
-        assert (list(cfg.grid.settings), list(cfg.grid.set)) == (["rar", "qsgd"], list(SETTINGS))
+        assert (list(cfg.grid.settings), list(cfg.grid.set)) == (["rar", "powersgd"], list(SETTINGS))
     aggregate = [cfg for sub, cfg in seen if sub == "aggregate"]
     train = [cfg for sub, cfg in seen if sub == "train"]
     assert [list(c.grid.world_sizes) for c in aggregate] == [[2], [4]] and aggregate[0].reps == 3

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from gvq.schema.setting import BENCH_VERSION, BenchKey, Setting, aliases, name_of, read_bench, split_name
+from gvq.schema.setting import (BENCH_VERSION, BenchKey, Setting, aliases, canonical, canonical_name, name_of,
+                                read_bench, split_name)
 
 
 def test_a_setting_parses_the_benches_syntax_and_starts_from_the_common_overrides():
@@ -31,6 +32,22 @@ def test_a_setting_is_named_as_the_report_names_runs():
     assert name_of("signsgd", ["aggregator._target_=gvq.aggregators.error_feedback.ErrorFeedbackAggregator"]
                    ) == "signsgd _target_=ErrorFeedbackAggregator"
     assert split_name("qsgd bits=2 stochastic=true") == ("qsgd", [("bits", "2"), ("stochastic", "true")])
+
+
+def test_a_settings_canonical_name_carries_every_value_that_differs_from_its_options_defaults_and_no_other():
+    """The name every tool keys figures by: a grid's ``set`` is part of it (PowerSGD at rank 6 is never
+    ``powersgd``), a default written out is not (QSGD's 4 bits, gradiveq_pooled's K/d = 8)."""
+    assert Setting.parse("powersgd", ["K=x1", "powersgd:aggregator.rank=6"]).canonical == "powersgd rank=6"
+    assert Setting.parse("powersgd", ["powersgd:aggregator.rank=2"]).canonical == "powersgd"
+    assert Setting.parse("qsgd:compressor.bits=4").canonical == "qsgd"
+    assert canonical_name("qsgd", ["aggregator.compressor.bits=2", "aggregator.compressor.norm=max"]) == "qsgd bits=2"
+    assert canonical_name("qsgd", ["aggregator.compressor.bits=2", "aggregator.compressor.bits=4"]) == "qsgd"
+    assert canonical("qsgd bits=4 norm=l2") == "qsgd norm=l2"          # a typed (enum) key compared by its name
+    assert canonical("gradiveq_pooled target_ratio=8") == "gradiveq_pooled"
+    assert canonical("signsgd _target_=ErrorFeedbackAggregator") == "signsgd _target_=ErrorFeedbackAggregator"
+    assert canonical("qsgd new_key=null") == "qsgd new_key=null"        # a key the option lacks is a value it sets
+    assert canonical_name("qsgd", ["aggregator.overlap=true", "aggregator.compressor.bits=2"]) == "qsgd bits=2"
+    assert canonical("torch_ddp") == "torch_ddp"                       # no option file: nothing to compare
 
 
 @pytest.mark.parametrize("entry", ["rar", "qsgd:compressor.bits=2", "gradiveq:warmup_by=qsgd,samples_in_warmup=true"])

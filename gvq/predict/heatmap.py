@@ -1,0 +1,100 @@
+"""The projection's heatmaps (``python -m gvq.predict project``): one panel per compute scale, N down, the
+link across, each cell in its winner's colour.
+
+A winner's colour is :func:`gvq.schema.palette.colour_of` of its setting's name and mode, a function of
+the name alone, so ``powersgd rank=6 (post)`` is one colour in the per-iteration heatmap, the
+time-to-target one and any other figure gvq draws (a colour picked by a winner's index among one
+figure's winners gave one colour to different modes in two figures).  A tie is light grey.  The figure
+says what the number in a cell is (``caption``) and what ``=k`` is, and its legend holds every colour
+and the GradiVeQ-RAR = RAR line.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gvq.schema.palette import colour_of
+
+TIE = "tie within the seed spread"
+TIE_COLOUR = "lightgrey"
+#: what ``=k`` under a cell's number means, said in every figure that draws one
+TIE_TEXT = "=k: k modes tie in the cell (grey)"
+
+
+def label_of(winner: str, modes: bool) -> tuple[str, str | None]:
+    """(setting name, mode) of a cell's winner: ``qsgd bits=2 overlap`` -> (``qsgd bits=2``, ``overlap``)
+    where the winners carry their mode (``project overlap=true``), else (the name, None)."""
+    if not modes:
+        return winner, None
+    name, _, mode = winner.rpartition(" ")
+    return name, mode
+
+
+def legend_name(winner: str, modes: bool) -> str:
+    """How the legend writes a winner: ``qsgd bits=2 (overlap)``, as the benches name a mode."""
+    if winner == TIE:
+        return TIE
+    name, mode = label_of(winner, modes)
+    return f"{name} ({mode})" if mode else name
+
+
+def cell_colours(win: pd.DataFrame, modes: bool) -> tuple[pd.Series, pd.Series, dict[str, str]]:
+    """(modes tied per cell, each cell's label: its winner or :data:`TIE`, {label: colour} in legend order)."""
+    tied = win["tied"].fillna("").astype(str) if "tied" in win else pd.Series("", index=win.index)
+    label = win["winner"].where(tied == "", TIE)
+    names = sorted(set(label) - {TIE}) + [TIE] * bool((tied != "").any())
+    return tied, label, {n: TIE_COLOUR if n == TIE else colour_of(*label_of(n, modes)) for n in names}
+
+
+def plot(win: pd.DataFrame, model: str, path: Path, note: str = "", caption: str = "", modes: bool = False) -> None:
+    """One panel per compute scale: each cell coloured by its winner (``modes``: winners are ``NAME MODE``),
+    or grey where ``win``'s ``tied`` names modes tied with it; the number in a cell is ``margin`` (what it
+    is: ``caption``, printed in the figure), ``=k`` below it the count of modes sharing a tied cell;
+    ``note`` (which baseline priced it) heads the figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tied, label, colours = cell_colours(win, modes)
+    scales = sorted(win["compute_scale"].unique(), reverse=True)
+    line = int(np.isfinite(win["gradiveq_vs_rar"].astype(float)).any())   # drawn only with both calibrated
+    entries = [legend_name(n, modes) for n in colours] + ["GradiVeQ-RAR = RAR"] * line
+    # the legend wraps rather than outrun the figure: as many columns as its longest name allows (inches at 8 pt)
+    ncol = max(1, min(len(entries), int(5.2 * len(scales) // (0.5 + 0.07 * max(map(len, entries))))))
+    rows = -(-len(entries) // ncol)
+    head = [ln for text in (note, caption + ("; " + TIE_TEXT if TIE in colours else "")) if text
+            for ln in textwrap.wrap(text, 70 * len(scales))]
+    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.4 + 0.14 * len(head) + 0.25 * rows),
+                             squeeze=False)
+    for ax, c in zip(axes[0], scales):
+        _panel(ax, win[win["compute_scale"] == c], tied, label, colours)
+        ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in colours.values()]
+    if head:                                  # wrapped: the baseline's line outruns a narrow figure
+        fig.suptitle("\n".join(head), fontsize=7)
+    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, entries, loc="lower center", ncol=ncol, fontsize=8)
+    fig.tight_layout(rect=(0, 0.02 + 0.05 * rows, 1, 1 - 0.03 * len(head)))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict[str, str]) -> None:
+    """One compute scale's cells, their numbers, the GradiVeQ-RAR = RAR line and the axes."""
+    from matplotlib.colors import to_rgb
+    Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
+    img = np.ones((len(Ns), len(Bs), 3))                  # white: a cell no winner was computed for
+    for k, r in w.iterrows():
+        i, j = Ns.index(r["N"]), Bs.index(r["link_bps"])
+        img[i, j] = to_rgb(colours[label[k]])
+        share = f"\n={len(tied[k].split(', ')) + 1}" if tied[k] else ""
+        ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6)
+    ax.imshow(img, aspect="auto", origin="lower", interpolation="nearest")
+    gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
+    if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line
+        ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
+    ax.set_xticks(range(len(Bs)), [f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M" for b in Bs], fontsize=7)
+    ax.set_yticks(range(len(Ns)), [str(n) for n in Ns], fontsize=7)
+    ax.set_xlabel("link, bit/s per rank")
+    ax.set_ylabel("N ranks")
