@@ -21,7 +21,7 @@ import torch.distributed as dist
 from gvq.aggregators.base import Aggregator, RunContext
 from gvq.bench import Progress
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
-                              print_markdown, spawn_loopback)
+                              print_markdown, setting_name, spawn_loopback)
 from gvq.comm import clock
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -98,7 +98,9 @@ def aggregation_rank(rank, args, init, out):
             if name == "allreduce" and (args.bandwidth or args.net["clock"] == "virtual"):
                 continue                      # gloo's collective cannot be shaped in-process, nor timed virtually
             agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
-            records.append({**time_aggregator(agg, params, grads, ctx, args), "aggregator": name})
+            timed = time_aggregator(agg, params, grads, ctx, args)
+            records.append({"aggregator": name, "setting": setting_name(name, args.set),
+                             **{k: v for k, v in timed.items() if k != "aggregator"}})
         if rank == 0:
             write_json_atomic(out, records, indent=None)
     finally:
@@ -121,7 +123,7 @@ def run_aggregation(args) -> list[dict]:
 
 
 def print_aggregation(records: list[dict]) -> None:
-    cols = ["aggregator", "bytes_per_rank", "byte_ratio", "median_s", "min_s"]
+    cols = ["setting", "bytes_per_rank", "byte_ratio", "median_s", "min_s"]
     cols += [f"speedup_vs_{b}" for b in BASELINES if records[0].get(f"speedup_vs_{b}") is not None]
     cols += ["bound_s", "time_over_bound", "compress_s", "wire_s", "decompress_s"]
     r0 = records[0]

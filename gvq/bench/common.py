@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from gvq.schema.compose import compose  # the run config `python cli.py <overrides>` composes
-from gvq.schema.setting import overrides_for
+from gvq.schema.setting import canonical_name, overrides_for
 from gvq.schema.errors import ConfigError
 
 
@@ -31,6 +31,13 @@ def make_aggregator(name: str, overrides: list[str]):
     from gvq.hooks.builder import aggregator_from
     cfg = compose([f"aggregator={name}", *overrides_for(name, overrides)])
     return aggregator_from(cfg.aggregator)
+
+
+def setting_name(name: str, overrides) -> str:
+    """The name of what :func:`make_aggregator` builds from the same arguments, as every tool keys it
+    (:func:`gvq.schema.setting.canonical_name`: ``powersgd rank=6`` under bench.yaml's set); a mode that is
+    no option (``torch_ddp``, ``local``, ``allreduce``) by its own name."""
+    return canonical_name(name, overrides_for(name, overrides))
 
 
 def build_model(model: str, num_classes: int, in_channels: int) -> torch.nn.Module:

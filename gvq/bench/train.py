@@ -21,7 +21,7 @@ from gvq.aggregators.ddp import wrap_ddp
 from gvq.bench import BenchError, Progress
 from gvq.bench.common import (build_model, check_net, clock_label, collections_untimed,
                               configure_clock, default_input_shape, in_channels, net_defaults, make_aggregator,
-                              print_markdown, spawn_loopback, step_loss, synthetic_batch)
+                              print_markdown, setting_name, spawn_loopback, step_loss, synthetic_batch)
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
@@ -35,7 +35,7 @@ from gvq.schema.tool import choose, namespace
 #: what an iteration run reads beyond a :class:`gvq.bench.keys.Workload`'s keys, for callers whose keys are
 #: only those (``gvq.bench overlap``, ``netns-train``): no link, the wall clock, the host, no GPU plan
 RUN_DEFAULTS = {"bandwidth": None, "timeout": TrainKeys.timeout, "compressed_only": False, "device": "cpu",
-                "plan": None, "net": net_defaults(), "specs": None}
+                "plan": None, "net": net_defaults(), "specs": None, "set": ()}
 
 
 def with_run_defaults(args) -> SimpleNamespace:
@@ -158,12 +158,15 @@ def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float
     """One row per mode: medians over the timed iterations, and the paired ratio to the reference."""
     rows, args = raw["rows"], with_run_defaults(args)
     ref = next((m for m in ("torch_ddp", "ddp") if m in rows), None)
+    specs = {s.label: s for s in args.specs or ()}
     out = []
     for mode, its in rows.items():
         col = {k: [r[k] for r in its] for k in COLS}
+        spec = specs.get(mode, ModeSpec(mode, mode, tuple(args.set)))        # grid.settings' mode: its option
         rec = {"link": link, "model": args.model, "device": args.device, "plan": args.plan, "N": world,
-               "batch_per_rank": args.batch_size,
-               "aggregator": mode, **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
+               "batch_per_rank": args.batch_size, "aggregator": mode,
+               "setting": spec.setting or setting_name(spec.option, spec.overrides),
+               **{k: statistics.median(col[k]) for k in COLS if k != "bytes_sent"},
                "MB_per_rank": col["bytes_sent"][-1] / 1e6 if mode != "torch_ddp" else None,   # unknown
                "iters": len(its), "warmup": raw["warmup"]}
         if rate_bps:                                   # the link's bound on the bytes sent (if any)
@@ -187,7 +190,7 @@ def iteration_intervals(seconds: list[float], ref_seconds: list[float] | None) -
 
 
 def print_iterations(records: list[dict], header: str) -> None:
-    cols = ["aggregator", "iter_s", "iter_ci", "compute_s", "aggregate_s", "wire_s", "comm_s", "exposed_s",
+    cols = ["setting", "iter_s", "iter_ci", "compute_s", "aggregate_s", "wire_s", "comm_s", "exposed_s",
             "MB_per_rank"] + (["bound_s"] if "bound_s" in records[0] else []) + ["over_ref", "over_ref_ci"]
     r0 = records[0]
     ref = f"over_ref = median per-iteration ratio to {r0['ref']}" if r0["ref"] else "no reference mode"

@@ -74,10 +74,22 @@ def plot(win: pd.DataFrame, model: str, path: Path, note: str = "", caption: str
     handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in colours.values()]
     if head:                                  # wrapped: the baseline's line outruns a narrow figure
         fig.suptitle("\n".join(head), fontsize=7)
-    fig.legend(handles + [plt.Line2D([], [], color="k")] * line, entries, loc="lower center", ncol=ncol, fontsize=8)
+    edge = plt.Line2D([], [], color="k", path_effects=_halo())
+    fig.legend(handles + [edge] * line, entries, loc="lower center", ncol=ncol, fontsize=8)
     fig.tight_layout(rect=(0, 0.02 + 0.05 * rows, 1, 1 - 0.03 * len(head)))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _halo() -> list:
+    """A white halo round the GradiVeQ-RAR = RAR line: black alone vanishes over rar's black cells."""
+    from matplotlib import patheffects
+    return [patheffects.withStroke(linewidth=3.5, foreground="white")]
+
+
+def _ink(rgb) -> str:
+    """Text that reads on a cell of colour ``rgb``: white on a dark one (rar's family is black)."""
+    return "white" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 0.5 else "black"
 
 
 def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict[str, str]) -> None:
@@ -89,11 +101,12 @@ def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict
         i, j = Ns.index(r["N"]), Bs.index(r["link_bps"])
         img[i, j] = to_rgb(colours[label[k]])
         share = f"\n={len(tied[k].split(', ')) + 1}" if tied[k] else ""
-        ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6)
+        ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6, color=_ink(img[i, j]))
     ax.imshow(img, aspect="auto", origin="lower", interpolation="nearest")
     gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
     if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line
-        ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5)
+        ax.contour(np.arange(len(Bs)), np.arange(len(Ns)), gv.values, levels=[1.0], colors="k", linewidths=1.5
+                   ).set(path_effects=_halo())
     ax.set_xticks(range(len(Bs)), [f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M" for b in Bs], fontsize=7)
     ax.set_yticks(range(len(Ns)), [str(n) for n in Ns], fontsize=7)
     ax.set_xlabel("link, bit/s per rank")

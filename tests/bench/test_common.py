@@ -75,3 +75,14 @@ def test_a_language_models_timed_step_is_a_window_of_tokens_scored_per_token():
     xi, yi = synthetic_batch(4, (1, 8, 8), 10, g)
     assert xi.shape == (4, 1, 8, 8) and yi.shape == (4,) and xi.dtype == torch.float32
     assert sum(s.numel() for s in model_shapes("gpt_tiny", 256)) == 834_304    # the tied embedding once
+
+
+def test_a_benchs_mode_is_named_by_the_values_its_set_gives_it():
+    """``gvq.bench aggregate`` / ``train`` take options with ``grid.set``: bench.yaml's PowerSGD runs at rank
+    6, so its records and tables say ``powersgd rank=6`` (they said ``powersgd``, a rank-2 run's name); a
+    value that restates the default, or a mode that is no option, is not part of it."""
+    from gvq.bench.common import setting_name
+    from gvq.schema.compose import load_grid
+    assert setting_name("powersgd", load_grid("bench").set) == "powersgd rank=6"
+    assert setting_name("qsgd", ["qsgd:aggregator.compressor.bits=4", "K=x1"]) == "qsgd"
+    assert setting_name("torch_ddp", ["K=x1"]) == "torch_ddp" and setting_name("allreduce", []) == "allreduce"

@@ -145,6 +145,18 @@ def test_each_modes_seconds_and_its_paired_ratio_to_the_reference_carry_interval
     assert by["ddp"]["iter_lo_s"] <= by["ddp"]["iter_s"] <= by["ddp"]["iter_hi_s"] < 0.30
 
 
+def test_each_record_names_the_setting_its_mode_ran():
+    """A record's ``setting`` carries the values ``grid.set`` gave its option (``aggregator`` stays the
+    mode): PowerSGD at rank 6 is ``powersgd rank=6``; a mode of a spec (the overlap bench's) its spec's."""
+    from gvq.bench.train import COLS, ModeSpec, summarize_iterations
+    rows = {m: [{**dict.fromkeys(COLS, 0.0), "iter_s": 0.1}] for m in ("powersgd", "local", "rar_overlap")}
+    args = argparse.Namespace(model="cnn", batch_size=4, set=["powersgd:aggregator.rank=6", "K=x1"],
+                              specs=[ModeSpec("rar_overlap", "rar", ("aggregator.overlap=true",))])
+    recs = summarize_iterations({"rows": rows, "warmup": 1}, args, 2, "x")
+    assert [(r["aggregator"], r["setting"]) for r in recs] == [
+        ("powersgd", "powersgd rank=6"), ("local", "local"), ("rar_overlap", "rar")]
+
+
 @pytest.mark.slow
 def test_train_bench_times_the_language_model_on_token_windows(capsys):
     """model=gpt_tiny: every rank steps on windows of its context's tokens (a vocabulary of 256), through

@@ -92,3 +92,15 @@ def test_each_mode_has_its_palette_colour_in_both_projection_heatmaps(calibrated
         legend = {t.get_text() for t in fig.legends[0].get_texts()}
         assert {"{} ({})".format(*w.rsplit(" ", 1)) for w in full[column]} <= legend, png
         assert "number in a cell" in fig.get_suptitle()
+
+
+def test_a_cells_number_reads_on_its_colour(tmp_path, monkeypatch):
+    """rar's family colour is black: its cells' numbers are white (black text on them could not be read)."""
+    import matplotlib.pyplot as plt
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    win = pd.DataFrame([{"N": 8, "link_bps": b, "compute_scale": 1.0, "winner": w, "margin": 1.5,
+                         "gradiveq_vs_rar": np.nan} for b, w in ((5e7, "qsgd bits=2"), (1e9, "rar"))])
+    heatmap.plot(win, "m", tmp_path / "h.png", caption="number in a cell: a margin")
+    (fig,) = kept
+    assert [t.get_color() for t in fig.axes[0].texts] == ["black", "white"]
