@@ -68,7 +68,7 @@ def stale_names(cal: dict, struct: dict) -> list[str]:
     that differs from the option's defaults: ``powersgd`` for rank 6), each as ``'old' (priced as 'new')``;
     empty for a calibration whose names are :func:`entries`'."""
     named = calibrated_entries(cal, struct)
-    now = entries(named.values(), cal.get("settings", ()))
+    now = [Setting.parse(entry, cal.get("settings", ())).canonical for entry in named.values()]
     return [f"{old!r} (priced as {new!r})" for old, new in zip(named, now) if old != new]
 
 

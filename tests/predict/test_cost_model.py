@@ -130,3 +130,20 @@ def test_an_aggregator_declaring_passes_outside_its_rings_is_priced_for_them(cal
     assert M.aggregation(declared, "qsgd", 4, 1e9, codec_scale=0.5) == pytest.approx(
         M.aggregation(plain, "qsgd", 4, 1e9, codec_scale=0.5) + 2 * add, rel=1e-12)
     assert M.aggregation(declared, "fp16", 4, 1e9) == M.aggregation(plain, "fp16", 4, 1e9)
+
+
+def test_a_calibration_whose_names_hide_a_priced_value_is_refused_in_one_line(tmp_path):
+    """A calibration written while names left out the grid's ``set`` (its ``powersgd`` priced rank 6) would
+    match a rank-2 setting to rank 6's costs: loading it says which names and to calibrate again."""
+    import json
+    import shutil
+
+    from tests.helpers.records import RECORDS
+    shutil.copytree(RECORDS / "predict" / "cnn", tmp_path / "cnn")
+    M.Calibrated.load(tmp_path / "cnn")                       # rar and qsgd at their defaults: read as written
+    cal = json.loads((tmp_path / "cnn" / "calibration.json").read_text())
+    cal["settings"] = [*cal["settings"], "qsgd:aggregator.compressor.bits=2"]    # what it priced as 'qsgd'
+    (tmp_path / "cnn" / "calibration.json").write_text(json.dumps(cal))
+    with pytest.raises(M.PredictError, match=r"calibrated before names carried their values: 'qsgd' \(priced as "
+                                             r"'qsgd bits=2'\); run `python -m gvq.predict calibrate` again"):
+        M.Calibrated.load(tmp_path / "cnn")
