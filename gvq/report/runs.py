@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from gvq.schema.config import NOT_A_SETTING
-from gvq.schema.setting import Setting, short
+from gvq.schema.setting import VARIANT_KEYS, canonical_name, short
 
 NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
                "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
@@ -37,9 +37,10 @@ class Run:
 
     @property
     def setting(self) -> str:
-        """The option and its ``aggregator.*`` overrides (:attr:`gvq.schema.setting.Setting.name`), inert
-        knobs left out."""
-        return Setting(self.aggregator, tuple(o for o in self.overrides if not _inert(o, self))).name
+        """The option and each ``aggregator.*`` override off the option's default
+        (:func:`gvq.schema.setting.canonical_name`, the name the bench and the cost model key it by),
+        inert knobs left out."""
+        return canonical_name(self.aggregator, [o for o in self.overrides if not _inert(o, self)])
 
     @property
     def variant(self) -> str:
@@ -196,19 +197,29 @@ AT_CHANCE = ("collapsed", "never_learned")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Same overrides (minus seed and inert knobs) and same status => one group; labels keep what differs."""
+    """One setting (:attr:`Run.setting`), the same other overrides (minus seed, logging and inert knobs)
+    and the same status => one group.  A label is the setting's whole name, then the other overrides
+    that differ between groups: a value that names the setting is never dropped for being shared."""
     keyed: dict[tuple, list[Run]] = {}
     for r in runs:
-        key = tuple(sorted(o for o in r.overrides if not o.startswith(NOT_A_SETTING) and not _inert(o, r)))
-        keyed.setdefault((key, r.aggregator, finished(r.status)), []).append(r)
-    common = set.intersection(*(set(k[0]) for k in keyed)) if keyed else set()
+        rest = tuple(sorted(o for o in r.overrides if not o.startswith(NOT_A_SETTING) and not _inert(o, r)
+                            and not _names_setting(o)))
+        keyed.setdefault((r.setting, rest, r.aggregator, finished(r.status)), []).append(r)
+    common = set.intersection(*(set(k[1]) for k in keyed)) if keyed else set()
     groups = []
-    for (key, agg, status), members in keyed.items():
-        shown = sorted((o for o in key if o not in common), key=lambda o: not o.startswith("aggregator="))
-        label = " ".join(short(o) for o in shown) or agg
-        groups.append(Group(label, (key, agg, status), members))
+    for (setting, rest, agg, status), members in keyed.items():
+        label = " ".join([setting, *(short(o) for o in rest if o not in common)])
+        groups.append(Group(label, (setting, rest, agg, status), members))
     order = {"completed": 0, "failed": 1, "incomplete": 2}
     return sorted(groups, key=lambda g: (order.get(g.status, 3), g.aggregator != "rar", g.label))
+
+
+def _names_setting(override: str) -> bool:
+    """``aggregator=...`` or an ``aggregator.*`` key that :attr:`Run.setting` writes (the variant's keys,
+    ``overlap`` and ``bucket_cap_mb``, are not in a setting's name: they stay in its group's key)."""
+    if not override.startswith("aggregator"):
+        return False
+    return short(override).split("=", 1)[0] not in VARIANT_KEYS
 
 
 def _inert(override: str, run: Run) -> bool:

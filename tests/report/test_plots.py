@@ -272,6 +272,6 @@ def test_a_settings_colour_does_not_change_with_the_company_it_keeps(tmp_path, k
         lines = kept()["curves"].axes[0].get_lines()
         seen.append({ln.get_label(): matplotlib.colors.to_hex(ln.get_color()) for ln in lines})
         matplotlib.pyplot.close("all")
-    # the second report's groups are labelled by what differs: bits=2 and bits=4
-    assert seen[0]["qsgd bits=2"] == seen[1]["bits=2"] == colour_of("qsgd bits=2")
-    assert seen[1]["bits=4"] == colour_of("qsgd bits=4") != seen[1]["bits=2"]
+    # the second report's groups are labelled by their whole names: qsgd bits=2, and qsgd (bits=4, its default)
+    assert seen[0]["qsgd bits=2"] == seen[1]["qsgd bits=2"] == colour_of("qsgd bits=2")
+    assert seen[1]["qsgd"] == colour_of("qsgd") != seen[1]["qsgd bits=2"]

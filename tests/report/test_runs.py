@@ -64,3 +64,21 @@ def test_a_run_without_a_summary_is_named_from_what_hydra_left(tmp_path, files, 
     (tmp_path / "metrics.csv").write_text("iteration,wall_s\n0,0.5\n1,0.9\n2,1.")
     run = load_run(tmp_path)
     assert run.aggregator == name and run.status == "incomplete" and len(run.metrics) == 3
+
+
+def test_a_groups_label_carries_every_value_off_the_options_defaults(tmp_path):
+    """A report of only ``powersgd rank=6`` runs labels them ``powersgd rank=6``, never ``powersgd``
+    (an override every group shares still names the setting); a run that restated a default
+    (``bits=4``, qsgd's own) groups with the plain option under its name; overlapped runs stay apart."""
+    from gvq.report.runs import Run
+
+    def runs(option, *extra, seeds=(0, 1), overlap=False):
+        return [Run(tmp_path / f"{option}{extra}{s}{overlap}", "completed", "", option,
+                    [f"aggregator={option}", *extra, f"seed={s}"], {"aggregator": {"overlap": overlap}}, None)
+                for s in seeds]
+    alone = group_runs(runs("powersgd", "aggregator.rank=6"))
+    assert [(g.label, len(g.runs)) for g in alone] == [("powersgd rank=6", 2)]
+    mixed = group_runs(runs("qsgd", "aggregator.compressor.bits=4", seeds=(0,)) + runs("qsgd", seeds=(1,))
+                       + runs("qsgd", "aggregator.overlap=true", overlap=True))
+    assert sorted((g.label, len(g.runs)) for g in mixed) == [("qsgd", 2), ("qsgd overlap=true", 2)]
+    assert {r.setting for g in mixed for r in g.runs} == {"qsgd"}

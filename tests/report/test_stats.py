@@ -68,11 +68,11 @@ def test_the_status_column_says_summary_jsons_status_and_one_reason():
     stats = {id(g): group_stats(g, 0.9) for g in groups}
     table = build_table(groups, stats)
     by = {g: r for g, r in zip(table["group"], table.to_dict("records"))}
-    assert by["bits=2"]["run_status"] == "collapsed" and by["bits=4"]["run_status"] == "completed 1/2, collapsed 1/2"
+    assert by["qsgd bits=2"]["run_status"] == "collapsed" and by["qsgd"]["run_status"] == "completed 1/2, collapsed 1/2"
     shown = dict(zip(table["group"], display_table(table, 0.9)["status"]))
-    assert shown["bits=2"].startswith("collapsed: train loss back at chance since iteration 100")
-    assert shown["bits=2"].count("back at chance") == 1 and "+1 other reasons" in shown["bits=2"]
-    assert shown["bits=4"] == "completed 1/2, collapsed 1/2: " + why.format(7)
+    assert shown["qsgd bits=2"].startswith("collapsed: train loss back at chance since iteration 100")
+    assert shown["qsgd bits=2"].count("back at chance") == 1 and "+1 other reasons" in shown["qsgd bits=2"]
+    assert shown["qsgd"] == "completed 1/2, collapsed 1/2: " + why.format(7)
 
 
 def test_aggregate_error_is_carried_as_mean_and_std_over_seeds_where_a_run_logged_it():
