@@ -4,7 +4,9 @@ link across, each cell in its winner's colour.
 A winner's colour is :func:`gvq.schema.palette.colour_of` of its setting's name and mode, a function of
 the name alone, so ``powersgd rank=6 (post)`` is one colour in the per-iteration heatmap, the
 time-to-target one and any other figure gvq draws (a colour picked by a winner's index among one
-figure's winners gave one colour to different modes in two figures).  A tie is light grey.  The figure
+figure's winners gave one colour to different modes in two figures); its setting's marker
+(:func:`gvq.schema.palette.marker_of`) in the cell's corner and in the legend tells apart settings of one
+colour (``rar`` and ``ddp`` share their family's).  A tie is light grey.  The figure
 says what the number in a cell is (``caption``) and what ``=k`` is, and its legend holds every colour
 and the GradiVeQ-RAR = RAR line.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gvq.schema.palette import colour_of
+from gvq.schema.palette import colour_of, marker_of
 
 TIE = "tie within the seed spread"
 TIE_COLOUR = "lightgrey"
@@ -69,9 +71,9 @@ def plot(win: pd.DataFrame, model: str, path: Path, note: str = "", caption: str
     fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.4 + 0.14 * len(head) + 0.25 * rows),
                              squeeze=False)
     for ax, c in zip(axes[0], scales):
-        _panel(ax, win[win["compute_scale"] == c], tied, label, colours)
+        _panel(ax, win[win["compute_scale"] == c], tied, label, colours, modes)
         ax.set_title(f"{model}, compute x{c:.3g} (virtual-time terms)", fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in colours.values()]
+    handles = [_handle(plt, n, col, modes) for n, col in colours.items()]
     if head:                                  # wrapped: the baseline's line outruns a narrow figure
         fig.suptitle("\n".join(head), fontsize=7)
     edge = plt.Line2D([], [], color="k", path_effects=_halo())
@@ -79,6 +81,21 @@ def plot(win: pd.DataFrame, model: str, path: Path, note: str = "", caption: str
     fig.tight_layout(rect=(0, 0.02 + 0.05 * rows, 1, 1 - 0.03 * len(head)))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _marker(label: str, modes: bool) -> str | None:
+    """The marker of a cell's winner (a function of its setting's name), None for a tie."""
+    return None if label == TIE else marker_of(label_of(label, modes)[0])
+
+
+def _handle(plt, label: str, colour: str, modes: bool):
+    """A legend entry: the cell's colour with the winner's marker on it, as the cells draw them."""
+    square = plt.Rectangle((0, 0), 1, 1, color=colour)
+    marker = _marker(label, modes)
+    if marker is None:
+        return square
+    from matplotlib.colors import to_rgb
+    return (square, plt.Line2D([], [], ls="", marker=marker, ms=4, color=_ink(to_rgb(colour))))
 
 
 def _halo() -> list:
@@ -92,8 +109,8 @@ def _ink(rgb) -> str:
     return "white" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 0.5 else "black"
 
 
-def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict[str, str]) -> None:
-    """One compute scale's cells, their numbers, the GradiVeQ-RAR = RAR line and the axes."""
+def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict[str, str], modes: bool) -> None:
+    """One compute scale's cells, their numbers and markers, the GradiVeQ-RAR = RAR line and the axes."""
     from matplotlib.colors import to_rgb
     Ns, Bs = sorted(w["N"].unique()), sorted(w["link_bps"].unique())
     img = np.ones((len(Ns), len(Bs), 3))                  # white: a cell no winner was computed for
@@ -102,6 +119,8 @@ def _panel(ax, w: pd.DataFrame, tied: pd.Series, label: pd.Series, colours: dict
         img[i, j] = to_rgb(colours[label[k]])
         share = f"\n={len(tied[k].split(', ')) + 1}" if tied[k] else ""
         ax.text(j, i, f"{r['margin']:.1f}{share}", ha="center", va="center", fontsize=6, color=_ink(img[i, j]))
+        if _marker(label[k], modes):              # top left: clear of the number and of where a test samples
+            ax.plot(j - 0.32, i + 0.28, ls="", marker=_marker(label[k], modes), ms=3, color=_ink(img[i, j]))
     ax.imshow(img, aspect="auto", origin="lower", interpolation="nearest")
     gv = w.pivot(index="N", columns="link_bps", values="gradiveq_vs_rar").reindex(index=Ns, columns=Bs)
     if min(gv.shape) >= 2 and np.isfinite(gv.values).any():    # no GradiVeQ or RAR calibrated, one N: no line

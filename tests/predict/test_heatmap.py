@@ -11,7 +11,7 @@ import pytest
 
 from gvq.predict import __main__ as cli
 from gvq.predict import heatmap
-from gvq.schema.palette import colour_of
+from gvq.schema.palette import colour_of, marker_of
 
 
 def test_a_tied_cell_is_coloured_as_a_tie_and_a_winner_by_its_name_and_mode():
@@ -94,8 +94,9 @@ def test_each_mode_has_its_palette_colour_in_both_projection_heatmaps(calibrated
         assert "number in a cell" in fig.get_suptitle()
 
 
-def test_a_cells_number_reads_on_its_colour(tmp_path, monkeypatch):
-    """rar's family colour is black: its cells' numbers are white (black text on them could not be read)."""
+def test_a_cells_number_reads_on_its_colour_and_its_marker_tells_apart_settings_of_one_colour(tmp_path, monkeypatch):
+    """rar's family colour is black: its cells' numbers are white (black text on them could not be read);
+    ddp shares rar's colour, so each cell and legend entry carries its setting's marker too."""
     import matplotlib.pyplot as plt
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
@@ -104,3 +105,5 @@ def test_a_cells_number_reads_on_its_colour(tmp_path, monkeypatch):
     heatmap.plot(win, "m", tmp_path / "h.png", caption="number in a cell: a margin")
     (fig,) = kept
     assert [t.get_color() for t in fig.axes[0].texts] == ["black", "white"]
+    assert [ln.get_marker() for ln in fig.axes[0].lines] == [marker_of("qsgd bits=2"), marker_of("rar")]
+    assert colour_of("ddp") == colour_of("rar") and marker_of("ddp") != marker_of("rar")
