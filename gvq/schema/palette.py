@@ -20,7 +20,7 @@ import hashlib
 #: figure reads by family first.  A name not listed here is hashed onto :data:`SPARE`.
 FAMILY = {
     "rar": "#000000", "ddp": "#000000",
-    "fp16": "#7f7f7f", "ddp_fp16": "#7f7f7f",
+    "fp16": "#17becf", "ddp_fp16": "#17becf",      # not grey: a heatmap draws its ties light grey
     "qsgd": "#1f77b4",
     "powersgd": "#2ca02c", "ddp_powersgd": "#2ca02c",
     "gradiveq": "#d62728", "gradiveq_bf16": "#d62728", "gradiveq_pooled": "#d62728",
@@ -30,7 +30,7 @@ FAMILY = {
     "bingrad_b": "#ff7f0e", "bingrad_pb": "#ff7f0e",
     "linear": "#bcbd22",
 }
-SPARE = ("#17becf", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+SPARE = ("#7b4173", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 
 #: lightness steps a setting's pairs may take (0: the family's own colour, the option at its defaults)
 _SHADES = (0.0, 0.16, -0.12, 0.28, -0.22, 0.38, 0.08, -0.06)

@@ -29,3 +29,14 @@ def test_families_are_apart():
     fams = ["rar", "fp16", "qsgd", "powersgd", "gradiveq", "terngrad", "signsgd", "orq", "bingrad_b", "linear"]
     assert len({colour_of(f) for f in fams}) == len(fams)
     assert all(c.startswith("#") and len(c) == 7 for c in map(colour_of, fams))
+
+
+def test_no_setting_draws_the_grey_a_heatmap_gives_its_ties():
+    """A tie is light grey in the projection's heatmaps: no family's colour, in either mode, is a grey."""
+    import colorsys
+    for option in FAMILY:
+        for variant in ("post", "overlap"):
+            c = colour_of(option, variant)
+            r, g, b = (int(c[i:i + 2], 16) / 255 for i in (1, 3, 5))
+            lightness, saturation = colorsys.rgb_to_hls(r, g, b)[1:]
+            assert saturation > 0.2 or lightness < 0.45, (option, variant, c)
