@@ -30,8 +30,10 @@ ALLOWED = {
     "aggregators": {"comm", "compressors"},
     "schema": set(),                                  # the typed config: Hydra and OmegaConf only
     "hooks": {"schema", "aggregators", "comm", "compressors"},
-    "run": {"schema", "hooks", "aggregators", "comm", "compressors", "data", "models"},
-    "bench": {"run", "schema", "hooks", "aggregators", "comm", "compressors", "data", "models", "report"},
+    # a method (every_step, local SGD, DiLoCo) moves what it sends through an aggregator; the loop uses it
+    "methods": {"schema", "aggregators", "comm", "compressors"},
+    "run": {"schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models"},
+    "bench": {"run", "schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models", "report"},
     "analysis": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
     "predict": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
     "report": {"schema"},                             # run outputs and their declared columns, never the training code

@@ -251,19 +251,26 @@ class FlatAggregator(Aggregator):
         return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
 
-    def aggregate(self, iteration: int) -> dict:
-        """Replace every grad by the mean over ranks: the whole-model bucket, in the iteration frame the
-        hook runs its buckets in (:meth:`begin_iteration`, :meth:`end_iteration`); ``aggregate_s`` adds
-        flatten / unflatten and the end (a refit), not the untimed measurements."""
+    def average_vector(self, flat: torch.Tensor, iteration: int) -> dict:
+        """The whole-model vector ``flat`` averaged in place, in the iteration frame the hook runs its
+        buckets in (:meth:`begin_iteration`, :meth:`end_iteration`); ``aggregate_s`` adds the end (a
+        refit), not the untimed measurements."""
         self.begin_iteration(iteration)
-        t0 = clock.now()
-        flat = self.flatten()
-        t_flat = clock.now() - t0
         stats = self.average_bucket_(flat, self.everything, iteration)
         t0 = clock.now()
         end = self.end_iteration(iteration)
+        return {**stats, **end, "aggregate_s": stats["aggregate_s"] + clock.now() - t0}
+
+    def aggregate(self, iteration: int) -> dict:
+        """Replace every grad by the mean over ranks: the whole-model bucket through
+        :meth:`average_vector`; ``aggregate_s`` adds flatten / unflatten."""
+        t0 = clock.now()
+        flat = self.flatten()
+        t_flat = clock.now() - t0
+        stats = self.average_vector(flat, iteration)
+        t0 = clock.now()
         self.unflatten(flat)
-        return {**stats, **end, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0}
+        return {**stats, "aggregate_s": t_flat + stats["aggregate_s"] + clock.now() - t0}
 
     def close(self) -> None:
         p2p = self.__dict__.get("p2p")        # None: setup never ran

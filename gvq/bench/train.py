@@ -25,6 +25,7 @@ from gvq.bench.common import (build_model, check_net, clock_label, collections_u
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
+from gvq.methods.every_step import EveryStep
 from gvq.run import train
 from gvq.run.rows import reduce_row
 from gvq.schema import columns
@@ -80,6 +81,8 @@ class _Mode:
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
                 self.agg.prepare_benchmark([torch.zeros_like(p) for p in net.parameters()], args)
             net = self.agg.wrap(net)                   # torch DDP's wrapper; the model for the others
+            self.method = EveryStep()                  # the runner's default: the gradients every step
+            self.method.setup(list(net.parameters()), self.agg)
         self.net = net
         self.opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
@@ -102,7 +105,7 @@ class _Mode:
             # backward alone: the only span an overlapped aggregator's buckets can hide behind
             row = {"compute_s": t_end - t0, "backward_s": t_end - t_backward}
         else:                                          # the runner's own per-iteration path
-            row = train.step(self.net, self.opt, self.agg, x, y, it)
+            row = train.step(self.net, self.opt, self.agg, self.method, x, y, it)
             row = reduce_row(row)
         row["iter_s"] = clock.now() - t0
         return [float(row.get(k, 0.0)) for k in COLS]

@@ -23,7 +23,7 @@ except Exception:                                      # running from a bare che
 
 
 #: identity keys compared on resume, in the order a mismatch is reported (the version is only recorded)
-COMPARED = ("world_size", "aggregator", "model", "dataset", "optim", "num_classes", "in_channels")
+COMPARED = ("world_size", "aggregator", "model", "dataset", "optim", "method", "num_classes", "in_channels")
 
 
 class ResumeError(ValueError):
@@ -36,6 +36,7 @@ def identity(cfg: dict, aggregator: str, num_classes: int, in_channels: int, wor
         return json.dumps(node, sort_keys=True, default=str)
     return {"gvq_version": __version__, "world_size": int(world), "aggregator": str(aggregator),
             "model": as_text(cfg["model"]), "dataset": as_text(cfg["dataset"]), "optim": as_text(cfg["optim"]),
+            "method": as_text(cfg["method"]),
             "num_classes": int(num_classes), "in_channels": int(in_channels)}
 
 def _atomic_save(obj, path: Path) -> None:
@@ -128,13 +129,17 @@ def _check_rank_file(path: Path, iteration: int, ident: dict) -> None:
                           "from its set's complete.json: a mixed checkpoint set)")
 
 
-def restore(state: dict, model, opt, sched, agg) -> None:
+def restore(state: dict, model, opt, sched, agg, method) -> None:
+    """Every part of a rank's state back from its checkpoint file (the method's: DiLoCo's global copy and
+    outer momentum; saved by the loop beside the progress, ``state["method"]``)."""
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     if state["aggregator"]:
         agg.load_state_dict(state["aggregator"])
+    if state.get("method"):                          # older checkpoints (every_step then) have none
+        method.load_state_dict(state["method"])
 
 
 def previous_rows(resume_dir: str, before: int) -> list[dict]:

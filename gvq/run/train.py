@@ -1,12 +1,16 @@
 """One rank's training loop.  Started by :mod:`gvq.run.launch` (spawned, or as a torchrun rank).
 
-Each iteration: forward/backward on this rank's shard batch (``compute_s``), then
-``aggregator.aggregate`` replaces every gradient by the mean over ranks (``aggregate_s`` and its
-breakdown), then the optimizer steps.  With ``aggregator.overlap=true`` the aggregator is wrapped in
-:class:`gvq.hooks.Overlapped` (by :func:`gvq.hooks.builder.aggregator_from`, in :func:`build`): DDP +
-the gvq hook average the gradient bucket by bucket during backward, and ``aggregate`` reports what that
-cost.  Per-iteration times are the max over ranks, loss/accuracy the mean; rank 0 logs them.  At the end
-every rank's parameters are compared bitwise: replicas that drift apart fail the run.
+Each iteration: forward/backward on this rank's shard batch (``compute_s``), then the method
+(``method=``, :mod:`gvq.methods`) decides what is averaged: ``every_step`` has ``aggregator.aggregate``
+replace every gradient by the mean over ranks (``aggregate_s`` and its breakdown), then the optimizer
+steps; local SGD and DiLoCo step alone and average parameters or the pseudo-gradient at their syncs.
+With ``aggregator.overlap=true`` the aggregator is wrapped in :class:`gvq.hooks.Overlapped` (by
+:func:`gvq.hooks.builder.aggregator_from`, in :func:`build`): DDP + the gvq hook average the gradient
+bucket by bucket during backward, and ``aggregate`` reports what that cost.  Per-iteration times are the
+max over ranks, loss/accuracy the mean; rank 0 logs them.  At the end every rank's parameters are
+compared bitwise: replicas that drift apart fail the run.  Evaluation and that check see the method's
+synced parameters (DiLoCo: the global copy, as its users evaluate the outer model), whichever iteration
+they run at.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from gvq.aggregators.base import RunContext
 from gvq.comm import clock
 from gvq.data import iterate_batches
 from gvq.hooks.builder import aggregator_from
+from gvq.methods.base import Method
 from gvq.run import checkpoint, optim, restart
 from gvq.run.guards import (
     aggregated_overflow,
@@ -110,10 +115,19 @@ def at_point(iteration: int, point: str) -> None:
         callback(iteration, point)
 
 
-def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", clip_norm: float | None = None) -> dict:
+def build_method(cfg: dict, model, agg) -> Method:
+    """The run's ``method`` (conf/method/), bound to the parameters the aggregator averages."""
+    method = instantiate(cfg["method"])
+    method.setup(list(model.parameters()), agg)
+    return method
+
+
+def step(model, opt, agg, method: Method, x, y, it: int, nan_policy: str = "error",
+         clip_norm: float | None = None) -> dict:
     """One iteration's row; the ``aggregate`` point's callbacks run once the gradients are checked and
-    before they are averaged.  A language model's ``(B, T, V)`` logits are scored per token, as a CNN's
-    ``(B, C)`` per image.  ``clip_norm`` clips the averaged gradient (the same on every rank)."""
+    before the method averages anything (every_step: the gradients; a local step: nothing).  A language
+    model's ``(B, T, V)`` logits are scored per token, as a CNN's ``(B, C)`` per image.  ``clip_norm``
+    clips the averaged gradient (the same on every rank; a local step: this rank's own)."""
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
         out = model(x)
@@ -127,18 +141,18 @@ def step(model, opt, agg, x, y, it: int, nan_policy: str = "error", clip_norm: f
         opt.zero_grad(set_to_none=False)
         return {**row, **columns.skipped_row()}     # each column's declared value on a skipped step
     at_point(it, "aggregate")
-    stats = agg.aggregate(it)
+    stats = method.before_step(it)
     if agg.inside_backward:     # the wait backward already timed is aggregate_s's, not compute's
         row["compute_s"] -= agg.inside_compute_s
     # aggregators inside backward (torch DDP) were already checked aggregated, above: no second pass
-    if not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):
+    if method.averages_gradients(it) and not agg.inside_backward and aggregated_overflow(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
         return {**row, **stats, "skipped": 1, "phase": "skipped"}
     with clock.phase("compute"):
         if clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         opt.step()
-    return {**row, **stats}
+    return {**row, **stats, **method.after_step(it)}
 
 
 
@@ -182,18 +196,20 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
                     cfg["device"], net.get("comm_core", "shared"))
     data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
+    method = build_method(cfg, model, agg)
     mark(meta, "built")
     prog, old_rows = Progress(), []
     if resume:
         state = checkpoint.load(resume, rank, world)
-        checkpoint.restore(state, model, opt, sched, agg)
+        checkpoint.restore(state, model, opt, sched, agg, method)
         prog = Progress(**state["progress"])
         old_rows = checkpoint.previous_rows(resume, prog.start) if rank == 0 else []
     if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
     text = TEXT_FIELDS if data.bytes_per_token is not None else ()
     asked = ("aggregate_error",) if cfg["aggregate_error"] else ()     # its column: NaN where not measurable
-    runlog = RunLog(run_dir, ("skipped",) + tuple(agg.extra_fields) + text + asked, cfg, meta) if rank == 0 else None
+    fields = ("skipped",) + tuple(method.extra_fields) + tuple(agg.extra_fields) + text + asked
+    runlog = RunLog(run_dir, fields, cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True
     try:
@@ -201,7 +217,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             runlog.row(row, replay=True)
         if rank == 0:
             restart.rows_replayed(run_dir)
-        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg), runlog, prog,
+        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg, method), runlog, prog,
                         meta.get("identity") or {})
         failed = False
         return summary
@@ -241,7 +257,7 @@ def _progress_bar(cfg, runlog, agg, world, prog):
 
 
 def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict):
-    data, model, opt, sched, agg = parts
+    data, model, opt, sched, agg, method = parts
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
@@ -252,7 +268,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, agg, x, y, it, cfg["nan_policy"], cfg["optim"]["clip_norm"])
+        stats = step(model, opt, agg, method, x, y, it, cfg["nan_policy"], cfg["optim"]["clip_norm"])
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
@@ -260,7 +276,8 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         row.setdefault("phase", agg.name)
         row["clock"] = cfg["net"]["clock"]
         if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
-            prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
+            with method.synced_parameters(model):         # DiLoCo: the outer (global) parameters
+                prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
         text_metrics(row, data, y.numel() * world, row["wall_s"] - last_wall)
         last_wall = row["wall_s"]
@@ -280,13 +297,13 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         if every and (it + 1) % every == 0 and it + 1 < iters:
             state = {**vars(prog), "start": it + 1, "wall_offset": clock.now() - t0,
                      "real_wall_offset": time.perf_counter() - real0}
-            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg, {"progress": state}, ident,
-                            cfg["checkpoint"]["keep"])
+            checkpoint.save(run_dir, rank, it + 1, model, opt, sched, agg,
+                            {"progress": state, "method": method.state_dict()}, ident, cfg["checkpoint"]["keep"])
     if bar is not None:
         bar.close()
     if runlog is not None:
         mark(runlog.meta, "trained")
-    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data, method)
 
 
 #: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
@@ -317,8 +334,9 @@ def end_status(prog: Progress, iters: int, num_classes: int) -> dict:
     return {"status": "never_learned", "reason": reason} if reason else {"status": "completed"}
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg, data):
-    identical = replicas_identical(model)
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg, data, method):
+    with method.synced_parameters(model):        # between syncs only the synced parameters agree
+        identical = replicas_identical(model)
     lock = lock_given_up()
     if not identical:
         raise RuntimeError("replicas diverged: ranks hold different parameters after training")

@@ -45,6 +45,7 @@ def validate(cfg) -> None:
     _require(cfg.resume is None or bool(complete_sets(Path(cfg.resume) / "checkpoint")),
              f"resume={cfg.resume}: no complete checkpoint set there (checkpoint/iter-*/complete.json)")
     check_knobs(cfg)
+    check_method(cfg.method)
     _validate_optim(cfg.optim)
     net = cfg.net
     _require(net.bandwidth_bps is None or net.bandwidth_bps > 0,
@@ -64,6 +65,16 @@ def check_knobs(cfg) -> None:
     try:
         GradiVeQAggregator(GradiVeQ(lam=cfg["lambda"], K=cfg.K, s=cfg.s),
                            **knobs(GradiVeQAggregatorSchema, L_t=cfg.L_t, L_c=cfg.L_c, warmup=cfg.warmup))
+    except ValueError as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+
+
+def check_method(method) -> None:
+    """The method's ranges (``method.every=0``), by its constructor: one line before any rank starts."""
+    from hydra.utils import get_object
+    knobs = OmegaConf.to_container(method, resolve=True)
+    try:                                 # called as itself: instantiate() would wrap the ValueError
+        get_object(knobs.pop("_target_"))(**knobs)
     except ValueError as e:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
 

@@ -35,6 +35,8 @@ class Column:
     bench: bool = False    # a column of ``python -m gvq.bench train``
     wandb: str = ""        # its wandb key ("": time/<name> for seconds, comm/<name> for the rest)
     reading: bool = False  # a clock reading at the step's end, not an amount the step spent or sent
+    unsynced: object = NOT_WRITTEN  # its value on a step whose method synced nothing (local SGD, DiLoCo
+                                    # between syncs): the ranks stepped alone, nothing was sent
 
     @property
     def wandb_key(self) -> str:
@@ -45,18 +47,22 @@ COLUMNS = (
     Column("iteration", "", "rank0", "the step (0-based)", base=True),
     Column("epoch", "", "rank0", "passes over the training set so far", base=True, wandb="train/epoch"),
     Column("phase", "", "rank0", "the aggregator's phase (gradiveq: warmup | sample | compress; ddp: allreduce or "
-       "its hook's name; skipped)", skipped="skipped", base=True),
+       "its hook's name; skipped; local: the method synced nothing this step)", skipped="skipped", base=True,
+       unsynced="local"),
     Column("compute_s", "s", "max", "forward + backward + optimizer step, without waiting for the averaging "
        "(with torch DDP or gvq's hook, backward's wait for its last bucket is aggregate_s's)", base=True, bench=True),
     Column("aggregate_s", "s", "max", "what the rank waited, after its backward produced the last gradient, until "
        "every gradient was averaged (post-backward: the whole aggregation; inside backward: the exposed "
-       "communication), on either clock", skipped=0, base=True, bench=True),
+       "communication), on either clock", skipped=0, base=True, unsynced=0, bench=True),
     Column("compress_s", "s", "max", "encoding payloads (inside aggregate_s, or inside backward when overlapped)",
-       skipped=0, base=True),
-    Column("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True),
-    Column("wire_s", "s", "max", "blocked waiting for peers' messages (the link)", skipped=0, base=True, bench=True),
-    Column("stage_s", "s", "max", "GPU payloads copied through host memory (0 on CPU)", skipped=0, base=True),
-    Column("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, bench=True),
+       skipped=0, base=True, unsynced=0),
+    Column("decompress_s", "s", "max", "decoding payloads", skipped=0, base=True, unsynced=0),
+    Column("wire_s", "s", "max", "blocked waiting for peers' messages (the link)", skipped=0, base=True,
+       unsynced=0, bench=True),
+    Column("stage_s", "s", "max", "GPU payloads copied through host memory (0 on CPU)", skipped=0, base=True,
+       unsynced=0),
+    Column("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, unsynced=0,
+       bench=True),
     Column("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
        base=True, wandb="train/loss"),
     Column("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),
@@ -68,6 +74,10 @@ COLUMNS = (
     Column("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
     Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True, reading=True),
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
+    Column("synced", "", "rank0", "1 where the method synced in the step (averaged the gradients, the parameters "
+       "or DiLoCo's pseudo-gradient), 0 where every rank stepped alone (bytes_sent and aggregate_s 0); logged by "
+       "the methods that skip syncs (method=local_sgd, diloco): without the column every step synced",
+       skipped=0, unsynced=0),
     # text data sets (a language model)
     Column("test_bpb", "", "rank0", "test loss in bits per byte (evaluation rows only): test_loss / ln 2 / bytes per "
        "token", wandb="test/bpb"),
@@ -122,6 +132,11 @@ def reduced(kind: str, names) -> tuple[str, ...]:
 def skipped_row() -> dict:
     """What a step skipped by nan_policy=skip writes in the columns that have a value for it."""
     return {c.name: c.skipped for c in COLUMNS if c.skipped is not NOT_WRITTEN}
+
+
+def unsynced_row() -> dict:
+    """What a step whose method synced nothing writes in the columns that have a value for it."""
+    return {c.name: c.unsynced for c in COLUMNS if c.unsynced is not NOT_WRITTEN}
 
 
 def docs_table() -> str:

@@ -62,7 +62,7 @@ class LoggerSchema:
 KNOBS = ("lambda", "K", "s", "L_t", "L_c", "warmup")
 
 #: option groups whose options each name a schema of their own (``schema/<group>/<option>``)
-TYPED_GROUPS = ("aggregator", "model", "dataset", "optim", "net")
+TYPED_GROUPS = ("aggregator", "model", "dataset", "optim", "net", "method")
 
 
 def build_schema() -> Any:

@@ -1,5 +1,5 @@
-"""One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/``, ``optim/`` or
-``net/`` builds, stored by :func:`gvq.schema.config.register` as ``schema/<group>/<name>``.
+"""One dataclass schema per constructor an option file of ``aggregator/``, ``model/``, ``dataset/``, ``optim/``,
+``net/`` or ``method/`` builds, stored by :func:`gvq.schema.config.register` as ``schema/<group>/<name>``.
 
 Each option file names its schema first in its defaults list (``/schema/aggregator/qsgd@_here_``), so
 OmegaConf refuses a misspelt key (``aggregator.rnk=4``), an ill-typed value (``model.width=abc``) or a
@@ -355,6 +355,29 @@ class TextFileSchema(_TextWindows):
     test_fraction: float = 0.1
 
 
+# -- methods (what a rank does from "gradients computed" to "parameters updated": gvq/methods/) ------------
+
+
+@dataclass
+class EveryStepSchema:
+    _target_: str = "gvq.methods.every_step.EveryStep"
+
+
+@dataclass
+class LocalSGDSchema:
+    _target_: str = "gvq.methods.local_sgd.LocalSGD"
+    every: int = 4
+    start_iter: int = 0
+
+
+@dataclass
+class DiLoCoSchema:
+    _target_: str = "gvq.methods.diloco.DiLoCo"
+    every: int = 30
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+
 #: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``
 OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "rar"): RingAllReduceSchema,
@@ -381,6 +404,9 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("optim", "sgd"): SGDSchema,
     ("optim", "adamw"): AdamWSchema,
     ("net", "link"): NetSchema,
+    ("method", "every_step"): EveryStepSchema,
+    ("method", "local_sgd"): LocalSGDSchema,
+    ("method", "diloco"): DiLoCoSchema,
 }
 
 #: keyword arguments a constructor takes that no option file sets: supplied when it is built
