@@ -30,8 +30,13 @@ class Method:
     #: extra per-iteration CSV columns it reports (declared in gvq/schema/columns.py)
     extra_fields: tuple[str, ...] = ()
 
+    def check(self, agg: Aggregator) -> None:
+        """Raise a one-line ``ValueError`` if ``agg`` cannot move what this method sends (the launcher's
+        preflight calls it before any rank starts; :meth:`setup` again).  Default: any aggregator."""
+
     def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
         """Bind to this rank's parameters and the aggregator that moves what it sends."""
+        self.check(agg)
         self.agg = agg
 
     # -- the schedule ------------------------------------------------------------------------------------

@@ -34,10 +34,12 @@ class DiLoCo(Method):
             raise ValueError(f"method.outer_momentum={outer_momentum!r}: must be in [0, 1)")
         self.every, self.outer_lr, self.outer_momentum = every, float(outer_lr), float(outer_momentum)
 
-    def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
+    def check(self, agg: Aggregator) -> None:
         if agg.inside_backward or not agg.any_bucket:
             raise ValueError(f"method={self.name} averages a vector after the step; aggregator={agg.name} "
                              "averages only inside backward: pick a ring aggregator without overlap")
+
+    def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
         super().setup(params, agg)
         self.params = [p for p in params if p.requires_grad]
         if len({p.dtype for p in self.params}) > 1:

@@ -70,6 +70,10 @@ def preflight(cfg: DictConfig):
     except ConfigError as e:
         config_error(str(e))
     agg = _try_instantiate("aggregator", cfg.aggregator, build=aggregator_from)   # as the ranks build it
+    try:                               # what the method sends, the aggregator must be able to average
+        _try_instantiate("method", cfg.method).check(agg)
+    except ValueError as e:
+        config_error(str(e))
     plan = None
     if cfg.device == "cuda":           # nccl (a GPU per rank) | shared (gloo, host-staged) | one line
         try:                           # torch DDP's own collectives (not gvq's P2P) need a GPU per rank

@@ -59,3 +59,14 @@ def test_a_misspelt_method_key_is_one_line_from_the_cli_naming_it():
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(
         "gvq: config error: method.evry: unknown key; did you mean method.every?"), lines
+
+
+@pytest.mark.parametrize("aggregator", ["aggregator=ddp", "aggregator.overlap=true"])
+def test_a_method_the_aggregator_cannot_serve_is_refused_before_any_rank_starts(tmp_path, aggregator):
+    """DiLoCo and local SGD average a vector after the step: torch DDP, or any ring inside backward, cannot;
+    the launcher's preflight says so in one line (exit 2), nothing trains."""
+    r = cli_in_process("method=diloco", aggregator, "logger=csv", f"hydra.run.dir={tmp_path}/run")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines[-1].startswith("gvq: config error: method=diloco averages a vector after the step"), lines
+    assert not (tmp_path / "run" / "metrics.csv").exists()
