@@ -26,6 +26,11 @@ except Exception:                                      # running from a bare che
 COMPARED = ("world_size", "aggregator", "model", "dataset", "optim", "method", "num_classes", "in_channels")
 
 
+#: an identity key newer than some checkpoints, and what a checkpoint without it was written with (every
+#: run before methods existed averaged the gradients every step)
+ADDED_KEYS = {"method": '{"_target_": "gvq.methods.every_step.EveryStep"}'}
+
+
 class ResumeError(ValueError):
     """A checkpoint that does not belong to this run or cannot be read; its message is one line."""
 
@@ -107,9 +112,10 @@ def check_resume(resume_dir: str, ident: dict) -> None:
         raise ResumeError(f"resume={resume_dir}: {folder}/complete.json is not a gvq checkpoint record (no "
                           "identity: written by another tool)")
     for key in COMPARED:
-        if old.get(key) != ident[key]:
+        was = old.get(key, ADDED_KEYS.get(key))
+        if was != ident[key]:
             raise ResumeError(f"resume={resume_dir}: the checkpoint was written with "
-                              f"{key}={_clip_value(old.get(key))}, this run has {key}={_clip_value(ident[key])}")
+                              f"{key}={_clip_value(was)}, this run has {key}={_clip_value(ident[key])}")
     for r in range(ident["world_size"]):
         _check_rank_file(folder / f"rank{r}.pt", meta["iteration"], old)
 

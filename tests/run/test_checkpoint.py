@@ -141,6 +141,34 @@ def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
     assert meta["identity"]["aggregator"] == "rar" and meta["identity"]["gvq_version"]
 
 
+def _strip_method(run: Path) -> None:
+    """Make ``run``'s newest set look written before methods existed: no method in its identity or state."""
+    folder = _newest(run)
+    for name in ("complete.json", "../latest.json"):
+        meta = json.loads((folder / name).read_text())
+        del meta["identity"]["method"]
+        (folder / name).write_text(json.dumps(meta))
+    for path in folder.glob("rank*.pt"):
+        state = torch.load(path, weights_only=True)
+        del state["identity"]["method"], state["method"]
+        torch.save(state, path)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_before_methods_resumes_as_every_step_only(rar_checkpoint, tmp_path):
+    """A set without the method in its identity was written by every_step: it resumes as that, and a run of
+    another method is refused in one line naming it."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(rar_checkpoint, copy)
+    _strip_method(copy)
+    code, summary = launch_job(tmp_path / "r", *COMMON, "aggregator=rar", "iterations=8", f"resume={copy}")
+    assert code == 0, summary
+    new = tmp_path / "new"
+    r = cli_in_process(*COMMON, "aggregator=rar", "method=diloco", f"resume={copy}", f"hydra.run.dir={new}")
+    _refused(r, new, f"resume={copy}", "EveryStep", "method=", "DiLoCo")
+
+
 # Bitwise resume for every conf/aggregator option, post-backward and overlapped, is a contract of
 # tests/aggregators/test_every_aggregator.py (test_resume_is_bitwise): one group of ranks runs them all.
 
