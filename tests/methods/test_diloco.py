@@ -168,3 +168,17 @@ def test_any_ring_aggregator_averages_the_pseudo_gradient(compose_cfg, tmp_path)
         assert (d.bytes_sent[d.synced == 0] == 0).all() and (d.bytes_sent[d.synced == 1] > 0).all(), name
         assert d.bytes_sent.max() <= rar and d.train_loss.notna().all(), name
     assert df["fp16"].bytes_sent.max() == pytest.approx(rar / 2, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_at_a_sync_restarts_from_mid_period_and_loses_nothing(tmp_path):
+    """restarts=K with DiLoCo: rank 1 dies inside the sync of iteration 7 (H = 4); every rank restarts from
+    the set written after iteration 5, mid-period, and the rows equal the uninterrupted run's (times aside)."""
+    run = ["method=diloco", "method.every=4", "iterations=12", "eval_every=4", "checkpoint.every=6", *SMALL,
+           "aggregator._target_=tests.helpers.faulty.FailAt", "+aggregator.how=exit", "+aggregator.once=true"]
+    code, summary = launch_job(tmp_path / "full", *run, "+aggregator.at=999")
+    assert code == 0, summary
+    code, summary = launch_job(tmp_path / "killed", *run, "+aggregator.at=7", "restarts=1")
+    assert code == 0 and summary["restarts"] == 1 and summary["resumed_from"] == [6], summary
+    a, b = (pd.read_csv(tmp_path / r / "metrics.csv").drop(columns=TIMES, errors="ignore") for r in ("full", "killed"))
+    pd.testing.assert_frame_equal(a, b)
