@@ -43,6 +43,19 @@ class Run:
         return canonical_name(self.aggregator, [o for o in self.overrides if not _inert(o, self)])
 
     @property
+    def method(self) -> str:
+        """Its ``method=`` and the ``method.*`` knobs it was given (``diloco every=30``); "" for the default,
+        ``every_step``: a setting's name with the method it trained under, as the report labels it."""
+        chosen = next((o.split("=", 1)[1] for o in reversed(self.overrides) if o.startswith("method=")), "")
+        knobs = sorted(o[len("method."):] for o in self.overrides if o.startswith("method."))
+        return " ".join([chosen or "every_step", *knobs]) if chosen not in ("", "every_step") or knobs else ""
+
+    @property
+    def named(self) -> str:
+        """:attr:`setting`, then :attr:`method` where it is not the default: what a figure colours."""
+        return " ".join(filter(None, (self.setting, self.method)))
+
+    @property
     def variant(self) -> str:
         """How it reduced its gradients: ``overlap`` (inside backward, ``aggregator.overlap``) or ``post``."""
         return "overlap" if (self.config.get("aggregator") or {}).get("overlap") else "post"
@@ -197,19 +210,19 @@ AT_CHANCE = ("collapsed", "never_learned")
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """One setting (:attr:`Run.setting`), the same other overrides (minus seed, logging and inert knobs)
+    """One setting under one method (:attr:`Run.named`), the same other overrides (minus seed, logging and inert knobs)
     and the same status => one group.  A label is the setting's whole name, then the other overrides
     that differ between groups: a value that names the setting is never dropped for being shared."""
     keyed: dict[tuple, list[Run]] = {}
     for r in runs:
         rest = tuple(sorted(o for o in r.overrides if not o.startswith(NOT_A_SETTING) and not _inert(o, r)
-                            and not _names_setting(o)))
-        keyed.setdefault((r.setting, rest, r.aggregator, finished(r.status)), []).append(r)
+                            and not _names_setting(o) and not o.startswith("method")))
+        keyed.setdefault((r.named, rest, r.aggregator, finished(r.status)), []).append(r)
     common = set.intersection(*(set(k[1]) for k in keyed)) if keyed else set()
     groups = []
-    for (setting, rest, agg, status), members in keyed.items():
-        label = " ".join([setting, *(short(o) for o in rest if o not in common)])
-        groups.append(Group(label, (setting, rest, agg, status), members))
+    for (named, rest, agg, status), members in keyed.items():
+        label = " ".join([named, *(short(o) for o in rest if o not in common)])
+        groups.append(Group(label, (named, rest, agg, status), members))
     order = {"completed": 0, "failed": 1, "incomplete": 2}
     return sorted(groups, key=lambda g: (order.get(g.status, 3), g.aggregator != "rar", g.label))
 

@@ -97,7 +97,7 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
         reasons = list(dict.fromkeys(r.reason for r in g.runs if r.reason))     # distinct, the first seed's first
         done = g.status == "completed"
         rows.append({
-            "group": g.label, "aggregator": g.aggregator, "setting_name": g.runs[0].setting,
+            "group": g.label, "aggregator": g.aggregator, "setting_name": g.runs[0].named,
             "variant": g.runs[0].variant, "runs": len(g.runs), "status": g.status,
             "run_status": run_statuses(g.runs), "collapsed": g.collapsed,
             "clock": g.clock,

@@ -296,6 +296,9 @@ def check_setting(runs: list[Run], setting: dict) -> None:
     rank, QSGD's bits) are in its name, which each run is matched by (``bench_seconds``)."""
     import yaml
     for r in runs:
+        if r.method:          # the bench times a sync every step: another method's seconds are not those
+            raise ReportError(f"{r.path}: method={r.method.split(' ')[0]}: gvq.bench overlap times a sync every "
+                              "step, so only method=every_step runs are priced by it")
         wanted = overrides_for(r.aggregator, setting.get("set", []))
         mismatch = [] if r.config.get("batch_size") == setting["batch_per_rank"] else [
             f"batch_size={r.config.get('batch_size')} (bench: {setting['batch_per_rank']})"]

@@ -82,3 +82,22 @@ def test_a_groups_label_carries_every_value_off_the_options_defaults(tmp_path):
                        + runs("qsgd", "aggregator.overlap=true", overlap=True))
     assert sorted((g.label, len(g.runs)) for g in mixed) == [("qsgd", 2), ("qsgd overlap=true", 2)]
     assert {r.setting for g in mixed for r in g.runs} == {"qsgd"}
+
+
+def test_a_method_other_than_every_step_is_in_the_label_even_when_every_run_shares_it(tmp_path):
+    """A report of DiLoCo runs alone says DiLoCo (and its period); beside every-step runs of the same
+    aggregator they are two groups, coloured apart; tta refuses to price them at the bench's every-step
+    seconds."""
+    from gvq.report.runs import Run
+    from gvq.report.tta import ReportError, check_setting
+
+    def run(i, *extra):
+        return Run(tmp_path / str(i), "completed", "", "rar", ["aggregator=rar", *extra, f"seed={i}"],
+                   {"batch_size": 16}, None)
+    diloco = [run(i, "method=diloco", "method.every=30") for i in (0, 1)]
+    assert [g.label for g in group_runs(diloco)] == ["rar diloco every=30"]
+    both = group_runs(diloco + [run(2), run(3, "method=every_step")])
+    assert sorted((g.label, len(g.runs)) for g in both) == [("rar", 2), ("rar diloco every=30", 2)]
+    with pytest.raises(ReportError, match="method=diloco"):
+        check_setting(diloco, {"batch_per_rank": 16, "set": []})
+    check_setting([run(4)], {"batch_per_rank": 16, "set": []})
