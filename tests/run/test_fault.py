@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from gvq.aggregators.base import Aggregator
+from gvq.methods.every_step import EveryStep
 from gvq.run import fault, train
 from gvq.run.fault import Kill, Kills
 from tests.helpers.launch import launch_job
@@ -73,7 +74,9 @@ def test_an_aggregate_kill_comes_between_backward_and_the_averaging_and_nothing_
     dist.init_process_group("gloo", init_method=(tmp_path / "rdv").as_uri(), rank=0, world_size=1)
     train.ITERATION_CALLBACKS.append(kills.at)                          # as fault.install attaches them
     try:
-        rows = [train.step(model, opt, Toy(), x, y, it) for it in (1, 2)]
+        toy, method = Toy(), EveryStep()
+        method.setup(list(model.parameters()), toy)                     # the default: gradients every step
+        rows = [train.step(model, opt, toy, method, x, y, it) for it in (1, 2)]
     finally:
         train.ITERATION_CALLBACKS.remove(kills.at)
         dist.destroy_process_group()

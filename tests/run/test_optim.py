@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from gvq.methods.every_step import EveryStep
 from gvq.models import GPT
 from gvq.run import optim
 from gvq.run.train import lr_lambda, step
@@ -63,6 +64,13 @@ class _Doubling:
         return {}
 
 
+def _every_step(model, agg):
+    """``agg`` and the default method bound to it: the gradients averaged every step."""
+    method = EveryStep()
+    method.setup(list(model.parameters()), agg)
+    return agg, method
+
+
 def test_clipping_applies_to_the_averaged_gradient(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
     try:
@@ -71,11 +79,11 @@ def test_clipping_applies_to_the_averaged_gradient(tmp_path):
         before = model.weight.detach().clone()
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
-        step(model, opt, _Doubling(model), x, y, 0, clip_norm=1e-3)
+        step(model, opt, *_every_step(model, _Doubling(model)), x, y, 0, clip_norm=1e-3)
         moved = (before - model.weight.detach()).norm()
         assert moved == pytest.approx(1e-3, rel=1e-4)           # clipped after doubling: exactly the norm
         model.weight.data.copy_(before)
-        step(model, opt, _Doubling(model), x, y, 1, clip_norm=None)
+        step(model, opt, *_every_step(model, _Doubling(model)), x, y, 1, clip_norm=None)
         assert (before - model.weight.detach()).norm() > 1e-2              # unclipped: the doubled gradient
     finally:
         dist.destroy_process_group()
