@@ -141,7 +141,12 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
     finally:
         _stop(p)
     summary = json.loads((run / "summary.json").read_text())    # written by rank 0 on its way out
-    assert summary["status"] == "interrupted" and "SIGTERM" in summary["reason"]
+    # every rank gets SIGTERM at once; on a busy host rank 1 can be gone before rank 0's handler runs, and
+    # rank 0 then records the lost peer first (signals_deferred holds its own SIGTERM while it records):
+    # either is a true account of how the run ended, and a summary is there either way
+    interrupted = summary["status"] == "interrupted" and "SIGTERM" in summary["reason"]
+    peer_first = summary["status"] == "failed" and "peer" in summary["reason"].lower()
+    assert interrupted or peer_first, summary
     assert summary["last_iteration"] >= 4
 
 
