@@ -23,6 +23,7 @@ from gvq.bench import Progress
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
                               print_markdown, setting_name, spawn_loopback)
 from gvq.comm import clock
+from gvq.comm.group import process_group
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
 from gvq.run.logs import write_json_atomic
@@ -83,28 +84,30 @@ BASELINES = ("rar", "fp16", "qsgd")   # speed-up columns against each of these t
 def aggregation_rank(rank, args, init, out):
     torch.set_num_threads(1)
     configure_clock(args.net)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
-                            timeout=timedelta(seconds=args.timeout))
-    try:
-        gen = torch.Generator().manual_seed(1000 + rank)
-        shapes = model_shapes(args.model, args.num_classes)
-        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-        grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency)
-        records = []
-        for name in args.aggregators:
-            if name == "allreduce" and (args.bandwidth or args.net["clock"] == "virtual"):
-                continue                      # gloo's collective cannot be shaped in-process, nor timed virtually
-            agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
-            timed = time_aggregator(agg, params, grads, ctx, args)
-            records.append({"aggregator": name, "setting": setting_name(name, args.set),
-                             **{k: v for k, v in timed.items() if k != "aggregator"}})
-        if rank == 0:
-            write_json_atomic(out, records, indent=None)
-    finally:
-        dist.destroy_process_group()
+    with process_group("gloo", init_method=init, rank=rank, world_size=args.world_size,
+                timeout=timedelta(seconds=args.timeout)):
+        _time_aggregators(rank, args, out)
+
+
+def _time_aggregators(rank: int, args, out: str) -> None:
+    """Every aggregator timed on this rank on the model's shapes; rank 0 writes the records."""
+    gen = torch.Generator().manual_seed(1000 + rank)
+    shapes = model_shapes(args.model, args.num_classes)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency)
+    records = []
+    for name in args.aggregators:
+        if name == "allreduce" and (args.bandwidth or args.net["clock"] == "virtual"):
+            continue                      # gloo's collective cannot be shaped in-process, nor timed virtually
+        agg = AllReduceRef() if name == "allreduce" else make_aggregator(name, args.set)
+        timed = time_aggregator(agg, params, grads, ctx, args)
+        records.append({"aggregator": name, "setting": setting_name(name, args.set),
+                         **{k: v for k, v in timed.items() if k != "aggregator"}})
+    if rank == 0:
+        write_json_atomic(out, records, indent=None)
 
 
 def run_aggregation(args) -> list[dict]:

@@ -25,6 +25,7 @@ from gvq.bench.common import (build_model, check_net, clock_label, collections_u
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
+from gvq.comm.group import process_group
 from gvq.methods.every_step import EveryStep
 from gvq.run import train
 from gvq.run.rows import reduce_row
@@ -138,23 +139,27 @@ def iteration_rank(rank: int, world: int, args, init: str, out: str) -> None:
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     configure_clock(args.net, device.type)
-    dist.init_process_group(group_backend(args.plan), init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout))
-    try:
-        shape = input_shape(args)
-        modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
-        warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
-        g = torch.Generator().manual_seed(rank)
-        x, y = (t.to(device) for t in synthetic_batch(args.batch_size, shape, args.num_classes, g))
-        rows = time_rounds(modes, x, y, warmup, args.iters)
-        for m in modes:
-            if m.agg is not None:
-                m.agg.close()
-        lock = train.lock_given_up()                   # virtual: were phases timed with co-runners?
-        if rank == 0:
-            Path(out).write_text(json.dumps({"warmup": warmup, "rows": rows, **lock}))
-    finally:
-        dist.destroy_process_group()
+    with process_group(group_backend(args.plan), init_method=init, rank=rank, world_size=world,
+                timeout=timedelta(seconds=args.timeout)):
+        _time_modes(rank, args, device, out)
+
+
+def _time_modes(rank: int, args, device: torch.device, out: str) -> None:
+    """Every mode timed on this rank; rank 0 writes the rows.  The modes (DDP models among them) are
+    freed when it returns, inside the group (:mod:`gvq.comm.group`)."""
+    world = dist.get_world_size()
+    shape = input_shape(args)
+    modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
+    warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
+    g = torch.Generator().manual_seed(rank)
+    x, y = (t.to(device) for t in synthetic_batch(args.batch_size, shape, args.num_classes, g))
+    rows = time_rounds(modes, x, y, warmup, args.iters)
+    for m in modes:
+        if m.agg is not None:
+            m.agg.close()
+    lock = train.lock_given_up()                   # virtual: were phases timed with co-runners?
+    if rank == 0:
+        Path(out).write_text(json.dumps({"warmup": warmup, "rows": rows, **lock}))
 
 
 def summarize_iterations(raw: dict, args, world: int, link: str, rate_bps: float | None = None) -> list[dict]:

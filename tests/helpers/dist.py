@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from gvq.comm.group import process_group
 import torch.multiprocessing as mp
 
 from gvq.run.warm import PRELOAD, adopt_environment, start_fork_server, start_method
@@ -35,13 +35,8 @@ def start_test_fork_server() -> str:
 def _entry(rank, fn, world, init, out_dir, env, args):
     adopt_environment(env)             # the caller's environment now, not the fork server's at its start
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    try:
-        result = fn(rank, world, *args)
-        torch.save(result, Path(out_dir) / f"{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    with process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60)):
+        torch.save(fn(rank, world, *args), Path(out_dir) / f"{rank}.pt")
 
 
 def run_ranks(fn, world: int, tmp_path, *args, timeout: float = 120.0) -> list:
