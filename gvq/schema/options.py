@@ -16,6 +16,8 @@ import enum
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, List, Optional
 
+from gvq.schema.methods import METHOD_SCHEMAS
+
 # -- choices -----------------------------------------------------------------------------------------
 
 
@@ -355,29 +357,6 @@ class TextFileSchema(_TextWindows):
     test_fraction: float = 0.1
 
 
-# -- methods (what a rank does from "gradients computed" to "parameters updated": gvq/methods/) ------------
-
-
-@dataclass
-class EveryStepSchema:
-    _target_: str = "gvq.methods.every_step.EveryStep"
-
-
-@dataclass
-class LocalSGDSchema:
-    _target_: str = "gvq.methods.local_sgd.LocalSGD"
-    every: int = 4
-    start_iter: int = 0
-
-
-@dataclass
-class DiLoCoSchema:
-    _target_: str = "gvq.methods.diloco.DiLoCo"
-    every: int = 30
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-
-
 #: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``
 OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "rar"): RingAllReduceSchema,
@@ -404,9 +383,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("optim", "sgd"): SGDSchema,
     ("optim", "adamw"): AdamWSchema,
     ("net", "link"): NetSchema,
-    ("method", "every_step"): EveryStepSchema,
-    ("method", "local_sgd"): LocalSGDSchema,
-    ("method", "diloco"): DiLoCoSchema,
+    **METHOD_SCHEMAS,
 }
 
 #: keyword arguments a constructor takes that no option file sets: supplied when it is built

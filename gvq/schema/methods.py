@@ -1,0 +1,35 @@
+"""The schemas of ``conf/method/`` (what a rank does from "gradients computed" to "parameters updated":
+gvq/methods/), merged into :data:`gvq.schema.options.OPTION_SCHEMAS`.  A new method adds its dataclass and
+its entry here; what each value means is said in its option file.  No torch here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EveryStepSchema:
+    _target_: str = "gvq.methods.every_step.EveryStep"
+
+
+@dataclass
+class LocalSGDSchema:
+    _target_: str = "gvq.methods.local_sgd.LocalSGD"
+    every: int = 4
+    start_iter: int = 0
+
+
+@dataclass
+class DiLoCoSchema:
+    _target_: str = "gvq.methods.diloco.DiLoCo"
+    every: int = 30
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+
+#: ("method", option) -> dataclass
+METHOD_SCHEMAS: dict[tuple[str, str], type] = {
+    ("method", "every_step"): EveryStepSchema,
+    ("method", "local_sgd"): LocalSGDSchema,
+    ("method", "diloco"): DiLoCoSchema,
+}
