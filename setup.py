@@ -5,5 +5,7 @@ from setuptools import find_namespace_packages, find_packages, setup
 
 CONF = ["gvq.conf", *(f"gvq.conf.{group}" for group in find_namespace_packages("conf"))]   # aggregator, ...
 
-setup(packages=[*find_packages(include=["gvq*"]), *CONF], package_dir={"gvq.conf": "conf"},
+PLUGINS = ["hydra_plugins.gvq_sweeper"]    # Hydra loads plugins from the hydra_plugins namespace only
+
+setup(packages=[*find_packages(include=["gvq*"]), *CONF, *PLUGINS], package_dir={"gvq.conf": "conf"},
       package_data={package: ["*.yaml"] for package in CONF})

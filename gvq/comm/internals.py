@@ -25,6 +25,14 @@ TORCH_FIRST_STEP_MODULE = "torch._dynamo"
 HYDRA_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
+def hydra_basic_sweeper() -> type:
+    """Hydra's basic sweeper class (``hydra._internal``): gvq's sweeper (hydra_plugins/gvq_sweeper) is it
+    with fewer jobs, and Hydra exposes no public base that expands ``-m`` overrides."""
+    import importlib
+    module, _, name = HYDRA_BASIC_SWEEPER.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def ddp_first_bucket_bytes() -> int:
     """The size of the small first bucket DDP makes when no ``bucket_cap_mb`` is given
     (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``): the cost model buckets a model as DDP does, and

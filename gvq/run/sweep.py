@@ -7,9 +7,13 @@ before its sweeper saves ``multirun.yaml``.  Its jobs are expanded as Hydra's ba
 (the cartesian product of every override's values, ``hydra.sweeper.params`` first), composed with
 :func:`hydra.compose` and checked by :func:`gvq.run.validate.validate`; the first refused job ends the sweep
 in one line (:class:`gvq.run.errors.ConfigRefused`, a ``BaseException``: Hydra's callback runner does
-not swallow it).  A key one aggregator family has and another lacks (``aggregator=rar,qsgd
-aggregator.compressor.bits=2,4``: rar has no compressor) gets a line that says so and how to sweep across
-families: one sweep per family, reported together (docs/knobs.md, "Sweeps across families").
+not swallow it).
+
+A key one option of a group has and another option swept beside it lacks applies to the jobs whose
+option has it (:func:`applicable_jobs`: ``-m method=every_step,diloco method.every=10,30,100`` is every_step
+once and diloco three times; ``aggregator=rar,qsgd aggregator.compressor.bits=2,4`` is rar once and qsgd
+twice).  gvq's sweeper (hydra_plugins/gvq_sweeper, the default ``hydra/sweeper``) runs those jobs, and this
+check mirrors it.  A key no option of the sweep has is still refused, naming it.
 """
 from __future__ import annotations
 
@@ -29,13 +33,11 @@ from gvq.schema.errors import ConfigError, describe
 #: the sweeper whose expansion :func:`sweep_jobs` mirrors; another sweeper (optuna, ax) draws its jobs
 #: as it goes, so there is nothing to check up front
 BASIC_SWEEPER = HYDRA_BASIC_SWEEPER
+#: gvq's own (the default): the basic sweeper's product, less the overrides a job's option lacks
+GVQ_SWEEPER = "hydra_plugins.gvq_sweeper.gvq_sweeper.GvqSweeper"
+SWEEPERS = (BASIC_SWEEPER, GVQ_SWEEPER)
 #: what composing a job raises for a bad override (gvq.run.errors catches the same for a single run)
 COMPOSE_ERRORS = (ConfigCompositionException, MissingConfigException, OverrideParseException, OmegaConfBaseException)
-CROSS_FAMILY = ("a -m sweep gives every job every override, so sweep each family on its own and report them "
-                "together: python cli.py -m aggregator=qsgd aggregator.compressor.bits=2,4 "
-                "hydra.sweep.dir=DIR/qsgd; python cli.py -m aggregator=rar hydra.sweep.dir=DIR/rar; "
-                "python -m gvq.report DIR (docs/knobs.md: sweeps across families)")
-
 
 def sweep_jobs(arguments: list[str]) -> list[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper forms them: every value of a swept key crossed with
@@ -52,31 +54,65 @@ def sweep_jobs(arguments: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*lists.values())]
 
 
-def _failed_key(e: BaseException) -> str | None:
-    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
-    return str(cause.full_key) if isinstance(cause, OmegaConfBaseException) and cause.full_key else None
+def _option_has(group: str, option: str, path: str) -> bool:
+    """Whether ``group=option`` composes a ``group.path`` key (its schema's, nested ones included)."""
+    from gvq.schema.compose import compose
+    try:
+        cfg = compose([f"{group}={option}"])
+    except ConfigError:
+        return True                    # not composable alone: keep the override, the job's check refuses it
+    return OmegaConf.select(cfg, f"{group}.{path}", default=_ABSENT) is not _ABSENT
+
+
+_ABSENT = object()
+
+
+def _split(override: str) -> tuple[str, str, str]:
+    """``group.path=value`` as (group, path, override); ("", "", override) for any other override."""
+    key = override.split("=", 1)[0]
+    group, dot, path = key.partition(".")
+    return (group, path, override) if dot and group.isidentifier() else ("", "", override)
+
+
+def applicable_jobs(jobs: list[list[str]], choices: dict[str, str]) -> list[list[str]]:
+    """``jobs`` with each ``group.key=value`` override dropped from the jobs whose ``group`` option lacks
+    the key while another option of ``group`` in the sweep has it; jobs left equal run once, in order.
+    ``choices``: each group's option where a job does not name one (the composed defaults)."""
+    def option(job, group):
+        return next((o.split("=", 1)[1] for o in job if o.split("=", 1)[0] == group), choices.get(group))
+    swept: dict[str, set] = {}
+    for job in jobs:
+        for group, path, _ in map(_split, job):
+            if path and option(job, group) is not None:
+                swept.setdefault(group, set()).update(option(j, group) for j in jobs)
+    out: list[list[str]] = []
+    for job in jobs:
+        kept = [o for group, path, o in map(_split, job)
+                if not path or group not in swept or _option_has(group, option(job, group), path)
+                or not any(_option_has(group, other, path) for other in swept[group])]
+        if kept not in out:
+            out.append(kept)
+    return out
 
 
 def job_line(job: list[str], e: BaseException) -> str:
-    """The refusal of one job: which job, the key at fault, and, where an aggregator option lacks a key
-    another option of the sweep has, that it lacks it and how to sweep across families."""
-    line, key = describe(e), _failed_key(e)
-    option = next((o.split("=", 1)[1] for o in job if o.startswith("aggregator=")), None)
-    if option and key and key.startswith("aggregator."):
-        return f"sweep job [{' '.join(job)}]: aggregator={option} has no {key} ({line}); {CROSS_FAMILY}"
-    return f"sweep job [{' '.join(job)}]: {line}"
+    """The refusal of one job: which job, and the key at fault (no option of the sweep has it)."""
+    return f"sweep job [{' '.join(job)}]: {describe(e)}"
 
 
 def check_sweep(config: DictConfig, config_name: str | None) -> None:
     """Compose and validate every job of the sweep ``config`` (the multirun's composed config) describes;
     raise :class:`gvq.run.errors.ConfigRefused` at the first refused one."""
     from gvq.run.validate import validate
-    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+    if OmegaConf.select(config, "hydra.sweeper._target_") not in SWEEPERS:
         return
     params = config.hydra.sweeper.params
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
-    for job in sweep_jobs([f"{k}={v}" for k, v in params.items()] + list(task)):
+    jobs = sweep_jobs([f"{k}={v}" for k, v in params.items()] + list(task))
+    if OmegaConf.select(config, "hydra.sweeper._target_") == GVQ_SWEEPER:
+        jobs = applicable_jobs(jobs, dict(config.hydra.runtime.choices))
+    for job in jobs:
         try:
             validate(compose(config_name, overrides=job))
         except ConfigError as e:

@@ -95,6 +95,9 @@ def test_hydras_basic_sweeper_is_where_gvq_names_it():
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", return_hydra_config=True, overrides=["hydra/sweeper=basic"])
     assert cfg.hydra.sweeper._target_ == internals.HYDRA_BASIC_SWEEPER
+    from hydra.plugins.sweeper import Sweeper
+    base = internals.hydra_basic_sweeper()         # gvq's sweeper extends it: what it overrides still exists
+    assert issubclass(base, Sweeper) and callable(base.split_arguments) and callable(base.sweep)
 
 
 #: a private name reached through torch, the standard library, OmegaConf or Hydra: ``dist._X``,

@@ -4,24 +4,52 @@ from __future__ import annotations
 
 import itertools
 
-from gvq.run.sweep import sweep_jobs
+from gvq.run.sweep import applicable_jobs, sweep_jobs
 from tests.helpers.cli import cli, cli_in_process
 
 
-def test_a_sweep_crossing_a_family_key_with_a_family_that_lacks_it_is_refused_leaving_nothing(tmp_path):
-    """The new user's sweep: rar has no compressor. Refused before Hydra makes the sweep dir (it used to
-    leave one holding only multirun.yaml, which the report then took for the latest sweep), in one line
-    that names the job, the key rar lacks, and the way to sweep across families."""
+def test_a_method_sweep_runs_each_key_on_the_methods_that_have_it(tmp_path):
+    """The issue's sweep: every_step has no ``every``, so it runs once; diloco once per value; the check
+    before the first job composes exactly the jobs the sweeper runs."""
     sweep = tmp_path / "sweep"
-    r = cli("-m", "aggregator=qsgd,rar", "aggregator.compressor.bits=2,4", "iterations=2", "eval_every=2",
+    r = cli_in_process("-m", "method=every_step,diloco", "method.every=2,3", "iterations=2", "eval_every=2",
+                       "logger=csv", "logger.progress=false", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    ran = sorted(yaml_overrides(d) for d in sweep.iterdir() if d.is_dir())
+    assert ran == [["method=diloco", "method.every=2"], ["method=diloco", "method.every=3"], ["method=every_step"]]
+
+
+def yaml_overrides(job_dir):
+    import yaml
+    task = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text())
+    return [o for o in task if o.startswith("method")]
+
+
+def test_a_key_applies_to_the_swept_options_that_have_it_nested_keys_too():
+    choices = {"aggregator": "rar", "method": "every_step"}
+    jobs = sweep_jobs(["aggregator=rar,qsgd,fp16", "aggregator.compressor.bits=2,4", "seed=0"])
+    assert applicable_jobs(jobs, choices) == [
+        ["aggregator=rar", "seed=0"],                                  # rar has no compressor
+        ["aggregator=qsgd", "aggregator.compressor.bits=2", "seed=0"],
+        ["aggregator=qsgd", "aggregator.compressor.bits=4", "seed=0"],
+        ["aggregator=fp16", "seed=0"]]                                 # fp16's compressor has no bits
+    # the default option where a job names none: every_step (the composed default) lacks every
+    jobs = sweep_jobs(["method.every=2,3", "seed=0,1"])
+    assert applicable_jobs(jobs, choices) == jobs                     # no option of the sweep has it: kept
+    assert applicable_jobs(sweep_jobs(["method=diloco,every_step", "method.every=2"]), choices) == [
+        ["method=diloco", "method.every=2"], ["method=every_step"]]
+
+
+def test_a_key_no_swept_option_has_is_refused_in_one_line_naming_the_job_leaving_nothing(tmp_path):
+    """A misspelt key is never dropped: no option of the sweep has it, so its job is refused."""
+    sweep = tmp_path / "sweep"
+    r = cli("-m", "aggregator=qsgd,rar", "aggregator.compressor.bitz=2,4", "iterations=2", "eval_every=2",
             "logger=csv", "logger.progress=false", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gvq: config error:")]
     assert len(lines) == 1, r.stderr[-2000:]
-    line = lines[0]
-    assert "[aggregator=rar aggregator.compressor.bits=2" in line
-    assert "aggregator=rar has no aggregator.compressor" in line
-    assert "sweep each family on its own" in line and "hydra.sweep.dir=DIR/rar" in line and "gvq.report DIR" in line
+    assert "sweep job [aggregator=qsgd aggregator.compressor.bitz=2" in lines[0]
+    assert "did you mean aggregator.compressor.bits" in lines[0]
     assert not sweep.exists() and not tmp_path.joinpath("runs").exists()
 
 
