@@ -1,26 +1,12 @@
-"""``hydra/sweeper=gvq`` (the default in conf/hydra/default.yaml): Hydra's basic sweeper, whose jobs are the
-cartesian product of the overrides, less each override a job's option lacks while another option swept
-beside it has it (:func:`gvq.run.sweep.applicable_jobs`): ``-m method=every_step,diloco
+"""``hydra/sweeper=gvq`` (the default, conf/config.yaml; its config conf/hydra/sweeper/gvq.yaml): Hydra's basic
+sweeper, whose jobs are the cartesian product of the overrides, less each override a job's option lacks while
+another option swept beside it has it (:func:`gvq.run.sweep.applicable_jobs`): ``-m method=every_step,diloco
 method.every=10,30,100`` runs every_step once and diloco three times.  What it runs is what
 :class:`gvq.run.sweep.SweepCheck` checked before the first job."""
-
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
-
-from hydra.core.config_store import ConfigStore
+from typing import Any, List, Optional
 
 from gvq.comm.internals import hydra_basic_sweeper
-from gvq.run.sweep import GVQ_SWEEPER, applicable_jobs
-
-
-@dataclass
-class GvqSweeperConf:
-    _target_: str = GVQ_SWEEPER
-    max_batch_size: Optional[int] = None     # jobs handed to the launcher at once (None: all)
-    params: Optional[Dict[str, str]] = None  # swept keys set in a config (an experiment's), as -m's
-
-
-ConfigStore.instance().store(group="hydra/sweeper", name="gvq", node=GvqSweeperConf, provider="gvq")
+from gvq.run.sweep import applicable_jobs
 
 
 class GvqSweeper(hydra_basic_sweeper()):
