@@ -114,13 +114,14 @@ class Aggregator:
         ``inside_backward`` also sets :attr:`inside_compute_s`."""
         raise NotImplementedError
 
-    def average_vector(self, flat: torch.Tensor, iteration: int) -> dict:
-        """Replace ``flat``, a vector laid out as the whole flat gradient (every parameter, in order),
-        by its mean over ranks in one iteration frame; return its measurements (``aggregate_s``,
-        ``bytes_sent`` ...).  What a method sends that is not this step's gradient goes through here
-        (DiLoCo's pseudo-gradient, local SGD's parameters), with the aggregator's own per-parameter state
-        (error feedback's memory).  Default: refused in one line (torch DDP averages inside its own
-        hooks only); every aggregator with :attr:`any_bucket` has it."""
+    def average_vector(self, flat: torch.Tensor, iteration: int, params: tuple[int, ...] | None = None) -> dict:
+        """Replace ``flat``, a vector laid out as the flat gradient of the parameters at positions
+        ``params`` (in that order; None: every parameter), by its mean over ranks in one iteration frame;
+        return its measurements (``aggregate_s``, ``bytes_sent`` ...).  What a method sends that is not
+        this step's gradient goes through here (DiLoCo's pseudo-gradient, local SGD's parameters,
+        Streaming DiLoCo's one fragment), with the aggregator's own per-parameter state (error feedback's
+        memory: only those parameters' share).  Default: refused in one line (torch DDP averages inside
+        its own hooks only); every aggregator with :attr:`any_bucket` has it."""
         raise ValueError(f"aggregator={self.name} cannot average an arbitrary vector (torch DDP averages "
                          "only its own gradient buckets): pick a ring aggregator (rar, fp16, qsgd ...)")
 

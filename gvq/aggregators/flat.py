@@ -251,12 +251,12 @@ class FlatAggregator(Aggregator):
         return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
 
-    def average_vector(self, flat: torch.Tensor, iteration: int) -> dict:
-        """The whole-model vector ``flat`` averaged in place, in the iteration frame the hook runs its
-        buckets in (:meth:`begin_iteration`, :meth:`end_iteration`); ``aggregate_s`` adds the end (a
-        refit), not the untimed measurements."""
+    def average_vector(self, flat: torch.Tensor, iteration: int, params: tuple[int, ...] | None = None) -> dict:
+        """The vector ``flat`` of ``params``' values (None: the whole model) averaged in place, as one
+        bucket in the iteration frame the hook runs its buckets in (:meth:`begin_iteration`,
+        :meth:`end_iteration`); ``aggregate_s`` adds the end (a refit), not the untimed measurements."""
         self.begin_iteration(iteration)
-        stats = self.average_bucket_(flat, self.everything, iteration)
+        stats = self.average_bucket_(flat, self.everything if params is None else tuple(params), iteration)
         t0 = clock.now()
         end = self.end_iteration(iteration)
         return {**stats, **end, "aggregate_s": stats["aggregate_s"] + clock.now() - t0}

@@ -1,5 +1,5 @@
 """The method contract: what a rank does from "gradients computed" to "parameters updated", and when it
-syncs.  ``python cli.py method=every_step|local_sgd|diloco`` (conf/method/).
+syncs.  ``python cli.py method=every_step|local_sgd|diloco|streaming_diloco`` (conf/method/).
 
 The training loop (:func:`gvq.run.train.step`) calls, every iteration, :meth:`Method.before_step` once
 the gradients are checked (every_step: the aggregator averages them), the inner optimizer's step, then

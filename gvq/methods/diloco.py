@@ -44,12 +44,19 @@ class DiLoCo(Method):
         self.params = [p for p in params if p.requires_grad]
         if len({p.dtype for p in self.params}) > 1:
             raise ValueError(f"method={self.name}: parameters of one dtype only (its Δ is one flat vector)")
-        local = self.flat_local()
-        wide = torch.promote_types(local.dtype, torch.float32)
-        # a Parameter only so that torch's SGD steps it: no autograd ever runs on it
-        self.global_ = torch.nn.Parameter(local.to(wide, copy=True), requires_grad=True)
+        self.bounds = self.fragment_bounds()
+        wide = torch.promote_types(self.params[0].dtype, torch.float32)
+        # Parameters only so that torch's SGD steps them (one per fragment, each with its own momentum;
+        # a fragment whose grad is None is not stepped): no autograd ever runs on them
+        self.globals_ = [torch.nn.Parameter(self.flat_local(f).to(wide, copy=True), requires_grad=True)
+                         for f in range(len(self.bounds) - 1)]
         m = self.outer_momentum
-        self.outer = torch.optim.SGD([self.global_], lr=self.outer_lr, momentum=m, nesterov=m > 0)
+        self.outer = torch.optim.SGD(self.globals_, lr=self.outer_lr, momentum=m, nesterov=m > 0)
+
+    def fragment_bounds(self) -> list[int]:
+        """Where each fragment's parameters start in :attr:`params`, then the end: DiLoCo syncs the whole
+        model, one fragment (Streaming DiLoCo splits it)."""
+        return [0, len(self.params)]
 
     # -- the schedule: after every `every` inner steps (OpenDiLoCo: real_step % local_steps == 0) ---------
     def syncs(self, iteration: int) -> bool:
@@ -62,37 +69,51 @@ class DiLoCo(Method):
     def after_step(self, iteration: int) -> dict:
         if self.averages_gradients(iteration):        # replicas stepped together: the global copy follows
             with torch.no_grad():
-                self.global_.copy_(self.flat_local())
+                for f, g in enumerate(self.globals_):
+                    g.copy_(self.flat_local(f))
             return {}
         if not self.syncs(iteration):
             return {}
         return {**self.outer_step(iteration), **self.sync_marker(True)}
 
-    @torch.no_grad()
     def outer_step(self, iteration: int) -> dict:
-        """Δ = θ_global − θ_local averaged by the aggregator; θ_global stepped by the outer optimizer on
-        it; θ_local ← θ_global.  ``aggregate_s`` is the whole sync (Δ, its average, the outer step)."""
+        """Δ averaged, θ_global stepped by the outer optimizer on it, θ_local ← θ_global.  ``aggregate_s``
+        is the whole sync (Δ, its average, the outer step)."""
+        delta, stats = self.averaged_delta(0, iteration)
         t0 = clock.now()
-        local = self.flat_local()
-        delta = (self.global_ - local.to(self.global_.dtype)).to(local.dtype)
-        t_delta = clock.now() - t0
-        stats = self.agg.average_vector(delta, iteration)
-        t0 = clock.now()
-        self.global_.grad = delta.to(self.global_.dtype)
-        self.outer.step()
-        self.global_.grad = None
-        self.write_local(self.global_)
-        return {**columns.unsynced_row(), **stats, "phase": self.agg.name,
-                "aggregate_s": t_delta + stats["aggregate_s"] + clock.now() - t0}
-
-    # -- the parameters as one vector ----------------------------------------------------------------------
-    def flat_local(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.outer_apply(0, delta)
+        return {**stats, "aggregate_s": stats["aggregate_s"] + clock.now() - t0}
 
     @torch.no_grad()
-    def write_local(self, flat: torch.Tensor) -> None:
+    def averaged_delta(self, f: int, iteration: int) -> tuple[torch.Tensor, dict]:
+        """Fragment ``f``'s Δ = θ_global − θ_local, averaged by the aggregator (its parameters' share of
+        any per-parameter state), with the sync's columns (``aggregate_s``: Δ and its average)."""
+        t0 = clock.now()
+        local = self.flat_local(f)
+        delta = (self.globals_[f] - local.to(self.globals_[f].dtype)).to(local.dtype)
+        t_delta = clock.now() - t0
+        stats = self.agg.average_vector(delta, iteration, tuple(range(self.bounds[f], self.bounds[f + 1])))
+        return delta, {**columns.unsynced_row(), **stats, "phase": self.agg.name,
+                       "aggregate_s": t_delta + stats["aggregate_s"]}
+
+    @torch.no_grad()
+    def outer_apply(self, f: int, delta: torch.Tensor, alpha: float = 0.0) -> None:
+        """The outer optimizer's step on fragment ``f``'s global copy with the averaged ``delta`` as its
+        gradient, then θ_local ← α·θ_local + (1 − α)·θ_global (α = 0, DiLoCo's: the global copy)."""
+        g = self.globals_[f]
+        g.grad = delta.to(g.dtype)
+        self.outer.step()
+        g.grad = None
+        self.write_local(f, g if alpha == 0 else torch.lerp(g, self.flat_local(f).to(g.dtype), alpha))
+
+    # -- the parameters of fragment f as one vector --------------------------------------------------------
+    def flat_local(self, f: int) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params[self.bounds[f]: self.bounds[f + 1]]])
+
+    @torch.no_grad()
+    def write_local(self, f: int, flat: torch.Tensor) -> None:
         offset = 0
-        for p in self.params:
+        for p in self.params[self.bounds[f]: self.bounds[f + 1]]:
             p.copy_(flat[offset: offset + p.numel()].view_as(p))
             offset += p.numel()
 
@@ -100,18 +121,21 @@ class DiLoCo(Method):
     def synced_parameters(self, model: torch.nn.Module):
         """The global copy in the model while inside (the outer parameters: what DiLoCo evaluates), this
         rank's own parameters back after."""
-        mine = self.flat_local().clone()
-        self.write_local(self.global_.detach())
+        mine = [self.flat_local(f).clone() for f in range(len(self.globals_))]
+        for f, g in enumerate(self.globals_):
+            self.write_local(f, g.detach())
         try:
             yield
         finally:
-            self.write_local(mine)
+            for f, flat in enumerate(mine):
+                self.write_local(f, flat)
 
     # -- checkpoints: the global copy and the outer momentum (the inner optimizer's is the run's) ----------
     def state_dict(self) -> dict:
-        return {"global": self.global_.detach().clone(), "outer": self.outer.state_dict()}
+        return {"global": torch.cat([g.detach() for g in self.globals_]), "outer": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
-            self.global_.copy_(state["global"])
+            for g, saved in zip(self.globals_, state["global"].split([g.numel() for g in self.globals_])):
+                g.copy_(saved)
         self.outer.load_state_dict(state["outer"])

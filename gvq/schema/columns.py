@@ -74,9 +74,10 @@ COLUMNS = (
     Column("clock", "", "rank0", "the clock the seconds are on: wall | virtual", base=True),
     Column("real_wall_s", "s", "rank0", "real elapsed seconds, whatever the clock", base=True, reading=True),
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
-    Column("synced", "", "rank0", "1 where the method synced in the step (averaged the gradients, the parameters "
-       "or DiLoCo's pseudo-gradient), 0 where every rank stepped alone (bytes_sent and aggregate_s 0); logged by "
-       "the methods that skip syncs (method=local_sgd, diloco): without the column every step synced",
+    Column("synced", "", "rank0", "1 where the method synced in the step (averaged the gradients, the parameters, "
+       "DiLoCo's pseudo-gradient or one Streaming DiLoCo fragment's), 0 where every rank stepped alone (bytes_sent "
+       "and aggregate_s 0); logged by the methods that skip syncs (method=local_sgd, diloco, streaming_diloco): "
+       "without the column every step synced",
        skipped=0, unsynced=0),
     # text data sets (a language model)
     Column("test_bpb", "", "rank0", "test loss in bits per byte (evaluation rows only): test_loss / ln 2 / bytes per "

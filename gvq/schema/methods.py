@@ -27,9 +27,21 @@ class DiLoCoSchema:
     outer_momentum: float = 0.9
 
 
+@dataclass
+class StreamingDiLoCoSchema:
+    _target_: str = "gvq.methods.streaming_diloco.StreamingDiLoCo"
+    every: int = 30
+    fragments: int = 3
+    delay: int = 1
+    alpha: float = 0.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+
 #: ("method", option) -> dataclass
 METHOD_SCHEMAS: dict[tuple[str, str], type] = {
     ("method", "every_step"): EveryStepSchema,
     ("method", "local_sgd"): LocalSGDSchema,
     ("method", "diloco"): DiLoCoSchema,
+    ("method", "streaming_diloco"): StreamingDiLoCoSchema,
 }

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 METHODS = sorted(p.stem for p in (ROOT / "conf" / "method").glob("*.yaml"))
 
 
-def test_the_methods_are_every_step_local_sgd_and_diloco():
-    assert METHODS == ["diloco", "every_step", "local_sgd"]
+def test_the_methods_are_every_step_local_sgd_diloco_and_streaming_diloco():
+    assert METHODS == ["diloco", "every_step", "local_sgd", "streaming_diloco"]
 
 
 @pytest.mark.parametrize("option", METHODS)

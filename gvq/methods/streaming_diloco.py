@@ -1,0 +1,97 @@
+"""Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): DiLoCo with the model split into ``fragments``
+contiguous blocks of parameters (model order, about equal sizes), each synced every ``every`` steps on a
+staggered schedule, so a sync sends one fragment; the averaged Δ of a fragment is applied ``delay`` inner
+steps after it was taken (the all-reduce overlapped with those steps) and mixed into the local parameters
+with ``alpha``.  ``python cli.py method=streaming_diloco method.fragments=3 aggregator=qsgd
+aggregator.compressor.bits=4``.
+
+The schedule and the merge are torchft's (``torchft/local_sgd.py``): fragment f's Δ is taken after step
+s = it + 1 when (s − offset_f) % every == 0, offset_f = ⌊every·(f + 1) / fragments⌋ (the last fragment
+syncs when DiLoCo does); ``delay`` steps later the outer optimizer steps that fragment's global copy on it
+and θ_local_f ← α·θ_local_f + (1 − α)·θ_global_f.  A fragment's Δ, average and outer step are DiLoCo's own
+(:meth:`DiLoCo.averaged_delta`, :meth:`DiLoCo.outer_apply`), each fragment with its own outer momentum.
+gvq averages Δ when it is taken (blocking, as every gvq sync); what ``delay`` changes is when it lands.
+"""
+from __future__ import annotations
+
+import torch
+
+from gvq.comm import clock
+from gvq.methods.diloco import DiLoCo
+
+
+class StreamingDiLoCo(DiLoCo):
+    """DiLoCo one fragment at a time: staggered syncs, each landing ``delay`` steps later, mixed by ``alpha``."""
+
+    name = "streaming_diloco"
+
+    def __init__(self, every: int = 30, fragments: int = 3, delay: int = 1, alpha: float = 0.0,
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9):
+        super().__init__(every=every, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= every:
+            raise ValueError(f"method.fragments={fragments!r}: must be an integer in [1, method.every={every}] "
+                             "(one fragment sync per step at most)")
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < every:
+            raise ValueError(f"method.delay={delay!r}: must be an integer in [0, method.every={every}) "
+                             "(a fragment lands before its next sync)")
+        if not 0 <= alpha < 1:
+            raise ValueError(f"method.alpha={alpha!r}: must be in [0, 1) (1: the global copy never lands)")
+        self.fragments, self.delay, self.alpha = fragments, delay, float(alpha)
+        #: averaged fragments in flight: (iteration it lands after, fragment, its averaged Δ)
+        self.pending: list[tuple[int, int, torch.Tensor]] = []
+
+    def fragment_bounds(self) -> list[int]:
+        """``fragments`` contiguous blocks of :attr:`params`: each cut at the parameter boundary nearest
+        an equal share of the values, every block at least one parameter."""
+        sizes = [p.numel() for p in self.params]
+        if self.fragments > len(sizes):
+            raise ValueError(f"method.fragments={self.fragments}: the model has {len(sizes)} parameters")
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        cuts = [0]
+        for k in range(1, self.fragments):
+            share = k * ends[-1] / self.fragments
+            room = range(cuts[-1] + 1, len(sizes) - (self.fragments - k) + 1)
+            cuts.append(min(room, key=lambda i: abs(ends[i - 1] - share)))
+        return [*cuts, len(sizes)]
+
+    # -- the schedule --------------------------------------------------------------------------------------
+    def offset(self, f: int) -> int:
+        return self.every * (f + 1) // self.fragments
+
+    def sends(self, f: int, iteration: int) -> bool:
+        """Whether fragment ``f``'s Δ is taken and averaged after ``iteration``'s inner step."""
+        return (iteration + 1 - self.offset(f)) % self.every == 0
+
+    def syncs(self, iteration: int) -> bool:
+        return any(self.sends(f, iteration) for f in range(self.fragments))
+
+    # -- one iteration -------------------------------------------------------------------------------------
+    def after_step(self, iteration: int) -> dict:
+        """This step's fragment (if any) sent, then every fragment due lands (with ``delay`` 0, the one
+        just sent).  ``aggregate_s`` on a sync row includes the landings; a landing on a step that sent
+        nothing is compute (its row keeps a local step's zeros)."""
+        row = {}
+        for f in range(self.fragments):
+            if self.sends(f, iteration):
+                delta, row = self.averaged_delta(f, iteration)
+                self.pending.append((iteration + self.delay, f, delta))
+                row = {**row, **self.sync_marker(True)}
+        t0 = clock.now()
+        for _, f, delta in [p for p in self.pending if p[0] == iteration]:
+            self.outer_apply(f, delta, self.alpha)
+        self.pending = [p for p in self.pending if p[0] != iteration]
+        if row:
+            row["aggregate_s"] += clock.now() - t0
+        return row
+
+    # -- checkpoints: DiLoCo's, the fragments in flight, and the blocks they were cut into -----------------
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "bounds": list(self.bounds),
+                "pending": [{"due": due, "fragment": f, "delta": d.clone()} for due, f, d in self.pending]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["bounds"]) != self.bounds:
+            raise ValueError(f"method={self.name}: the checkpoint's fragments {list(state['bounds'])} are not "
+                             f"this run's {self.bounds}")
+        super().load_state_dict(state)
+        self.pending = [(p["due"], p["fragment"], p["delta"].clone()) for p in state["pending"]]
