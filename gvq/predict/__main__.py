@@ -8,6 +8,8 @@
     python -m gvq.predict validate                         # model vs virtual-time benchmarks
     python -m gvq.predict validate-overlap --bench BENCH.json      # model vs gvq.bench overlap --out BENCH.json
     python -m gvq.predict project                            # winners for N = 2..1024 x 1 Mbit/s..100 Gbit/s
+    python -m gvq.predict project "methods=[every_step,diloco every=100]"   # ... and each method's iterations
+    python -m gvq.predict utilization model=cnn              # the link for 50/80/95% compute utilization, N = 64
 
 Every figure is on the virtual clock's terms (CPU time of this machine x the scales, plus the link model),
 for the aggregators ``calibrate`` measured (make bench's settings: GradiVeQ bf16 pooled K/d = 8,
@@ -19,7 +21,7 @@ from __future__ import annotations
 from gvq.predict.codec_costs import CODEC_COSTS
 from gvq.predict.cost_model import PredictError
 from gvq.predict.keys import (CALIBRATION, PROJECT_PATHS, CalibrateKeys, CalibrateOverlapKeys, ProjectKeys, RingsKeys,
-                              TableKeys, ValidateKeys, ValidateOverlapKeys)
+                              TableKeys, UtilizationKeys, ValidateKeys, ValidateOverlapKeys)
 from gvq.schema.tool import Arg, Command, dispatch
 
 COMMANDS = {
@@ -40,6 +42,9 @@ COMMANDS = {
                                  Arg("--out", "also write the table as CSV here"), CODEC_COSTS)),
     "project": Command(ProjectKeys, "gvq.predict.project:predict_project", "winners for N = 2..1024 x 1 Mbit/s.."
                        "100 Gbit/s", PROJECT_PATHS),
+    "utilization": Command(UtilizationKeys, "gvq.predict.utilization:predict_utilization", "the link each setting "
+                           "and method needs for a compute utilization (Streaming DiLoCo's Table 4)",
+                           (CALIBRATION, Arg("--out", "also write the table as CSV here"), CODEC_COSTS)),
 }
 
 

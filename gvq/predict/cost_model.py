@@ -142,6 +142,8 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
         vals = np.array([sum(v) for v in rnd["vals"]], float)
         return S.plain_ring(4.0 * vals, op_cost(cal["vector"]["add"], vals, 1.0), link, start)
     costs = cal["codecs"][rnd["key"]]
+    if rnd.get("fraction", 1.0) != 1.0:           # a fragment's pieces were never timed: their curves price them
+        costs = {op: c for op, c in costs.items() if op != "pieces"}
     p = _pieces(rnd, costs, codec_scale)
     if kind == "additive":
         return S.additive_ring(p, link, start)
@@ -156,26 +158,38 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
 
 
 def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,
-                codec_scale: float = 1.0, msg: tuple[float, float] | None = None) -> float:
+                codec_scale: float = 1.0, msg: tuple[float, float] | None = None, fraction: float = 1.0) -> float:
     """Seconds of one aggregation (the slowest rank), as the virtual clock would time it.  ``msg``: the
-    [fixed, per byte] cost of posting a message, if not the calibration's (a rank a core)."""
-    key = (name, n, bps, alpha, codec_scale, msg)
+    [fixed, per byte] cost of posting a message, if not the calibration's (a rank a core).  ``fraction``:
+    of a fragment that size of the vector (Streaming DiLoCo's 1/P): the same rings and messages, every
+    piece's values and bytes, and the passes beside the rings, times it (:func:`fragment_rounds`)."""
+    key = (name, n, bps, alpha, codec_scale, msg) + ((fraction,) if fraction != 1.0 else ())
     if key not in m.cache:
-        m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale, msg or tuple(m.cal["msg"]))
+        m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale, msg or tuple(m.cal["msg"]),
+                                             fraction)
     return m.cache[key]
 
 
+def fragment_rounds(rounds: list[dict], fraction: float) -> list[dict]:
+    """``rounds`` of the whole vector as a fragment ``fraction`` of its size runs them: each piece's values
+    and bytes scaled (a payload's fixed header with them, a small error), its message count kept."""
+    if fraction == 1.0:
+        return rounds
+    return [{**r, "fraction": fraction, "vals": [[v * fraction for v in seg] for seg in r["vals"]],
+             "bytes": [[b * fraction for b in seg] for seg in r["bytes"]]} for r in rounds]
+
+
 def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float,
-                          msg: tuple[float, float]) -> float:
+                          msg: tuple[float, float], fraction: float = 1.0) -> float:
     per_n = m.struct["aggregators"].get(name)
     if per_n is None:
         raise PredictError(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
     if str(n) not in per_n:
         raise PredictError(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
-    cal, numel = m.cal, m.struct["numel"]
+    cal, numel = m.cal, m.struct["numel"] * fraction
     link = S.Link(bps, alpha, *msg)
     t = np.zeros(n)
-    for rnd in per_n[str(n)]:
+    for rnd in fragment_rounds(per_n[str(n)], fraction):
         t = replay_ring(rnd, cal, link, codec_scale, t)
     extra = float(op_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
     extra += m.passes(name) * float(op_cost(cal["vector"]["add"], numel, codec_scale))
@@ -203,13 +217,14 @@ def compute_time(m: Calibrated, n: int, compute_s=None) -> float:
 
 
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-              compute_scale: float = 1.0, compute_s=None) -> dict:
+              compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
     runner's non-finite checks of the gradient (before aggregation and of the aggregate) and the
     aggregator's untimed measurement (both at scale 1), aggregation.  ``compute_s``: see
-    :func:`compute_time`."""
+    :func:`compute_time`; ``fraction``: the share of the vector aggregated (a fragment's: the measurement
+    and :func:`aggregation` of it; a method's syncs are :mod:`gvq.predict.sync`'s)."""
     comp = (compute_time(m, n, compute_s) * compute_scale
             + 2 * float(op_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
-    meas = m.cal["measure"].get(name, 0.0)
-    agg = aggregation(m, name, n, bps, alpha, codec_scale)
+    meas = m.cal["measure"].get(name, 0.0) * fraction
+    agg = aggregation(m, name, n, bps, alpha, codec_scale, fraction=fraction)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

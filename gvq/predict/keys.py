@@ -103,6 +103,29 @@ class ProjectKeys(CodecCostKeys):
     aggregators: Optional[List[str]] = None   # default: every calibrated one
     # overlap: what prices overlapped fp16 (and ddp) in the GPU regime (gvq.predict.nccl.BASELINES)
     baseline: Baseline = Baseline.nccl
+    # methods, each as the report names it ('diloco every=100'; knobs from conf/method/): beside every_step
+    # also projection_methods.csv, every aggregator under each; larger every => fewer syncs per iteration
+    methods: List[str] = field(default_factory=lambda: ["every_step"])
+
+
+@dataclass
+class UtilizationKeys(CodecCostKeys):
+    model: str = "resnet32"              # reads runs/predict/<model>/ (calibrate model=<model> writes it)
+    world_size: int = 64                 # ranks N; more => a longer ring (2(N-1)/N of the bytes each way)
+    # compute utilizations (compute / iteration) to solve the link for; nearer 1 => faster links needed
+    utilization: List[float] = field(default_factory=lambda: [0.5, 0.8, 0.95])
+    # forward/backward CPU time x this (1: the calibrated step times); lower => faster links needed
+    compute_scale: List[float] = field(default_factory=lambda: [1.0])
+    latency: float = 0.0                 # alpha: seconds per message; higher => some targets out of reach
+    codec_scale: float = 1.0             # codec CPU time x this; higher => some targets out of reach
+    # false: messages post for free (a NIC or NCCL posts them; Table 4's simulator has no such cost), so only
+    # the link, codecs and compute remain; true: the calibration's CPU a message, which at large N floors a ring
+    posting: bool = True
+    aggregators: List[str] = field(default_factory=lambda: ["rar"])   # calibrated names, each under every method
+    # methods as the report names them (knobs from conf/method/; e.g. 'streaming_diloco every=100 fragments=8
+    # delay=1' where that option exists); data-parallel is every_step, and ddp / fp16 overlapped on NCCL where
+    # the calibration has overlap.json
+    methods: List[str] = field(default_factory=lambda: ["every_step", "diloco every=100"])
 
 
 CALIBRATION = Arg("--calibration", "calibrate's output folder, if not runs/predict/<model>")

@@ -17,6 +17,7 @@ import pandas as pd
 from gvq.predict import codec_costs, nccl
 from gvq.predict import cost_model as M
 from gvq.predict.heatmap import plot
+from gvq.predict.sync import methods_asked, project_methods
 from gvq.predict.table import row
 from gvq.schema.tool import namespace
 from gvq.predict.project_names import calibrated_name, priced_of, uncalibrated
@@ -90,6 +91,7 @@ def predict_project(cfg, paths):
     args.out.mkdir(parents=True, exist_ok=True)
     def pricing(m):
         return codec_costs.apply(m, args, args.aggregators)
+    methods = methods_asked(args)            # beside every_step: projection_methods.csv (overlap=true: refused)
     if args.overlap:
         iters, spread, left = frontier_iterations(args.frontier) if args.frontier else ({}, {}, [])
         if left:
@@ -121,6 +123,8 @@ def predict_project(cfg, paths):
     print("# link (bit/s) below which GradiVeQ-RAR beats RAR, per N and model (virtual-time terms, compute "
           "x1; NaN: never or always in the grid; every scale in crossovers.csv)")
     print(show.to_markdown(floatfmt=".3g"))
+    if methods:
+        project_methods(args, pricing, methods, LINKS, SCALES)
     return frames
 
 

@@ -241,3 +241,45 @@ def read_bench(bench: dict, where: str = "the bench JSON") -> dict:
         raise ValueError(f"{where}: version {version}, newer than this gvq reads ({BENCH_VERSION}); update gvq")
     modes = [{**r, "setting": r.get("setting") or Setting(r["aggregator"]).name} for r in bench.get("modes", [])]
     return {**bench, "version": version, "modes": modes}
+
+
+@functools.lru_cache(maxsize=None)
+def method_defaults(option: str) -> dict[str, str]:
+    """Method option ``option``'s composed knobs (conf/method/), as a name writes them; a method the
+    options lack is refused as the CLI refuses it (:class:`gvq.schema.errors.ConfigError`)."""
+    from omegaconf import OmegaConf
+
+    from gvq.schema.compose import compose
+    got = OmegaConf.to_container(compose([f"method={option}"]).method, resolve=True)
+    return {str(k): setting_value(v) for k, v in got.items() if k != "_target_"}
+
+
+def method_name(option: str, overrides=()) -> str:
+    """A method's part of a setting's name (:attr:`gvq.report.runs.Run.named` appends it to the setting):
+    ``option`` and each ``method.*`` override off its composed default (:func:`method_defaults`), sorted, as
+    :func:`canonical_name` writes an aggregator's; "" for ``every_step``, the default no name carries."""
+    defaults, own = method_defaults(option), {}
+    for o in overrides:
+        if o.startswith("method.") and "=" in o:
+            key, value = o[len("method."):].split("=", 1)
+            own[key] = setting_value(value)
+    knobs = sorted(f"{k}={v}" for k, v in own.items() if defaults.get(k, _ABSENT) != v)
+    return "" if option == "every_step" and not knobs else " ".join([option, *knobs])
+
+
+def split_named(name: str) -> tuple[str, str]:
+    """A setting's name with its method (``qsgd bits=2 diloco every=100``) -> (``qsgd bits=2``, ``diloco
+    every=100``): the method starts at the first word after the option that is no ``KEY=VALUE``."""
+    words = name.split(" ")
+    at = next((i for i, w in enumerate(words[1:], 1) if "=" not in w), len(words))
+    return " ".join(words[:at]), " ".join(words[at:])
+
+
+def canonical_named(name: str) -> str:
+    """:func:`canonical` of a name with its method (:func:`split_named`), each part keyed as its tool
+    keys it: ``qsgd bits=4 diloco every=30`` -> ``qsgd diloco`` (both defaults)."""
+    setting, method = split_named(name)
+    if not method:
+        return canonical(setting)
+    option, pairs = split_name(method)
+    return " ".join(filter(None, (canonical(setting), method_name(option, [f"method.{k}={v}" for k, v in pairs]))))

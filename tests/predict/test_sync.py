@@ -1,0 +1,115 @@
+"""A method's syncs in the cost model (gvq/predict/sync.py) and ``gvq.predict utilization``, on the stored
+calibration (tests/records/predict/cnn: rar and qsgd; nothing is timed here)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from gvq.predict import __main__ as cli
+from gvq.predict import cost_model as M
+from gvq.predict import sync as Y
+from gvq.report.runs import Run
+from gvq.schema.setting import canonical_named, method_name, split_named
+from tests.helpers.records import RECORDS
+
+CAL = RECORDS / "predict" / "cnn"
+
+
+@pytest.fixture
+def m():
+    return M.Calibrated.load(CAL)
+
+
+@pytest.mark.parametrize("name", ["rar", "qsgd"])
+def test_every_step_is_todays_iteration(m, name):
+    for n, bps in ((2, 5e7), (8, 1e9), (64, 1e6)):
+        today, got = M.iteration(m, name, n, bps), Y.method_iteration(m, name, n, bps, Y.of_method("every_step"))
+        for k in today:
+            assert got[k] == pytest.approx(today[k], rel=1e-12)
+    assert Y.of_method("") == Y.of_method("every_step") == Y.Sync()
+
+
+@pytest.mark.parametrize("H", [10, 100])
+def test_diloco_pays_one_blocking_sync_of_the_whole_vector_every_h_iterations(m, H):
+    sync = Y.of_method(f"diloco every={H}")
+    assert sync == Y.Sync(every=H)
+    one, per = M.iteration(m, "qsgd", 8, 1e8), Y.method_iteration(m, "qsgd", 8, 1e8, sync)
+    assert per["compute_s"] == one["compute_s"] and per["sync_s"] == one["aggregate_s"]
+    assert per["iter_s"] - per["compute_s"] == pytest.approx((one["iter_s"] - one["compute_s"]) / H, rel=1e-12)
+    rows = [Y.method_row(m, "qsgd", meth, 8, 1e8) for meth in ("every_step", f"diloco every={H}")]
+    assert rows[1]["MB_per_rank_iter"] == pytest.approx(rows[0]["MB_per_rank_iter"] / H)
+
+
+def test_streaming_moves_a_fragment_and_hides_tau_steps_of_compute(m):
+    s = Y.Sync(every=100, fragments=4, delay=5)
+    assert s.period == 25 and s.exposed(1.0, 0.1) == pytest.approx(0.5) and s.exposed(1.0, 0.3) == 0.0
+    assert Y.Sync(every=8, fragments=4, delay=5).exposed(1.0, 0.1) == pytest.approx(0.8)   # at most a period hides
+    whole, frag = M.aggregation(m, "rar", 4, 1e5), M.aggregation(m, "rar", 4, 1e5, fraction=0.25)
+    assert frag == pytest.approx(whole / 4, rel=0.01)             # a slow link: the wire, a quarter of the bytes
+    it = Y.method_iteration(m, "rar", 4, 1e5, s)
+    c = it["compute_s"]
+    assert it["sync_s"] == frag and it["exposed_s"] == pytest.approx(max(0.0, frag - 5 * c))
+    assert it["iter_s"] == pytest.approx(c + (it["exposed_s"] + m.cal["measure"]["rar"] / 4) / 25)
+    blocking = Y.method_iteration(m, "rar", 4, 1e5, Y.Sync(every=100, fragments=4))
+    assert blocking["iter_s"] - it["iter_s"] == pytest.approx(5 * c / 25)
+    assert M.aggregation(m, "qsgd", 4, 1e9, fraction=0.25) < M.aggregation(m, "qsgd", 4, 1e9)
+
+
+def test_the_needed_link_gives_the_target_utilization_and_grows_with_it(m):
+    assert Y.needed_bps(lambda b: b / (b + 1e6), 0.5) == pytest.approx(1e6, rel=1e-5)
+    sync, last = Y.of_method("diloco every=100"), 0.0
+    for target in (0.5, 0.8, 0.95):
+        def util(b):
+            it = Y.method_iteration(m, "rar", 8, b, sync)
+            return it["compute_s"] / it["iter_s"]
+        b = Y.needed_bps(util, target)
+        assert util(b) == pytest.approx(target, abs=1e-4) and util(b * 0.99) < target and b > last
+        last = b
+    assert math.isnan(Y.needed_bps(lambda b: 0.4, 0.5))             # a floor no link removes
+
+
+def test_a_name_with_its_method_round_trips_and_is_the_reports(m):
+    name = Y.named("qsgd", "diloco every=100")
+    assert name == "qsgd diloco every=100" and split_named(name) == ("qsgd", "diloco every=100")
+    assert Y.of_method(split_named(name)[1]) == Y.Sync(every=100) and canonical_named(name) == name
+    assert canonical_named("qsgd bits=2 diloco every=30 outer_lr=0.7") == "qsgd bits=2 diloco"   # defaults drop
+    assert method_name("every_step") == "" and Y.named("rar", "every_step") == "rar"
+    run = Run(CAL, "completed", "", "qsgd", ["aggregator=qsgd", "method=diloco", "method.every=100"], {}, None)
+    assert run.named == name
+    assert Y.method_row(m, "qsgd", "diloco every=100", 4, 1e8)["setting"] == name
+
+
+def test_utilization_prints_the_links_and_what_is_measured(tmp_path, capsys):
+    df = cli.main(["utilization", "--calibration", str(CAL), "world_size=8", "posting=false",
+                   "methods=[every_step,diloco every=100]", "--out", str(tmp_path / "u.csv")])
+    out = capsys.readouterr().out
+    assert "# measured (cnn" in out and "# projected: N = 8" in out and "DDP on NCCL) left out" in out
+    assert list(df["setting"]) == ["rar", "rar diloco every=100"]
+    assert (df["x_dp@0.5"].iloc[1] > 50) and (df["0.5"] < df["0.8"]).all() and (df["0.8"] < df["0.95"]).all()
+    assert pd.read_csv(tmp_path / "u.csv")["setting"].tolist() == ["rar", "rar diloco every=100"]
+
+
+def test_project_with_methods_writes_their_projection(tmp_path, capsys):
+    cli.main(["project", "models=[cnn]", "--calibration", str(RECORDS / "predict"), "max_world_size=8",
+              "--out", str(tmp_path), "methods=[every_step,diloco every=30,diloco every=100]"])
+    df = pd.read_csv(tmp_path / "projection_methods.csv")
+    assert set(df["setting"]) == {"rar", "qsgd", "rar diloco", "qsgd diloco", "rar diloco every=100",
+                                  "qsgd diloco every=100"}
+    cell = df[(df["N"] == 8) & (df["link_bps"] == 1e8) & (df["compute_scale"] == 1)].set_index("setting")
+    assert cell.loc["rar diloco", "every"] == 30
+    assert cell.loc["rar diloco every=100", "iter_s"] < cell.loc["rar diloco", "iter_s"] < cell.loc["rar", "iter_s"]
+    assert "# cnn, N = 8: seconds per iteration" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["methods=[diloco evry=3]"], "methods: 'diloco evry=3'"),
+    (["methods=[nosuch]"], "methods: 'nosuch'"),
+    (["overlap=true", "methods=[every_step,diloco]"], "overlap=true prices a sync every step"),
+])
+def test_a_method_the_options_lack_is_refused_in_one_line(tmp_path, capsys, argv, says):
+    with pytest.raises(SystemExit):
+        cli.main(["project", "models=[cnn]", "--calibration", str(RECORDS / "predict"), "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1]
