@@ -1,5 +1,5 @@
 """The method contract: what a rank does from "gradients computed" to "parameters updated", and when it
-syncs.  ``python cli.py method=every_step|local_sgd|diloco|streaming_diloco`` (conf/method/).
+syncs.  ``python cli.py method=every_step|local_sgd|diloco|streaming_diloco|demo`` (conf/method/).
 
 The training loop (:func:`gvq.run.train.step`) calls, every iteration, :meth:`Method.before_step` once
 the gradients are checked (every_step: the aggregator averages them), the inner optimizer's step, then
@@ -21,9 +21,10 @@ from gvq.schema import columns
 class Method:
     """The one contract every ``conf/method`` option satisfies; every member has the default of a method
     that averages the gradients every step (:class:`gvq.methods.every_step.EveryStep` is this class
-    named).  Call order: :meth:`setup` (after the aggregator's ``setup`` and ``wrap``, replicas already
-    identical), then per iteration :meth:`before_step`, the inner optimizer's step, :meth:`after_step`;
-    :meth:`state_dict` / :meth:`load_state_dict` around checkpoints (after :meth:`setup`)."""
+    named).  Call order: :meth:`check` and :meth:`check_run` (before any rank starts), :meth:`setup`
+    (after the aggregator's ``setup`` and ``wrap``, replicas already identical), then per iteration
+    :meth:`before_step`, the inner optimizer's step, :meth:`after_step`; :meth:`state_dict` /
+    :meth:`load_state_dict` around checkpoints (after :meth:`setup`)."""
 
     #: its value of ``method=`` (logs, summary)
     name: str = "method"
@@ -33,6 +34,12 @@ class Method:
     def check(self, agg: Aggregator) -> None:
         """Raise a one-line ``ValueError`` if ``agg`` cannot move what this method sends (the launcher's
         preflight calls it before any rank starts; :meth:`setup` again).  Default: any aggregator."""
+
+    def check_run(self, cfg: dict) -> None:
+        """Raise a one-line ``ValueError`` if the rest of the run (``cfg``: the composed run config as a
+        dict; its ``optim``, ``net`` ...) cannot serve this method (DeMo: it decodes the step's direction
+        itself, so the inner optimizer must be momentum-free SGD).  Config validation calls it, and the
+        loop's :func:`gvq.run.train.build_method` again.  Default: any run."""
 
     def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
         """Bind to this rank's parameters and the aggregator that moves what it sends."""

@@ -24,8 +24,9 @@ def reduce_stats(stats: dict, max_keys=(), mean_keys=()) -> dict:
     out = dict(stats)
     out.update({k: float(v) for k, v in zip(max_keys, top)})
     out.update({k: float(v) / dist.get_world_size() for k, v in zip(mean_keys, mean)})
-    if "bytes_sent" in out:
-        out["bytes_sent"] = int(out["bytes_sent"])
+    for k in ("bytes_sent", "bytes_received"):        # counts, not floats, in the CSV
+        if k in out:
+            out[k] = int(out[k])
     return out
 
 

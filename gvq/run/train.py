@@ -118,6 +118,7 @@ def at_point(iteration: int, point: str) -> None:
 def build_method(cfg: dict, model, agg) -> Method:
     """The run's ``method`` (conf/method/), bound to the parameters the aggregator averages."""
     method = instantiate(cfg["method"])
+    method.check_run(cfg)
     method.setup(list(model.parameters()), agg)
     return method
 

@@ -45,7 +45,7 @@ def validate(cfg) -> None:
     _require(cfg.resume is None or bool(complete_sets(Path(cfg.resume) / "checkpoint")),
              f"resume={cfg.resume}: no complete checkpoint set there (checkpoint/iter-*/complete.json)")
     check_knobs(cfg)
-    check_method(cfg.method)
+    check_method(cfg)
     _validate_optim(cfg.optim)
     net = cfg.net
     _require(net.bandwidth_bps is None or net.bandwidth_bps > 0,
@@ -69,12 +69,13 @@ def check_knobs(cfg) -> None:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
 
 
-def check_method(method) -> None:
-    """The method's ranges (``method.every=0``), by its constructor: one line before any rank starts."""
+def check_method(cfg) -> None:
+    """The method's ranges (``method.every=0``), by its constructor, and what it needs of the rest of the
+    run (``Method.check_run``: DeMo's momentum-free SGD): one line before any rank starts."""
     from hydra.utils import get_object
-    knobs = OmegaConf.to_container(method, resolve=True)
+    knobs = OmegaConf.to_container(cfg.method, resolve=True)
     try:                                 # called as itself: instantiate() would wrap the ValueError
-        get_object(knobs.pop("_target_"))(**knobs)
+        get_object(knobs.pop("_target_"))(**knobs).check_run(OmegaConf.to_container(cfg, resolve=True))
     except ValueError as e:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
 

@@ -38,10 +38,19 @@ class StreamingDiLoCoSchema:
     outer_momentum: float = 0.9
 
 
+@dataclass
+class DeMoSchema:
+    _target_: str = "gvq.methods.demo.DeMo"
+    k: int = 1
+    chunk: int = 64
+    beta: float = 0.999
+
+
 #: ("method", option) -> dataclass
 METHOD_SCHEMAS: dict[tuple[str, str], type] = {
     ("method", "every_step"): EveryStepSchema,
     ("method", "local_sgd"): LocalSGDSchema,
     ("method", "diloco"): DiLoCoSchema,
     ("method", "streaming_diloco"): StreamingDiLoCoSchema,
+    ("method", "demo"): DeMoSchema,
 }

@@ -17,17 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 METHODS = sorted(p.stem for p in (ROOT / "conf" / "method").glob("*.yaml"))
 
 
-def test_the_methods_are_every_step_local_sgd_diloco_and_streaming_diloco():
-    assert METHODS == ["diloco", "every_step", "local_sgd", "streaming_diloco"]
+def test_the_methods_are_every_step_local_sgd_diloco_streaming_diloco_and_demo():
+    assert METHODS == ["demo", "diloco", "every_step", "local_sgd", "streaming_diloco"]
 
 
 @pytest.mark.parametrize("option", METHODS)
 def test_every_method_composes_validates_and_is_a_method(compose_cfg, option):
-    cfg = compose_cfg(f"method={option}")
+    plain_sgd = ["optim=sgd", "optim.momentum=0", "optim.clip_norm=null"] if option == "demo" else []
+    cfg = compose_cfg(f"method={option}", *plain_sgd)
     validate(cfg)
     method = instantiate(cfg.method)
     assert isinstance(method, Method) and method.name == option
-    assert set(method.extra_fields) <= {"synced"}
+    assert set(method.extra_fields) <= {"synced", "bytes_received"}
 
 
 def test_every_step_is_the_default_and_syncs_the_gradients_every_step(compose_cfg):
