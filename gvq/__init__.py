@@ -12,7 +12,7 @@ and the README's every file):
                   common.py is the shared core; gpucheck/ is make gpu-check (the CUDA path, one table)
     run/          what cli.py starts: launch (ranks from a warm fork server / spawn / torchrun), train loop,
                   checkpoint, logs, errors.py (the CLI's one-line errors), validate, placement (GPUs)
-    methods/      when ranks sync and what they average (every_step, local_sgd, diloco, streaming_diloco): the
+    methods/      when ranks sync and what they average (every_step, local_sgd, diloco, streaming_diloco, demo): the
                   Method contract
     hooks/        the public DDP communication hook (GvqHookState, gvq_hook) and its per-rank thread
     aggregators/  what the training loop calls: the Aggregator contract (base.py), one file per aggregator

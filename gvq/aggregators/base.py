@@ -91,6 +91,10 @@ class Aggregator:
     #: state included), so :mod:`gvq.hooks` can run it inside backward; False: torch DDP's own options
     #: (they overlap by themselves).  The one declaration of that capability
     any_bucket: bool = False
+    #: its state is fitted from the whole model's vector each iteration it samples (GradiVeQ's PCA bases,
+    #: refit on a schedule of iterations), so a vector holding only some parameters in an iteration
+    #: (Streaming DiLoCo's fragments) leaves the other layers' fit without samples; False: any part
+    fits_whole_vectors: bool = False
 
     # -- life cycle ----------------------------------------------------------------------------------
     def preflight(self, params: list[torch.nn.Parameter]) -> None:

@@ -58,6 +58,14 @@ class StreamingDiLoCo(DiLoCo):
     def offset(self, f: int) -> int:
         return self.every * (f + 1) // self.fragments
 
+    def check(self, agg) -> None:
+        super().check(agg)
+        if self.fragments > 1 and agg.fits_whole_vectors:
+            raise ValueError(f"method=streaming_diloco with method.fragments={self.fragments} sends part of the "
+                             f"model each sync; aggregator={agg.name} fits its state from whole-model vectors "
+                             "(a fragment's sync leaves the other layers unsampled): use method.fragments=1 or "
+                             "another aggregator")
+
     def sends(self, f: int, iteration: int) -> bool:
         """Whether fragment ``f``'s Δ is taken and averaged after ``iteration``'s inner step."""
         return (iteration + 1 - self.offset(f)) % self.every == 0

@@ -125,7 +125,8 @@ class UtilizationKeys(CodecCostKeys):
     # methods as the report names them (knobs from conf/method/; e.g. 'streaming_diloco every=100 fragments=8
     # delay=1' where that option exists); data-parallel is every_step, and ddp / fp16 overlapped on NCCL where
     # the calibration has overlap.json
-    methods: List[str] = field(default_factory=lambda: ["every_step", "diloco every=100"])
+    methods: List[str] = field(default_factory=lambda: ["every_step", "diloco every=100",
+                                                        "streaming_diloco every=100 fragments=8 delay=1"])
 
 
 CALIBRATION = Arg("--calibration", "calibrate's output folder, if not runs/predict/<model>")

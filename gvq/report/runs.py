@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from gvq.schema.config import NOT_A_SETTING
-from gvq.schema.setting import VARIANT_KEYS, canonical_name, short
+from gvq.schema.setting import VARIANT_KEYS, canonical_name, method_name, short
 
 NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
                "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
@@ -44,11 +44,10 @@ class Run:
 
     @property
     def method(self) -> str:
-        """Its ``method=`` and the ``method.*`` knobs it was given (``diloco every=30``); "" for the default,
-        ``every_step``: a setting's name with the method it trained under, as the report labels it."""
+        """Its ``method=`` and the ``method.*`` knobs off their defaults (``diloco every=10``;
+        :func:`gvq.schema.setting.method_name`, the name the projection gives it); "" for ``every_step``."""
         chosen = next((o.split("=", 1)[1] for o in reversed(self.overrides) if o.startswith("method=")), "")
-        knobs = sorted(o[len("method."):] for o in self.overrides if o.startswith("method."))
-        return " ".join([chosen or "every_step", *knobs]) if chosen not in ("", "every_step") or knobs else ""
+        return method_name(chosen or "every_step", [o for o in self.overrides if o.startswith("method.")])
 
     @property
     def named(self) -> str:

@@ -164,3 +164,15 @@ def test_an_out_of_range_knob_is_refused_in_one_line(compose_cfg, override, line
     with pytest.raises(ConfigError) as e:
         validate(compose_cfg("method=streaming_diloco", override))
     assert str(e.value).startswith(line)
+
+
+def test_gradiveq_is_refused_for_more_than_one_fragment_and_taken_for_one(compose_cfg):
+    """GradiVeQ refits its bases from whole-model samples: a fragment's sync leaves the other layers
+    unsampled (a 3-fragment run went non-finite at iteration 4).  The launcher's preflight asks this."""
+    from gvq.hooks.builder import aggregator_from
+    gradiveq = aggregator_from(compose_cfg("aggregator=gradiveq").aggregator)
+    with pytest.raises(ValueError) as e:
+        StreamingDiLoCo(every=30, fragments=3).check(gradiveq)
+    assert "aggregator=gradiveq fits its state from whole-model vectors" in str(e.value)
+    StreamingDiLoCo(every=30, fragments=1).check(gradiveq)
+    StreamingDiLoCo(every=30, fragments=3).check(aggregator_from(compose_cfg("aggregator=qsgd").aggregator))

@@ -94,10 +94,11 @@ def test_a_method_other_than_every_step_is_in_the_label_even_when_every_run_shar
     def run(i, *extra):
         return Run(tmp_path / str(i), "completed", "", "rar", ["aggregator=rar", *extra, f"seed={i}"],
                    {"batch_size": 16}, None)
-    diloco = [run(i, "method=diloco", "method.every=30") for i in (0, 1)]
-    assert [g.label for g in group_runs(diloco)] == ["rar diloco every=30"]
-    both = group_runs(diloco + [run(2), run(3, "method=every_step")])
-    assert sorted((g.label, len(g.runs)) for g in both) == [("rar", 2), ("rar diloco every=30", 2)]
+    diloco = [run(i, "method=diloco", "method.every=10") for i in (0, 1)]
+    assert [g.label for g in group_runs(diloco)] == ["rar diloco every=10"]
+    both = group_runs(diloco + [run(2), run(3, "method=every_step"), run(5, "method=diloco", "method.every=30"),
+                                run(6, "method=diloco")])          # every=30 is diloco's default: no knob named
+    assert sorted((g.label, len(g.runs)) for g in both) == [("rar", 2), ("rar diloco", 2), ("rar diloco every=10", 2)]
     with pytest.raises(ReportError, match="method=diloco"):
         check_setting(diloco, {"batch_per_rank": 16, "set": []})
     check_setting([run(4)], {"batch_per_rank": 16, "set": []})
