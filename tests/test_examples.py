@@ -3,7 +3,10 @@ their docstrings say: examples/ddp_hook.py trains on 2 gloo ranks through DDP + 
 loss of post-backward aggregation (the same aggregator after backward) over its 30 iterations, and the
 same under torchrun; examples/accelerate_hook.py under accelerate's launcher is the same run as under
 torchrun, and stopped, saved and resumed ends where the uninterrupted run ends; examples/lightning_hook.py
-learns through the callback; examples/gpt_hook.py trains a small GPT on bytes under torchrun with the hook.
+learns through the callback; examples/gpt_hook.py trains a small GPT on bytes under torchrun with the hook;
+examples/method_hook.py's local SGD under torchrun trains as torch's own PeriodicModelAverager on the same batches,
+its DiLoCo resumed from each rank's checkpoint taken mid-period ends where the uninterrupted run ends, and
+examples/accelerate_hook.py's --method line under accelerate is the same local SGD.
 Every launch line an example's docstring gives is run as written."""
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def _losses(line: str) -> list[float]:
 
 
 #: how many launch lines each example documents; every one is run below (a new line needs a test here)
-RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 4, "lightning_hook.py": 2, "gpt_hook.py": 2}
+RUN_HERE = {"ddp_hook.py": 4, "accelerate_hook.py": 5, "lightning_hook.py": 2, "gpt_hook.py": 2, "method_hook.py": 4}
 DDP = documented("ddp_hook.py")       # gradiveq, --post-backward, --no-hook, torchrun
 
 
@@ -109,7 +112,7 @@ def test_ddp_hook_example_rar_under_torchrun_is_ddps_own_all_reduce_bitwise():
 
 
 def test_accelerate_example_resumed_ends_where_the_uninterrupted_run_ends(tmp_path):
-    whole_line, accelerate_line, stop_line, resume_line = documented("accelerate_hook.py")
+    whole_line, accelerate_line, stop_line, resume_line, _ = documented("accelerate_hook.py")
     whole = _run(whole_line)
     assert _run(accelerate_line) == whole              # accelerate's launcher: the same two processes
     _run(stop_line, cwd=tmp_path)
@@ -138,3 +141,42 @@ def test_gpt_example_learns_bytes_under_torchrun_through_the_hook():
         assert len(losses) == 40 and sum(losses[-5:]) < 0.8 * sum(losses[:5]), (line, losses)
         bpb = float(re.search(r"^held-out bits per byte (\S+)$", out, re.M).group(1))
         assert bpb < 6.5, (line, bpb)                  # uniform bytes are 8 bits
+
+
+METHOD = documented("method_hook.py")       # local SGD every 4, torch's averager, DiLoCo saving, resumed
+
+
+def _tail(out: str) -> tuple[dict, float, tuple[int, int]]:
+    """{iteration: loss}, the checksum, and (syncs, bytes sent) of one run of examples/method_hook.py."""
+    losses = {int(i): float(v) for i, v in re.findall(r"^iteration (\d+) loss (\S+)$", out, re.M)}
+    syncs, sent = re.search(r"^syncs (\d+) bytes sent (\d+)$", out, re.M).groups()
+    return losses, float(re.search(r"^checksum (\S+)$", out, re.M).group(1)), (int(syncs), int(sent))
+
+
+def test_method_example_local_sgd_trains_as_torchs_periodic_model_averager():
+    """The same 30 batches: gvq's local SGD (rar's ring on the parameters, DDP's no_sync between) against
+    torch's all-reduce of them every 4 steps: losses within 1e-5, the checksum within 1e-5 (float32 sums
+    in another order); 8 syncs (steps 0, 4, ... 28) and gvq's bytes at them, none sent by DDP between."""
+    (ours, ours_sum, (syncs, sent)), (theirs, theirs_sum, (t_syncs, _)) = (_tail(_run(line)) for line in METHOD[:2])
+    assert sorted(ours) == sorted(theirs) == list(range(30))
+    torch.testing.assert_close(torch.tensor(list(ours.values())), torch.tensor(list(theirs.values())),
+                               rtol=1e-5, atol=1e-6)
+    assert abs(ours_sum - theirs_sum) < 1e-5 and syncs == t_syncs == 8 and sent > 0
+    assert sum(list(ours.values())[-5:]) < sum(list(ours.values())[:5])           # it learns
+
+
+def test_method_example_diloco_resumed_mid_period_ends_where_the_uninterrupted_run_ends(tmp_path):
+    save_line, resume_line = METHOD[2:]
+    whole = _tail(_run(save_line, cwd=tmp_path))          # 30 steps, each rank's checkpoint after step 11
+    assert sorted(p.name for p in tmp_path.glob("ckpt.rank*.pt")) == ["ckpt.rank0.pt", "ckpt.rank1.pt"]
+    losses, checksum, _ = _tail(_run(resume_line, cwd=tmp_path))
+    assert sorted(losses) == list(range(12, 30))          # from step 12: DiLoCo syncs after 9 and 14
+    assert losses == {i: whole[0][i] for i in losses} and checksum == whole[1]    # as printed: bit for bit
+
+
+def test_accelerate_example_with_a_method_is_the_torchrun_scripts_local_sgd():
+    out = _run(documented("accelerate_hook.py")[4])
+    losses = [float(v) for v in re.findall(r"^iteration \d+ loss (\S+)$", out, re.M)]
+    theirs, checksum, _ = _tail(_run(METHOD[0]))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(list(theirs.values())), rtol=1e-6, atol=1e-7)
+    assert abs(float(re.search(r"^checksum (\S+)$", out, re.M).group(1)) - checksum) < 1e-6

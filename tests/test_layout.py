@@ -29,7 +29,8 @@ ALLOWED = {
     "comm": {"compressors"},
     "aggregators": {"comm", "compressors"},
     "schema": set(),                                  # the typed config: Hydra and OmegaConf only
-    "hooks": {"schema", "aggregators", "comm", "compressors"},
+    # a user's script runs a method through the hooks' public API (gvq/hooks/method.py), so hooks sit on methods
+    "hooks": {"schema", "methods", "aggregators", "comm", "compressors"},
     # a method (every_step, local SGD, DiLoCo) moves what it sends through an aggregator; the loop uses it
     "methods": {"schema", "aggregators", "comm", "compressors"},
     "run": {"schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models"},

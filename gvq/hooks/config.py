@@ -120,10 +120,10 @@ def _override(key: str, value) -> str:
     if head in TOP_LEVEL_KEYS and head not in HOOK_ROOTS:
         raise ConfigError(f"{key}: a key of the run, not of its aggregator; a hook takes the aggregator's "
                           f"keys and the knobs {', '.join(KNOBS)}")
-    return f"{key if head in HOOK_ROOTS else f'aggregator.{key}'}={_hydra_value(value)}"
+    return f"{key if head in HOOK_ROOTS else f'aggregator.{key}'}={hydra_value(value)}"
 
 
-def _hydra_value(value) -> str:
+def hydra_value(value) -> str:
     """``value`` in Hydra's override grammar; a string quoted, so that it is never read as another type."""
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
@@ -134,9 +134,9 @@ def _hydra_value(value) -> str:
     if isinstance(value, str):      # a quote escaped; so is a backslash before one or before the end
         return "'" + re.sub(r"(\\*)('|\Z)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), value) + "'"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(map(_hydra_value, value)) + "]"
+        return "[" + ",".join(map(hydra_value, value)) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"{value!r}: a {type(value).__name__} is not a config value")
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gvq.comm import clock
+from gvq.comm.p2p import P2P, peer_timeout_s
 
 
 def hook_parameters(params) -> tuple[list[torch.nn.Parameter], object | None]:
@@ -110,3 +111,14 @@ def own_group(ranks: list[int] | None, timeout_s: float):
         return None
     with clock.get().blocked():              # its members meet: a wait, never while holding a core
         return dist.new_group(ranks, timeout=timedelta(seconds=timeout_s), use_local_synchronization=True)
+
+
+def connect(agg, ranks: list[int] | None):
+    """``agg``'s transport (bound: ``agg.ctx`` set) moved onto a process group of its own over ``ranks``
+    (:func:`own_group`), once per process; returns that group."""
+    c = agg.ctx
+    group = own_group(ranks, peer_timeout_s(c.timeout_s))
+    if agg.p2p is not None:
+        agg.p2p.close()
+    agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s, group=group)
+    return group

@@ -21,8 +21,8 @@ from gvq.aggregators.base import RunContext
 from gvq.aggregators.flat import FlatAggregator
 from gvq.comm import clock
 from gvq.comm.errors import RankError
-from gvq.comm.p2p import P2P, peer_timeout_s
-from gvq.hooks.group import check_registered, ddp_group, hook_parameters, own_group, place_in, ring_ranks
+from gvq.comm.p2p import peer_timeout_s
+from gvq.hooks.group import check_registered, connect, ddp_group, hook_parameters, place_in, ring_ranks
 from gvq.hooks.layout import reduce_bucket
 from gvq.hooks.thread import BucketJob, CommThread, IterationRecord
 
@@ -35,6 +35,38 @@ def require_hookable(agg, who: str = "gvq hook") -> None:
     if not agg.any_bucket:
         raise ValueError(f"{who}: {type(agg).__name__} does not aggregate through gvq's ring "
                          "(torch DDP overlaps by itself)")
+
+
+def bind_aggregator(agg: FlatAggregator, params, group, context: dict):
+    """Bind ``agg`` (built, not yet bound) to ``params`` as :meth:`GvqHookState.from_config` describes them
+    (parameters, a model or its DDP wrapper), this process's place in the group averaged over giving its
+    :class:`RunContext` (``context``: the other fields); the gradients left where they are (DDP owns their
+    buffers).  Returns the group (None: inferred again from the parameters' DDP)."""
+    params, wrapper_group = hook_parameters(params)
+    if group is not None and wrapper_group is not None and group is not wrapper_group:
+        raise ValueError("gvq hook: group= differs from the DistributedDataParallel's own process group")
+    group = group if group is not None else wrapper_group
+    rank, world = place_in(ring_ranks(ddp_group(params, group)), context.pop("rank", None),
+                           context.pop("world_size", None))
+    try:
+        ctx = RunContext(rank, world, **context)
+    except TypeError:
+        raise ValueError(f"gvq hook: {sorted(context)}: RunContext takes {list(RunContext.__dataclass_fields__)}; "
+                         "an option's keys go in overrides ({'compressor.bits': 2})") from None
+    agg.bind(params, ctx)
+    return group
+
+
+def require_own_state(state: dict, ctx: RunContext, who: str) -> None:
+    """Refuse, in one line, a per-rank state saved by another rank (or at another world size): loaded, it
+    would give this rank that rank's error memory and random stream."""
+    mine = (ctx.rank, ctx.world_size)
+    theirs = (state.get("rank", ctx.rank), state.get("world_size", ctx.world_size))
+    if theirs != mine:
+        raise ValueError(f"{who}.load_state_dict: the state of rank {theirs[0]} of {theirs[1]}, "
+                         f"not this rank's ({mine[0]} of {mine[1]}): save and load each rank's own state "
+                         "(where a framework writes rank 0's file only, checkpoint "
+                         "gvq.hooks.checkpoint.AllRanks(state) instead)")
 
 
 class GvqHookState:
@@ -73,11 +105,7 @@ class GvqHookState:
     def _connect(self) -> None:
         """The aggregator's transport on a process group of this state's own (its messages never meet
         another state's), made once per process: again after unpickling, at first use."""
-        agg, c = self.aggregator, self.aggregator.ctx
-        self.group = own_group(self.ranks, self.timeout_s)
-        if agg.p2p is not None:
-            agg.p2p.close()
-        agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s, group=self.group)
+        self.group = connect(self.aggregator, self.ranks)
 
     @property
     def timeout_s(self) -> float:
@@ -105,20 +133,8 @@ class GvqHookState:
         world size are this process's place in that group (given without a process group only),
         ``timeout_s`` defaults to its timeout; ``lanes`` as in the constructor."""
         from gvq.hooks.config import build_aggregator, check_overrides
-        params, wrapper_group = hook_parameters(params)
-        if group is not None and wrapper_group is not None and group is not wrapper_group:
-            raise ValueError("gvq hook: group= differs from the DistributedDataParallel's own process group")
-        group = group if group is not None else wrapper_group     # None: inferred (again) by the state
         agg = build_aggregator(config, **check_overrides(overrides))
-        rank, world = place_in(ring_ranks(ddp_group(params, group)), context.pop("rank", None),
-                               context.pop("world_size", None))
-        try:
-            ctx = RunContext(rank, world, **context)
-        except TypeError:
-            raise ValueError(f"gvq hook: {sorted(context)}: RunContext takes {list(RunContext.__dataclass_fields__)}; "
-                             "an option's keys go in overrides ({'compressor.bits': 2})") from None
-        agg.bind(params, ctx)              # DDP owns the gradient buffers
-        return cls(agg, lanes, group)
+        return cls(agg, lanes, bind_aggregator(agg, params, group, context))
 
     # -- the hook's side (autograd thread) ------------------------------------------------------------
     def positions(self, params) -> list[int]:
@@ -216,13 +232,7 @@ class GvqHookState:
         """Restore; a fresh DDP's first (single) bucket is then averaged in the recorded layout (see
         :mod:`gvq.hooks.layout`).  Another rank's state (or one of another world size) is refused: loaded,
         it would give this rank that rank's error memory and random stream."""
-        ctx, mine = self.aggregator.ctx, (self.aggregator.ctx.rank, self.aggregator.ctx.world_size)
-        theirs = (state.get("rank", ctx.rank), state.get("world_size", ctx.world_size))
-        if theirs != mine:
-            raise ValueError(f"GvqHookState.load_state_dict: the state of rank {theirs[0]} of {theirs[1]}, "
-                             f"not this rank's ({mine[0]} of {mine[1]}): save and load each rank's own state "
-                             "(where a framework writes rank 0's file only, checkpoint "
-                             "gvq.hooks.checkpoint.AllRanks(state) instead)")
+        require_own_state(state, self.aggregator.ctx, "GvqHookState")
         self.iteration = int(state["iteration"])
         self._resumed = [list(g) for g in state.get("layout", [])] or None
         self.layout = self._resumed or []
