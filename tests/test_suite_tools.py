@@ -122,3 +122,24 @@ def test_coverage_follows_a_rank_forked_from_the_fork_server(tmp_path):
     lines = (ROOT / "gvq" / "run" / "warm.py").read_text().splitlines()
     update = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "os.environ.update(env)")
     assert update in warm["executed_lines"]
+
+
+def test_a_shared_fixture_that_failed_is_not_rebuilt_by_the_next_test(tmp_path_factory):
+    """once_per_run: a build that raised (a calibration past its timeout) marks itself failed; the next
+    asker fails at once naming it instead of building (and timing out) again."""
+    from _pytest.outcomes import Failed
+
+    from tests.helpers.shared import once_per_run
+    calls = []
+
+    def build(folder):
+        calls.append(folder)
+        raise RuntimeError("too slow")
+    name = f"probe-{len(list(tmp_path_factory.getbasetemp().iterdir()))}"
+    with pytest.raises(RuntimeError):
+        once_per_run(tmp_path_factory, name, build)
+    with pytest.raises(Failed, match="failed in an earlier test: RuntimeError: too slow"):
+        once_per_run(tmp_path_factory, name, build)
+    assert len(calls) == 1
+    assert once_per_run(tmp_path_factory, name + "-ok", lambda folder: calls.append(folder)).is_dir()
+    assert len(calls) == 2 and once_per_run(tmp_path_factory, name + "-ok", build).is_dir()   # built once

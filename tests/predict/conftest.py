@@ -11,6 +11,13 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(f.startswith("calibrated") for f in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+            # the first test to ask builds the calibration inside its own timeout: minutes on a quiet
+            # 2-core VM (7.7 at most), more than the suite's 10 beside other work
+            item.add_marker(pytest.mark.timeout(CALIBRATION_TIMEOUT_S))
+
+
+#: the timeout of a test that reads a calibration fixture (pyproject.toml's 600 s for the others)
+CALIBRATION_TIMEOUT_S = 2400
 
 
 @pytest.fixture(scope="session")
