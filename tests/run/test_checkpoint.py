@@ -30,14 +30,16 @@ def _metrics(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "metrics.csv").drop(columns=TIME_COLS)
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("split", ["pooled", "by_label"])    # by_label: each rank its own digits' classes
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, split):
     full, broken, resumed = tmp_path / "full", tmp_path / "broken", tmp_path / "resumed"
-    code, sa = launch_job(full, *COMMON, "aggregator=qsgd")
+    common = [*COMMON, f"dataset.split={split}"]
+    code, sa = launch_job(full, *common, "aggregator=qsgd")
     assert code == 0, sa
-    code, _ = launch_job(broken, *COMMON, "aggregator=qsgd_dies", "checkpoint.every=5")
+    code, _ = launch_job(broken, *common, "aggregator=qsgd_dies", "checkpoint.every=5")
     assert code != 0                                           # rank 1 died at iteration 13
     assert json.loads((broken / "checkpoint" / "latest.json").read_text())["iteration"] == 10
-    code, sb = launch_job(resumed, *COMMON, "aggregator=qsgd", f"resume={broken}")
+    code, sb = launch_job(resumed, *common, "aggregator=qsgd", f"resume={broken}")
     assert code == 0, sb
     a, b = _metrics(full), _metrics(resumed)
     assert list(b.iteration) == list(range(24))
