@@ -131,6 +131,7 @@ def test_each_rank_draws_its_own_groups_only_disjoint_and_equally_long(sizes, wo
                     for r in range(world)]
         epochs.append(per_rank)
         assert all(len(y) == nb * bs for y in per_rank)           # every rank steps the same number of times
+        assert all(torch.equal(D.group_shard(data.groups, r, world, bs, 3, epoch), y) for r, y in enumerate(per_rank))
         for r, y in enumerate(per_rank):
             assert set(data.groups[y].tolist()) == owned[r], (r, set(data.groups[y].tolist()))
         union = torch.cat(per_rank)
