@@ -177,3 +177,12 @@ def test_a_split_the_data_set_has_no_groups_for_is_refused_in_one_line(compose_c
     with pytest.raises(ConfigCompositionException) as e:
         compose_cfg(f"dataset={dataset}", f"dataset.split={split}")
     assert describe(e.value) == f"dataset.split={split}: expected one of {allowed}"
+
+
+def test_the_composed_split_reaches_the_loader_as_the_ranks_build_it(compose_cfg):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.to_container(compose_cfg("dataset=digits", "dataset.split=by_label"), resolve=True)
+    data = instantiate(cfg["dataset"])                           # as gvq.run.train.build does
+    assert torch.equal(data.groups, data.y_train)
+    assert instantiate(OmegaConf.to_container(compose_cfg("dataset=digits").dataset)).groups is None
