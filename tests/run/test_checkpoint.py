@@ -106,6 +106,7 @@ def _refused(r, new: Path, *needles: str) -> None:
     ("aggregator=qsgd", ("aggregator=rar", "aggregator=qsgd")),
     ("model.width=8", ("model=", '"width": 8')),
     ("world_size=3", ("world_size=2", "world_size=3")),
+    ("dataset.split=by_label", ("dataset=", '"split": "by_label"')),
 ])
 def test_resuming_another_runs_checkpoint_is_refused_in_one_line(rar_checkpoint, tmp_path, override, needles):
     new = tmp_path / "new"
@@ -141,6 +142,17 @@ def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
     assert code == 0, summary
     meta = json.loads((rar_checkpoint / "checkpoint" / "latest.json").read_text())
     assert meta["identity"]["aggregator"] == "rar" and meta["identity"]["gvq_version"]
+
+
+def test_a_pooled_runs_identity_is_the_one_written_before_dataset_split_existed():
+    """Checkpoints from before dataset.split (pooled, unnamed) resume: pooled is left out of the identity."""
+    from gvq.run.checkpoint import identity
+    from gvq.schema.options import LabelSplit
+    before = {"_target_": "gvq.data.digits", "seed": 0, "test_fraction": 0.2}
+    def ident(dataset):
+        return identity({"model": {}, "optim": {}, "method": {}, "dataset": dataset}, "rar", 10, 1, 2)
+    assert ident({**before, "split": LabelSplit.pooled}) == ident({**before, "split": "pooled"}) == ident(before)
+    assert ident({**before, "split": LabelSplit.by_label})["dataset"] != ident(before)["dataset"]
 
 
 def _strip_method(run: Path) -> None:
