@@ -93,3 +93,9 @@ def bpe_tokenizer(train: bytes, vocab_size: int):
 def bpe_ids(tok, raw: bytes, which: str) -> np.ndarray:
     """``raw`` as token ids (int32)."""
     return np.asarray(tok.encode(as_text(raw, which)).ids, dtype=ID_DTYPE)
+
+
+def bpe_encoding(tok, raw: bytes, which: str) -> tuple[np.ndarray, np.ndarray]:
+    """``raw`` as token ids (int32), and the character each token starts at (which text a token is from)."""
+    enc = tok.encode(as_text(raw, which))
+    return np.asarray(enc.ids, dtype=ID_DTYPE), np.asarray([a for a, _ in enc.offsets], dtype=np.int64)

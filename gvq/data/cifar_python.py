@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import torch
 
-from gvq.data.tensors import TensorData
+from gvq.data.tensors import TensorData, label_groups
 
 CIFAR_STATS = {  # per-channel mean/std of the training images (values in [0, 1])
     10: ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -21,17 +21,17 @@ CIFAR_LAYOUT = {  # classes -> (folder, train files, test files, label key, arch
 }
 
 
-def cifar10(root: str = "data", download: bool = False) -> TensorData:
+def cifar10(root: str = "data", download: bool = False, split: str = "pooled") -> TensorData:
     """CIFAR-10 from ``root/cifar-10-batches-py`` (or ``root`` being that folder)."""
-    return _cifar(10, root, download)
+    return _cifar(10, root, download, split)
 
 
-def cifar100(root: str = "data", download: bool = False) -> TensorData:
+def cifar100(root: str = "data", download: bool = False, split: str = "pooled") -> TensorData:
     """CIFAR-100 (fine labels) from ``root/cifar-100-python`` (or ``root`` being that folder)."""
-    return _cifar(100, root, download)
+    return _cifar(100, root, download, split)
 
 
-def _cifar(classes: int, root: str, download: bool) -> TensorData:
+def _cifar(classes: int, root: str, download: bool, split: str) -> TensorData:
     root = os.path.expanduser(str(root))
     folder = _find_cifar(classes, root)
     if folder is None and download:
@@ -44,7 +44,7 @@ def _cifar(classes: int, root: str, download: bool) -> TensorData:
     xte, yte = _read_batches(folder, test, key)
     mean, std = CIFAR_STATS[classes]
     return TensorData(xtr, ytr, xte, yte, num_classes=classes, in_channels=3, mean=mean, std=std,
-                      augment=True)
+                      augment=True, groups=label_groups(ytr, split))   # split: gvq.data.tensors.label_groups
 
 
 def _find_cifar(classes: int, root: str) -> str | None:

@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 import torch
 
-from gvq.data.tensors import TensorData
+from gvq.data.tensors import TensorData, label_groups
 
 DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
 LAYOUTS = ("", "fashion-mnist", os.path.join("FashionMNIST", "raw"))   # under each searched folder
@@ -39,9 +39,10 @@ FIX = ("install Debian's package as root (apt-get install dataset-fashion-mnist,
 
 
 def fashion_mnist(root: str | None = None, n_train: int | None = None, seed: int = 0,
-                  n_test: int | None = None) -> TensorData:
+                  n_test: int | None = None, split: str = "pooled") -> TensorData:
     """Fashion-MNIST: 60,000 / 10,000 images 1x28x28, 10 classes; ``n_train`` / ``n_test`` keep a
-    stratified, seeded subset of the training / test images (``None``: all of them)."""
+    stratified, seeded subset of the training / test images (``None``: all of them); ``split``: how ranks
+    divide the training images (:func:`gvq.data.tensors.label_groups`)."""
     folder = find_fashion(root)
     (xtr, ytr), (xte, yte) = (_read_split(folder, split) for split in ("train", "test"))
     if n_train is not None:
@@ -53,8 +54,9 @@ def fashion_mnist(root: str | None = None, n_train: int | None = None, seed: int
     def as_images(a):                  # a writable (n, 1, 28, 28) copy
         return torch.from_numpy(np.array(a)).unsqueeze(1)
     mean, std = FASHION_STATS
-    return TensorData(as_images(xtr), torch.from_numpy(ytr), as_images(xte), torch.from_numpy(yte),
-                      num_classes=10, in_channels=1, augment=False, mean=mean, std=std)
+    ytr = torch.from_numpy(ytr)
+    return TensorData(as_images(xtr), ytr, as_images(xte), torch.from_numpy(yte), num_classes=10, in_channels=1,
+                      augment=False, mean=mean, std=std, groups=label_groups(ytr, split))
 
 
 def search_roots(root: str | None) -> list[str]:

@@ -23,6 +23,8 @@ NOVELS = ("sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northa
 AUSTEN_SHA256 = "f2516f2139e3cecf49657122fed58ac46313f1fdff32a26fc66789293e92d573"
 AUSTEN_BYTES = 4_025_029
 PERSUASION_BYTES = 466_854     # the last novel, held out
+#: each training novel's bytes as joined, in NOVELS' order: which novel a window is from (dataset.split=by_source)
+NOVEL_BYTES = (673_688, 684_768, 883_280, 883_028, 433_411)
 R_LIBRARY = "/usr/lib/R/site-library"
 #: under each searched root, where the package's data/ folder may be (as installed; as ``dpkg-deb -x``
 #: leaves it in a folder of one's own)
@@ -33,12 +35,17 @@ FIX = ("run make setup (as root it unpacks Debian's r-cran-janeaustenr without R
 
 
 def austen(root: str | None = None, context: int = 64, n_test: int | None = 256, tokenizer: str = "bytes",
-           vocab_size: int = 1024) -> TokenData:
+           vocab_size: int = 1024, split: str = "pooled") -> TokenData:
     """Five novels to train on, windows of *Persuasion* held out (``n_test`` spread evenly; ``None``: all);
-    bytes, or a BPE of ``vocab_size`` learned from the five (:mod:`gvq.data.bpe`)."""
+    bytes, or a BPE of ``vocab_size`` learned from the five (:mod:`gvq.data.bpe`).  ``split=by_source``:
+    each training window keeps its novel (the one its first token is in) as its group, so that each rank
+    trains on its own novels (:func:`gvq.data.batches.group_shard`)."""
+    if split not in ("pooled", "by_source"):
+        raise ValueError(f"dataset.split={split!r}: must be pooled or by_source")
     text = austen_text(root)
     cut = len(text) - PERSUASION_BYTES
-    return text_windows(text[:cut], text[cut:], context, n_test, tokenizer, vocab_size)
+    return text_windows(text[:cut], text[cut:], context, n_test, tokenizer, vocab_size,
+                        NOVEL_BYTES if split == "by_source" else None)
 
 
 def austen_text(root: str | None = None) -> bytes:

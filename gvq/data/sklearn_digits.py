@@ -9,11 +9,12 @@ import zipfile
 import numpy as np
 import torch
 
-from gvq.data.tensors import TensorData
+from gvq.data.tensors import TensorData, label_groups
 
 
-def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
-    """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats."""
+def digits(test_fraction: float = 0.2, seed: int = 0, split: str = "pooled") -> TensorData:
+    """sklearn's 1797 8x8 digits (0..16 -> /16), stratified split, normalised by train stats; ``split``:
+    how ranks divide the training images (:func:`gvq.data.tensors.label_groups`)."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
     x, y, train, test = _digits_split(test_fraction, seed)
@@ -21,8 +22,9 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> TensorData:
     mean, std = float(xtr.mean()), float(xtr.std())
     def norm(a):
         return torch.from_numpy((a - mean) / std).float()
-    return TensorData(norm(xtr), torch.from_numpy(ytr).long(), norm(xte),
-                      torch.from_numpy(yte).long(), num_classes=10, in_channels=1, augment=False)
+    ytr = torch.from_numpy(ytr).long()
+    return TensorData(norm(xtr), ytr, norm(xte), torch.from_numpy(yte).long(), num_classes=10, in_channels=1,
+                      augment=False, groups=label_groups(ytr, split))
 
 
 DIGITS_KEYS = ("x", "y", "train", "test")

@@ -27,6 +27,9 @@ class TensorData:
     std: Optional[tuple[float, ...]] = None
     # text (gvq.data.tokens.TokenData): bytes per token, for bits per byte; None: not text
     bytes_per_token: Optional[float] = None
+    # dataset.split: each training example's group (its novel, its class), whole groups dealt to ranks
+    # (gvq.data.batches.group_shard); None: pooled, every rank a random share of everything
+    groups: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if (self.x_train.dtype == torch.uint8) != (self.mean is not None and self.std is not None):
@@ -42,6 +45,16 @@ class TensorData:
         mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
         return (x.float().div_(255.0) - mean) / std
+
+
+def label_groups(y: torch.Tensor, split: str) -> Optional[torch.Tensor]:
+    """A labelled data set's :attr:`TensorData.groups` for ``dataset.split``: its classes (``by_label``: each
+    rank trains on a subset of the classes, the CNN's non-identical data) or none (``pooled``)."""
+    if split == "pooled":
+        return None
+    if split != "by_label":
+        raise ValueError(f"dataset.split={split!r}: must be pooled or by_label (a labelled data set's groups)")
+    return y
 
 
 def _seed(*parts: int) -> int:

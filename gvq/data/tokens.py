@@ -6,11 +6,14 @@ offsets: an epoch is then a permutation of a fixed set, so the batch stream stay
 ``(seed, epoch, rank, batch)`` that resume relies on (:mod:`gvq.data.batches`).  Tokens are bytes (V = 256)
 by default: no tokenizer file to ship, and bits per byte compare across corpora.  ``tokenizer="bpe"`` trains
 a byte-level BPE on the training text (:mod:`gvq.data.bpe`); bits per byte still compare, through
-``bytes_per_token``.
+``bytes_per_token``.  A corpus joined from several texts (Austen's novels) may keep each window's source
+as its group (``dataset.split=by_source``): windows are still cut from the joined text, so the pooled
+windows do not change, and the few that straddle two texts count as the first's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -54,37 +57,66 @@ def spaced(n: int, keep: int | None) -> torch.Tensor:
     return torch.linspace(0, n - 1, keep).round().long()
 
 
-def byte_windows(train: bytes, test: bytes, context: int, n_test: int | None) -> TokenData:
+def byte_windows(train: bytes, test: bytes, context: int, n_test: int | None,
+                 sources: Sequence[int] | None = None) -> TokenData:
     """A byte-level :class:`TokenData` from the training and held-out texts."""
+    starts = None if sources is None else np.arange(len(train))        # token i is byte i
     return _token_data(np.frombuffer(train, dtype=np.uint8), np.frombuffer(test, dtype=np.uint8), context,
-                       n_test, BYTE_VOCAB, 1.0)
+                       n_test, BYTE_VOCAB, 1.0, _token_sources(starts, sources))
 
 
-def bpe_windows(train: bytes, test: bytes, context: int, n_test: int | None, vocab_size: int) -> TokenData:
+def bpe_windows(train: bytes, test: bytes, context: int, n_test: int | None, vocab_size: int,
+                sources: Sequence[int] | None = None) -> TokenData:
     """A :class:`TokenData` in the ids of a BPE learned from ``train`` alone (cached)."""
-    from gvq.data.bpe import bpe_ids, bpe_tokenizer     # here: only tokenizer=bpe needs HF tokenizers
+    from gvq.data.bpe import bpe_encoding, bpe_ids, bpe_tokenizer   # here: only tokenizer=bpe needs HF tokenizers
     tok = bpe_tokenizer(train, vocab_size)
     test_ids = bpe_ids(tok, test, "held-out")
-    return _token_data(bpe_ids(tok, train, "training"), test_ids, context, n_test, tok.get_vocab_size(),
-                       len(test) / max(len(test_ids), 1))
+    if sources is None:
+        train_ids, token_sources = bpe_ids(tok, train, "training"), None
+    else:
+        train_ids, starts = bpe_encoding(tok, train, "training")
+        token_sources = _token_sources(starts, _char_lengths(train, sources))
+    return _token_data(train_ids, test_ids, context, n_test, tok.get_vocab_size(), len(test) / max(len(test_ids), 1),
+                       token_sources)
 
 
-def _token_data(train, test, context: int, n_test: int | None, vocab: int, bytes_per_token: float) -> TokenData:
+def _char_lengths(train: bytes, sources: Sequence[int]) -> list[int]:
+    """Byte lengths of consecutive UTF-8 texts as their lengths in characters (what BPE offsets count)."""
+    edges = np.cumsum([0, *sources])
+    return [len(train[a:b].decode("utf-8")) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _token_sources(starts: np.ndarray | None, sources: Sequence[int] | None) -> np.ndarray | None:
+    """Each token's source: the one of consecutive texts of lengths ``sources`` its first byte (or
+    character) ``starts`` lies in.  None: one source."""
+    if sources is None:
+        return None
+    return np.searchsorted(np.cumsum(sources), starts, side="right")
+
+
+def _token_data(train, test, context: int, n_test: int | None, vocab: int, bytes_per_token: float,
+                sources: np.ndarray | None = None) -> TokenData:
     xtr, ytr = windows(train, context)
     xte, yte = windows(test, context)
     keep = spaced(len(yte), n_test)
+    # a window straddling two sources counts as its first token's
+    groups = None if sources is None else torch.from_numpy(sources[:len(xtr) * context:context].astype(np.int64))
     return TokenData(xtr, ytr, xte[keep], yte[keep], num_classes=vocab, in_channels=1,
-                     bytes_per_token=bytes_per_token)
+                     bytes_per_token=bytes_per_token, groups=groups)
 
 
 def text_windows(train: bytes, test: bytes, context: int, n_test: int | None, tokenizer: str = "bytes",
-                 vocab_size: int = 1024) -> TokenData:
-    """The texts as windows of ``tokenizer``'s tokens: ``bytes`` (V = 256) or ``bpe`` (V = ``vocab_size``)."""
+                 vocab_size: int = 1024, sources: Sequence[int] | None = None) -> TokenData:
+    """The texts as windows of ``tokenizer``'s tokens: ``bytes`` (V = 256) or ``bpe`` (V = ``vocab_size``).
+    ``sources``: the byte lengths of the consecutive texts ``train`` joins (novels), each window's source
+    kept as its group (``dataset.split=by_source``); None: one pool."""
+    if sources is not None and sum(sources) != len(train):
+        raise ValueError(f"sources: {sum(sources):,} bytes, the training text {len(train):,}")
     if tokenizer == "bpe":
-        return bpe_windows(train, test, context, n_test, vocab_size)
+        return bpe_windows(train, test, context, n_test, vocab_size, sources)
     if tokenizer != "bytes":
         raise ValueError(f"dataset.tokenizer={tokenizer!r}: must be bytes or bpe")
-    return byte_windows(train, test, context, n_test)
+    return byte_windows(train, test, context, n_test, sources)
 
 
 def char_boundary(raw: bytes, cut: int) -> int:
@@ -95,8 +127,11 @@ def char_boundary(raw: bytes, cut: int) -> int:
 
 
 def text_file(path: str, context: int = 64, test_fraction: float = 0.1, n_test: int | None = 256,
-              tokenizer: str = "bytes", vocab_size: int = 1024) -> TokenData:
-    """A UTF-8 (or, as bytes, any) text file as a corpus: its last ``test_fraction`` of bytes held out."""
+              tokenizer: str = "bytes", vocab_size: int = 1024, split: str = "pooled") -> TokenData:
+    """A UTF-8 (or, as bytes, any) text file as a corpus: its last ``test_fraction`` of bytes held out.
+    One source, so one ``split``: pooled."""
+    if split != "pooled":
+        raise ValueError(f"dataset.split={split!r}: dataset=text is one source; only pooled")
     if not 0 < test_fraction < 1:
         raise ValueError(f"dataset.test_fraction={test_fraction!r}: must be in (0, 1)")
     try:

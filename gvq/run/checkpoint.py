@@ -39,8 +39,10 @@ def identity(cfg: dict, aggregator: str, num_classes: int, in_channels: int, wor
     """What a checkpoint belongs to: every key that changes a tensor's shape or what the state means."""
     def as_text(node) -> str:
         return json.dumps(node, sort_keys=True, default=str)
+    # pooled, the default, named as runs before dataset.split wrote it (without it): their checkpoints resume
+    dataset = {k: v for k, v in cfg["dataset"].items() if (k, v) != ("split", "pooled")}
     return {"gvq_version": __version__, "world_size": int(world), "aggregator": str(aggregator),
-            "model": as_text(cfg["model"]), "dataset": as_text(cfg["dataset"]), "optim": as_text(cfg["optim"]),
+            "model": as_text(cfg["model"]), "dataset": as_text(dataset), "optim": as_text(cfg["optim"]),
             "method": as_text(cfg["method"]),
             "num_classes": int(num_classes), "in_channels": int(in_channels)}
 

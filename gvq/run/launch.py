@@ -22,6 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from gvq.data import group_batches_per_epoch
 from gvq.hooks.builder import aggregator_from
 from gvq.run import checkpoint, fault
 from gvq.run.logs import mark, process_start, setup_logging
@@ -93,6 +94,11 @@ def preflight(cfg: DictConfig):
     if cfg.batch_size * world > len(data):
         config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "
                      f"exceeds the dataset's {len(data)} training examples")
+    try:                                   # dataset.split: the smallest rank's share must hold a batch too
+        if data.groups is not None:
+            group_batches_per_epoch(data.groups, world, cfg.batch_size)
+    except ValueError as e:
+        config_error(str(e))
     try:                                   # checks that need the model's shapes (GradiVeQ's K), and one
         agg.preflight(list(model.parameters()))      # example through it (a window longer than the model's
         with torch.no_grad():                        # context, an image of another size)

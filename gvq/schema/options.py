@@ -58,6 +58,10 @@ Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
 Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
+# dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
+SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
+LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)
+OneSource = Choice("OneSource", "pooled", module=__name__)                 # one text: nothing to split by
 Tokenizer = Choice("Tokenizer", "bytes bpe", module=__name__)   # dataset.tokenizer (gvq/data/bpe.py)
 
 # -- links -------------------------------------------------------------------------------------------
@@ -306,6 +310,7 @@ class DigitsSchema:
     _target_: str = "gvq.data.digits"
     test_fraction: float = 0.2
     seed: int = 0
+    split: LabelSplit = LabelSplit.pooled
 
 
 @dataclass
@@ -313,6 +318,7 @@ class CifarSchema:
     _target_: str = "gvq.data.cifar10"         # cifar10 | cifar100
     root: str = "data"
     download: bool = False
+    split: LabelSplit = LabelSplit.pooled
 
 
 @dataclass
@@ -322,6 +328,7 @@ class FashionMNISTSchema:
     n_train: Optional[int] = None
     seed: int = 0
     n_test: Optional[int] = None
+    split: LabelSplit = LabelSplit.pooled
 
 
 @dataclass
@@ -333,6 +340,7 @@ class SyntheticSchema:
     image_size: int = 32
     channels: int = 3
     seed: int = 0
+    split: LabelSplit = LabelSplit.pooled
 
 
 @dataclass
@@ -348,6 +356,7 @@ class _TextWindows:
 class AustenSchema(_TextWindows):
     _target_: str = "gvq.data.austen"
     root: Optional[str] = None
+    split: SourceSplit = SourceSplit.pooled
 
 
 @dataclass
@@ -355,6 +364,7 @@ class TextFileSchema(_TextWindows):
     _target_: str = "gvq.data.text_file"
     path: str = "???"
     test_fraction: float = 0.1
+    split: OneSource = OneSource.pooled
 
 
 #: (group, schema name) -> dataclass; an option file names one as ``/schema/<group>/<name>@_here_``

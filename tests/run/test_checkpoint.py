@@ -30,14 +30,16 @@ def _metrics(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "metrics.csv").drop(columns=TIME_COLS)
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("split", ["pooled", "by_label"])    # by_label: each rank its own digits' classes
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, split):
     full, broken, resumed = tmp_path / "full", tmp_path / "broken", tmp_path / "resumed"
-    code, sa = launch_job(full, *COMMON, "aggregator=qsgd")
+    common = [*COMMON, f"dataset.split={split}"]
+    code, sa = launch_job(full, *common, "aggregator=qsgd")
     assert code == 0, sa
-    code, _ = launch_job(broken, *COMMON, "aggregator=qsgd_dies", "checkpoint.every=5")
+    code, _ = launch_job(broken, *common, "aggregator=qsgd_dies", "checkpoint.every=5")
     assert code != 0                                           # rank 1 died at iteration 13
     assert json.loads((broken / "checkpoint" / "latest.json").read_text())["iteration"] == 10
-    code, sb = launch_job(resumed, *COMMON, "aggregator=qsgd", f"resume={broken}")
+    code, sb = launch_job(resumed, *common, "aggregator=qsgd", f"resume={broken}")
     assert code == 0, sb
     a, b = _metrics(full), _metrics(resumed)
     assert list(b.iteration) == list(range(24))
@@ -104,6 +106,7 @@ def _refused(r, new: Path, *needles: str) -> None:
     ("aggregator=qsgd", ("aggregator=rar", "aggregator=qsgd")),
     ("model.width=8", ("model=", '"width": 8')),
     ("world_size=3", ("world_size=2", "world_size=3")),
+    ("dataset.split=by_label", ("dataset=", '"split": "by_label"')),
 ])
 def test_resuming_another_runs_checkpoint_is_refused_in_one_line(rar_checkpoint, tmp_path, override, needles):
     new = tmp_path / "new"
@@ -139,6 +142,17 @@ def test_the_same_run_resumes_past_the_identity_check(rar_checkpoint, tmp_path):
     assert code == 0, summary
     meta = json.loads((rar_checkpoint / "checkpoint" / "latest.json").read_text())
     assert meta["identity"]["aggregator"] == "rar" and meta["identity"]["gvq_version"]
+
+
+def test_a_pooled_runs_identity_is_the_one_written_before_dataset_split_existed():
+    """Checkpoints from before dataset.split (pooled, unnamed) resume: pooled is left out of the identity."""
+    from gvq.run.checkpoint import identity
+    from gvq.schema.options import LabelSplit
+    before = {"_target_": "gvq.data.digits", "seed": 0, "test_fraction": 0.2}
+    def ident(dataset):
+        return identity({"model": {}, "optim": {}, "method": {}, "dataset": dataset}, "rar", 10, 1, 2)
+    assert ident({**before, "split": LabelSplit.pooled}) == ident({**before, "split": "pooled"}) == ident(before)
+    assert ident({**before, "split": LabelSplit.by_label})["dataset"] != ident(before)["dataset"]
 
 
 def _strip_method(run: Path) -> None:

@@ -110,6 +110,8 @@ CASES = [
     ("dataset=cifar100 dataset.root=/nonexistent", "dataset.root=/nonexistent"),
     ("dataset=cifar10 dataset.root={garbage}", "data_batch_1: not a CIFAR python batch"),
     ("dataset.test_fraction=1.5", "dataset.test_fraction=1.5"),
+    ("dataset.split=by_source", "dataset.split=by_source: expected one of pooled, by_label"),
+    ("dataset.split=by_label world_size=12 batch_size=100", "smallest rank's groups (dataset.split"),
     ("dataset=fashion_mnist dataset.root=/nonexistent", "no Fashion-MNIST under /nonexistent"),
     ("dataset=fashion_mnist dataset.root={idx_garbage}", "train-images-idx3-ubyte: not the Fashion-MNIST IDX"),
     ("dataset=fashion_mnist dataset.n_train=many", "dataset.n_train=many"),
