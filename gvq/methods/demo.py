@@ -19,12 +19,12 @@ Per step, on the whole model at once (all parameters one flat vector, zero-padde
 Where it departs from bloc97's code, and why:
 
 * **1-D chunks of the flat vector.**  bloc97 chunks each parameter in 2-D (the largest divisor ≤ 64 of
-  each dimension, 64 × 64 = 4,096 coefficients, k = 32 of them).  The reading notes
-  (shared/peers/low_communication.md §4) record that layout but nothing in the method's claims (error
+  each dimension, 64 × 64 = 4,096 coefficients, k = 32 of them).  The peers' reading notes record that
+  layout but nothing in the method's claims (error
   feedback, all-gather, sign step) depends on it; a 1-D chunking of the flat vector keeps the codec one
   batched matrix multiply with no per-parameter loop.  ``k = 1`` of 64 is the nearest density to DeMo's
-  32 of 4,096 (1/64 against 1/128), and its wire ratio is close: 5 B per 64 fp32 values (51x fewer than
-  dense fp32) against bloc97's 384 B per 4,096 (42.7x).
+  32 of 4,096 (1/64 against 1/128), and its bytes per value are close to bloc97's: 5 B per 64 fp32 values
+  against 384 B per 4,096.
 * **Indices at their width**: uint8 for ``chunk`` ≤ 256, else int32 (gloo carries no int16); bloc97 sends
   ``topk``'s int64.  Values go as the momentum's dtype (fp32).
 * **A deterministic mean**: each rank's sends scattered into its own dense row and the rows summed in rank
