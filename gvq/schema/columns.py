@@ -78,8 +78,8 @@ COLUMNS = (
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
     Column("synced", "", "rank0", "1 where the method synced in the step (averaged the gradients, the parameters, "
        "DiLoCo's pseudo-gradient or one Streaming DiLoCo fragment's), 0 where every rank stepped alone (bytes_sent "
-       "and aggregate_s 0, but for a Streaming DiLoCo fragment landing: its wait and outer step); logged by the methods that skip syncs (method=local_sgd, diloco, streaming_diloco): "
-       "without the column every step synced",
+       "and aggregate_s 0, but for a Streaming DiLoCo fragment landing: its wait and outer step); logged by the "
+       "methods that skip syncs (method=local_sgd, diloco, streaming_diloco): without the column every step synced",
        skipped=0, unsynced=0),
     # text data sets (a language model)
     Column("test_bpb", "", "rank0", "test loss in bits per byte (evaluation rows only): test_loss / ln 2 / bytes per "
