@@ -117,7 +117,7 @@ def summarize(raw: dict, args, world: int) -> dict:
             "clock": "wall", "pairs": len(pairs), "sync_iters": len(synced), "warmup": args.warmup, **med,
             "diloco_sync_iter_s": float(torch.tensor([r["iter_s"] for r in synced]).median()) if synced else None,
             "ratio": ratio.median, "ratio_lo": ratio.lo, "ratio_hi": ratio.hi,
-            "verdict": "no measurable cost" if free else f"costs {ratio.lo - 1:.1%} or more"}
+            "verdict": "no measurable cost" if free else f"costs {ratio.lo - 1:.2%} or more"}
 
 
 def print_cost(rec: dict) -> None:

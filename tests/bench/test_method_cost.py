@@ -29,7 +29,7 @@ def test_the_ratio_pairs_non_sync_iterations_only_and_says_a_cost_only_beyond_it
     assert same["pairs"] == 8 and same["sync_iters"] == 4 and same["diloco_sync_iter_s"] == 100.0
     assert same["ratio_lo"] <= 1 <= same["ratio_hi"] and same["verdict"] == "no measurable cost"
     dearer = summarize(_raw([1.2 + 0.01 * (it % 2) for it in range(12)], [1.0] * 12, syncs), ARGS, 1)
-    assert dearer["ratio_lo"] > 1 and dearer["verdict"].startswith("costs 20.0%")
+    assert dearer["ratio_lo"] > 1 and dearer["verdict"].startswith("costs 20.00%")
 
 
 def test_too_few_non_sync_iterations_is_one_line():

@@ -68,9 +68,10 @@ def _steps(df: pd.DataFrame) -> pd.Series:
 def test_virtual_time_overlaps_a_fragments_sync_with_the_tau_steps_after_it(compose_cfg, tmp_path):
     """net.clock=virtual, H = 6, P = 3 (a fragment sent after iterations 1, 3, ..., 11), 13 steps so each
     lands inside the run (τ ≤ 1).  On a 1 Mbit/s link a fragment's averaging (comm_s: ~11-18 ms) outlasts a step's
-    compute (~1-3 ms): τ = 0 waits for all of it (exposed_s ~ comm_s, on the send's row); τ = 1 hides the
+    compute (~1-3 ms): τ = 0 waits for all of it (exposed_s ~ its bytes' wire time, on the send's row: the
+    ring's CPU is the rank's one core's either way); τ = 1 hides the
     step between and exposes less, on the landing's row.  At 50 Mbit/s with τ = 2 the two steps' compute
-    exceeds the averaging: nothing is exposed (within 0.1 ms).  Every row's time holds its compute and
+    exceeds the averaging: nothing is exposed (within 0.1 ms).  Every row's time holds its compute and its
     aggregate_s, aggregate_s holds exposed_s, and the run's total is the sum of its rows' times (the
     final evaluation aside)."""
     base = ["method=streaming_diloco", "method.every=6", "method.fragments=3", "iterations=13", "eval_every=13",
@@ -82,8 +83,10 @@ def test_virtual_time_overlaps_a_fragments_sync_with_the_tau_steps_after_it(comp
     sent = t0.synced == 1
     assert list(sent) == [it % 2 == 1 and it < 13 for it in range(13)] and list(t1.synced) == list(sent)
     link = t0.bytes_sent[sent] * 8 / 1e6
-    assert (t0.comm_s[sent] >= 0.95 * link).all() and (t0.exposed_s[sent] >= 0.9 * t0.comm_s[sent]).all()
+    assert (t0.comm_s[sent] >= 0.95 * link).all() and (t0.exposed_s[sent] >= 0.9 * link).all(), (t0.exposed_s, link)
+    assert (t0.exposed_s[sent] <= t0.comm_s[sent] + 1e-6).all()
     lands = t1.iteration.isin(t1.iteration[sent] + 1)
+    assert (t1.aggregate_s[sent] < 0.5 * link).all(), t1.aggregate_s    # a send costs its CPU, never the link
     assert (t1.exposed_s[~lands] == 0).all() and (t1.exposed_s[lands] > 0).all()
     assert (t1.exposed_s[lands].to_numpy() < t1.comm_s[sent].to_numpy() - 0.5 * t1.compute_s[lands].to_numpy()).all()
     assert t1.exposed_s.sum() < t0.exposed_s.sum() - 0.5 * t1.compute_s[lands].sum()
@@ -96,7 +99,9 @@ def test_virtual_time_overlaps_a_fragments_sync_with_the_tau_steps_after_it(comp
         total = json.loads((tmp_path / name / "summary.json").read_text())["wall_s"]
         assert step.sum() == pytest.approx(d.wall_s.iloc[-1], abs=1e-5), name
         assert 0 <= total - step.sum() <= 0.1 * total, (name, total, step.sum())
-        assert (step >= d.compute_s + d.aggregate_s - 1e-5).all() and (d.aggregate_s >= d.exposed_s - 1e-6).all()
+        # compute_s and aggregate_s are each the slowest rank's (maybe two ranks): each within the row
+        assert (step >= d.compute_s - 1e-5).all() and (step >= d.aggregate_s - 1e-5).all(), name
+        assert (d.aggregate_s >= d.exposed_s - 1e-6).all(), name
 
 
 def test_world_size_1_runs(tmp_path):
@@ -217,3 +222,29 @@ def test_gradiveq_is_refused_for_more_than_one_fragment_and_taken_for_one(compos
     assert "aggregator=gradiveq fits its state from whole-model vectors" in str(e.value)
     StreamingDiLoCo(every=30, fragments=1).check(gradiveq)
     StreamingDiLoCo(every=30, fragments=3).check(aggregator_from(compose_cfg("aggregator=qsgd").aggregator))
+
+
+def test_a_fragment_in_flight_at_a_checkpoint_keeps_what_is_left_of_its_averaging():
+    """Virtual clock: a checkpoint stores an averaging in flight as the seconds left of it (a resumed process
+    has a new clock) and the resumed method ends it that long after its own now; the wall clock has
+    nothing left (it blocked at the send)."""
+    from gvq.comm import clock
+    try:
+        for mode, left in (("virtual", 0.25), ("wall", None)):
+            lane = clock.configure(mode)
+            methods = []
+            for _ in range(2):
+                m = StreamingDiLoCo(every=4, fragments=2, delay=1)
+                m.setup(list(_model().parameters()), RingAllReduce())
+                methods.append(m)
+            done = None if left is None else lane.now() + left
+            methods[0].pending = [(5, 0, torch.ones(3), done)]
+            state = methods[0].state_dict()
+            (saved,) = state["pending"]
+            assert saved["left_s"] is None if left is None else saved["left_s"] == pytest.approx(left, abs=0.05)
+            methods[1].load_state_dict(state)
+            (due, f, delta, end), now = methods[1].pending[0], lane.now()
+            assert (due, f, delta.tolist()) == (5, 0, [1.0] * 3)
+            assert end is None if left is None else 0 < end - now <= left
+    finally:
+        clock.configure()
