@@ -248,3 +248,26 @@ def test_a_fragment_in_flight_at_a_checkpoint_keeps_what_is_left_of_its_averagin
             assert end is None if left is None else 0 < end - now <= left
     finally:
         clock.configure()
+
+
+def _skip_a_landing(rank, world):
+    model = _model()
+    agg = RingAllReduce()
+    agg.setup(list(model.parameters()), RunContext(rank, world))
+    method = StreamingDiLoCo(every=4, fragments=2, delay=1)
+    method.setup(list(model.parameters()), agg)
+    in_flight = []
+    for it in range(4):
+        if it != 2:                           # the step skipped (nan_policy=skip): no after_step
+            method.after_step(it)
+        in_flight.append([(due, f) for due, f, _, _ in method.pending])
+    agg.close()
+    return in_flight
+
+
+def test_a_fragment_due_at_a_skipped_step_lands_at_the_next(tmp_path):
+    """H = 4, P = 2, τ = 1: fragment 0 is sent after iteration 1, due after 2; iteration 2 is skipped (its
+    after_step never runs), so it lands after 3, when fragment 1 is sent (due after 4): nothing is left
+    in flight for ever."""
+    (rows,) = run_ranks(_skip_a_landing, 1, tmp_path)
+    assert rows == [[], [(2, 0)], [(2, 0)], [(4, 1)]]
