@@ -12,6 +12,7 @@ never in tests).
     python -m gvq.bench codecs                                         # every codec per call vs its floor
     python -m gvq.bench gpucheck [part=[tests,codecs,cli]]             # the CUDA path, one table (make gpu-check)
     python -m gvq.bench overlap [wall=true] [grid.world_sizes=[4]]     # compression vs the overlapped fp16 baseline
+    python -m gvq.bench method-cost [every=10] [world_size=1]          # a step that does not sync: its cost
     python -m gvq.bench soak kills=4 every=5                           # planned SIGKILLs (seed), restarts=K,
                                                                        # nothing lost
 
@@ -23,8 +24,8 @@ from __future__ import annotations
 import sys
 
 from gvq.bench import BenchError
-from gvq.bench.keys import (OUT, AggregateKeys, ClockKeys, CodecsKeys, GpucheckKeys, NetnsKeys, NetnsTrainKeys,
-                            OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TrainKeys)
+from gvq.bench.keys import (OUT, AggregateKeys, ClockKeys, CodecsKeys, GpucheckKeys, MethodCostKeys, NetnsKeys,
+                            NetnsTrainKeys, OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TrainKeys)
 from gvq.schema.tool import Arg, Command, dispatch
 
 COMMANDS = {
@@ -34,6 +35,8 @@ COMMANDS = {
                      "against torch DDP, modes interleaved", OUT, grid="train"),
     "overlap": Command(OverlapKeys, "gvq.bench.overlap:bench_overlap", "compression against the overlapped fp16 "
                        "baseline, per cell of its grid", OUT, grid="overlap"),
+    "method-cost": Command(MethodCostKeys, "gvq.bench.method_cost:bench_method_cost", "every_step's compute-only "
+                           "path against DiLoCo's non-sync steps (train.step, wall clock): the paired ratio", OUT),
     "quantizers": Command(QuantizersKeys, "gvq.bench.quantizers:bench_quantizers", "quantize / dequantize GB/s of "
                           "every scalar quantizer, one thread", OUT),
     "codecs": Command(CodecsKeys, "gvq.bench.codecs:bench_codecs", "every codec per call against its floor", OUT),

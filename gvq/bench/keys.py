@@ -125,6 +125,15 @@ class TrainKeys(Workload):
 
 
 @dataclass
+class MethodCostKeys(Workload):
+    # every_step's compute-only path against DiLoCo's non-sync steps, through train.step, wall clock
+    every: int = 10                      # DiLoCo's H; larger => more non-sync pairs per iteration, fewer syncs
+    world_size: int = 1                  # ranks; more => the loop's own collectives in both modes, more noise
+    iters: int = 60                      # timed iterations per mode (pairs: its non-sync ones); more => tighter
+    timeout: float = 120.0               # seconds a rank waits for a peer
+
+
+@dataclass
 class NetnsKeys:
     # conf/grid/netns.yaml: grid.world_sizes (its first: the ranks), grid.links_bps the tbf rates; uncompressed
     # RAR under kernel shaping against the emulator on each

@@ -89,12 +89,21 @@ class DiLoCo(Method):
         """Fragment ``f``'s Δ = θ_global − θ_local, averaged by the aggregator (its parameters' share of
         any per-parameter state), with the sync's columns (``aggregate_s``: Δ and its average)."""
         t0 = clock.now()
-        local = self.flat_local(f)
-        delta = (self.globals_[f] - local.to(self.globals_[f].dtype)).to(local.dtype)
+        delta = self.delta(f)
         t_delta = clock.now() - t0
+        stats = self.average(f, delta, iteration)
+        return delta, {**stats, "aggregate_s": t_delta + stats["aggregate_s"]}
+
+    @torch.no_grad()
+    def delta(self, f: int) -> torch.Tensor:
+        """Fragment ``f``'s pseudo-gradient θ_global − θ_local, in the parameters' dtype."""
+        local = self.flat_local(f)
+        return (self.globals_[f] - local.to(self.globals_[f].dtype)).to(local.dtype)
+
+    def average(self, f: int, delta: torch.Tensor, iteration: int) -> dict:
+        """``delta`` (fragment ``f``'s) replaced by its average over ranks; the sync row's columns."""
         stats = self.agg.average_vector(delta, iteration, tuple(range(self.bounds[f], self.bounds[f + 1])))
-        return delta, {**columns.unsynced_row(), **stats, "phase": self.agg.name,
-                       "aggregate_s": t_delta + stats["aggregate_s"]}
+        return {**columns.unsynced_row(), **stats, "phase": self.agg.name}
 
     @torch.no_grad()
     def outer_apply(self, f: int, delta: torch.Tensor, alpha: float = 0.0) -> None:

@@ -78,8 +78,8 @@ COLUMNS = (
     Column("skipped", "", "max", "1 when nan_policy=skip skipped the step", skipped=1),
     Column("synced", "", "rank0", "1 where the method synced in the step (averaged the gradients, the parameters, "
        "DiLoCo's pseudo-gradient or one Streaming DiLoCo fragment's), 0 where every rank stepped alone (bytes_sent "
-       "and aggregate_s 0); logged by the methods that skip syncs (method=local_sgd, diloco, streaming_diloco): "
-       "without the column every step synced",
+       "and aggregate_s 0, but for a Streaming DiLoCo fragment landing: its wait and outer step); logged by the "
+       "methods that skip syncs (method=local_sgd, diloco, streaming_diloco): without the column every step synced",
        skipped=0, unsynced=0),
     # text data sets (a language model)
     Column("test_bpb", "", "rank0", "test loss in bits per byte (evaluation rows only): test_loss / ln 2 / bytes per "
@@ -88,9 +88,12 @@ COLUMNS = (
        wandb="train/tokens_per_second"),
     # overlapped communication (gvq's hook: aggregator.overlap=true; torch DDP's own)
     Column("buckets", "", "rank0", "DDP buckets averaged in the step"),
-    Column("comm_s", "s", "max", "first bucket launched -> last bucket averaged", bench=True),
+    Column("comm_s", "s", "max", "first bucket launched -> last bucket averaged (method=streaming_diloco: the "
+       "averaging of the fragment sent in the step, 0 where none was)", bench=True),
     Column("exposed_s", "s", "last_backward", "last bucket averaged - backward produced it: the communication "
-       "backward did not hide", bench=True),
+       "backward did not hide (method=streaming_diloco: what the step waited for the averaging of the fragment "
+       "it merged, the part of comm_s the compute of the method.delay steps between did not hide; on the wall "
+       "clock the averaging blocks at the send, so all of it, on the send's row)", bench=True),
     Column("last_bucket_s", "s", "last_backward", "the last bucket's own averaging (exposed_s is no shorter)",
        bench=True),
     Column("averaging_s", "s", "max", "gvq's hook: the buckets' own averaging, summed (on the communication "

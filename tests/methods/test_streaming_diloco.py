@@ -4,6 +4,8 @@ bytes; a delayed fragment lands τ steps after it was taken, mixed by α; a resu
 in flight is bitwise; world_size 1 runs; a misspelt or out-of-range knob is refused."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
@@ -56,6 +58,50 @@ def test_resume_mid_period_with_a_fragment_in_flight_equals_the_uninterrupted_ru
     a, b = (pd.read_csv(r / "metrics.csv").drop(columns=TIMES, errors="ignore") for r in (full, resumed))
     assert list(b.iteration) == list(range(12)) and list(b.synced) == [it % 2 for it in range(12)]
     pd.testing.assert_frame_equal(a, b)
+
+
+def _steps(df: pd.DataFrame) -> pd.Series:
+    """Each row's iteration time on the run's clock."""
+    return df.wall_s.diff().fillna(df.wall_s[0])
+
+
+def test_virtual_time_overlaps_a_fragments_sync_with_the_tau_steps_after_it(compose_cfg, tmp_path):
+    """net.clock=virtual, H = 6, P = 3 (a fragment sent after iterations 1, 3, ..., 11), 13 steps so each
+    lands inside the run (τ ≤ 1).  On a 1 Mbit/s link a fragment's averaging (comm_s: ~11-18 ms) outlasts a step's
+    compute (~1-3 ms): τ = 0 waits for all of it (exposed_s ~ its bytes' wire time, on the send's row: the
+    ring's CPU is the rank's one core's either way); τ = 1 hides the
+    step between and exposes less, on the landing's row.  At 50 Mbit/s with τ = 2 the two steps' compute
+    exceeds the averaging: nothing is exposed (within 0.1 ms).  Every row's time holds its compute and its
+    aggregate_s, aggregate_s holds exposed_s, and the run's total is the sum of its rows' times (the
+    final evaluation aside)."""
+    base = ["method=streaming_diloco", "method.every=6", "method.fragments=3", "iterations=13", "eval_every=13",
+            "net=mbit50", "net.latency_s=0", "net.clock=virtual"]
+    slow = [*base, "net.bandwidth_bps=1e6"]
+    df = _runs(compose_cfg, tmp_path, {"t0": [*slow, "method.delay=0"], "t1": [*slow, "method.delay=1"],
+                                       "hide": [*base, "method.delay=2"]})
+    t0, t1, hide = df["t0"], df["t1"], df["hide"]
+    sent = t0.synced == 1
+    assert list(sent) == [it % 2 == 1 and it < 13 for it in range(13)] and list(t1.synced) == list(sent)
+    link = t0.bytes_sent[sent] * 8 / 1e6
+    assert (t0.comm_s[sent] >= 0.95 * link).all() and (t0.exposed_s[sent] >= 0.9 * link).all(), (t0.exposed_s, link)
+    assert (t0.exposed_s[sent] <= t0.comm_s[sent] + 1e-6).all()
+    lands = t1.iteration.isin(t1.iteration[sent] + 1)
+    assert (t1.aggregate_s[sent] < 0.5 * link).all(), t1.aggregate_s    # a send costs its CPU, never the link
+    assert (t1.exposed_s[~lands] == 0).all() and (t1.exposed_s[lands] > 0).all()
+    assert (t1.exposed_s[lands].to_numpy() < t1.comm_s[sent].to_numpy() - 0.5 * t1.compute_s[lands].to_numpy()).all()
+    assert t1.exposed_s.sum() < t0.exposed_s.sum() - 0.5 * t1.compute_s[lands].sum()
+    between = hide.compute_s.rolling(2).sum().shift(-2)          # the compute of the 2 steps after each send
+    lands = sent & between.notna()                               # (the last one lands after the run's end)
+    assert (hide.comm_s[lands] < between[lands]).all(), (hide.comm_s[lands], between[lands])
+    assert hide.exposed_s.max() <= 1e-4 and (hide.comm_s[sent] > 0).all()
+    for name, d in df.items():
+        step = _steps(d)
+        total = json.loads((tmp_path / name / "summary.json").read_text())["wall_s"]
+        assert step.sum() == pytest.approx(d.wall_s.iloc[-1], abs=1e-5), name
+        assert 0 <= total - step.sum() <= 0.1 * total, (name, total, step.sum())
+        # compute_s and aggregate_s are each the slowest rank's (maybe two ranks): each within the row
+        assert (step >= d.compute_s - 1e-5).all() and (step >= d.aggregate_s - 1e-5).all(), name
+        assert (d.aggregate_s >= d.exposed_s - 1e-6).all(), name
 
 
 def test_world_size_1_runs(tmp_path):
@@ -176,3 +222,52 @@ def test_gradiveq_is_refused_for_more_than_one_fragment_and_taken_for_one(compos
     assert "aggregator=gradiveq fits its state from whole-model vectors" in str(e.value)
     StreamingDiLoCo(every=30, fragments=1).check(gradiveq)
     StreamingDiLoCo(every=30, fragments=3).check(aggregator_from(compose_cfg("aggregator=qsgd").aggregator))
+
+
+def test_a_fragment_in_flight_at_a_checkpoint_keeps_what_is_left_of_its_averaging():
+    """Virtual clock: a checkpoint stores an averaging in flight as the seconds left of it (a resumed process
+    has a new clock) and the resumed method ends it that long after its own now; the wall clock has
+    nothing left (it blocked at the send)."""
+    from gvq.comm import clock
+    try:
+        for mode, left in (("virtual", 0.25), ("wall", None)):
+            lane = clock.configure(mode)
+            methods = []
+            for _ in range(2):
+                m = StreamingDiLoCo(every=4, fragments=2, delay=1)
+                m.setup(list(_model().parameters()), RingAllReduce())
+                methods.append(m)
+            done = None if left is None else lane.now() + left
+            methods[0].pending = [(5, 0, torch.ones(3), done)]
+            state = methods[0].state_dict()
+            (saved,) = state["pending"]
+            assert saved["left_s"] is None if left is None else saved["left_s"] == pytest.approx(left, abs=0.05)
+            methods[1].load_state_dict(state)
+            (due, f, delta, end), now = methods[1].pending[0], lane.now()
+            assert (due, f, delta.tolist()) == (5, 0, [1.0] * 3)
+            assert end is None if left is None else 0 < end - now <= left
+    finally:
+        clock.configure()
+
+
+def _skip_a_landing(rank, world):
+    model = _model()
+    agg = RingAllReduce()
+    agg.setup(list(model.parameters()), RunContext(rank, world))
+    method = StreamingDiLoCo(every=4, fragments=2, delay=1)
+    method.setup(list(model.parameters()), agg)
+    in_flight = []
+    for it in range(4):
+        if it != 2:                           # the step skipped (nan_policy=skip): no after_step
+            method.after_step(it)
+        in_flight.append([(due, f) for due, f, _, _ in method.pending])
+    agg.close()
+    return in_flight
+
+
+def test_a_fragment_due_at_a_skipped_step_lands_at_the_next(tmp_path):
+    """H = 4, P = 2, τ = 1: fragment 0 is sent after iteration 1, due after 2; iteration 2 is skipped (its
+    after_step never runs), so it lands after 3, when fragment 1 is sent (due after 4): nothing is left
+    in flight for ever."""
+    (rows,) = run_ranks(_skip_a_landing, 1, tmp_path)
+    assert rows == [[], [(2, 0)], [(2, 0)], [(4, 1)]]
