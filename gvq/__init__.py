@@ -21,9 +21,11 @@ and the README's every file):
     schema/       the typed config the CLI and the hook both compose through: schemas (config.py, options.py),
                   one-line errors, where conf/ is (a checkout's or the wheel's copy) and compose()
     compressors/  codecs only (one file each; GradiVeQ's is the gradiveq/ subpackage); _-prefixed files are parts
+    workloads/    what a run trains on (loss, accuracy, bits per byte, one input's shape, a synthetic batch), one
+                  object every tool asks: the Workload contract (base.py), one file per kind
     data/         one loader per source format (idx: Fashion-MNIST, sklearn_digits, cifar_python, gaussian,
                   r_lazyload: Austen from an R lazy-load database), TensorData (tensors.py), text as next-token windows
                   (tokens.py: TokenData, text_file) and the sharded, resumable batch stream (batches.py)
-    models/       one file per model (cnn, resnet, gpt), shared layers in _layers.py
+    models/       one file per model (cnn, resnet, gpt), shared layers in _layers.py; each declares its input
 """
 __version__ = "0.1.0"

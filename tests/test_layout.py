@@ -26,6 +26,8 @@ ALLOWED = {
     "compressors": set(),
     "data": set(),
     "models": set(),
+    # a workload (loss, metrics, inputs) is the data's and the model's; every room that runs a model asks it
+    "workloads": {"data", "models"},
     "comm": {"compressors"},
     "aggregators": {"comm", "compressors"},
     "schema": set(),                                  # the typed config: Hydra and OmegaConf only
@@ -33,10 +35,11 @@ ALLOWED = {
     "hooks": {"schema", "methods", "aggregators", "comm", "compressors"},
     # a method (every_step, local SGD, DiLoCo) moves what it sends through an aggregator; the loop uses it
     "methods": {"schema", "aggregators", "comm", "compressors"},
-    "run": {"schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models"},
-    "bench": {"run", "schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models", "report"},
-    "analysis": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
-    "predict": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models"},
+    "run": {"schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models", "workloads"},
+    "bench": {"run", "schema", "methods", "hooks", "aggregators", "comm", "compressors", "data", "models", "workloads",
+              "report"},
+    "analysis": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models", "workloads"},
+    "predict": {"bench", "schema", "aggregators", "comm", "compressors", "data", "models", "workloads"},
     "report": {"schema"},                             # run outputs and their declared columns, never the training code
     # (bench may import report: a table compares its figures with report.intervals, as the report does)
 }

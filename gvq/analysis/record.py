@@ -7,8 +7,9 @@ Uses the same Hydra option files as the CLI, so ``model``/``dataset`` are their 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
+
+from gvq.workloads import of_data
 
 
 def record_gradients(model: str = "cnn", dataset: str = "digits", iterations: int = 150,
@@ -21,7 +22,8 @@ def record_gradients(model: str = "cnn", dataset: str = "digits", iterations: in
     cfg = compose([f"model={model}", f"dataset={dataset}", f"seed={seed}"])
     torch.manual_seed(seed)
     data = instantiate(cfg.dataset)
-    net = instantiate(cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    work = of_data(data)                     # the loss a run of this data trains on
+    net = instantiate(cfg.model, num_classes=work.num_classes, in_channels=work.in_channels)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     batches = iterate_batches(data, 0, 1, batch_size, seed)
     chosen = list(net.parameters())
@@ -31,7 +33,7 @@ def record_gradients(model: str = "cnn", dataset: str = "digits", iterations: in
     for it in range(iterations):
         _, x, y = next(batches)
         opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
+        work.loss(net(x), y).backward()
         if it % every == 0:
             grads.append(torch.cat([p.grad.reshape(-1) for p in chosen]).clone())
         opt.step()

@@ -1,5 +1,6 @@
 """The benchmarks' shared core: compose a config as the CLI would, build an aggregator from its option
-file, a model's gradient shapes, spawning loopback ranks, and printing a table with its setting.
+file, a model's workload (inputs and loss: gvq.workloads) and gradient shapes, spawning loopback ranks, and
+printing a table with its setting.
 
 Every ``gvq.bench`` subcommand imports from here.  A few also build on another's measurement, importing
 it: ``netns`` runs ``aggregate``'s and ``train``'s, ``overlap`` runs ``train``'s, ``codecs`` times
@@ -47,42 +48,18 @@ def build_model(model: str, num_classes: int, in_channels: int) -> torch.nn.Modu
     return instantiate(compose([f"model={model}"]).model, num_classes=num_classes, in_channels=in_channels)
 
 
+def model_workload(model: str, num_classes: int, shape=None):
+    """The workload a timed step of ``conf/model/<model>.yaml`` runs (:func:`gvq.workloads.of_model`): inputs
+    of ``shape``, else the input the model's config declares (a GPT's: a window of its ``model.context``)."""
+    from gvq.workloads import of_model
+    return of_model(compose([f"model={model}"]).model, num_classes, shape)
+
+
 def model_shapes(model: str, num_classes: int) -> list[torch.Size]:
-    """Parameter shapes of a model, in model order (the gradient an aggregator sees)."""
-    net = build_model(model, num_classes, in_channels(default_input_shape(model)))
+    """Parameter shapes of a model, in model order (the gradient an aggregator sees), built for its own
+    declared input."""
+    net = build_model(model, num_classes, model_workload(model, num_classes).in_channels)
     return [p.shape for p in net.parameters()]
-
-
-def default_input_shape(model: str) -> tuple[int, ...]:
-    """One input's shape a model is built for by default: a window of ``model.context`` tokens for a
-    language model (the key only a language model has), digits' 1 x 8 x 8 for the CNN, CIFAR's 3 x 32 x 32
-    for the ResNets."""
-    from omegaconf import OmegaConf
-    context = OmegaConf.select(compose([f"model={model}"]).model, "context")
-    if context is not None:
-        return (int(context),)
-    return (1, 8, 8) if model == "cnn" else (3, 32, 32)
-
-
-def in_channels(shape) -> int:
-    """The channels a model is built with for inputs of ``shape`` (a token window: one channel of ids)."""
-    return shape[0] if len(shape) == 3 else 1
-
-
-def synthetic_batch(batch: int, shape, num_classes: int, generator: torch.Generator | None = None):
-    """Random inputs of ``shape`` and their labels, as a timed step needs: images and one label each, or
-    windows of token ids and a next token per position (a language model's ``num_classes``: its vocabulary)."""
-    if len(shape) == 1:
-        return (torch.randint(0, num_classes, (batch, *shape), generator=generator),
-                torch.randint(0, num_classes, (batch, *shape), generator=generator))
-    return (torch.randn(batch, *shape, generator=generator),
-            torch.randint(0, num_classes, (batch,), generator=generator))
-
-
-def step_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The run's loss (gvq.run.train.step): a language model's (B, T, V) logits scored per token, as a
-    CNN's (B, C) per image."""
-    return torch.nn.functional.cross_entropy(out.flatten(0, -2), y.flatten())
 
 
 def spawn_loopback(fn, world: int, *args):

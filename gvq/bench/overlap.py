@@ -31,7 +31,7 @@ from gvq.schema.errors import ConfigError
 from gvq.schema.tool import choose, namespace
 from gvq.schema.setting import BENCH_VERSION, Setting, aliases, variant_name
 from gvq.report.intervals import CONFIDENCE, SEED, Interval, best_of, median_interval
-from gvq.bench.train import ModeSpec, RUN_DEFAULTS, input_shape, run_iterations
+from gvq.bench.train import ModeSpec, RUN_DEFAULTS, run_iterations, workload
 from gvq.run.logs import write_json_atomic
 
 OVERLAP = ("aggregator.overlap=true",)
@@ -173,6 +173,7 @@ def run_cell(args, world: int, scale: float, bps: float) -> list[dict]:
 
 def run_table(args) -> tuple[list[dict], list[dict]]:
     records, shown = [], Progress("overlap", len(args.world_size) * len(args.compute_scale) * len(args.bandwidth))
+    shape = workload(args).sample_shape
     for world in args.world_size:
         for scale in args.compute_scale:
             recs = []
@@ -184,7 +185,7 @@ def run_table(args) -> tuple[list[dict], list[dict]]:
                            ["link_Mbps", "setting", "variant", "iter_s", "iter_ci", "aggregate_s", "comm_s",
                             "exposed_s", "last_bucket_s", "straggle_s", "alone_s"],
                            f"seconds per iteration, virtual time (compute x{scale:g}, codec x{args.codec_scale:g}), "
-                           f"N={world}, model={args.model}, input {'x'.join(map(str, input_shape(args)))}, "
+                           f"N={world}, model={args.model}, input {'x'.join(map(str, shape))}, "
                            f"batch {args.batch_size}/rank, median of {args.iters} iterations after "
                            f"{args.warmup} warm-up (iter_ci: {CONFIDENCE:.0%} bootstrap interval of the median), "
                            "compressed phase pinned, garbage collected between iterations only")
@@ -218,7 +219,8 @@ def setting(args) -> dict:
     """What the figures were measured on, written beside them (``--out``): what a reader of the JSON
     (``python -m gvq.report tta``) shows and checks against its runs."""
     base = scoped(args.set)[0]
-    return {"model": args.model, "input_shape": list(input_shape(args)), "batch_per_rank": args.batch_size,
+    return {"model": args.model, "input_shape": list(workload(args).sample_shape),
+            "batch_per_rank": args.batch_size,
             # grid.set beyond the grid file's: what every run priced must have set too (gvq.report.tta)
             "num_classes": args.num_classes, "set": [o for o in args.set if o not in table_grid().set],
             # each family's default setting, which the report's gain over the family default is over

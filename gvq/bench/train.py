@@ -19,9 +19,9 @@ import torch.distributed as dist
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.ddp import wrap_ddp
 from gvq.bench import BenchError, Progress
-from gvq.bench.common import (build_model, check_net, clock_label, collections_untimed,
-                              configure_clock, default_input_shape, in_channels, net_defaults, make_aggregator,
-                              print_markdown, setting_name, spawn_loopback, step_loss, synthetic_batch)
+from gvq.bench.common import (build_model, check_net, clock_label, collections_untimed, configure_clock,
+                              make_aggregator, model_workload, net_defaults, print_markdown, setting_name,
+                              spawn_loopback)
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
@@ -67,9 +67,9 @@ def mode_specs(args) -> list[ModeSpec]:
 class _Mode:
     """One mode's model, optimizer and aggregator (None for ``torch_ddp`` / ``local``)."""
 
-    def __init__(self, spec: ModeSpec, rank: int, world: int, args, shape, device: torch.device):
-        self.name, self.agg = spec.label, None
-        net = build_model(args.model, args.num_classes, in_channels(shape)).to(device)
+    def __init__(self, spec: ModeSpec, rank: int, world: int, args, work, device: torch.device):
+        self.name, self.agg, self.work = spec.label, None, work
+        net = build_model(args.model, work.num_classes, work.in_channels).to(device)
         if spec.option == "torch_ddp":
             net = wrap_ddp(net)           # as gvq's own DDP options wrap it (no per-forward buffer sync)
         elif spec.option != "local":
@@ -96,7 +96,7 @@ class _Mode:
         t0 = clock.now()
         if self.agg is None:
             with clock.phase("compute"):
-                loss = step_loss(self.net(x), y)
+                loss = self.work.loss(self.net(x), y)
                 self.opt.zero_grad(set_to_none=False)
                 t_backward = clock.now()
                 loss.backward()
@@ -106,7 +106,7 @@ class _Mode:
             # backward alone: the only span an overlapped aggregator's buckets can hide behind
             row = {"compute_s": t_end - t0, "backward_s": t_end - t_backward}
         else:                                          # the runner's own per-iteration path
-            row = train.step(self.net, self.opt, self.agg, self.method, x, y, it)
+            row = train.step(self.net, self.opt, self.agg, self.method, self.work, x, y, it)
             row = reduce_row(row)
         row["iter_s"] = clock.now() - t0
         return [float(row.get(k, 0.0)) for k in COLS]
@@ -148,11 +148,11 @@ def _time_modes(rank: int, args, device: torch.device, out: str) -> None:
     """Every mode timed on this rank; rank 0 writes the rows.  The modes (DDP models among them) are
     freed when it returns, inside the group (:mod:`gvq.comm.group`)."""
     world = dist.get_world_size()
-    shape = input_shape(args)
-    modes = [_Mode(spec, rank, world, args, shape, device) for spec in args.specs or mode_specs(args)]
+    work = workload(args)
+    modes = [_Mode(spec, rank, world, args, work, device) for spec in args.specs or mode_specs(args)]
     warmup = max([args.warmup] + [m.warmup_needed() for m in modes])
     g = torch.Generator().manual_seed(rank)
-    x, y = (t.to(device) for t in synthetic_batch(args.batch_size, shape, args.num_classes, g))
+    x, y = (t.to(device) for t in work.synthetic_batch(args.batch_size, g))
     rows = time_rounds(modes, x, y, warmup, args.iters)
     for m in modes:
         if m.agg is not None:
@@ -211,11 +211,10 @@ def print_iterations(records: list[dict], header: str) -> None:
                    f"(_ci: {CONFIDENCE:.0%} bootstrap interval of the median), {ref}")
 
 
-def input_shape(args) -> tuple[int, ...]:
-    """The ``input_shape`` key, else :func:`default_input_shape`."""
-    if args.input_shape:
-        return tuple(args.input_shape)
-    return default_input_shape(args.model)
+def workload(args):
+    """The timed step's workload: inputs of the ``input_shape`` key, else the input ``model``'s config
+    declares (:func:`gvq.bench.common.model_workload`)."""
+    return model_workload(args.model, args.num_classes, args.input_shape)
 
 
 def iteration_args(cfg, paths) -> SimpleNamespace:

@@ -18,5 +18,13 @@ from gvq.models.cnn import DigitsCNN
 from gvq.models.gpt import GPT
 from gvq.models.resnet import RESNET_WIDTHS, BasicBlock, ResNet, ShortcutA, resnet20, resnet32, resnet56, resnet110
 
+
+def default_input(model_cfg) -> tuple[int, ...]:
+    """One input's shape the model of ``model_cfg`` (a composed ``model`` node) is built for when a tool
+    names no data set, as its ``_target_`` declares it (``default_input``): ``(C, H, W)`` or ``(T,)``."""
+    from hydra.utils import get_object
+    return tuple(get_object(model_cfg["_target_"]).default_input(model_cfg))
+
+
 __all__ = ["GPT", "RESNET_WIDTHS", "BasicBlock", "DigitsCNN", "ResNet", "ShortcutA", "resnet20", "resnet32",
-           "resnet56", "resnet110"]
+           "resnet56", "resnet110", "default_input"]

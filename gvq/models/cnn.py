@@ -30,5 +30,10 @@ class DigitsCNN(nn.Module):
         self.fc = nn.Linear(8 * w, num_classes)
         kaiming_init(self)
 
+    @staticmethod
+    def default_input(cfg) -> tuple[int, ...]:
+        """One input it is built for when a tool names no data set: a digit, 1 x 8 x 8."""
+        return (1, 8, 8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.features(x)), 1))

@@ -70,6 +70,11 @@ class GPT(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
+    @staticmethod
+    def default_input(cfg) -> tuple[int, ...]:
+        """One input it is built for when a tool names no data set: a window of its ``context`` tokens."""
+        return (int(cfg["context"]),)
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.context:

@@ -67,14 +67,14 @@ def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS, 
     """CPU seconds of one forward + backward + SGD step (what the compute phase times) on inputs of
     ``shape`` (default: the model's default data's), ``reps`` samples sorted: their spread on one quiet
     rank is the spread between ranks of one iteration."""
-    from gvq.bench.common import build_model, default_input_shape, in_channels, step_loss, synthetic_batch
-    shape = tuple(shape or default_input_shape(model))
-    net = build_model(model, num_classes, in_channels(shape))
+    from gvq.bench.common import build_model, model_workload
+    work = model_workload(model, num_classes, shape)
+    net = build_model(model, work.num_classes, work.in_channels)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x, y = synthetic_batch(batch, shape, num_classes)
+    x, y = work.synthetic_batch(batch)
 
     def step():
-        loss = step_loss(net(x), y)
+        loss = work.loss(net(x), y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
@@ -256,8 +256,9 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     each with the calibration grid's ``set`` applied and keyed by the name of what it runs:
     :func:`gvq.predict.structure.entries`, ``powersgd rank=6``) on inputs of ``shape`` (default: the
     model's default data's); write ``calibration.json`` and ``structure.json`` under ``out``."""
-    from gvq.bench.common import default_input_shape, in_channels
-    named, shape = entries(aggregators), list(shape or default_input_shape(model))
+    from gvq.bench.common import model_workload
+    work = model_workload(model, num_classes, shape)
+    named, shape = entries(aggregators), list(work.sample_shape)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cal = {"version": CALIBRATION_VERSION, "host": platform.processor() or platform.machine(),
@@ -269,7 +270,7 @@ def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = 
     cal["compute_s"] = statistics.median(cal["compute_samples"])
     struct = {"model": model, "aggregators": {}, "passes": {}}
     for name, entry in named.items():
-        agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=in_channels(shape))
+        agg, numel = build_on_one_rank(entry, model, num_classes, in_channels=work.in_channels)
         cal["codecs"].update(codec_costs(name, agg, numel, cold=cold))
         cal["measure"][name] = measure_cost(agg, numel)
         struct["numel"] = numel

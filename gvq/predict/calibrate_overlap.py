@@ -58,12 +58,12 @@ def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFI
     ``shape`` (default: the model's default data's), ``reps`` sorted samples each, and per parameter
     (model order) the median share of backward elapsed when its gradient was produced; ``order``: the
     parameters in the order their gradients came."""
-    from gvq.bench.common import build_model, default_input_shape, in_channels, step_loss, synthetic_batch
-    shape = tuple(shape or default_input_shape(model))
-    net = build_model(model, num_classes, in_channels(shape))
+    from gvq.bench.common import build_model, model_workload
+    work = model_workload(model, num_classes, shape)
+    net = build_model(model, work.num_classes, work.in_channels)
     params = list(net.parameters())
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    x, y = synthetic_batch(batch, shape, num_classes)
+    x, y = work.synthetic_batch(batch)
     stamps: dict[int, float] = {}
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(lambda _, i=i: stamps.__setitem__(i, time.thread_time()))
@@ -71,7 +71,7 @@ def backward_profile(model: str, batch: int, num_classes: int, reps: int = PROFI
     shares = []
     for rep in range(reps + 1):                 # the first one untimed (allocations, plans)
         t0 = time.thread_time()
-        loss = step_loss(net(x), y)
+        loss = work.loss(net(x), y)
         opt.zero_grad(set_to_none=False)
         t1 = time.thread_time()
         loss.backward()
@@ -132,12 +132,12 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
     with its aggregators and settings; time messages with each of ``host_ranks`` ranks on this host
     (``host_msg``: what validation against this host's N-rank benchmarks needs); write
     ``folder/overlap.json``."""
-    from gvq.bench.common import in_channels
     from gvq.predict.calibrate import message_cost
-    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_shape
+    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_workload
     cal = json.loads((folder / "calibration.json").read_text())
     named = calibrated_entries(cal, json.loads((folder / "structure.json").read_text()))
-    shape = calibrated_shape(cal)
+    work = calibrated_workload(cal)
+    shape = work.sample_shape
     torch.set_num_threads(1)
     torch.manual_seed(0)
     prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps, shape)
@@ -148,7 +148,7 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
         print(f"gvq.predict calibrate-overlap: {n} ranks on this host: {out['host_msg'][str(n)][0] * 1e6:.1f} "
               "us per message posted", flush=True)
     for name, entry in named.items():
-        agg, numel = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"], in_channels(shape))
+        agg, numel = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"], work.in_channels)
         out["buckets"][name] = {k: bucket_entries(name, agg, b, numel, cal["codecs"]) for k, b in layouts.items()}
         print(f"gvq.predict calibrate-overlap: {name}: buckets {[len(b) for b in layouts.values()]}", flush=True)
     (folder / "overlap.json").write_text(json.dumps(out))

@@ -83,11 +83,11 @@ def declared_passes(cal: dict, struct: dict) -> dict[str, int]:
     stored them gets them from its aggregators, built as calibrate built them (nothing timed)."""
     if "passes" in struct:
         return struct["passes"]
-    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_shape
+    from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_workload
     out = {}
     for name, entry in calibrated_entries(cal, struct).items():
         agg, _ = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"],
-                                   calibrated_shape(cal)[0])
+                                   calibrated_workload(cal).in_channels)
         out[name] = agg.extra_passes()
         agg.close()
     return out

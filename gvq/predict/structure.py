@@ -27,13 +27,12 @@ def structure_ns() -> list[int]:
 def build_on_one_rank(entry: str, model: str, num_classes: int, settings=SETTINGS, in_channels: int | None = None):
     """The calibrated ``entry`` (an option, or a setting ``OPTION:KEY=VALUE[,KEY=VALUE]`` as ``gvq.bench
     overlap grid.settings=[...]`` takes it; its own keys win over ``settings``, make bench's by default) set up
-    on one rank of ``model``'s gradient (``in_channels``: its input's, default the model's default data's),
-    GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
-    from gvq.bench.common import build_model, default_input_shape, make_aggregator
-    from gvq.bench.common import in_channels as channels_of
+    on one rank of ``model``'s gradient (``in_channels``: its input's, default that of the input the model's
+    config declares), GradiVeQ fitted as ``gvq.bench`` fits it; (aggregator, numel)."""
+    from gvq.bench.common import build_model, make_aggregator, model_workload
     s = Setting.parse(entry, settings)
     option, overrides = s.option, s.overrides
-    net = build_model(model, num_classes, in_channels or channels_of(default_input_shape(model)))
+    net = build_model(model, num_classes, in_channels or model_workload(model, num_classes).in_channels)
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -72,10 +71,16 @@ def stale_names(cal: dict, struct: dict) -> list[str]:
     return [f"{old!r} (priced as {new!r})" for old, new in zip(named, now) if old != new]
 
 
-def calibrated_shape(cal: dict) -> tuple[int, int, int]:
-    """One input's shape a calibration timed; one written before ``input_shape`` timed the default's."""
-    from gvq.bench.common import default_input_shape
-    return tuple(cal.get("input_shape") or default_input_shape(cal["model"]))
+def calibrated_workload(cal: dict):
+    """The workload a calibration timed: its ``input_shape``; one written before that key timed the input
+    its model's config declares."""
+    from gvq.bench.common import model_workload
+    return model_workload(cal["model"], cal["num_classes"], cal.get("input_shape"))
+
+
+def calibrated_shape(cal: dict) -> tuple[int, ...]:
+    """One input's shape a calibration timed (:func:`calibrated_workload`'s)."""
+    return calibrated_workload(cal).sample_shape
 
 
 def _nbytes(comp, q: slice) -> int:
@@ -128,7 +133,7 @@ def stale_rings(folder) -> tuple[int, list[str]]:
     named = calibrated_entries(cal, struct)
     for name, by_n in struct["aggregators"].items():
         agg, _ = build_on_one_rank(named[name], cal["model"], cal["num_classes"], cal["settings"],
-                                   calibrated_shape(cal)[0])
+                                   calibrated_workload(cal).in_channels)
         for n, rnds in by_n.items():
             total += 1
             if stored(rounds(name, agg, int(n))) != rnds:

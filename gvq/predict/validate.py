@@ -182,9 +182,10 @@ def _validated_file(ov, bench_json, args) -> pd.DataFrame:
     import json
     bench = json.loads(bench_json.read_text())
     st = bench["setting"]
-    from gvq.bench.common import default_input_shape
+    from gvq.bench.common import model_workload
     from gvq.predict.structure import calibrated_shape
-    shape = tuple(st.get("input_shape") or default_input_shape(st["model"]))   # older files: the default
+    # older files: the input the model's config declares
+    shape = model_workload(st["model"], st["num_classes"], st.get("input_shape")).sample_shape
     cal = ov.m.cal
     cal_shape = calibrated_shape(cal)
     if (st["model"], st["batch_per_rank"], st["num_classes"], shape) != (

@@ -35,6 +35,7 @@ from gvq.run.supervise import supervise, write_failure
 from gvq.run.validate import ConfigError, inert_knobs, validate
 from gvq.run.warm import adopt_environment, start_fork_server, start_method
 from gvq.schema.errors import instantiation_line
+from gvq.workloads import of_data
 
 
 def config_error(msg: str) -> NoReturn:
@@ -89,7 +90,8 @@ def preflight(cfg: DictConfig):
         print(f"gvq: warning: aggregator.bucket_cap_mb={cfg.aggregator.bucket_cap_mb} does nothing without "
               "aggregator.overlap=true (gradients are averaged after backward, as one vector)", file=sys.stderr)
     data = _try_instantiate("dataset", cfg.dataset)
-    model = _try_instantiate("model", cfg.model, num_classes=data.num_classes, in_channels=data.in_channels)
+    work = of_data(data)                   # what the ranks build their model for (gvq.run.train.build)
+    model = _try_instantiate("model", cfg.model, num_classes=work.num_classes, in_channels=work.in_channels)
     world = torchrun_world() or cfg.world_size
     if cfg.batch_size * world > len(data):
         config_error(f"batch_size={cfg.batch_size}: the global batch (x {world} ranks = {cfg.batch_size * world}) "

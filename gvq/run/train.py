@@ -22,7 +22,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from gvq.aggregators.base import RunContext
@@ -46,6 +45,7 @@ from gvq.run.logs import RunLog, mark
 from gvq.run.rows import TIME_KEYS, reduce_row
 from gvq.run.signals import signals_deferred
 from gvq.schema import columns
+from gvq.workloads import Workload, of_data
 
 log = logging.getLogger("gvq")
 
@@ -65,10 +65,12 @@ def lr_lambda(o: dict, iterations: int):
 
 
 def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
-    """Data, model (identical on all ranks: same seed, then a broadcast), optimizer, aggregator."""
+    """Data and its workload, model (identical on all ranks: same seed, then a broadcast), optimizer,
+    aggregator."""
     torch.manual_seed(cfg["seed"])
     data = instantiate(cfg["dataset"])
-    model = instantiate(cfg["model"], num_classes=data.num_classes, in_channels=data.in_channels)
+    work = of_data(data)
+    model = instantiate(cfg["model"], num_classes=work.num_classes, in_channels=work.in_channels)
     model.to(compute_device(cfg["device"]))
     for t in list(model.parameters()) + list(model.buffers()):
         broadcast_(t.data, 0)
@@ -80,13 +82,13 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
                                                    net["bandwidth_bps"], net["latency_s"], run_dir=run_dir,
                                                    aggregate_error=cfg["aggregate_error"]))
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
-    return data, model, opt, sched, agg
+    return data, work, model, opt, sched, agg
 
 
 @torch.no_grad()
-def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple[float, float]:
+def evaluate(model, data, work: Workload, rank: int, world: int, batch_size: int = 512) -> tuple[float, float]:
     """Exact test loss/accuracy over the whole test set, each rank scoring a disjoint shard; per target
-    (an image, or a token of a text window)."""
+    (an image, or a token of a text window), as the workload scores them."""
     for b in model.buffers():          # BN running stats differ per rank: use rank 0's everywhere
         broadcast_(b, 0)
     model.eval()
@@ -96,8 +98,8 @@ def evaluate(model, data, rank: int, world: int, batch_size: int = 512) -> tuple
     for chunk in idx.split(batch_size):
         out = model(data.inputs(data.x_test[chunk]).to(dev))
         y = data.y_test[chunk].to(dev)
-        tot += torch.tensor([F.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum").item(),
-                             (out.argmax(-1) == y).sum().item(), y.numel()], dtype=torch.float64, device=tot.device)
+        tot += torch.tensor([work.loss(out, y, reduction="sum").item(), work.correct(out, y).sum().item(),
+                             y.numel()], dtype=torch.float64, device=tot.device)
     dist.all_reduce(tot)
     model.train()
     return float(tot[0] / tot[2]), float(tot[1] / tot[2])
@@ -123,20 +125,20 @@ def build_method(cfg: dict, model, agg) -> Method:
     return method
 
 
-def step(model, opt, agg, method: Method, x, y, it: int, nan_policy: str = "error",
+def step(model, opt, agg, method: Method, work: Workload, x, y, it: int, nan_policy: str = "error",
          clip_norm: float | None = None) -> dict:
     """One iteration's row; the ``aggregate`` point's callbacks run once the gradients are checked and
-    before the method averages anything (every_step: the gradients; a local step: nothing).  A language
-    model's ``(B, T, V)`` logits are scored per token, as a CNN's ``(B, C)`` per image.  ``clip_norm``
+    before the method averages anything (every_step: the gradients; a local step: nothing).  The loss and
+    accuracy are the workload's (a language model's ``(B, T, V)`` logits per token).  ``clip_norm``
     clips the averaged gradient (the same on every rank; a local step: this rank's own)."""
     t0 = clock.now()
     with clock.phase("compute"):                  # net.compute_scale applies here (virtual clock)
         out = model(x)
-        loss = F.cross_entropy(out.flatten(0, -2), y.flatten())
+        loss = work.loss(out, y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
     compute_s = clock.now() - t0
-    acc = (out.argmax(-1) == y).float().mean().item()
+    acc = work.correct(out, y).float().mean().item()
     row = {"compute_s": compute_s, "train_loss": loss.item(), "train_acc": acc, "skipped": 0}
     if check_gradients(model, agg, it, nan_policy):
         opt.zero_grad(set_to_none=False)
@@ -196,7 +198,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
                     cfg["device"], net.get("comm_core", "shared"))
-    data, model, opt, sched, agg = build(cfg, rank, world, run_dir)
+    data, work, model, opt, sched, agg = build(cfg, rank, world, run_dir)
     method = build_method(cfg, model, agg)
     mark(meta, "built")
     prog, old_rows = Progress(), []
@@ -207,9 +209,8 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
         old_rows = checkpoint.previous_rows(resume, prog.start) if rank == 0 else []
     if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
-    text = TEXT_FIELDS if data.bytes_per_token is not None else ()
     asked = ("aggregate_error",) if cfg["aggregate_error"] else ()     # its column: NaN where not measurable
-    fields = ("skipped",) + tuple(method.extra_fields) + tuple(agg.extra_fields) + text + asked
+    fields = ("skipped",) + tuple(method.extra_fields) + tuple(agg.extra_fields) + work.extra_fields + asked
     runlog = RunLog(run_dir, fields, cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True
@@ -218,7 +219,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             runlog.row(row, replay=True)
         if rank == 0:
             restart.rows_replayed(run_dir)
-        summary = _loop(cfg, rank, world, run_dir, (data, model, opt, sched, agg, method), runlog, prog,
+        summary = _loop(cfg, rank, world, run_dir, (data, work, model, opt, sched, agg, method), runlog, prog,
                         meta.get("identity") or {})
         failed = False
         return summary
@@ -236,19 +237,6 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             runlog.close(failed=failed)
 
 
-#: the columns a text data set adds (gvq/schema/columns.py)
-TEXT_FIELDS = ("test_bpb", "tokens_per_second")
-
-
-def text_metrics(row: dict, data, tokens: int, step_s: float) -> None:
-    """A text run's columns: bits per byte on evaluation rows, tokens per second (all ranks) on every row."""
-    if data.bytes_per_token is None:
-        return
-    if "test_loss" in row:
-        row["test_bpb"] = row["test_loss"] / math.log(2) / data.bytes_per_token
-    row["tokens_per_second"] = tokens / step_s if step_s > 0 else float("nan")
-
-
 def _progress_bar(cfg, runlog, agg, world, prog):
     if runlog is None or not cfg["logger"]["progress"]:
         return None
@@ -258,7 +246,7 @@ def _progress_bar(cfg, runlog, agg, world, prog):
 
 
 def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict):
-    data, model, opt, sched, agg, method = parts
+    data, work, model, opt, sched, agg, method = parts
     iters, every = cfg["iterations"], cfg["checkpoint"]["every"]
     bar = _progress_bar(cfg, runlog, agg, world, prog)
     batches = iterate_batches(data, rank, world, cfg["batch_size"], cfg["seed"], prog.start)
@@ -269,7 +257,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         epoch, x, y = next(batches)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        stats = step(model, opt, agg, method, x, y, it, cfg["nan_policy"], cfg["optim"]["clip_norm"])
+        stats = step(model, opt, agg, method, work, x, y, it, cfg["nan_policy"], cfg["optim"]["clip_norm"])
         row = reduce_row(stats)
         sched.step()
         row.update(iteration=it, epoch=epoch, lr=lr, wall_s=clock.sync() - t0,
@@ -278,15 +266,15 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         row["clock"] = cfg["net"]["clock"]
         if (it + 1) % cfg["eval_every"] == 0 or it + 1 == iters:
             with method.synced_parameters(model):         # DiLoCo: the outer (global) parameters
-                prog.test_loss, prog.test_acc = evaluate(model, data, rank, world)
+                prog.test_loss, prog.test_acc = evaluate(model, data, work, rank, world)
             row.update(test_loss=prog.test_loss, test_acc=prog.test_acc)
-        text_metrics(row, data, y.numel() * world, row["wall_s"] - last_wall)
+        work.row_metrics(row, y.numel() * world, row["wall_s"] - last_wall)
         last_wall = row["wall_s"]
         for k in TIME_KEYS:
             prog.totals[k] = prog.totals.get(k, 0.0) + row[k]      # (a key newer than a resumed checkpoint)
         prog.skip_streak = prog.skip_streak + 1 if row["skipped"] else 0
         prog.loss_ema, prog.chance_since, prog.learned = track_chance(
-            prog.loss_ema, prog.chance_since, prog.learned, row["train_loss"], it, data.num_classes)
+            prog.loss_ema, prog.chance_since, prog.learned, row["train_loss"], it, work.num_classes)
         if runlog is not None:
             runlog.row(row)
             if bar is not None:
@@ -304,7 +292,7 @@ def _loop(cfg, rank, world, run_dir, parts, runlog, prog: Progress, ident: dict)
         bar.close()
     if runlog is not None:
         mark(runlog.meta, "trained")
-    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, data, method)
+    return _finish(cfg, model, runlog, prog, clock.now() - t0, time.perf_counter() - real0, agg, work, method)
 
 
 #: a run that ends with this many consecutive skipped steps (or skipped every step) diverged: it did not
@@ -335,7 +323,7 @@ def end_status(prog: Progress, iters: int, num_classes: int) -> dict:
     return {"status": "never_learned", "reason": reason} if reason else {"status": "completed"}
 
 
-def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg, data, method):
+def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: float, agg, work: Workload, method):
     with method.synced_parameters(model):        # between syncs only the synced parameters agree
         identical = replicas_identical(model)
     lock = lock_given_up()
@@ -344,10 +332,8 @@ def _finish(cfg, model, runlog, prog: Progress, wall_s: float, real_wall_s: floa
     if runlog is None:
         return None
     iters = cfg["iterations"]
-    text = {} if data.bytes_per_token is None else {
-        "final_test_bpb": prog.test_loss / math.log(2) / data.bytes_per_token,
-        "tokens_per_second": iters * cfg["batch_size"] * data.y_train.shape[1] * dist.get_world_size() / wall_s}
-    summary = {**end_status(prog, iters, data.num_classes), "iterations": iters, "final_test_acc": prog.test_acc,
+    text = work.summary_metrics(prog.test_loss, iters * cfg["batch_size"] * dist.get_world_size(), wall_s)
+    summary = {**end_status(prog, iters, work.num_classes), "iterations": iters, "final_test_acc": prog.test_acc,
                "final_test_loss": prog.test_loss, **text, "wall_s": wall_s, "real_wall_s": real_wall_s,
                **clock_fields(cfg), **lock, "replicas_identical": identical,
                **{f"total_{k}": v for k, v in prog.totals.items()},

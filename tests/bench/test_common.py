@@ -55,24 +55,27 @@ def test_a_disabled_collector_stays_disabled_after():
 
 
 def test_a_language_models_timed_step_is_a_window_of_tokens_scored_per_token():
-    """Every timed step (bench train, predict's calibrations) builds its inputs here: a model with a context
-    (gpt_tiny) takes windows of token ids and a next token per position, the CNN and ResNets images and one
-    label each; the loss is the run's, per token for a language model."""
+    """Every timed step (bench train, predict's calibrations) asks the model's workload for its inputs: a
+    model with a context (gpt_tiny) takes windows of token ids and a next token per position, the CNN and
+    ResNets images and one label each, as their configs declare; the loss is the run's, per token for a
+    language model."""
     import torch
 
-    from gvq.bench.common import (build_model, default_input_shape, in_channels, model_shapes, step_loss,
-                                  synthetic_batch)
-    assert default_input_shape("gpt_tiny") == (64,) and default_input_shape("cnn") == (1, 8, 8)
-    assert default_input_shape("resnet20") == (3, 32, 32)
-    assert (in_channels((64,)), in_channels((1, 8, 8)), in_channels((3, 32, 32))) == (1, 1, 3)
+    from gvq.bench.common import build_model, model_shapes, model_workload
+    assert model_workload("gpt_tiny", 256).sample_shape == (64,)
+    assert model_workload("cnn", 10).sample_shape == (1, 8, 8)
+    assert model_workload("resnet20", 10).sample_shape == (3, 32, 32)
+    assert [model_workload(m, 10, s).in_channels for m, s in (("gpt_tiny", (64,)), ("cnn", None),
+                                                               ("resnet20", None))] == [1, 1, 3]
     g = torch.Generator().manual_seed(0)
-    x, y = synthetic_batch(3, (16,), 256, g)
+    work = model_workload("gpt_tiny", 256, (16,))
+    x, y = work.synthetic_batch(3, g)
     assert x.shape == y.shape == (3, 16) and x.dtype == y.dtype == torch.int64 and int(x.max()) < 256
-    net = build_model("gpt_tiny", 256, in_channels((16,)))
-    loss = step_loss(net(x), y)
+    net = build_model("gpt_tiny", 256, work.in_channels)
+    loss = work.loss(net(x), y)
     manual = torch.nn.functional.cross_entropy(net(x).reshape(-1, 256), y.reshape(-1))
     assert loss.item() == pytest.approx(manual.item(), rel=1e-6) and loss.item() == pytest.approx(5.545, abs=0.1)
-    xi, yi = synthetic_batch(4, (1, 8, 8), 10, g)
+    xi, yi = model_workload("cnn", 10).synthetic_batch(4, g)
     assert xi.shape == (4, 1, 8, 8) and yi.shape == (4,) and xi.dtype == torch.float32
     assert sum(s.numel() for s in model_shapes("gpt_tiny", 256)) == 834_304    # the tied embedding once
 

@@ -1,15 +1,12 @@
 """Text as next-byte windows: targets are the inputs shifted by one, the held-out sample, a text file's split."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
 from gvq.data import iterate_batches, text_file
 from gvq.data.tokens import spaced, windows
-from gvq.run.train import text_metrics
 
 
 def test_windows_targets_are_the_next_tokens():
@@ -45,20 +42,6 @@ def test_text_file_holds_out_its_end_and_streams_as_batches(tmp_path):
     assert x.dtype == torch.int64 and x.shape == y.shape == (4, 10)
     with pytest.raises(FileNotFoundError, match="dataset.path="):
         text_file(str(tmp_path / "none.txt"))
-
-
-def test_bits_per_byte_is_nats_per_token_over_ln2_and_bytes_per_token():
-    class Text:
-        bytes_per_token = 2.0
-    row = {"test_loss": math.log(2) * 3.0}
-    text_metrics(row, Text(), tokens=1000, step_s=0.5)
-    assert row["test_bpb"] == pytest.approx(1.5) and row["tokens_per_second"] == pytest.approx(2000)
-
-    class Images:
-        bytes_per_token = None
-    row = {"test_loss": 1.0}
-    text_metrics(row, Images(), tokens=1000, step_s=0.5)
-    assert row == {"test_loss": 1.0}
 
 
 def test_a_split_never_starts_inside_a_character_and_a_bad_fraction_is_refused(tmp_path):

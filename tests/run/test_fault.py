@@ -12,6 +12,7 @@ from gvq.aggregators.base import Aggregator
 from gvq.methods.every_step import EveryStep
 from gvq.run import fault, train
 from gvq.run.fault import Kill, Kills
+from gvq.workloads import Classification
 from tests.helpers.launch import launch_job
 
 
@@ -76,7 +77,7 @@ def test_an_aggregate_kill_comes_between_backward_and_the_averaging_and_nothing_
     try:
         toy, method = Toy(), EveryStep()
         method.setup(list(model.parameters()), toy)                     # the default: gradients every step
-        rows = [train.step(model, opt, toy, method, x, y, it) for it in (1, 2)]
+        rows = [train.step(model, opt, toy, method, Classification(2, (3,)), x, y, it) for it in (1, 2)]
     finally:
         train.ITERATION_CALLBACKS.remove(kills.at)
         dist.destroy_process_group()

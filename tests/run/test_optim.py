@@ -14,6 +14,7 @@ from gvq.methods.every_step import EveryStep
 from gvq.models import GPT
 from gvq.run import optim
 from gvq.run.train import lr_lambda, step
+from gvq.workloads import Classification
 from tests.helpers.data import write_digits_as_cifar
 from tests.helpers.launch import launch_job
 
@@ -65,10 +66,11 @@ class _Doubling:
 
 
 def _every_step(model, agg):
-    """``agg`` and the default method bound to it: the gradients averaged every step."""
+    """``agg`` and the default method bound to it (the gradients averaged every step), and the workload
+    (cross-entropy over the model's 2 classes)."""
     method = EveryStep()
     method.setup(list(model.parameters()), agg)
-    return agg, method
+    return agg, method, Classification(2, (3,))
 
 
 def test_clipping_applies_to_the_averaged_gradient(tmp_path):
