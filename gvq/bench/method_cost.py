@@ -27,8 +27,8 @@ import torch.distributed as dist
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.rar import RingAllReduce
 from gvq.bench import BenchError, Progress
-from gvq.bench.common import (build_model, collections_untimed, configure_clock, default_input_shape, in_channels,
-                              net_defaults, print_markdown, spawn_loopback, synthetic_batch)
+from gvq.bench.common import (build_model, collections_untimed, configure_clock, model_workload, net_defaults,
+                              print_markdown, spawn_loopback)
 from gvq.comm import clock
 from gvq.comm.group import process_group
 from gvq.methods.base import Method
@@ -55,8 +55,9 @@ class SendsNothing(RingAllReduce):
 class _Mode:
     """One mode's model (the same start in both), optimizer, aggregator and method."""
 
-    def __init__(self, args, rank: int, world: int, method: Method, agg, shape):
-        model = build_model(args.model, args.num_classes, in_channels(shape))
+    def __init__(self, args, rank: int, world: int, method: Method, agg, work):
+        model = build_model(args.model, args.num_classes, work.in_channels)
+        self.work = work
         agg.setup(list(model.parameters()), RunContext(rank, world, 0, args.timeout))
         self.model, self.agg, self.method = agg.wrap(model), agg, method
         method.setup(list(self.model.parameters()), agg)
@@ -65,7 +66,7 @@ class _Mode:
     def iterate(self, x, y, it: int) -> list[float]:
         """One :func:`gvq.run.train.step`: this rank's seconds by :data:`COLS`."""
         t0 = clock.now()
-        row = train.step(self.model, self.opt, self.agg, self.method, x, y, it)
+        row = train.step(self.model, self.opt, self.agg, self.method, self.work, x, y, it)
         return [clock.now() - t0, row["compute_s"], row["aggregate_s"]]
 
 
@@ -79,11 +80,11 @@ def cost_rank(rank: int, world: int, args, init: str, out: str) -> None:
 
 def _time_both(rank: int, world: int, args, out: str) -> None:
     """Both modes timed, interleaved; rank 0 writes every timed iteration (the slowest rank's)."""
-    shape = tuple(args.input_shape) if args.input_shape else default_input_shape(args.model)
-    modes = {"every_step": _Mode(args, rank, world, EveryStep(), SendsNothing(), shape),
-             "diloco": _Mode(args, rank, world, DiLoCo(every=args.every), RingAllReduce(), shape)}
+    work = model_workload(args.model, args.num_classes, args.input_shape)
+    modes = {"every_step": _Mode(args, rank, world, EveryStep(), SendsNothing(), work),
+             "diloco": _Mode(args, rank, world, DiLoCo(every=args.every), RingAllReduce(), work)}
     g = torch.Generator().manual_seed(rank)
-    x, y = synthetic_batch(args.batch_size, shape, args.num_classes, g)
+    x, y = work.synthetic_batch(args.batch_size, g)
     rows: dict[str, list[dict]] = {name: [] for name in modes}
     with collections_untimed() as collect:
         for it in range(args.warmup + args.iters):
