@@ -27,7 +27,7 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
 
 
 BENCHES = ["aggregate", "train", "netns", "netns-train", "paper", "gpucheck", "overlap", "soak", "quantizers",
-           "clock", "startup", "codecs"]
+           "clock", "startup", "codecs", "method-cost"]
 
 
 def test_unknown_subcommand_exits_with_usage(capsys):
