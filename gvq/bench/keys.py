@@ -68,7 +68,7 @@ class OverlapKeys:
     wall: bool = False                   # true: instead, overlapped RAR vs torch DDP, wall clock, loopback
     model: str = "resnet32"              # whose forward and backward (conf/model/)
     num_classes: int = 10
-    input_shape: Optional[List[int]] = None   # C, H, W (null: the input the model's config declares); [1,28,28]: Fashion-MNIST
+    input_shape: Optional[List[int]] = None   # C, H, W (null: what the model's config declares); [1,28,28]: FMNIST
     batch_size: int = 32                 # per rank
     iters: int = 12                      # timed iterations per mode (the median, its interval); more => tighter
     warmup: int = 1                      # untimed iterations first
