@@ -16,7 +16,7 @@ import yaml
 from gvq.schema.config import NOT_A_SETTING
 from gvq.schema.setting import VARIANT_KEYS, canonical_name, method_name, short
 
-NOT_SETTING = ("aggregator", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
+NOT_SETTING = ("aggregator", "method", "seed", "logger", "resume", "checkpoint", "timeout_s", "nan_policy",
                "lambda", "K", "s", "L_t", "L_c", "warmup")    # config keys a rar baseline may differ in
 
 

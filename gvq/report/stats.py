@@ -57,11 +57,12 @@ def group_stats(g: Group, target: float) -> dict:
 
 
 def baseline_for(g: Group, groups: list[Group], stats: dict) -> dict | None:
-    """Pooled means of the completed rar runs sharing ``g``'s setting and how many there are (``runs``);
-    None if there are none."""
+    """Pooled means of the completed every-step rar runs sharing ``g``'s setting and how many there are
+    (``runs``); None if there are none.  A method that syncs less often is compared with rar every step
+    (its own rar runs would make every ratio 1)."""
     want = {setting_key(r.config) for r in g.runs}
     rar = [h for h in groups if h.aggregator == "rar" and h.status == "completed"
-           and {setting_key(r.config) for r in h.runs} == want]
+           and not any(r.method for r in h.runs) and {setting_key(r.config) for r in h.runs} == want]
     if not rar:
         return None
     weights = [len(h.runs) for h in rar]

@@ -136,3 +136,24 @@ def test_the_compression_ratio_is_one_definition_whatever_company_a_run_keeps():
     assert list(shown["compression ratio vs rar (bytes)"]) == ["—"]
     assert "No completed rar run of its setting: gradiveq:" in table_note(alone.reset_index())
     assert "No completed rar run" not in table_note(beside.reset_index())
+
+
+def test_a_method_that_syncs_less_often_is_compared_with_rar_every_step():
+    """DiLoCo on rar sends rar's bytes every 10th step: its ratio is 10 against every-step rar, not 1
+    against its own rar runs (a post-local SGD report read 1 for every=4 and every=16); with no every-step
+    rar beside it there is no baseline."""
+    from gvq.report.runs import group_runs
+    from gvq.report.stats import build_table, group_stats
+    rar = _bytes_run("rar", 0, [1500.0] * 10)
+    diloco = _bytes_run("rar", 1, [0.0] * 9 + [1500.0])
+    diloco.overrides += ["method=diloco", "method.every=10"]
+    rar.config, diloco.config = {"method": {"_target_": "every_step"}}, {"method": {"_target_": "diloco", "every": 10}}
+
+    def table_of(runs):
+        groups = group_runs(runs)
+        return build_table(groups, {id(g): group_stats(g, 0.9) for g in groups}).set_index("group")
+
+    beside = table_of([rar, diloco])
+    assert beside.loc["rar diloco every=10", "compression_ratio"] == pytest.approx(10)
+    assert beside.loc["rar", "compression_ratio"] == pytest.approx(1)
+    assert np.isnan(table_of([diloco]).loc["rar diloco every=10", "compression_ratio"])
