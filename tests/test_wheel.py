@@ -18,9 +18,10 @@ from tests.helpers.cli import ROOT
 
 pytestmark = pytest.mark.slow
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "gvq", "conf")     # what the wheel is built from
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "gvq", "conf", "hydra_plugins")   # what the wheel is built from
 CHECK = """
 import gvq, torch
+import hydra_plugins.gvq_sweeper.gvq_sweeper   # the -m sweeper ships in the wheel (Hydra scans that namespace)
 from gvq.hooks import GvqHookState
 from gvq.schema.compose import conf_dir
 with GvqHookState.from_config("gradiveq", torch.nn.Linear(4, 2).parameters(), {"lambda": 0.05},
