@@ -19,8 +19,8 @@ from gvq.run.validate import ConfigError, validate
 from tests.helpers.cli import cli_in_process
 from tests.helpers.dist import run_ranks
 from tests.helpers.launch import launch_job
+from tests.methods.test_diloco import SMALL, full_and_resumed
 
-SMALL = ["logger=csv", "logger.progress=false", "model.width=4", "batch_size=16"]
 PLAIN_SGD = ["optim=sgd", "optim.momentum=0", "optim.clip_norm=null", "optim.lr=1e-3"]
 
 
@@ -228,13 +228,7 @@ def test_an_aggregator_inside_backward_is_refused_before_any_rank_starts(tmp_pat
 def test_a_resume_from_a_checkpoint_equals_the_uninterrupted_run_bitwise(tmp_path):
     """Through the loop's checkpoints: 2 ranks checkpointed after iteration 4, resumed there, write the
     uninterrupted run's rows bitwise (times aside); each rank's momentum came back from its own file."""
-    run = [*SMALL, *PLAIN_SGD, "method=demo", "iterations=8", "eval_every=4"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    code, summary = launch_job(full, *run, "checkpoint.every=5")
-    assert code == 0, summary
-    code, summary = launch_job(resumed, *run, f"resume={full}")
-    assert code == 0 and summary["replicas_identical"], summary
     times = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "stage_s", "wall_s", "real_wall_s"]
-    a, b = (pd.read_csv(r / "metrics.csv").drop(columns=times) for r in (full, resumed))
+    a, b = full_and_resumed(tmp_path, [*SMALL, *PLAIN_SGD, "method=demo", "iterations=8", "eval_every=4"], 5, times)
     assert list(b.iteration) == list(range(8))
     pd.testing.assert_frame_equal(a, b)

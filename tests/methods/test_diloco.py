@@ -20,6 +20,17 @@ TIMES = ["compute_s", "aggregate_s", "compress_s", "decompress_s", "wire_s", "st
          "tokens_per_second", "comm_s", "exposed_s"]
 
 
+def full_and_resumed(tmp_path, run: list[str], checkpoint_every: int, times=TIMES):
+    """``run`` uninterrupted with a checkpoint every ``checkpoint_every`` iterations, then resumed from it:
+    both runs' metrics.csv less ``times`` (the columns a resume may not reproduce)."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    code, summary = launch_job(full, *run, f"checkpoint.every={checkpoint_every}")
+    assert code == 0, summary
+    code, summary = launch_job(resumed, *run, f"resume={full}")
+    assert code == 0 and summary["replicas_identical"], summary
+    return [pd.read_csv(r / "metrics.csv").drop(columns=times, errors="ignore") for r in (full, resumed)]
+
+
 def _train_all(rank, world, cfgs, root):
     from gvq.run.train import train
     for name, cfg in cfgs.items():
@@ -149,13 +160,7 @@ def test_resume_mid_period_equals_the_uninterrupted_run_bitwise(tmp_path):
     steps into a period), resumed there, writes the uninterrupted run's rows bitwise (times aside): the global
     copy, the outer momentum and the inner optimizer's state all came back (any one lost changes the sync at
     iteration 7 and every loss after)."""
-    run = ["method=diloco", "method.every=4", "iterations=12", "eval_every=4", *SMALL]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    code, summary = launch_job(full, *run, "checkpoint.every=6")
-    assert code == 0, summary
-    code, summary = launch_job(resumed, *run, f"resume={full}")
-    assert code == 0 and summary["replicas_identical"], summary
-    a, b = (pd.read_csv(r / "metrics.csv").drop(columns=TIMES, errors="ignore") for r in (full, resumed))
+    a, b = full_and_resumed(tmp_path, ["method=diloco", "method.every=4", "iterations=12", "eval_every=4", *SMALL], 6)
     assert list(b.iteration) == list(range(12)) and b.synced.sum() == 3
     pd.testing.assert_frame_equal(a, b)
 

@@ -18,7 +18,7 @@ from gvq.run.validate import ConfigError, validate
 from gvq.schema.errors import describe
 from tests.helpers.dist import run_ranks
 from tests.helpers.launch import launch_job
-from tests.methods.test_diloco import SMALL, TIMES, _params, _runs
+from tests.methods.test_diloco import SMALL, _params, _runs, full_and_resumed
 
 # -- through the training loop ---------------------------------------------------------------------------
 
@@ -50,12 +50,7 @@ def test_resume_mid_period_with_a_fragment_in_flight_equals_the_uninterrupted_ru
     in flight, a fragment's outer momentum or the global copy changes every loss after iteration 6."""
     run = ["method=streaming_diloco", "method.every=4", "method.fragments=2", "method.delay=1",
            "method.alpha=0.5", "iterations=12", "eval_every=4", *SMALL]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    code, summary = launch_job(full, *run, "checkpoint.every=6")
-    assert code == 0, summary
-    code, summary = launch_job(resumed, *run, f"resume={full}")
-    assert code == 0 and summary["replicas_identical"], summary
-    a, b = (pd.read_csv(r / "metrics.csv").drop(columns=TIMES, errors="ignore") for r in (full, resumed))
+    a, b = full_and_resumed(tmp_path, run, 6)
     assert list(b.iteration) == list(range(12)) and list(b.synced) == [it % 2 for it in range(12)]
     pd.testing.assert_frame_equal(a, b)
 
