@@ -28,14 +28,11 @@ class DiLoCoSchema:
 
 
 @dataclass
-class StreamingDiLoCoSchema:
+class StreamingDiLoCoSchema(DiLoCoSchema):       # DiLoCo's knobs, as StreamingDiLoCo is a DiLoCo
     _target_: str = "gvq.methods.streaming_diloco.StreamingDiLoCo"
-    every: int = 30
     fragments: int = 3
     delay: int = 1
     alpha: float = 0.0
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
 
 
 @dataclass
