@@ -25,9 +25,13 @@ class _Cycle:
         self.seen["initialized_when_freed"] = dist.is_initialized()
 
 
-def _work(rank: int, seen: dict) -> None:
+def _work(rank: int, seen: dict, out: str, fail: bool) -> None:
     _Cycle(seen)                              # unreachable at return, yet alive until a collection
-    if rank == 0:
+    if rank == 0 and fail:                    # the slow peer waits until the failed one has left (it must
+        deadline = time.monotonic() + 60      # not wait at a barrier for this one): no race with the clock
+        while not Path(out, "1.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    elif rank == 0:
         time.sleep(1.0)                       # the slow peer: the other must not leave before it is done
     seen["block_done"] = time.time()
 
@@ -36,7 +40,7 @@ def _rank(rank: int, init: str, out: str, fail: bool) -> None:
     seen: dict = {}
     try:
         with process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60)):
-            _work(rank, seen)
+            _work(rank, seen, out, fail)
             if fail and rank == 1:
                 raise RuntimeError("deliberate")
     except RuntimeError:
