@@ -7,62 +7,21 @@ choice outside its enum (``aggregator.topology=rng``) at compose time.  A schema
 ``_target_``'s keyword arguments, but for :data:`WRAPPING_KEYS` and :data:`SCHEDULE_KEYS` (the run's); an
 aggregator's knobs have their default here only (its constructor takes what it is given: :func:`knobs`
 builds one from the schema), every other constructor's defaults equal these (``tests/schema/test_options.py``
-holds both to the signatures); what a constructor's value means is said in the option files.  No torch
-here: the CLI imports this before Hydra composes.
+holds both to the signatures); what a constructor's value means is said in the option files.  The
+compressors' schemas are in :mod:`gvq.schema.codecs`, the string knobs' choices in :mod:`gvq.schema.choices`.
+No torch here: the CLI imports this before Hydra composes.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, List, Optional
+from typing import List, Optional
 
+from gvq.schema.choices import (Choice, Clock, CommCore, Hook, Hop, Kernels, LabelSplit, Norm, OneSource, Sampling,
+                                SourceSplit, Tokenizer, Topology)
+from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, FP16Schema, GradiVeQSchema, LinearSchema, ORQSchema,
+                               QSGDSchema, SignSGDSchema, TernGradSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
-
-# -- choices -----------------------------------------------------------------------------------------
-
-
-class Choice(enum.StrEnum):
-    """A string knob's allowed values; members are named as their values (``Topology.ring == "ring"``)."""
-
-    def __reduce_ex__(self, protocol):
-        # pickled (spawned ranks, checkpoints) as the plain string: a loader needs neither this module
-        # nor to allow it (torch.load(weights_only=True))
-        return str, (self.value,)
-
-
-class Clock(Choice):
-    wall = "wall"               # real time; links emulated by sleeping
-    virtual = "virtual"         # each rank's CPU time x scales + the link model, computed
-
-
-class Topology(Choice):
-    ring = "ring"               # decode-add-encode (or summed payloads) around a ring
-    allgather = "allgather"     # every rank's payload to every rank, decoded once each
-    ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
-
-
-class Hop(Choice):
-    auto = "auto"               # sum payloads on the ring when the compressor is additive
-    sum = "sum"                 # always sum (refused for a non-additive compressor)
-    reencode = "reencode"       # always decode-add-encode
-
-
-CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
-# choices whose meaning the option files say
-Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)
-Sampling = Choice("Sampling", "qsgd rar", module=__name__)
-Norm = Choice("Norm", "l2 max", module=__name__)
-Fit = Choice("Fit", "histogram sorted", module=__name__)
-Threshold = Choice("Threshold", "lloyd mean", module=__name__)
-Mu = Choice("Mu", "slice group", module=__name__)
-BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
-Matrices = Choice("Matrices", "auto conv rows", module=__name__)
-Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
-# dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
-SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
-LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)
-OneSource = Choice("OneSource", "pooled", module=__name__)                 # one text: nothing to split by
-Tokenizer = Choice("Tokenizer", "bytes bpe", module=__name__)   # dataset.tokenizer (gvq/data/bpe.py)
 
 # -- links -------------------------------------------------------------------------------------------
 
@@ -86,85 +45,6 @@ class NetSchema:
     # virtual, aggregator.overlap=true: the communication thread's CPU on the rank's one core (shared: it
     # delays backward) or a core of its own (own: only waits couple them; faster)
     comm_core: CommCore = CommCore.shared
-
-
-# -- compressors ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Bucketed:
-    bucket: Optional[int] = 2048
-    clip: Optional[float] = None
-
-
-@dataclass
-class QSGDSchema(_Bucketed):
-    _target_: str = "gvq.compressors.qsgd.QSGD"
-    bits: Optional[int] = 4
-    levels: Optional[int] = None
-    norm: Norm = Norm.l2
-    kernels: Kernels = Kernels.auto
-
-
-@dataclass
-class _Fitted(_Bucketed):
-    fit: Fit = Fit.histogram
-    kernels: Kernels = Kernels.auto       # every fitted quantizer has fused Triton kernels
-
-
-@dataclass
-class ORQSchema(_Fitted):
-    _target_: str = "gvq.compressors.orq.ORQ"
-    levels: int = 5
-
-
-@dataclass
-class LinearSchema(ORQSchema):
-    _target_: str = "gvq.compressors.linear.Linear"
-
-
-@dataclass
-class BinGradBSchema(_Fitted):
-    _target_: str = "gvq.compressors.bingrad_b.BinGradB"
-    threshold: Threshold = Threshold.lloyd
-
-
-@dataclass
-class BinGradPBSchema(_Fitted):
-    _target_: str = "gvq.compressors.bingrad_pb.BinGradPB"
-
-
-@dataclass
-class SignSGDSchema(_Bucketed):
-    _target_: str = "gvq.compressors.signsgd.ScaledSignSGD"
-    kernels: Kernels = Kernels.auto
-
-
-@dataclass
-class TernGradSchema(_Bucketed):
-    _target_: str = "gvq.compressors.terngrad.TernGrad"
-    kernels: Kernels = Kernels.auto
-
-
-@dataclass
-class FP16Schema:
-    _target_: str = "gvq.compressors.fp16.FP16"
-    kernels: Kernels = Kernels.auto
-
-
-@dataclass
-class GradiVeQSchema:
-    _target_: str = "gvq.compressors.gradiveq.codec.GradiVeQ"
-    lam: float = 0.01
-    K: Any = "auto"             # auto | x<m> | an int (gvq.compressors.gradiveq.layout.parse_K)
-    s: float = float("inf")
-    pool: bool = False
-    d: Optional[int] = None
-    target_ratio: Optional[float] = None
-    mu: Mu = Mu.slice
-    basis_dtype: BasisDtype = BasisDtype.float32
-    matrices: Matrices = Matrices.auto
-    kernels: Kernels = Kernels.auto       # the device path's steps between its GEMMs (_triton_lowrank.py)
 
 
 # -- aggregators ---------------------------------------------------------------------------------------

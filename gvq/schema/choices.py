@@ -1,0 +1,50 @@
+"""The string knobs' allowed values, as enums a schema's field is typed by (a value outside is refused at
+compose time, naming the key).  No torch here: the CLI imports this before Hydra composes.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Choice(enum.StrEnum):
+    """A string knob's allowed values; members are named as their values (``Topology.ring == "ring"``)."""
+
+    def __reduce_ex__(self, protocol):
+        # pickled (spawned ranks, checkpoints) as the plain string: a loader needs neither this module
+        # nor to allow it (torch.load(weights_only=True))
+        return str, (self.value,)
+
+
+class Clock(Choice):
+    wall = "wall"               # real time; links emulated by sleeping
+    virtual = "virtual"         # each rank's CPU time x scales + the link model, computed
+
+
+class Topology(Choice):
+    ring = "ring"               # decode-add-encode (or summed payloads) around a ring
+    allgather = "allgather"     # every rank's payload to every rank, decoded once each
+    ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
+
+
+class Hop(Choice):
+    auto = "auto"               # sum payloads on the ring when the compressor is additive
+    sum = "sum"                 # always sum (refused for a non-additive compressor)
+    reencode = "reencode"       # always decode-add-encode
+
+
+CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
+# choices whose meaning the option files say
+Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)
+Sampling = Choice("Sampling", "qsgd rar", module=__name__)
+Norm = Choice("Norm", "l2 max", module=__name__)
+Fit = Choice("Fit", "histogram sorted", module=__name__)
+Threshold = Choice("Threshold", "lloyd mean", module=__name__)
+Mu = Choice("Mu", "slice group", module=__name__)
+BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
+Matrices = Choice("Matrices", "auto conv rows", module=__name__)
+Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
+# dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
+SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
+LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)
+OneSource = Choice("OneSource", "pooled", module=__name__)                 # one text: nothing to split by
+Tokenizer = Choice("Tokenizer", "bytes bpe", module=__name__)   # dataset.tokenizer (gvq/data/bpe.py)

@@ -1,0 +1,87 @@
+"""One dataclass schema per compressor an aggregator option's ``compressor`` node builds (its fields are the
+compressor's keyword arguments, defaults equal to its signature's: ``tests/schema/test_options.py``); the
+options that carry them are in :data:`gvq.schema.options.OPTION_SCHEMAS`.  A new codec adds its dataclass
+here and its option there.  No torch here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gvq.schema.choices import BasisDtype, Fit, Kernels, Matrices, Mu, Norm, Threshold
+
+
+@dataclass
+class _Bucketed:
+    bucket: Optional[int] = 2048
+    clip: Optional[float] = None
+
+
+@dataclass
+class QSGDSchema(_Bucketed):
+    _target_: str = "gvq.compressors.qsgd.QSGD"
+    bits: Optional[int] = 4
+    levels: Optional[int] = None
+    norm: Norm = Norm.l2
+    kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class _Fitted(_Bucketed):
+    fit: Fit = Fit.histogram
+    kernels: Kernels = Kernels.auto       # every fitted quantizer has fused Triton kernels
+
+
+@dataclass
+class ORQSchema(_Fitted):
+    _target_: str = "gvq.compressors.orq.ORQ"
+    levels: int = 5
+
+
+@dataclass
+class LinearSchema(ORQSchema):
+    _target_: str = "gvq.compressors.linear.Linear"
+
+
+@dataclass
+class BinGradBSchema(_Fitted):
+    _target_: str = "gvq.compressors.bingrad_b.BinGradB"
+    threshold: Threshold = Threshold.lloyd
+
+
+@dataclass
+class BinGradPBSchema(_Fitted):
+    _target_: str = "gvq.compressors.bingrad_pb.BinGradPB"
+
+
+@dataclass
+class SignSGDSchema(_Bucketed):
+    _target_: str = "gvq.compressors.signsgd.ScaledSignSGD"
+    kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class TernGradSchema(_Bucketed):
+    _target_: str = "gvq.compressors.terngrad.TernGrad"
+    kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class FP16Schema:
+    _target_: str = "gvq.compressors.fp16.FP16"
+    kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class GradiVeQSchema:
+    _target_: str = "gvq.compressors.gradiveq.codec.GradiVeQ"
+    lam: float = 0.01
+    K: Any = "auto"             # auto | x<m> | an int (gvq.compressors.gradiveq.layout.parse_K)
+    s: float = float("inf")
+    pool: bool = False
+    d: Optional[int] = None
+    target_ratio: Optional[float] = None
+    mu: Mu = Mu.slice
+    basis_dtype: BasisDtype = BasisDtype.float32
+    matrices: Matrices = Matrices.auto
+    kernels: Kernels = Kernels.auto       # the device path's steps between its GEMMs (_triton_lowrank.py)
