@@ -9,6 +9,10 @@ import torch
 
 from gvq.aggregators.compressed import CompressedAggregator
 from gvq.aggregators.dtypes import widest_dtype
+from gvq.compressors import _kernels
+from gvq.compressors._kernels import Op, launch_kernel
+
+BLOCK = 1024            # values a program of the Triton path's error-memory kernels handles
 
 
 class ErrorFeedback:
@@ -18,9 +22,11 @@ class ErrorFeedback:
     a DDP bucket works on its parameters' share (``bucket.state[key]``: :meth:`share`) and any bucketing
     sees the same memory; a checkpoint keeps it under ``key``."""
 
-    def __init__(self, numel: int, dtype: torch.dtype, device, key: str = "error"):
+    def __init__(self, numel: int, dtype: torch.dtype, device, key: str = "error", kernels: str = "torch"):
         self.memory = torch.zeros(numel, dtype=dtype, device=device)
         self.key = key
+        # the path of :meth:`fold_in_` and :meth:`keep_mean_` (``_kernels.choose_path``, once: the memory stays put)
+        self.path = _kernels.choose_path(_kernels.check_kernels(kernels), self.memory.device, host=False)
 
     def per_parameter(self) -> dict[str, torch.Tensor]:
         """The memory as its owner's :meth:`FlatAggregator.per_parameter` lists it."""
@@ -45,11 +51,54 @@ class ErrorFeedback:
         else:
             torch.sub(kept, sent, alpha=alpha, out=e)
 
+    def fold_in_(self, e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """PowerSGD's form (:meth:`feed_`'s note): e <- e + x, then x <- e too, and a copy of e returned (its
+        pass P's input, whose write-back is void; pass Q reads and overwrites ``x``)."""
+        return FOLD_IN(self.path, e, x)
+
+    def keep_mean_(self, e: torch.Tensor, total: torch.Tensor, n: int, raw: list[slice], raw_mask) -> None:
+        """After a sum of ``n`` ranks: e <- e - total / n, 0 on the ``raw`` spans (sent exact), and
+        ``total`` <- the mean.  ``raw_mask()``: 1 on those spans (uint8, e's length), the kernel's form."""
+        KEEP_MEAN(self.path, e, total, n, raw, raw_mask)
+
     def state_dict(self) -> dict:
         return {self.key: self.memory.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         self.memory.copy_(state[self.key])
+
+
+def _fold_in_torch(e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ErrorFeedback.feed_(e, x)
+    x.copy_(e)
+    return e.clone()
+
+
+def _fold_in_triton(e: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+    scratch = torch.empty_like(e)
+    if e.numel():
+        launch_kernel(k.feed_memory, (-(-e.numel() // BLOCK),), e, x, x, scratch, e.numel(), BLOCK=BLOCK)
+    return scratch
+
+
+def _keep_mean_torch(e: torch.Tensor, total: torch.Tensor, n: int, raw: list[slice], raw_mask) -> None:
+    ErrorFeedback.keep_(e, e, total, alpha=1.0 / n)
+    for s in raw:
+        e[s] = 0.0
+    total.div_(n)
+
+
+def _keep_mean_triton(e: torch.Tensor, total: torch.Tensor, n: int, raw: list[slice], raw_mask) -> None:
+    from gvq.compressors import _triton_lowrank as k     # the kernel divides ``total`` as it keeps
+    if e.numel():
+        launch_kernel(k.keep_residual, (-(-e.numel() // BLOCK),), e, total, raw_mask(), e.numel(), n,
+                      F64=e.dtype == torch.float64, BLOCK=BLOCK)
+
+
+# the memory's steps around a sum of payloads, per path (``_kernels.Op``): torch's, and one launch each
+FOLD_IN = Op(torch=_fold_in_torch, triton=_fold_in_triton)
+KEEP_MEAN = Op(torch=_keep_mean_torch, triton=_keep_mean_triton)
 
 
 def feed_back(comp, flat: torch.Tensor, error: torch.Tensor, transmitted: torch.Tensor,

@@ -12,10 +12,8 @@ from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
 from gvq.aggregators.error_feedback import ErrorFeedback
 from gvq.comm.ring import Ring
-from gvq.compressors import _triton
+from gvq.compressors._kernels import check_kernels
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
-
-BLOCK = 1024            # values a program of the Triton path's error-memory kernels handles
 
 
 class PowerSGDAggregator(FlatAggregator):
@@ -34,7 +32,7 @@ class PowerSGDAggregator(FlatAggregator):
         if not isinstance(warm_start, bool):
             raise ValueError(f"aggregator.warm_start={warm_start!r}: must be true or false")
         self.min_compression_rate, self.warm_start = float(min_compression_rate), warm_start
-        self.kernels = _triton.check_kernels(kernels)
+        self.kernels = check_kernels(kernels)
         #: this iteration is compressed (iteration >= start_iter; set by aggregate)
         self.compressing = False
 
@@ -46,11 +44,9 @@ class PowerSGDAggregator(FlatAggregator):
         self.low_rank = PowerSGD([p.shape for p in self.params], self.rank, self.min_compression_rate,
                                  self.warm_start, seed=ctx.seed, dtype=self.compute_dtype(self.params),
                                  kernels=self.kernels)
-        # the error memory's steps around the rings as one kernel each, chosen once (the passes': PowerSGD's)
-        self._triton = _triton.use_triton(self.kernels, device)
         # error memory (blocks are parameters) in that dtype too: no parameter's share is rounded below
-        # its precision
-        self.feedback = ErrorFeedback(self.offsets[-1], self.low_rank.dtype, device)
+        # its precision; its steps around the rings on the path ``kernels`` chooses (one kernel each on Triton)
+        self.feedback = ErrorFeedback(self.offsets[-1], self.low_rank.dtype, device, kernels=self.kernels)
 
     def per_parameter(self):
         """The error memory: a bucket feeds back its share."""
@@ -114,42 +110,12 @@ class PowerSGDAggregator(FlatAggregator):
         p_ring, q_ring = self.rings(bucket.params, n)
         self.plan(bucket.params).q_local = []
         with self.stopwatch("compress"):
-            scratch = self._feed(error, flat)
+            scratch = fb.fold_in_(error, flat)      # M = g + e, in the memory, in ``flat`` and the scratch
         p_ring.run_(scratch, self.p2p, self.stopwatch)
         q_ring.run_(flat, self.p2p, self.stopwatch)
-        with self.stopwatch("compress"):
-            self._keep(error, flat, n, bucket.params)
-        if not self._triton:                        # the Triton path's kernel divides as it keeps
-            flat.div_(n)
+        with self.stopwatch("compress"):           # e = M - the mean P^ P^T M (raw blocks 0); flat /= n
+            fb.keep_mean_(error, flat, n, self._raw(bucket.params), lambda: self._raw_mask(bucket.params, error.device))
         return {"phase": "powersgd"}
-
-    def _feed(self, error: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        """M = g + e, kept in the memory buffer: pass Q reads M from ``flat`` and overwrites it, pass P
-        from the scratch returned (its write-back is void).  Torch: an add and two copies; Triton: one launch."""
-        if not self._triton:
-            self.feedback.feed_(error, flat)
-            flat.copy_(error)
-            return error.clone()
-        from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
-        scratch = torch.empty_like(error)
-        if error.numel():
-            _triton.launch_kernel(k.feed_memory, (-(-error.numel() // BLOCK),), error, flat, flat, scratch,
-                                  error.numel(), BLOCK=BLOCK)
-        return scratch
-
-    def _keep(self, error: torch.Tensor, flat: torch.Tensor, n: int, params) -> None:
-        """e = M - the mean P^ P^T M (``flat`` holds the sum), 0 on the blocks sent raw (exact).  Torch: a
-        subtraction and a fill per raw block; Triton: one launch, which also divides ``flat`` by ``n``."""
-        if not self._triton:
-            self.feedback.keep_(error, error, flat, alpha=1.0 / n)
-            for s in self._raw(params):
-                error[s] = 0.0
-            return
-        from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
-        if error.numel():
-            _triton.launch_kernel(k.keep_residual, (-(-error.numel() // BLOCK),), error, flat,
-                                  self._raw_mask(params, error.device), error.numel(), n,
-                                  F64=error.dtype == torch.float64, BLOCK=BLOCK)
 
     def _raw_mask(self, params, device: torch.device) -> torch.Tensor:
         """1 on the values of the blocks sent raw in ``params``' vector (uint8): the Triton path's fills."""

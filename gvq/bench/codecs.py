@@ -11,8 +11,8 @@ and floor = max(multiply-adds x 2 / GEMM rate, bytes that must move / bandwidth)
 input, the payload, and what a codec streams from memory on every call (GradiVeQ's bases, PowerSGD's
 Q and P matrices); scalar quantizers are bandwidth-bound (their arithmetic is a few operations a value).
 Beside the times, ops and host syncs per call (``gvq.bench.opcount``: what a GPU pays a launch for; on the
-host with ``GVQ_FUSED=0`` they are the device path's), and the Triton kernels launched per call
-(``gvq.compressors._triton``: 0 where the codec takes the torch ops, as on the host).
+host with ``kernels=torch`` they are the device path's), and the Triton kernels launched per call
+(``gvq.compressors._kernels``: 0 where the codec takes the torch ops, as on the host).
 ``x_floor`` = time / floor: 1 is the hardware's limit, not an achievable target for a Python codec.
 GradiVeQ is fitted once, before timing, as ``gvq.bench aggregate`` fits it (``prepare_benchmark``): on L_t
 isotropic random samples, so d = L_t - 1 per layer at lambda 0.01 -- the paper's regime (d near L_t - 1;
@@ -21,7 +21,6 @@ time is not a per-call cost).  On CUDA every timed call is synchronised.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -36,7 +35,7 @@ from gvq.bench.common import (
 from gvq.bench.opcount import count_call
 from gvq.bench.keys import CODECS
 from gvq.bench.quantizers import laplace_vector
-from gvq.compressors._triton import count_launches
+from gvq.compressors._kernels import count_launches
 from gvq.compressors.gradiveq.codec import BASIS_DTYPES
 from gvq.run.logs import write_json_atomic
 
@@ -102,19 +101,13 @@ def build_codec(name: str, shapes, device: torch.device):
 def codec_ops(name: str, shapes) -> tuple[int, int]:
     """(compress ops, decompress ops) of one call on the whole gradient, on the device path (host tensors,
     the fused host kernels off): what a GPU launches."""
-    old = os.environ.get("GVQ_FUSED")
-    os.environ["GVQ_FUSED"] = "0"
-    try:
-        comp = build_codec(name, shapes, torch.device("cpu"))[0]
-        numel = sum(int(torch.Size(s).numel()) for s in shapes)
-        x, seg = laplace_vector(numel), slice(0, numel)
-        payload = comp.compress(x, seg)
-        return (count_call(lambda: comp.compress(x, seg)).ops, count_call(lambda: comp.decompress(payload, seg)).ops)
-    finally:
-        if old is None:
-            del os.environ["GVQ_FUSED"]
-        else:
-            os.environ["GVQ_FUSED"] = old
+    comp = build_codec(name, shapes, torch.device("cpu"))[0]
+    if name != "powersgd":          # its passes have no host kernels: the torch ops on the host already
+        comp.kernels = "torch"      # before the first call, which chooses the path for good
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    x, seg = laplace_vector(numel), slice(0, numel)
+    payload = comp.compress(x, seg)
+    return (count_call(lambda: comp.compress(x, seg)).ops, count_call(lambda: comp.decompress(payload, seg)).ops)
 
 
 def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:

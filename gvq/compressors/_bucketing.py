@@ -12,12 +12,12 @@ import sys
 import torch
 from torch import Tensor
 
-from gvq.compressors import _batch
-from gvq.compressors import _fused as fused
-from gvq.compressors import _triton
+from gvq.compressors import _batch, _triton
+from gvq.compressors import _kernels as kernels_
 from gvq.compressors._dither import DitherLanes, Dithering
 from gvq.compressors._packing import Layout, pack, split_rows, unpack, word_format
 from gvq.compressors.base import Compressor, Health, check_bucket, check_clip, untimed
+from gvq.compressors._kernels import HOST, TRITON, Op
 
 if sys.byteorder != "little":  # the wire format is little-endian; we read it through tensor views
     raise ImportError("gvq.compressors._bucketing assumes a little-endian host")
@@ -78,7 +78,7 @@ class BucketQuantizer(Dithering, Compressor):
     def __init__(self, bucket: int | None = 2048, clip: float | None = None, kernels: str = "auto"):
         self.bucket = check_bucket(bucket)
         self.clip = check_clip(clip)
-        self.kernels, self._paths = _triton.check_kernels(kernels), {}
+        self.kernels, self._paths = kernels_.check_kernels(kernels), {}
         self.health = Health("sum")    # side info (or inputs) since the last check: NaN/Inf stay so
         self.reseed(0)
 
@@ -158,10 +158,11 @@ class BucketQuantizer(Dithering, Compressor):
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = (x if x.dim() == 1 else x.reshape(-1)).to(torch.float32)
         lay = self.layout(x.numel())
-        if lay.numel and self.on_triton(x.device):
-            return self.triton_compress(x, lay)
-        if self.pads and not fused.enabled(x) and lay.numel:
-            return _batch.compress_batch(self, x, lay, clip_rows)
+        return COMPRESS(self.path(x.device) if lay.numel else HOST, self, x, lay)
+
+    def compress_rows(self, x: Tensor, lay: Layout) -> Tensor:
+        """The bucket-by-bucket payload (``_encode`` on each run of whole buckets, then packed): the host
+        path's, and the torch path's for quantizers that do not pad."""
         if not self.side_flags_nonfinite:
             self.health.note(x.sum(dtype=torch.float32))   # not x: the ring may write it before the check
         out = torch.empty(lay.nbytes, dtype=torch.uint8, device=x.device)   # fresh: may still be in flight
@@ -175,15 +176,15 @@ class BucketQuantizer(Dithering, Compressor):
         out[: lay.side_bytes].view(torch.float32).copy_(side.reshape(-1))
         stream = self._code_stream(parts, lay)
         work = self.scratch("pack", stream.shape, torch.float64, x.device) if lay.per_word > 8 else None
-        pack(stream, lay, out[lay.side_bytes:], work)
+        pack(stream, lay, out[lay.side_bytes:], work, host=self.path(x.device) == HOST)
         return out
 
-    def on_triton(self, device: torch.device) -> bool:
-        """Whether calls on ``device`` take the Triton kernels: chosen on the first call there, never
-        again (``compressor.kernels``; quantizers without kernels, ``triton_spec`` None, never do)."""
-        if device not in self._paths:
-            self._paths[device] = _triton.supports(self) and _triton.use_triton(self.kernels, device)
-        return self._paths[device]
+    def path(self, device: torch.device) -> str:
+        """The path calls on ``device`` take (``_kernels.choose_path``): chosen on the first call there, never
+        again (``compressor.kernels``; quantizers without Triton kernels, ``triton_spec`` None or a
+        layout they do not fit, keep the host's or torch's)."""
+        got = self._paths.get(device)           # asked every call: the cache first, the spec only once
+        return got or kernels_.path_for(self._paths, self.kernels, device, triton=_triton.supports(self))
 
     def triton_spec(self) -> _triton.TritonSpec | None:
         """What the Triton kernels compute for this quantizer; None: it has none (the torch path)."""
@@ -219,7 +220,7 @@ class BucketQuantizer(Dithering, Compressor):
         """The ring hop fused on the Triton path (``_triton.quant_reencode_sum``, two launches, timed as
         ``compress``) for the quantizers that scale by a statistic; otherwise the base's three calls."""
         lay = self.layout(seg.stop - seg.start)
-        if not (lay.numel and self.on_triton(payload.device) and _triton.fuses_hop(self)):
+        if not (lay.numel and self.path(payload.device) == TRITON and _triton.fuses_hop(self)):
             return super().reencode_sum(payload, local, seg, stopwatch)
         with stopwatch("compress"):
             return self.triton_reencode_sum(self.checked_payload(payload, lay), local, lay)
@@ -233,10 +234,10 @@ class BucketQuantizer(Dithering, Compressor):
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
         lay = self.layout(seg.stop - seg.start)
         payload = self.checked_payload(payload, lay)
-        if lay.numel and self.on_triton(payload.device):
-            return _triton.quant_decompress(self, payload, lay)
-        if self.pads and not fused.enabled(payload) and lay.numel:
-            return _batch.decompress_batch(self, payload, lay)
+        return DECOMPRESS(self.path(payload.device) if lay.numel else HOST, self, payload, lay)
+
+    def decompress_rows(self, payload: Tensor, lay: Layout) -> Tensor:
+        """Inverse of :meth:`compress_rows`: ``_decode`` on each run of whole buckets."""
         out = torch.empty(lay.numel, dtype=torch.float32, device=payload.device)
         side = payload[: lay.side_bytes].view(torch.float32).view(-1, self.n_side)
         codes = unpack(payload[lay.side_bytes:], lay)
@@ -269,6 +270,18 @@ class BucketQuantizer(Dithering, Compressor):
         inv = torch.where(width > 0, 1.0 / width, 0.0)          # empty interval: t = 0, its level
         y = torch.sub(rows, levels.gather(1, k), out=self.scratch_like("y", rows))
         return self.dither_floor_(y.mul_(inv.gather(1, k)).add_(k))   # y = k + (v - b_k) / width
+
+
+# every scalar quantizer's calls, per path (``_kernels.Op``): the torch reference a padded batch where the
+# quantizer pads (``_batch``: a fixed few ops a call), bucket by bucket otherwise; the host the same
+# bucket-by-bucket code, its numba kernels inside (packing, dither, the fits); Triton's fused kernels
+COMPRESS = Op(torch=lambda q, x, lay: (_batch.compress_batch(q, x, lay, clip_rows) if q.pads
+                                       else q.compress_rows(x, lay)),
+              triton=lambda q, x, lay: q.triton_compress(x, lay),
+              host=BucketQuantizer.compress_rows)
+DECOMPRESS = Op(torch=lambda q, p, lay: _batch.decompress_batch(q, p, lay) if q.pads else q.decompress_rows(p, lay),
+                triton=lambda q, p, lay: _triton.quant_decompress(q, p, lay),
+                host=BucketQuantizer.decompress_rows)
 
 
 def prefix_sums(srt: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from gvq.compressors import _fused as fused
 from gvq.compressors._packing import digit_dtype
+from gvq.compressors._kernels import HOST
 
 #: ``floor(y + DITHER_OFFSET + r * 2**-16)`` with r uniform int16 is unbiased stochastic rounding of y
 DITHER_OFFSET = 0.5 + 2.0 ** -17
@@ -27,14 +28,15 @@ class DitherLanes:
         self._tmp: Tensor | None = None            # the fold's output buffer, beside them
         self._c: Tensor | None = None              # the increment as a tensor: c + a*s in one fused pass
 
-    def uniform16(self, n: int, device: torch.device, gen: torch.Generator) -> Tensor:
-        """``gen`` (CPU, seeded) seeds lanes not yet drawn from."""
+    def uniform16(self, n: int, device: torch.device, gen: torch.Generator, compiled: bool = True) -> Tensor:
+        """``gen`` (CPU, seeded) seeds lanes not yet drawn from; ``compiled``: host lanes step in numba's
+        one pass (the host path's; the torch ops' draws are the same bit for bit)."""
         words = -(-n // 4)
         if device.type == "meta":
             return torch.empty(n, dtype=torch.int16, device=device)
         self._grow(words, device, gen)
         s = self.state[:words]
-        if fused.enabled(s):                       # the same step and fold, one compiled pass
+        if compiled and s.device.type == "cpu":    # the same step and fold, one compiled pass
             fused.lcg_step(s.numpy().view("uint64"), self._tmp[:words].numpy().view("uint64"))
             return self._tmp[:words].view(torch.int16)[:n]
         torch.add(self._c, s, alpha=A, out=s)      # s <- c + a*s: one LCG step per lane read, one pass
@@ -66,7 +68,7 @@ class DitherLanes:
 
 class Dithering:
     """Stochastic rounding for a bucket quantizer (mixed into ``BucketQuantizer``, whose ``levels``,
-    ``dither_base``, ``gen``, ``lanes``, ``scratch`` and ``_ws`` it uses): integer codes of a batch of
+    ``dither_base``, ``gen``, ``lanes``, ``path``, ``scratch`` and ``_ws`` it uses): integer codes of a batch of
     scaled values, drawn fresh every call, from the lanes on the host and the device's own generator
     elsewhere."""
 
@@ -82,7 +84,8 @@ class Dithering:
         ``dither_shift``; ``scale`` (m, 1): round ``y * scale`` (y not written), on the host in one fused
         pass (``_fused.scale_dither_floor``, with the lanes' uniforms)."""
         codes = self.scratch("codes", y.shape, digit_dtype(self.levels), y.device)
-        if scale is not None and not shifted and fused.enabled(y) \
+        host = self.path(y.device) == HOST
+        if scale is not None and not shifted and host \
                 and y.is_contiguous() and y.dtype == torch.float32 and y.dim() == 2:
             u = self.lanes.uniform16(y.numel(), y.device, self.gen)
             fused.scale_dither_floor(y.numpy(), scale.reshape(-1).contiguous().numpy(), self.dither_shift,
@@ -91,7 +94,7 @@ class Dithering:
         # the device path: a fresh uniform in [base, base + 1) from the device's own generator (one
         # kernel), floor(y + u) unbiased; fmin, not clamp: a NaN (a NaN/Inf input, which the side info
         # flags) becomes the top code, never an out-of-range integer
-        if fused.enabled(y):       # the host: the lanes' uniforms, so every host path (the fused kernels,
+        if host:                   # the host: the lanes' uniforms, so every host path (the fused kernels,
             # a sorted fit beside them) draws the same numbers: common random numbers for comparisons
             if scale is not None:
                 y = torch.mul(y, scale, out=self.scratch_like("y", y))

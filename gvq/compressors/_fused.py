@@ -1,12 +1,12 @@
 """Fused host kernels (numba) for the scalar quantizers: each makes in one compiled pass what eager torch
-ops make in several full memory passes.
+ops make in several full memory passes.  They are the ``host`` path of :mod:`._kernels` (chosen there, by
+``compressor.kernels``: ``auto`` takes them on host tensors, ``torch`` does not).
 
 See docs/design.md#gvqcompressors_fusedpy for how it works and why.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -19,15 +19,13 @@ except ImportError as e:
 F32 = np.float32
 
 
-def enabled(x) -> bool:
-    """True where these kernels serve tensor ``x``: on the host, not switched off (``GVQ_FUSED=0``).  A
-    host tensor without numba is an ImportError saying so, not the torch path taken quietly."""
-    if x.device.type != "cpu" or os.environ.get("GVQ_FUSED", "1") == "0":
-        return False
+def require() -> None:
+    """The host path's check (``_kernels.choose_path``): a host tensor without numba is an ImportError saying
+    so, not the torch path taken quietly."""
     if njit is None:
         raise ImportError(f"gvq needs numba for its host quantizer kernels: pip install 'numba>=0.60' "
-                          f"(or set GVQ_FUSED=0 to choose the slower torch ops): {_NUMBA_ERROR}")
-    return True
+                          f"(or choose the slower torch ops: compressor.kernels=torch, or GVQ_FUSED=0 "
+                          f"for every codec): {_NUMBA_ERROR}")
 
 
 def _jit(fn):

@@ -11,10 +11,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gvq.compressors import _fused as fused
 from gvq.compressors._bucketing import BucketQuantizer, check_finite
 from gvq.compressors._packing import digit_dtype
 from gvq.compressors.base import check_choice
+from gvq.compressors._kernels import HOST
 
 FITS = ("histogram", "sorted")
 
@@ -142,7 +142,7 @@ def encode_on_grid(q, rows: Tensor, fit_edges, weights: Tensor | None = None) ->
 def fused_serves(q, rows) -> bool:
     """True where a fused kernel (:mod:`gvq.compressors._fused`) encodes quantizer ``q``'s buckets
     ``rows``: ``fit: histogram``, float32 contiguous host data."""
-    return (q.fit == "histogram" and fused.enabled(rows)
+    return (q.fit == "histogram" and q.path(rows.device) == HOST
             and rows.dtype == torch.float32 and rows.is_contiguous())
 
 
@@ -174,7 +174,7 @@ class HistogramQuantizer(BucketQuantizer):
     """Base of the quantizers that fit their levels to each bucket (Linear-s, ORQ-s, BinGrad-b,
     BinGrad-pb): the one encode dispatch over three ways to the same fit, the fused host kernel
     (``fit: histogram`` on float32 host data, :func:`encode_fused`), the torch histogram ops (CUDA,
-    meta, ``GVQ_FUSED=0``) and the sorted reference (``fit: sorted``).  A subclass supplies its kernel
+    meta, ``kernels=torch``) and the sorted reference (``fit: sorted``).  A subclass supplies its kernel
     (``fused_kernel``) and its two torch fits (``_encode_histogram``, ``_encode_sorted``), each
     returning ``(codes, side)`` as ``_encode`` does."""
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gvq.compressors._triton import launch_kernel, triton_pow2
+from gvq.compressors._kernels import TORCH, TRITON, Op, launch_kernel, triton_pow2
 
 BLOCK = 1024            # values a program of the Triton path's unpacking and Q copy handles
 
@@ -89,9 +89,9 @@ class OrthWork:
     with a tiny compensated shift, restore orthonormality.  Nothing is read back to the host."""
 
     def __init__(self, k: int, n: int, r: int, dtype: torch.dtype, device: torch.device, ranks=None,
-                 triton: bool = False):
+                 path: str = TORCH):
         kw = dict(dtype=dtype, device=device)
-        self.triton = triton          # the shift and the warm start's kept Q as one kernel each (SegLayout chose)
+        self.path = path              # the plan's (``_kernels.choose_path``): Triton shifts, keeps Q in a kernel each
         self.a = torch.zeros(k, n, r, **kw)            # the input; its padding stays zero
         self.flat = self.a.view(-1)
         # padding columns (a block of rank < r) come out zero: not a deficiency of the block's own
@@ -110,25 +110,30 @@ class OrthWork:
         self.fix = (n + r * (r + 1)) * eps               # rounds 2-3: the input is near-orthonormal
         self.floor = torch.finfo(dtype).tiny / eps     # an all-zero block: a positive diagonal still
         # the Triton path reads both in the matrices' dtype: a float64 floor is below float32's range
-        self.consts = torch.tensor([self.floor, self.shift], **kw) if triton else None
+        self.consts = torch.tensor([self.floor, self.shift], **kw) if path == TRITON else None
 
     def run(self) -> Tensor:
         """``q[0]`` <- orthonormal columns spanning ``a``'s (R with a positive diagonal: unique, so equal
         to Householder QR's up to column signs)."""
         torch.bmm(self.at, self.a, out=self.g)
-        if self.triton:                                  # the trace, its floor and the shift: one launch
-            from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
-            r = self.g.shape[-1]
-            launch_kernel(k.shift_gram, (self.g.shape[0],), self.g, self.consts, R=r, RP=triton_pow2(r))
-        else:
-            torch.sum(self.gd, -1, keepdim=True, out=self.tr)
-            self.gd.add_(self.tr.clamp_min_(self.floor), alpha=self.shift)
+        SHIFT_GRAM(self.path, self)
         self._solve(self.a, self.q[0])
         for i in (0, 1):                                 # Q^T Q + s I over 1 + s: the shift cancels
             torch.baddbmm(self.eye, self.qt[i], self.q[i], beta=self.fix / (1 + self.fix),
                           alpha=1 / (1 + self.fix), out=self.g)
             self._solve(self.q[i], self.q[1 - i])
         return self.q[0]
+
+    def shift_torch(self) -> None:
+        """The Gram matrix's diagonal plus the shift times its trace (the trace at least ``floor``)."""
+        torch.sum(self.gd, -1, keepdim=True, out=self.tr)
+        self.gd.add_(self.tr.clamp_min_(self.floor), alpha=self.shift)
+
+    def shift_triton(self) -> None:
+        """:meth:`shift_torch` in one launch (the trace, its floor and the shift)."""
+        from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+        r = self.g.shape[-1]
+        launch_kernel(k.shift_gram, (self.g.shape[0],), self.g, self.consts, R=r, RP=triton_pow2(r))
 
     def _solve(self, a: Tensor, out: Tensor) -> None:
         torch.linalg.cholesky_ex(self.g, upper=True, out=(self.u, self.info))
@@ -140,9 +145,14 @@ class OrthWork:
         pivots = self.pivots if self.unused is None else self.pivots + self.unused
         return torch.lt(pivots.amin(-2, keepdim=True), 0.5, out=self.bad)
 
-    def keep_into(self, q_all: Tensor, at: Tensor) -> None:
-        """After :meth:`run`, the Triton path's warm start in one launch: ``q_all[at[j]]`` <- block j's
-        ``q[0]``, unless it is :meth:`deficient` (then it keeps its row).  ``q_all`` (., n, r) as ``a``."""
+    def keep_torch(self, q_all: Tensor, at: Tensor) -> None:
+        """After :meth:`run`, the warm start: ``q_all[at[j]]`` <- block j's ``q[0]``, unless it is
+        :meth:`deficient` (then it keeps its row).  ``q_all`` (., n, r) as ``a``."""
+        keep = q_all.index_select(0, at)
+        q_all.index_copy_(0, at, torch.where(self.deficient(), keep, self.q[0]))
+
+    def keep_triton(self, q_all: Tensor, at: Tensor) -> None:
+        """:meth:`keep_torch` in one launch."""
         from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
         blocks, n, r = self.a.shape
         size = n * r
@@ -204,7 +214,7 @@ class SegLayout:
         self.g, self.o = (torch.empty(n, dtype=dt, device=device) for _ in range(2))
         self.p = torch.empty(sum(b.p_len for b in order), dtype=dt, device=device)
         self.qb = torch.empty(sum(b.q_len for _, b in low), dtype=dt, device=device)
-        self.triton = lr.on_triton(device)    # chosen once per device by the plan (compressor's kernels)
+        self.path = lr.path(device)           # chosen once per device by the plan (compressor's kernels)
         self._padded(st, [b for _, b in low], [st.first[c] + place for (c, place), _ in low], device)
         self.groups, v, pa, qa, j = [], 0, 0, 0, 0
         for c, a, k in runs([(c, place, 1) for (c, place), _ in low]):
@@ -223,8 +233,8 @@ class SegLayout:
         """The two orthogonalizations' padded inputs (P^'s, next Q's), where each payload value goes in
         them, and the blocks' rows in the store's stacks (``at``) that their results are written to."""
         r, dt = st.q_all.shape[2], st.q_all.dtype
-        self.p_orth = OrthWork(len(low), st.phat_all.shape[1], r, dt, device, triton=self.triton)
-        self.q_orth = OrthWork(len(low), st.q_all.shape[1], r, dt, device, [b.rank for b in low], self.triton)
+        self.p_orth = OrthWork(len(low), st.phat_all.shape[1], r, dt, device, path=self.path)
+        self.q_orth = OrthWork(len(low), st.q_all.shape[1], r, dt, device, [b.rank for b in low], self.path)
         self.p_pos = _positions(self.p_orth.a, [(b.rows, b.rank) for b in low]).to(device)
         self.q_pos = _positions(self.q_orth.a, [(b.cols, b.rank) for b in low]).to(device)
         self.at = torch.tensor(rows_in_store, dtype=torch.long).to(device)
@@ -238,14 +248,19 @@ class SegLayout:
 
     def unpack(self, payload: Tensor) -> None:
         """Pass P's summed payload where its decompress reads it: the low-rank sums into the padded input of
-        P^'s orthogonalisation, the raw sums into the store (for pass Q to write back).  Torch: a copy, a
-        scatter and a copy a raw run; Triton: one launch (``_triton_lowrank.unpack_p``)."""
-        if not self.triton:
-            self.p.copy_(payload)
-            if self.groups:
-                self.p_orth.flat.index_copy_(0, self.p_pos, self.p_low)
-            self.put_raws(self.p_raw)
-        elif payload.numel():
+        P^'s orthogonalisation, the raw sums into the store (for pass Q to write back)."""
+        UNPACK(self.path, self, payload)
+
+    def unpack_torch(self, payload: Tensor) -> None:
+        """:meth:`unpack` as a copy, a scatter and a copy a raw run."""
+        self.p.copy_(payload)
+        if self.groups:
+            self.p_orth.flat.index_copy_(0, self.p_pos, self.p_low)
+        self.put_raws(self.p_raw)
+
+    def unpack_triton(self, payload: Tensor) -> None:
+        """:meth:`unpack` in one launch (``_triton_lowrank.unpack_p``)."""
+        if payload.numel():
             from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
             n = payload.numel()
             launch_kernel(k.unpack_p, (-(-n // BLOCK),), payload, self.p_pos, self.p_orth.flat, self.raw_pos,
@@ -264,3 +279,9 @@ class SegLayout:
             dst.copy_(self.raws[0])
         elif self.raws:
             torch.cat(self.raws, out=dst)
+
+
+# the low-rank steps between the GEMMs, per path (``_kernels.Op``): the torch reference, and a Triton kernel each
+SHIFT_GRAM = Op(torch=OrthWork.shift_torch, triton=OrthWork.shift_triton)
+KEEP_Q = Op(torch=OrthWork.keep_torch, triton=OrthWork.keep_triton)
+UNPACK = Op(torch=SegLayout.unpack_torch, triton=SegLayout.unpack_triton)

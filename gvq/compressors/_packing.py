@@ -77,10 +77,11 @@ def split_rows(x: Tensor, bucket: int) -> list[Tensor]:
 
 
 # ---- packing -------------------------------------------------------------------------------
-def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) -> None:
+def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None, host: bool = False) -> None:
     """Codes (n_words * per_word,) in [0, radix), zero-padded -> ``out``, uint8 (n_words * word_bytes,).
     ``work``: a reusable float64 buffer of the codes' size for the many-digit path (a fresh one
-    costs its page faults on every call)."""
+    costs its page faults on every call); ``host``: the codec is on the host path (``kernels.HOST``),
+    whose numba kernel packs many-digit words."""
     k, radix, nw = lay.per_word, lay.radix, lay.n_words
     assert codes.numel() == nw * k, "pad codes to whole words (BucketQuantizer._code_stream)"
     if lay.word_bytes == 1 and k == 8 and radix == 2 and codes.element_size() == 1:
@@ -100,7 +101,7 @@ def pack(codes: Tensor, lay: Layout, out: Tensor, work: Tensor | None = None) ->
             word.mul_(radix).add_(c[:, j])
         out.copy_(word)
         return
-    if fused.enabled(codes) and codes.is_contiguous():   # one compiled pass (the torch ops below
+    if host and codes.is_contiguous():                # one compiled pass (the torch ops below
         fused.pack_words(codes.numpy(), radix, k, lay.word_bytes, out.numpy())   # make 3-5 passes)
         return
     c = codes.view(nw, k)                             # < 2**48: exact in int64 (and in float64)

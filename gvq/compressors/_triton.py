@@ -1,25 +1,23 @@
-"""The codecs' third path: fused Triton kernels (:mod:`._triton_quant`; the fitted quantizers'
-:mod:`._triton_fit`, Linear-s and ORQ-s, and :mod:`._triton_bin`, BinGrad-b and -pb; the ring hop's
-:mod:`._triton_hop`) for the scalar quantizers and fp16, chosen once per device (:func:`use_triton`),
-launched and counted here.  Triton is optional (``pip install 'gvq[gpu]'``): nothing here imports it
-until a kernel runs.
+"""The scalar quantizers' and fp16's ``triton`` path (:mod:`._kernels`): fused Triton kernels
+(:mod:`._triton_quant`; the fitted quantizers' :mod:`._triton_fit`, Linear-s and ORQ-s, and
+:mod:`._triton_bin`, BinGrad-b and -pb; the ring hop's :mod:`._triton_hop`), set up and launched here
+(through ``_kernels.launch_kernel``, which counts them).  Triton is optional (``pip install 'gvq[gpu]'``):
+nothing here imports it until a kernel runs.
 
 See docs/design.md#gvqcompressors_tritonpy for how it works and why.
 """
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from gvq.compressors._dither import DITHER_OFFSET
+from gvq.compressors._kernels import launch_kernel, triton_pow2
 
-KERNELS = ("auto", "triton", "torch")
 BLOCK_WORDS = 256           # wire words a program of encode / decode handles
 FP16_BLOCK = 4096           # values a program of the fp16 kernels handles
 MAX_BUCKET = 1 << 16        # a bucket is one program's block: larger ones keep the torch path
@@ -52,70 +50,6 @@ class FitSpec(NamedTuple):
     mult: float | None = None
 
 
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401 - imported only to learn whether it imports
-    except ImportError:
-        return False
-    return True
-
-
-def check_kernels(kernels: str) -> str:
-    """``compressor.kernels``: refused in one line when ``triton`` is asked for and not installed."""
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels={kernels!r}: must be one of {', '.join(KERNELS)}")
-    if kernels == "triton" and not triton_available():
-        raise ValueError("kernels=triton: Triton is not installed (pip install 'gvq[gpu]'), or choose "
-                         "kernels=auto (Triton on CUDA where installed) or kernels=torch")
-    return kernels
-
-
-def use_triton(kernels: str, device: torch.device) -> bool:
-    """The path of a codec on ``device``, asked once per device (the codec keeps the answer): Triton on
-    CUDA where importable (``auto``, ``triton``); on host tensors only where asked and the interpreter
-    runs (``TRITON_INTERPRET=1``: the CPU tests), otherwise the host keeps its numba kernels."""
-    if kernels == "torch" or not triton_available():
-        return False
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and kernels == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-# ---- launches: the one place a kernel is started, so a test can count them ------------------------
-class LaunchCount:
-    """Kernel launches since :func:`count_launches` began, by kernel name; ``run`` False: counted, not
-    started."""
-
-    def __init__(self, run: bool = True):
-        self.launches, self.by_name, self.run = 0, {}, run
-
-
-_COUNTERS: list[LaunchCount] = []
-
-
-@contextmanager
-def count_launches(run: bool = True):
-    """``with count_launches() as c: codec.compress(x, seg)``; then ``c.launches`` (a
-    ``TorchDispatchMode`` does not see Triton launches).  ``run=False`` counts without starting a kernel
-    (the outputs are left unwritten): a whole model's gradient, which the interpreter would take minutes
-    over, counted in no time."""
-    tally = LaunchCount(run)
-    _COUNTERS.append(tally)
-    try:
-        yield tally
-    finally:
-        _COUNTERS.remove(tally)
-
-
-def launch_kernel(kernel, grid: tuple, *args, **meta) -> None:
-    for tally in _COUNTERS:
-        tally.launches += 1
-        tally.by_name[kernel.__name__] = tally.by_name.get(kernel.__name__, 0) + 1
-    if all(tally.run for tally in _COUNTERS):
-        kernel[grid](*args, **meta)
-
-
 def _kernels():
     from gvq.compressors import _triton_quant     # imports triton: only once a kernel runs
     return _triton_quant
@@ -124,10 +58,6 @@ def _kernels():
 def _word_meta(lay) -> dict:
     return {"K": lay.per_word, "KP": triton_pow2(lay.per_word), "WB": lay.word_bytes,
             "WBP": triton_pow2(lay.word_bytes), "BLOCK_W": BLOCK_WORDS}
-
-
-def triton_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 # ---- the scalar quantizers -------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Triton kernels of the low-rank codecs' steps between their GEMMs (imported only once a kernel runs:
-the launches go through :func:`._triton.launch_kernel`, which counts them).  GradiVeQ's device path
+the launches go through :func:`._kernels.launch_kernel`, which counts them).  GradiVeQ's device path
 (``gradiveq.batched``): the payload, or the gradient, laid out from the GEMMs' results and the raw values
 in one gather.  PowerSGD (``_lowrank``, ``powersgd``): pass P's payload unpacked where its decompress reads
 it, the Gram matrix's shifted diagonal of each orthogonalisation round, the warm start's kept Q; and its

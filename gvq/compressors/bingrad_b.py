@@ -81,7 +81,7 @@ class BinGradB(HistogramQuantizer):
                  bucket: int | None = 2048,         # larger => fewer side floats, two levels for more values
                  clip: float | None = None,         # c: clip to +-c*RMS first
                  fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, fit, kernels)
         self.threshold = threshold
 

@@ -71,7 +71,7 @@ class BinGradPB(HistogramQuantizer):
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one b1 for more values
                  clip: float | None = None,       # c: clip to +-c*RMS first (rarely useful: b1 clips)
                  fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact b1)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, fit, kernels)
         self.side_flags_nonfinite = fit == "histogram"   # its grid raises on NaN/Inf: no separate pass
 

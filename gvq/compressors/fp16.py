@@ -13,6 +13,7 @@ from torch import Tensor
 
 from gvq.compressors import _triton
 from gvq.compressors.base import Compressor, Health, untimed
+from gvq.compressors._kernels import TORCH, TRITON, Op, check_kernels, path_for
 
 FP16_MAX = 65504.0
 
@@ -24,18 +25,17 @@ class FP16(Compressor):
     ideal_ratio = 2.0
     max_abs = FP16_MAX
 
-    def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_triton.py)
+    def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_kernels.py)
         self.health = Health("max")       # the largest |value| sent since the last check
-        self.kernels, self._paths = _triton.check_kernels(kernels), {}
+        self.kernels, self._paths = check_kernels(kernels), {}
 
     def __getstate__(self):              # the path is chosen anew per process and device
         return {**self.__dict__, "_paths": {}}
 
-    def on_triton(self, device: torch.device) -> bool:
-        """Chosen on the first call on ``device``, never again (``compressor.kernels``)."""
-        if device not in self._paths:
-            self._paths[device] = _triton.use_triton(self.kernels, device)
-        return self._paths[device]
+    def path(self, device: torch.device) -> str:
+        """Chosen on the first call on ``device``, never again (``compressor.kernels``; no host kernels: the
+        host runs the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
 
     def check_health(self) -> None:
         peak = self.health.read()
@@ -49,18 +49,13 @@ class FP16(Compressor):
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x if x.dim() == 1 else x.reshape(-1)
-        if x.numel() and self.on_triton(x.device):
-            return _triton.fp16_compress(x.to(torch.float32).contiguous(), self.health)
-        if x.numel():                  # min and max in one pass (NaN propagates): max |x| at the check
-            for bound in torch.aminmax(x):
-                self.health.note(bound)
-        return x.to(torch.float16).view(torch.uint8)
+        return COMPRESS(self.path(x.device) if x.numel() else TORCH, x, self.health)
 
     def reencode_sum(self, payload: Tensor, local: Tensor, seg: slice, stopwatch=untimed) -> Tensor:
         """The ring hop in one launch on the Triton path (timed as ``compress``), else the base's three
         calls."""
         n = seg.stop - seg.start
-        if not (n and self.on_triton(payload.device)):
+        if not (n and self.path(payload.device) == TRITON):
             return super().reencode_sum(payload, local, seg, stopwatch)
         self._check(payload, n)
         with stopwatch("compress"):
@@ -77,6 +72,16 @@ class FP16(Compressor):
         self._check(payload, n)
         if payload.storage_offset() % 2:
             payload = payload.clone()
-        if n and self.on_triton(payload.device):
-            return _triton.fp16_decompress(payload)
-        return payload.view(torch.float16).to(torch.float32)
+        return DECOMPRESS(self.path(payload.device) if n else TORCH, payload)
+
+
+def _compress(x: Tensor, health: Health) -> Tensor:
+    if x.numel():                  # min and max in one pass (NaN propagates): max |x| at the check
+        for bound in torch.aminmax(x):
+            health.note(bound)
+    return x.to(torch.float16).view(torch.uint8)
+
+
+# fp16's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (one launch each)
+COMPRESS = Op(torch=_compress, triton=lambda x, health: _triton.fp16_compress(x.to(torch.float32).contiguous(), health))
+DECOMPRESS = Op(torch=lambda payload: payload.view(torch.float16).to(torch.float32), triton=_triton.fp16_decompress)

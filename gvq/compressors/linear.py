@@ -51,7 +51,7 @@ class Linear(LevelQuantizer):
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser quantiles
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
                  fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact levels)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, fit, kernels)
         self.levels = check_int("levels", levels, 2, MAX_LEVELS, " (Linear-s: s quantile levels)")
         self.n_side = self.levels

@@ -77,7 +77,7 @@ class ORQ(LevelQuantizer):
                  bucket: int | None = 2048,         # larger => fewer side floats, levels fit to more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (narrower range, biased)
                  fit: str = "histogram",            # histogram (no sort, faster) | sorted (exact levels)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, fit, kernels)
         check_int("levels", levels, 3, 2 ** MAX_K + 1, " (ORQ: 2^K + 1 levels)")
         k = halving_rounds(levels)

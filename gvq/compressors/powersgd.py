@@ -10,8 +10,8 @@ import itertools
 import torch
 from torch import Tensor
 
-from gvq.compressors import _triton
-from gvq.compressors._lowrank import Block, OrthWork, SegLayout, Store
+from gvq.compressors import _kernels as kernels_
+from gvq.compressors._lowrank import KEEP_Q, Block, OrthWork, SegLayout, Store
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
 
@@ -70,7 +70,7 @@ class PowerSGD:
         self.ids = list(range(len(self.blocks)))   # each block's index in the store's (whole-model) plan
         # auto | triton | torch: the packing and arithmetic between the passes' GEMMs as Triton kernels (fewer
         # launches a call; auto: on CUDA where Triton is installed) or torch ops; chosen once per device
-        self.kernels, self._paths = _triton.check_kernels(kernels), {}
+        self.kernels, self._paths = kernels_.check_kernels(kernels), {}
         self._draw_q()
         self._setup()
 
@@ -117,11 +117,9 @@ class PowerSGD:
         """Move the state (Q, P^, raw sums) to ``device``; a pass does it on first use anyway."""
         self.store.to(torch.device(device))
 
-    def on_triton(self, device: torch.device) -> bool:
-        """Whether this plan's passes on ``device`` take the Triton kernels: asked once per device."""
-        if device not in self._paths:
-            self._paths[device] = _triton.use_triton(self.kernels, device)
-        return self._paths[device]
+    def path(self, device: torch.device) -> str:
+        """This plan's path on ``device`` (``_kernels.choose_path``), asked once per device; no host kernels."""
+        return kernels_.path_for(self._paths, self.kernels, device, host=False)
 
     def layout(self, seg: slice, device: torch.device) -> SegLayout:
         """Segment ``seg``'s :class:`SegLayout` on ``device`` (the store moves there on first use)."""
@@ -239,17 +237,15 @@ class QStage(_Stage):
         for g in lay.groups:
             torch.bmm(g.phat, g.qbt, out=g.o)
         if self.s.warm_start and lay.groups:              # scale-free: P^ = orth(M Q) ignores Q's scale
-            self._warm_start(lay, work.run())
+            work.run()
+            self._warm_start(lay)
         lay.take_raws(lay.o_raw)
         return lay.o.index_select(0, lay.inv)            # back to the segment's order
 
-    def _warm_start(self, lay, q: Tensor) -> None:
-        """Next iteration's Q <- ``q``, but a block whose sum Q was rank-deficient (a zero gradient, say)
-        keeps its Q: Cholesky QR leaves missing directions short, and a Q that lost a direction would
-        never regain it (M Q stays short there), where Householder QR filled them with arbitrary ones."""
-        work, st = lay.q_orth, self.s.store
-        if work.triton:                                   # the torch lines below as one launch
-            work.keep_into(st.q_all, lay.at)
-            return
-        keep = st.q_all.index_select(0, lay.at)
-        st.q_all.index_copy_(0, lay.at, torch.where(work.deficient(), keep, q))
+    def _warm_start(self, lay) -> None:
+        """Next iteration's Q <- the orthogonalised sum Q (``q_orth.run``'s), but a block whose sum Q was
+        rank-deficient (a zero gradient, say) keeps its Q: Cholesky QR leaves missing directions short, and a
+        Q that lost a direction would never regain it (M Q stays short there), where Householder QR filled
+        them with arbitrary ones."""
+        work = lay.q_orth
+        KEEP_Q(work.path, work, self.s.store.q_all, lay.at)

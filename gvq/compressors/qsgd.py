@@ -23,7 +23,7 @@ class QSGD(BucketQuantizer):
                  bucket: int | None = 2048,         # larger => fewer side floats, coarser scale
                  clip: float | None = None,         # c: clip to +-c*RMS first (biased; less range)
                  norm: str = "l2",                 # level scale: l2 (papers) | max (less error)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, kernels)
         self.norm = norm
         if levels is None:

@@ -23,7 +23,7 @@ class ScaledSignSGD(BucketQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, one scale for more values
                  clip: float | None = None,        # c: clip to +-c*RMS first (lowers the scale)
-                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):           # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, kernels)
 
     def _encode(self, rows):

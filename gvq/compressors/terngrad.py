@@ -25,7 +25,7 @@ class TernGrad(BucketQuantizer):
 
     def __init__(self, bucket: int | None = 2048,   # larger => fewer side floats, larger s_t, more error
                  clip: float | None = None,       # c: clip to +-c*RMS first; smaller => more bias
-                 kernels: str = "auto"):          # auto | triton | torch (gvq/compressors/_triton.py)
+                 kernels: str = "auto"):          # auto | triton | torch (gvq/compressors/_kernels.py)
         super().__init__(bucket, clip, kernels)
 
     def _encode(self, rows):

@@ -42,7 +42,7 @@ Threshold = Choice("Threshold", "lloyd mean", module=__name__)
 Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
-Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
+Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_kernels.py)
 # dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
 SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
 LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)

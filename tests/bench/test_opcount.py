@@ -14,7 +14,7 @@ from gvq.bench.codecs import GRADIVEQ, fitted_gradiveq, powersgd_state
 from gvq.bench.common import make_aggregator, model_shapes
 from gvq.bench.opcount import BUDGET, count_call, count_ops
 from gvq.bench.quantizers import laplace_vector
-from gvq.compressors._triton import count_launches
+from gvq.compressors._kernels import count_launches
 
 WITHIN = ["fp16", "qsgd", "terngrad", "terngrad_unclipped", "signsgd", *GRADIVEQ]
 #: over the op budget on their torch path (issue 48: the fits are chains of dependent rounds, ORQ's

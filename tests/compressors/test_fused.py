@@ -1,6 +1,7 @@
 """numba is a dependency of the host quantizers, not an optional speed-up: without it a host tensor that
-needs the fused kernels is an ImportError that says what to install; ``GVQ_FUSED=0`` (a deliberate
-choice) and non-host tensors take the torch ops without it.  (The kernels' results: test_quantizers.py.)"""
+needs the fused kernels is an ImportError that says what to install; ``kernels=torch`` or its alias
+``GVQ_FUSED=0`` (a deliberate choice) and non-host tensors take the torch ops without it.  (The kernels'
+results: test_quantizers.py.)"""
 from __future__ import annotations
 
 import subprocess
@@ -28,9 +29,11 @@ def test_a_host_tensor_without_numba_is_an_error_naming_it():
 
 
 def test_without_numba_the_torch_ops_serve_when_chosen_and_off_the_host():
-    code = ("from gvq.compressors import _fused\n"
-            "print(_fused.enabled(torch.zeros(1, device='meta')))\n")
+    code = ("from gvq.compressors import _kernels as kernels\n"
+            "print(kernels.choose_path('auto', torch.device('meta')))\n")
     out = _run(code)
-    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
+    assert out.returncode == 0 and out.stdout.split() == ["torch"], out.stderr[-2000:]
+    out = _run("QSGD(kernels='torch').compress(torch.randn(4096), slice(0, 4096))\nprint('ok')\n")
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-2000:]
     out = _run("QSGD().compress(torch.randn(4096), slice(0, 4096))\nprint('ok')\n", GVQ_FUSED="0")
     assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-2000:]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gvq.bench.quantizers import laplace_vector
-from gvq.compressors import _fused as fused
+from gvq.compressors._kernels import HOST, TORCH, choose_path
 from gvq.compressors._dither import DITHER_OFFSET
 from gvq.compressors._packing import Layout, digit_dtype, pack, unpack, word_format
 from gvq.compressors.bingrad_b import BinGradB
@@ -636,8 +636,8 @@ def test_qsgd_max_scale_is_each_buckets_max_abs_exactly():
 def test_fused_kernels_are_installed_and_serve_host_tensors(kernels):
     """numba is a dependency: on the host the fused path must run (else the fused half of this file
     silently tests the torch path twice); never on other devices."""
-    assert fused.enabled(torch.zeros(1)) == (kernels == "fused")
-    assert not fused.enabled(torch.zeros(1, device="meta"))
+    assert (choose_path("auto", torch.device("cpu")) == HOST) == (kernels == "fused")
+    assert choose_path("auto", torch.device("meta")) == TORCH
 
 
 FUSED = {"orq5": lambda: ORQ(levels=5), "orq9": lambda: ORQ(levels=9), "linear5": lambda: Linear(levels=5),
@@ -684,9 +684,10 @@ def test_fused_lanes_and_packing_are_the_torch_ops_bit_for_bit(levels, dense, mo
     for flag in ("1", "0"):
         monkeypatch.setenv("GVQ_FUSED", flag)
         out[flag] = torch.zeros(lay.n_words * lay.word_bytes, dtype=torch.uint8)
-        pack(codes, lay, out[flag])
+        pack(codes, lay, out[flag], host=flag == "1")
         gen, lanes = torch.Generator().manual_seed(7), DitherLanes()
-        draws[flag] = [lanes.uniform16(n, torch.device("cpu"), gen).clone() for n in (10, 4097, 333)]
+        draws[flag] = [lanes.uniform16(n, torch.device("cpu"), gen, compiled=flag == "1").clone()
+                       for n in (10, 4097, 333)]
     assert torch.equal(out["1"], out["0"])
     assert torch.equal(unpack(out["1"], lay)[: lay.numel].long(), codes[: lay.numel].long())
     assert all(torch.equal(a, b) for a, b in zip(draws["1"], draws["0"]))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gvq.compressors import _batch, _triton
+from gvq.compressors import _kernels as kernels
 from gvq.compressors._bucketing import clip_rows
 from gvq.compressors._packing import unpack
 from gvq.compressors.bingrad_b import BinGradB
@@ -141,7 +142,7 @@ def test_fitted_levels_equal_the_torch_paths_on_any_floats(name, numel):
                                   lambda: BinGradB(clip=2.0, kernels="triton"),
                                   lambda: BinGradPB(fit="sorted", kernels="triton")])
 def test_fitted_quantizers_keep_the_torch_path_where_their_kernels_do_not_fit(make):
-    with _triton.count_launches() as c:
+    with kernels.count_launches() as c:
         make().compress(grid_gradient()[:4096], slice(0, 4096))
     assert c.launches == 0
 
@@ -232,9 +233,9 @@ def test_fp16_out_of_range_raises_at_the_check():
 def test_a_call_is_at_most_3_launches_to_compress_and_2_to_decompress(name):
     q = FP16(kernels="triton") if name == "fp16" else CODECS[name](kernels="triton")
     x, seg = grid_gradient(), slice(0, CONV[0] * CONV[1] * 9)
-    with _triton.count_launches() as c:
+    with kernels.count_launches() as c:
         payload = q.compress(x, seg)
-    with _triton.count_launches() as d:
+    with kernels.count_launches() as d:
         q.decompress(payload, seg)
     assert 1 <= c.launches <= 3 and 1 <= d.launches <= 2, (c.by_name, d.by_name)
 
@@ -242,8 +243,8 @@ def test_a_call_is_at_most_3_launches_to_compress_and_2_to_decompress(name):
 def test_the_path_is_chosen_once_per_device(monkeypatch):
     q, x, seg = QSGD(kernels="triton"), grid_gradient(), slice(0, 4096)
     q.compress(x[:4096], seg)
-    monkeypatch.setattr(_triton, "use_triton", lambda *a: pytest.fail("asked again"))
-    with _triton.count_launches() as c:
+    monkeypatch.setattr(kernels, "choose_path", lambda *a, **k: pytest.fail("asked again"))
+    with kernels.count_launches() as c:
         q.compress(x[:4096], seg)
     assert c.launches == 2
 
@@ -251,13 +252,13 @@ def test_the_path_is_chosen_once_per_device(monkeypatch):
 def test_host_tensors_keep_their_path_unless_triton_is_asked_for():
     x, seg = grid_gradient(), slice(0, 4096)
     for q in (QSGD(), QSGD(kernels="torch"), FP16()):
-        with _triton.count_launches() as c:
+        with kernels.count_launches() as c:
             q.compress(x[:4096], seg)
         assert c.launches == 0
 
 
 def test_kernels_triton_without_triton_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setattr(_triton, "triton_available", lambda: False)
+    monkeypatch.setattr(kernels, "triton_available", lambda: False)
     for make in (lambda: QSGD(kernels="triton"), lambda: FP16(kernels="triton")):
         with pytest.raises(ValueError, match=r"^kernels=triton: Triton is not installed[^\n]*$"):
             make()

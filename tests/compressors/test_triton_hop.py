@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from gvq.compressors import _batch, _triton
+from gvq.compressors import _batch
+from gvq.compressors import _kernels as kernels
 from gvq.compressors._bucketing import clip_rows
 from gvq.compressors._packing import unpack
 from gvq.compressors.fp16 import FP16
@@ -152,7 +153,7 @@ def test_a_hop_is_at_most_2_launches_timed_as_compress(name):
     q = FP16(kernels="triton") if name == "fp16" else CODECS[name](kernels="triton")
     x, seg = grid_values().to(DEVICE), slice(0, NUMEL)
     payload, clock = q.compress(x, seg), Labels()
-    with _triton.count_launches() as c:
+    with kernels.count_launches() as c:
         q.reencode_sum(payload, x, seg, clock)
     assert 1 <= c.launches <= (1 if name == "fp16" else 2), c.by_name
     assert clock.seen == ["compress"]
@@ -164,7 +165,7 @@ def test_other_paths_keep_decompress_add_compress(make):
     """The torch path launches nothing; a fitted quantizer's hop is its Triton decompress and compress."""
     q, x, seg, clock = make(), grid_values()[:2048].to(DEVICE), slice(0, 2048), Labels()
     payload = q.compress(x, seg)
-    with _triton.count_launches() as c:
+    with kernels.count_launches() as c:
         q.reencode_sum(payload, x, seg, clock)
     assert clock.seen == ["decompress", "add", "compress"]
     assert c.launches == (3 if isinstance(q, Linear) else 0), c.by_name

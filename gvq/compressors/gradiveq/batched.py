@@ -1,6 +1,6 @@
 """GradiVeQ's device path: one segment's compress or decompress as a fixed few whole-tensor ops, whatever
 the number of layers, groups or pieces (``GradiVeQ.compress`` takes it wherever the fused host path does
-not serve: CUDA, meta, ``GVQ_FUSED=0``).
+not serve: CUDA, meta, ``kernels=torch``), its last step on the path the codec chose (``LAY_OUT``).
 
 A segment is raw runs and runs of slices of PCA groups (``layout.pieces``).  The groups of one slice size
 K form a *class*; ResNets have a handful of classes whatever their depth.  Per class the pieces are one
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors._graphs import Graphed
-from gvq.compressors._triton import launch_kernel
+from gvq.compressors._kernels import TORCH, Op, launch_kernel
 
 #: where a plan's index bookkeeping is built (once per segment and fit, element by element), before its
 #: finished indices move to the gradient's device in one copy each
@@ -61,9 +61,9 @@ class BatchedPlan:
     """One segment's compress / decompress on ``device``, built once per (segment, fit)."""
 
     def __init__(self, plan, total: int, seg: slice, U, mu, muU, world_size: int, dtype, device,
-                 triton: bool = False):
+                 path: str = TORCH):
         self.dtype, self.beta, self.total = dtype, -1.0 / world_size, total
-        self.triton = triton          # the copies and gather after the GEMMs as one kernel (the codec chose)
+        self.path = path              # the codec's (``_kernels.choose_path``): Triton lays results out in a kernel
         length = seg.stop - seg.start
         by_K: dict[int, list] = {}
         for p, off in plan:
@@ -133,12 +133,7 @@ class BatchedPlan:
                 torch.bmm(X, c.U, out=R)
             else:                                   # X U - (mu U) / N  (Eq. 3), into the source
                 torch.baddbmm(c.muU, X, c.U, beta=self.beta, out=R)
-        if self.triton:
-            return self._lay_out(self.rbuf, self.muU_flat if low else None, self.beta, x, self.pay_idx)
-        if low:
-            self.src_r.copy_(self.rbuf).add_(self.muU_flat, alpha=self.beta)
-        self.src_x.copy_(x)
-        return self.src.index_select(0, self.pay_idx)
+        return LAY_OUT(self.path, self, x, True)
 
     def _decompress(self, payload: Tensor) -> Tensor:
         low = self.dtype != torch.float32
@@ -148,23 +143,37 @@ class BatchedPlan:
                 torch.bmm(P, Ut, out=Y)
             else:                                   # P U^T + mu, into the source
                 torch.baddbmm(c.mu, P, Ut, out=Y)
-        if self.triton:
-            return self._lay_out(self.ybuf, self.mu_flat if low else None, 1.0, payload, self.out_idx)
+        return LAY_OUT(self.path, self, payload, False)
+
+    def lay_out_torch(self, raw: Tensor, forward: bool) -> Tensor:
+        """After the GEMMs, the payload (``forward``: compress) or the gradient: the raw values (``raw``, the
+        call's input) copied into the source beside the results, the mean term added (bf16 bases), one gather."""
+        low = self.dtype != torch.float32
+        if forward:
+            if low:
+                self.src_r.copy_(self.rbuf).add_(self.muU_flat, alpha=self.beta)
+            self.src_x.copy_(raw)
+            return self.src.index_select(0, self.pay_idx)
         if low:
             self.src2_y.copy_(self.ybuf).add_(self.mu_flat)
-        self.src2_p.copy_(payload)
+        self.src2_p.copy_(raw)
         return self.src2.index_select(0, self.out_idx)
 
-    @staticmethod
-    def _lay_out(res: Tensor, mu: Tensor | None, beta: float, raw: Tensor, idx: Tensor) -> Tensor:
-        """The Triton path's one launch (``_triton_lowrank.lay_out``) in place of the torch path's copy of
-        the raw values into the source, the mean term's copy and add (bf16 bases) and the gather: ``res``
-        the GEMMs' results, ``raw`` the call's input, ``idx`` the source positions, as ``pay_idx`` or
-        ``out_idx`` number them."""
+    def lay_out_triton(self, raw: Tensor, forward: bool) -> Tensor:
+        """:meth:`lay_out_torch` as one launch (``_triton_lowrank.lay_out``) reading the GEMMs' results and
+        ``raw`` at the source positions ``pay_idx`` or ``out_idx`` number."""
         from gvq.compressors import _triton_lowrank as k     # imports triton: only once a kernel runs
+        low = self.dtype != torch.float32
+        res, idx = (self.rbuf, self.pay_idx) if forward else (self.ybuf, self.out_idx)
+        mu = (self.muU_flat if forward else self.mu_flat) if low else None
+        beta = self.beta if forward else 1.0
         n = idx.numel()
         out = torch.empty(n, device=raw.device)             # fresh: the ring may still be sending the last one
         if n:
             launch_kernel(k.lay_out, (-(-n // LAY_OUT_BLOCK),), res, res if mu is None else mu, raw, idx, out, n,
                           res.numel(), beta, ADD_MU=mu is not None, BLOCK=LAY_OUT_BLOCK)
         return out
+
+
+#: the step after a call's GEMMs, per path (``_kernels.Op``): the torch reference, and Triton's one launch
+LAY_OUT = Op(torch=BatchedPlan.lay_out_torch, triton=BatchedPlan.lay_out_triton)

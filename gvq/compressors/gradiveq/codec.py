@@ -9,8 +9,7 @@ import copy
 import torch
 from torch import Tensor
 
-from gvq.compressors import _fused as fused
-from gvq.compressors import _triton
+from gvq.compressors import _kernels as kernels_
 from gvq.compressors.base import Compressor, check_int
 from gvq.compressors.gradiveq.batched import BatchedPlan
 from gvq.compressors.gradiveq.layout import (GradLayout, Group, build_groups, check_config, cuts, layer_groups,
@@ -64,9 +63,9 @@ class GradiVeQ(Compressor):
         self.lam, self.K, self.pool, self.d, self.target_ratio, self.mu = lam, K, pool, d, target_ratio, mu
         self.matrices = matrices
         # kernels: auto | triton | torch: the device path's steps between its GEMMs as one Triton kernel each
-        #    way (fewer launches a call; auto: on CUDA where Triton is installed) or as torch ops; the host keeps
-        #    its per-piece GEMMs (gvq/compressors/_triton.py)
-        self.kernels, self._paths = _triton.check_kernels(kernels), {}
+        #    way (fewer launches a call; auto: on CUDA where Triton is installed) or as torch ops; on the host
+        #    auto and triton keep its per-piece GEMMs, torch takes the device path (gvq/compressors/_kernels.py)
+        self.kernels, self._paths = kernels_.check_kernels(kernels), {}
         self._K_spec = parse_K(K)
         self.world_size = world_size
         self.layout: GradLayout | None = None
@@ -262,11 +261,14 @@ class GradiVeQ(Compressor):
             plan, total = self._plan(seg)
             if len(self._batched) > 64:                        # plans hold buffers: keep few
                 self._batched.clear()
-            if device not in self._paths:                      # chosen once per device, never per call
-                self._paths[device] = _triton.use_triton(self.kernels, device)
             self._batched[key] = BatchedPlan(plan, total, seg, self.pca.U, self.pca.mu, self._muU,
-                                             self.world_size, self._dt, device, self._paths[device])
+                                             self.world_size, self._dt, device, self.path(device))
         return self._batched[key]
+
+    def path(self, device: torch.device) -> str:
+        """The path on ``device``, chosen once (``_kernels.choose_path``): the host's per-piece GEMMs before the
+        interpreted Triton kernels, which are the device path's (``batched``)."""
+        return kernels_.path_for(self._paths, self.kernels, device, host_first=True)
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         self.follow(x)
@@ -274,7 +276,7 @@ class GradiVeQ(Compressor):
         x = x.reshape(-1).to(torch.float32)
         if x.numel() != seg.stop - seg.start:
             raise ValueError(f"GradiVeQ.compress: {x.numel()} values for segment {seg}")
-        if not fused.enabled(x):                        # the device path: a fixed few ops (batched.py)
+        if self.path(x.device) != kernels_.HOST:        # the device path: a fixed few ops (batched.py)
             out = self._batched_plan(seg, x.device).compress(x)
             if self._track is not None:
                 self._track[1].add_(out.dot(out))
@@ -303,7 +305,7 @@ class GradiVeQ(Compressor):
         if payload.numel() != total:
             raise ValueError(f"GradiVeQ.decompress: payload of {payload.numel()} for {total} expected")
         payload = payload.reshape(-1).to(torch.float32)
-        if not fused.enabled(payload):
+        if self.path(payload.device) != kernels_.HOST:
             return self._batched_plan(seg, payload.device).decompress(payload)
         out = torch.empty(seg.stop - seg.start, dtype=torch.float32, device=payload.device)
         for p, off in plan:
