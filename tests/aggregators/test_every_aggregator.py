@@ -111,8 +111,8 @@ def _jobs(compose_cfg, root: Path, world: int) -> list:
                 jobs += [_job(compose_cfg, run / "run", name, world, base),
                          _job(compose_cfg, run / "resumed", name, world, base, resume=run / "run")]
         corpus = _corpus(root)
-        return jobs + [_job(compose_cfg, root / "lm" / n, n, world, [*LM, f"dataset.path={corpus}",
-                                                                     *RESUME_EXTRA.get(n, []), *LM_EXTRA.get(n, [])]) for n in ALL]
+        lm = {n: [*LM, f"dataset.path={corpus}", *RESUME_EXTRA.get(n, []), *LM_EXTRA.get(n, [])] for n in ALL}
+        return jobs + [_job(compose_cfg, root / "lm" / n, n, world, lm[n]) for n in ALL]
     post = [_job(compose_cfg, root / "post" / n, n, world, SHORT) for n in (AT_FIVE if world == 5 else ALL)]
     for cfg, _, _ in post:
         if "start_iter" in cfg["aggregator"]:

@@ -153,7 +153,8 @@ def _ranks(rank, world):
                 params[0].grad.copy_(_grad(rank, it))
                 stats = agg.aggregate(it)
                 pos = agg.compressor.positions(slice(0, NUMEL), "cpu")
-                rows.append({"mean": params[0].grad.clone(), "bytes": stats["bytes_sent"],
+                sent = agg.transmitted.clone() if cls is ErrorFeedbackAggregator else None
+                rows.append({"mean": params[0].grad.clone(), "bytes": stats["bytes_sent"], "sent": sent,
                              "pos": pos.sort().values, "rng_kept": torch.equal(before, torch.get_rng_state()),
                              "segs": [(s.start, s.stop) for s in agg.segments(NUMEL, world)]})
             out[(topology, cls.__name__)] = rows
@@ -197,6 +198,17 @@ def test_the_summing_ring_equals_allgather_and_the_mean_of_decoded_payloads(rank
         assert torch.allclose(ring["mean"].double(), exact, rtol=1e-5, atol=1e-6)
         for r in out:                                    # every rank ends with the same mean
             assert torch.equal(r[("ring", "CompressedAggregator")][it]["mean"], ring["mean"])
+
+
+@SLOW
+def test_error_feedback_sends_what_it_kept_back_from_its_residual(ranks):
+    """Error feedback's own pass and the ring draw the same positions (one key per vector): the mean is
+    the mean of every rank's transmitted Q(g + e), on the ring and on allgather."""
+    world, out = ranks
+    for topology in ("ring", "allgather"):
+        for it in range(3):
+            rows = [r[(topology, "ErrorFeedbackAggregator")][it] for r in out]
+            assert torch.allclose(rows[0]["mean"], sum(row["sent"] for row in rows) / world, rtol=1e-5, atol=1e-6)
 
 
 @SLOW
