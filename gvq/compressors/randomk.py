@@ -61,8 +61,10 @@ class RandomK(Compressor):
                  scale: bool = False):           # true: x n/k, unbiased (no EF); false: as is, needs EF
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"ratio={ratio!r}: must be in (0, 1] (the fraction of each bucket's values sent)")
-        self.ratio, self.bucket, self.scale = float(ratio), check_bucket(bucket), bool(scale)
-        self.ideal_ratio = 1.0 / self.ratio
+        # not self.ratio: Compressor.ratio(numel) is the achieved ratio every tool reads
+        self.keep, self.bucket, self.scale = float(ratio), check_bucket(bucket), bool(scale)
+        # a long vector's ratio: a bucket's n / k (floor(ratio * n) can sit below ratio * n)
+        self.ideal_ratio = self.bucket / self.count(self.bucket) if self.bucket else 1.0 / self.keep
         self.key = shared_key(0, 0, 0)
         self.health = Health("sum")     # the inputs' sums since the last check: NaN/Inf stay so
         self._picked: dict = {}         # (start, stop, device) -> positions, for the present key only
@@ -88,7 +90,7 @@ class RandomK(Compressor):
 
     def count(self, n: int) -> int:
         """k of a scope of ``n`` values (0 for none)."""
-        return max(1, math.floor(self.ratio * n)) if n else 0
+        return max(1, math.floor(self.keep * n)) if n else 0
 
     def _scopes(self, n: int) -> list[tuple[int, int]]:
         """(rows, values per row) of a segment of ``n`` values: its full buckets, then the ragged tail."""

@@ -34,6 +34,7 @@ def test_positions_are_k_per_bucket_without_replacement(n, bucket, ratio):
         assert inside == max(1, math.floor(ratio * (b - a))), (a, b)
     assert c.payload_spec(slice(0, n)) == (torch.float32, pos.numel())
     assert c.payload_nbytes(slice(0, n)) == 4 * pos.numel()
+    assert c.ratio(n) == n / pos.numel()                    # the seam's achieved ratio, not the knob
 
 
 def test_positions_differ_between_iterations_vectors_and_seeds_and_repeat_for_the_same_key():
@@ -113,6 +114,22 @@ def test_a_resumed_aggregator_draws_the_indices_the_run_would_have():
     assert torch.equal(positions(resumed, 2), drawn[2]) and not torch.equal(drawn[1], drawn[2])
     run.close()
     resumed.close()
+
+
+def test_each_vector_of_an_iteration_draws_its_own_positions():
+    """A DDP bucket is named by its first parameter (the vectors of one iteration hold disjoint parameters),
+    so two buckets of one size in one iteration draw apart; the same bucket next iteration draws anew."""
+    params = [torch.nn.Parameter(torch.zeros(300)) for _ in range(4)]
+    agg = CompressedAggregator(RandomK(ratio=0.05, bucket=100), topology="ring", hop="auto")
+    agg.setup(params, RunContext(0, 1, seed=1))
+
+    def drawn(vector, it):
+        agg.bucket_of(torch.zeros(600), vector, it)
+        return set(agg.compressor.positions(slice(0, 600), "cpu").tolist())
+    seen = [drawn((0, 1), 3), drawn((2, 3), 3), drawn((2, 3), 4)]
+    assert all(len(a & b) < len(a) // 2 for i, a in enumerate(seen) for b in seen[i + 1:])
+    assert drawn((2, 3), 3) == seen[1]
+    agg.close()
 
 
 def test_nan_input_is_caught_at_the_check():
