@@ -34,6 +34,13 @@ class CompressedAggregator(FlatAggregator):
         super().bind(params, ctx)
         self.compressor.reseed(ctx.seed * 1000 + ctx.rank)       # per-rank dither (a no-op if none)
 
+    def bucket_of(self, flat, params, iteration):
+        bucket = super().bucket_of(flat, params, iteration)
+        # named before measure() and average() code it, by what every rank knows alike (a codec's shared
+        # draws: random-k's indices)
+        self.compressor.begin_vector(self.ctx.seed, iteration, bucket.params[0] if bucket.params else -1)
+        return bucket
+
     def state_dict(self) -> dict:
         # the compressor's own state (dither generator and lanes, learned bases) as tensors: a checkpoint
         # is data, never objects to unpickle

@@ -82,6 +82,12 @@ class Compressor:
         """Restart the codec's random stream from ``seed`` (the aggregator passes one per rank at
         setup).  Default: nothing to seed (deterministic codecs)."""
 
+    def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
+        """The calls that follow code one vector, named alike on every rank: the run's ``seed``, the
+        ``iteration`` and the ``vector`` (its first parameter's position: a DDP bucket; 0 post-backward).
+        The aggregator says it before each vector's first call.  Randomness every rank must share
+        (random-k's indices) is keyed by these, never by how many calls came before.  Default: nothing."""
+
     def cuts(self, numel: int) -> list[int]:
         """Allowed segment boundaries in ``[0, numel]``, sorted, including both ends."""
         return list(range(numel + 1))

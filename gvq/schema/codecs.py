@@ -85,3 +85,16 @@ class GradiVeQSchema:
     basis_dtype: BasisDtype = BasisDtype.float32
     matrices: Matrices = Matrices.auto
     kernels: Kernels = Kernels.auto       # the device path's steps between its GEMMs (_triton_lowrank.py)
+
+
+@dataclass
+class RandomKSchema:
+    _target_: str = "gvq.compressors.randomk.RandomK"
+    ratio: float = 0.01
+    bucket: Optional[int] = 4096
+    scale: bool = False
+
+
+@dataclass
+class NaturalSchema:
+    _target_: str = "gvq.compressors.natural.Natural"

@@ -19,8 +19,8 @@ from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, Hook, Hop, Kernels, LabelSplit, Norm, OneSource, Sampling,
                                 SourceSplit, Tokenizer, Topology)
-from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, FP16Schema, GradiVeQSchema, LinearSchema, ORQSchema,
-                               QSGDSchema, SignSGDSchema, TernGradSchema)
+from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema,
+                               ORQSchema, QSGDSchema, RandomKSchema, SignSGDSchema, TernGradSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -258,6 +258,8 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "bingrad_pb"): _compressed(BinGradPBSchema),
     ("aggregator", "signsgd"): _compressed(SignSGDSchema),
     ("aggregator", "terngrad"): _compressed(TernGradSchema),
+    ("aggregator", "randomk"): _compressed(RandomKSchema),
+    ("aggregator", "natural"): _compressed(NaturalSchema),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,

@@ -19,7 +19,8 @@ accelerate = pytest.importorskip("accelerate")
 STEPS, SAVE_AT = 8, 4
 # each option compresses before the checkpoint, so its per-rank state is live when saved
 OPTIONS = {"rar": {}, "qsgd": {}, "powersgd": {"start_iter": 2},
-           "gradiveq": {"warmup": 1, "L_t": 3, "L_c": 50, "monitor_threshold": None}}
+           "gradiveq": {"warmup": 1, "L_t": 3, "L_c": 50, "monitor_threshold": None},
+           "randomk": {"compressor.ratio": 0.1}, "natural": {}}   # error feedback's memory; the per-rank lanes
 
 
 def _net():
