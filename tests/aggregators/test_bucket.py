@@ -45,7 +45,8 @@ OPTIONS = {         # conf/aggregator options, with short schedules; EF: fp16 wi
     "gradiveq_pooled": ("gradiveq", {**SCHEDULE, "compressor": POOLED}),
     "gradiveq_pooled-rar": ("gradiveq", {**SCHEDULE, "sampling": "rar", "compressor": POOLED}),
     "gradiveq-ef": ("gradiveq", {**SCHEDULE, "sampling": "rar", "error_feedback": True}),
-    "efsignsgd": ("efsignsgd", {}), "onebit": ("onebit", {}), "onebit-column": ("onebit", {"compressor.scope": "column"}),
+    "efsignsgd": ("efsignsgd", {}), "onebit": ("onebit", {}),
+    "onebit-column": ("onebit", {"compressor.scope": "column"}),
     "signum": ("signum", {}), "signum-bits": ("signum", {"compressor.vote": "bits", "topology": "allgather"}),
 }
 CUT_FREE = ["rar", "fp16", "fp16+ef", "powersgd", "powersgd-cold", "gradiveq-rar", "gradiveq_pooled-rar",
