@@ -30,10 +30,10 @@ class SignumAggregator(CompressedAggregator):
             raise ValueError(f"aggregator=signum: compressor {compressor.name!r} is not SignVote")
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"aggregator.beta={beta!r}: must be in [0, 1) (0: signSGD, no momentum)")
-        if topology == "ps" or (topology == "ring" and not compressor.additive):
-            raise ValueError(f"aggregator.topology={topology}: the majority vote needs every rank's sign "
-                             "summed: use vote=int8 on the ring, or topology=allgather (a ring or server "
-                             "that re-encodes a partial sum as a sign would vote on votes)")
+        if topology == "ps" or (topology == "ring" and not self.sum_hop):
+            raise ValueError(f"aggregator.topology={topology} (hop={hop}): the majority vote needs every rank's "
+                             "sign summed: use vote=int8 on the ring (hop=auto), or topology=allgather (a ring "
+                             "or server that re-encodes a partial sum as a sign would vote on votes)")
         self.beta = float(beta)
 
     def bind(self, params, ctx):

@@ -127,9 +127,9 @@ def _ring_sends(world, numel):
 def test_int8_vote_past_127_ranks_and_a_server_are_refused_in_one_line():
     with pytest.raises(ValueError, match="N <= 127: use aggregator.compressor.vote=bits"):
         _make("int8").bind([torch.nn.Parameter(torch.zeros(3))], RunContext(0, 128))
-    for vote, topology in (("int8", "ps"), ("bits", "ring")):
-        with pytest.raises(ValueError, match=f"aggregator.topology={topology}: the majority vote"):
-            _make(vote, topology)
+    for vote, topology, hop in (("int8", "ps", "auto"), ("bits", "ring", "auto"), ("int8", "ring", "reencode")):
+        with pytest.raises(ValueError, match=f"aggregator.topology={topology} \\(hop={hop}\\): the majority vote"):
+            SignumAggregator(SignVote(vote), topology=topology, hop=hop, beta=BETA)
     with pytest.raises(ValueError, match="beta"):
         SignumAggregator(SignVote(), topology="ring", hop="auto", beta=1.0)
 
