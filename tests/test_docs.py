@@ -199,7 +199,9 @@ NOT_COVERED = {"top-k": "aggregator/topk.yaml", "DGC": "aggregator/dgc.yaml", "h
 #: what the same paragraph says is built, and its option
 BUILT = {"local SGD": "method/local_sgd.yaml", "DiLoCo": "method/diloco.yaml",
          "Streaming DiLoCo": "method/streaming_diloco.yaml", "DeMo": "method/demo.yaml",
-         "random-k": "aggregator/randomk.yaml", "natural compression": "aggregator/natural.yaml"}
+         "random-k": "aggregator/randomk.yaml", "natural compression": "aggregator/natural.yaml",
+         "EF-SignSGD": "aggregator/efsignsgd.yaml", "1-bit SGD": "aggregator/onebit.yaml",
+         "Signum": "aggregator/signum.yaml"}
 
 
 def test_the_readme_says_what_is_not_built_yet_and_stops_once_it_is():

@@ -49,19 +49,26 @@ class CompressedAggregator(FlatAggregator):
     def load_state_dict(self, state: dict) -> None:
         self.compressor.load_state_dict(state["compressor"])
 
+    def codec_for(self, params) -> Compressor:
+        """The compressor for a vector of ``params`` (positions, in order), told their shapes
+        (``Compressor.grouped``: per-tensor codecs); built once per layout."""
+        params = tuple(params)
+        return self.memo(("codec", params), lambda: self.compressor.grouped(
+            [tuple(self.params[i].shape) for i in params]))
+
     def segments(self, numel: int, n: int) -> list[slice]:
         """The ring's N segments of a vector of ``numel`` values, on the compressor's cuts."""
         return self.memo(("segments", numel, n), lambda: split_on_cuts(self.compressor.cuts(numel), n))
 
     def rings(self, params, n):
-        numel = self.numel_of(params)
+        numel, codec = self.numel_of(params), self.codec_for(params)
         if self.topology != "ring":
-            return [Ring(self.topology, [[slice(0, numel)]], self.compressor)]
-        return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), self.compressor)]
+            return [Ring(self.topology, [[slice(0, numel)]], codec)]
+        return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]
 
     def measure(self, bucket):
         # every rank pays the same cost, so no rank waits for rank 0's measurement
-        return {"compression_error": self.local_error(bucket.flat)}
+        return {"compression_error": self.local_error(bucket.flat, self.codec_for(bucket.params))}
 
     def average(self, bucket):
         super().average(bucket)
@@ -69,11 +76,12 @@ class CompressedAggregator(FlatAggregator):
         # raising mid-ring would leave its peers waiting), then each one that saw garbage raises
         self.compressor.check_health()
 
-    def local_error(self, flat: torch.Tensor) -> float:
-        """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""
-        whole = slice(0, flat.numel())
+    def local_error(self, flat: torch.Tensor, codec: Compressor | None = None) -> float:
+        """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation); ``codec``:
+        the vector's (:meth:`codec_for`), the compressor itself unless given."""
+        whole, codec = slice(0, flat.numel()), codec or self.compressor
         with torch.no_grad():
-            q = self.compressor.decompress(self.compressor.compress(flat, whole), whole)
+            q = codec.decompress(codec.compress(flat, whole), whole)
             self.compressor.check_health()
             denom = float(flat.pow(2).sum())
             return float((q - flat).pow(2).sum()) / denom if denom > 0 else 0.0

@@ -147,7 +147,7 @@ class ErrorFeedbackAggregator(CompressedAggregator):
     def average(self, bucket):
         n, flat = self.ctx.world_size, bucket.flat
         segs = self.segments(flat.numel(), n) if self.topology == "ring" else [slice(0, flat.numel())]
-        feed_back(self.compressor, flat, self.feedback.share(bucket), bucket.state["transmitted"], segs,
+        feed_back(self.codec_for(bucket.params), flat, self.feedback.share(bucket), bucket.state["transmitted"], segs,
                   self.stopwatch)
         return super().average(bucket)
 

@@ -88,6 +88,13 @@ class Compressor:
         The aggregator says it before each vector's first call.  Randomness every rank must share
         (random-k's indices) is keyed by these, never by how many calls came before.  Default: nothing."""
 
+    def grouped(self, shapes: list[tuple[int, ...]]) -> "Compressor":
+        """The codec for a vector made of tensors of ``shapes``, in order (each parameter's block of
+        the flat gradient): codecs whose side information is per tensor (EF-SignSGD, 1-bit SGD) return
+        a copy that knows its groups; the aggregator asks once per vector layout.  Default: itself (a
+        codec that never looks at tensor boundaries)."""
+        return self
+
     def cuts(self, numel: int) -> list[int]:
         """Allowed segment boundaries in ``[0, numel]``, sorted, including both ends."""
         return list(range(numel + 1))

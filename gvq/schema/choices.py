@@ -42,6 +42,9 @@ Threshold = Choice("Threshold", "lloyd mean", module=__name__)
 Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
+SignScope = Choice("SignScope", "tensor bucket", module=__name__)      # efsignsgd's compressor.scope
+OneBitScope = Choice("OneBitScope", "tensor column", module=__name__)  # onebit's compressor.scope
+Vote = Choice("Vote", "int8 bits", module=__name__)                    # signum's compressor.vote
 Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_kernels.py)
 # dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
 SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)

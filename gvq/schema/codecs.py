@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gvq.schema.choices import BasisDtype, Fit, Kernels, Matrices, Mu, Norm, Threshold
+from gvq.schema.choices import BasisDtype, Fit, Kernels, Matrices, Mu, Norm, OneBitScope, SignScope, Threshold, Vote
 
 
 @dataclass
@@ -58,6 +58,25 @@ class BinGradPBSchema(_Fitted):
 class SignSGDSchema(_Bucketed):
     _target_: str = "gvq.compressors.signsgd.ScaledSignSGD"
     kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class EFSignSGDSchema:
+    _target_: str = "gvq.compressors.efsignsgd.EFSignSGD"
+    scope: SignScope = SignScope.tensor
+    bucket: int = 2048
+
+
+@dataclass
+class OneBitSchema:
+    _target_: str = "gvq.compressors.onebit.OneBit"
+    scope: OneBitScope = OneBitScope.tensor
+
+
+@dataclass
+class SignVoteSchema:
+    _target_: str = "gvq.compressors.signum.SignVote"
+    vote: Vote = Vote.int8
 
 
 @dataclass

@@ -19,8 +19,9 @@ from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, Hook, Hop, Kernels, LabelSplit, Norm, OneSource, Sampling,
                                 SourceSplit, Tokenizer, Topology)
-from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema,
-                               ORQSchema, QSGDSchema, RandomKSchema, SignSGDSchema, TernGradSchema)
+from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, EFSignSGDSchema, FP16Schema, GradiVeQSchema,
+                               LinearSchema, NaturalSchema, OneBitSchema, ORQSchema, QSGDSchema, RandomKSchema,
+                               SignSGDSchema, SignVoteSchema, TernGradSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -70,13 +71,25 @@ class _Compressed(_Overlap):
     hop: Hop = Hop.auto
 
 
-def _compressed(schema: type) -> type:
-    """A CompressedAggregator schema whose ``compressor`` node is ``schema``."""
-    cls = dataclass(type(f"Compressed{schema.__name__}", (_Compressed,), {
+def _compressed(schema: type, base: type = _Compressed) -> type:
+    """A CompressedAggregator (or ``base``'s aggregator) schema whose ``compressor`` node is ``schema``."""
+    cls = dataclass(type(f"{base.__name__.strip('_')}{schema.__name__}", (base,), {
         "__annotations__": {"compressor": schema}, "compressor": field(default_factory=schema),
         "__module__": __name__}))
     globals()[cls.__name__] = cls       # importable by name: a pickled config finds its class
     return cls
+
+
+@dataclass
+class _ErrorFeedback(_Compressed):      # the biased 1-bit codecs: by allgather (their scales differ per rank)
+    _target_: str = "gvq.aggregators.error_feedback.ErrorFeedbackAggregator"
+    topology: Topology = Topology.allgather
+
+
+@dataclass
+class _Signum(_Compressed):
+    _target_: str = "gvq.aggregators.signum.SignumAggregator"
+    beta: float = 0.9
 
 
 @dataclass
@@ -260,6 +273,9 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "terngrad"): _compressed(TernGradSchema),
     ("aggregator", "randomk"): _compressed(RandomKSchema),
     ("aggregator", "natural"): _compressed(NaturalSchema),
+    ("aggregator", "efsignsgd"): _compressed(EFSignSGDSchema, _ErrorFeedback),
+    ("aggregator", "onebit"): _compressed(OneBitSchema, _ErrorFeedback),
+    ("aggregator", "signum"): _compressed(SignVoteSchema, _Signum),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,

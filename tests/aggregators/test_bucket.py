@@ -45,9 +45,12 @@ OPTIONS = {         # conf/aggregator options, with short schedules; EF: fp16 wi
     "gradiveq_pooled": ("gradiveq", {**SCHEDULE, "compressor": POOLED}),
     "gradiveq_pooled-rar": ("gradiveq", {**SCHEDULE, "sampling": "rar", "compressor": POOLED}),
     "gradiveq-ef": ("gradiveq", {**SCHEDULE, "sampling": "rar", "error_feedback": True}),
+    "efsignsgd": ("efsignsgd", {}), "onebit": ("onebit", {}),
+    "onebit-column": ("onebit", {"compressor.scope": "column"}),
+    "signum": ("signum", {}), "signum-bits": ("signum", {"compressor.vote": "bits", "topology": "allgather"}),
 }
 CUT_FREE = ["rar", "fp16", "fp16+ef", "powersgd", "powersgd-cold", "gradiveq-rar", "gradiveq_pooled-rar",
-            "gradiveq-ef"]
+            "gradiveq-ef", "efsignsgd", "onebit", "onebit-column", "signum", "signum-bits"]
 # fp16's ring rounds a sum to fp16 on every rank but the segment's owner: where the cut moves the owner,
 # a value differs by one fp16 rounding
 TOLERANCE = {"fp16": {"rtol": 2e-3, "atol": 4e-3}, "fp16+ef": {"rtol": 2e-3, "atol": 4e-3}}

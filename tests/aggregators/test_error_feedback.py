@@ -1,6 +1,9 @@
 """Error feedback (gvq/aggregators/error_feedback.py): what a rank's compressor lost is fed back next time."""
 from __future__ import annotations
 
+import math
+
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -123,3 +126,91 @@ def test_every_aggregator_that_feeds_back_holds_one_error_feedback_and_checkpoin
         assert torch.equal(b.feedback.memory, a.feedback.memory)
     finally:
         a.close(), b.close()
+
+
+# -- EF-SignSGD and 1-bit SGD (gvq/compressors/efsignsgd.py, onebit.py): averaged over N, memory invariant --
+SIGN_SHAPES = [(4, 3, 2, 2), (4,), (6, 8), (1,)]
+
+
+def _sign_ef_case(rank, world, make, iters=6):
+    """float64 parameters: the memory is float64, so the invariant holds to float64 rounding."""
+    from gvq.compressors.efsignsgd import EFSignSGD
+    from gvq.compressors.onebit import OneBit
+    codec = {"efsignsgd": EFSignSGD, "onebit": OneBit, "onebit_column": lambda: OneBit("column")}[make]()
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in SIGN_SHAPES]
+    agg = ErrorFeedbackAggregator(codec, topology="allgather", hop="auto")
+    agg.setup(params, RunContext(rank, world))
+    g = torch.Generator().manual_seed(rank)
+    inputs, sent, means = torch.zeros(agg.offsets[-1], dtype=torch.float64), [], []
+    for it in range(iters):
+        grad = torch.randn(agg.offsets[-1], generator=g, dtype=torch.float64)
+        inputs += grad
+        agg.bucket.copy_(grad)
+        agg.aggregate(it)
+        sent.append(agg.transmitted.clone())
+        means.append(agg.bucket.clone())
+    out = {"inputs": inputs, "sent": sent, "means": means, "error": agg.feedback.memory.clone()}
+    agg.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def sign_ef_run(tmp_path_factory):
+    return run_ranks(_sign_ef_cases, 3, tmp_path_factory.mktemp("sign_ef"))
+
+
+def _sign_ef_cases(rank, world):
+    return {m: _sign_ef_case(rank, world, m) for m in ("efsignsgd", "onebit", "onebit_column")}
+
+
+@SLOW
+@pytest.mark.parametrize("codec", ["efsignsgd", "onebit", "onebit_column"])
+def test_sign_codecs_average_their_decoded_payloads_over_n_ranks(sign_ef_run, codec):
+    """The mean, not GRACE's sum: what every rank ends with is (1/N) sum_i Q(g'_i)."""
+    n = len(sign_ef_run)
+    for it in range(len(sign_ef_run[0][codec]["sent"])):
+        want = sum(r[codec]["sent"][it] for r in sign_ef_run) / n
+        for r in sign_ef_run:
+            assert torch.allclose(r[codec]["means"][it], want, rtol=1e-6, atol=1e-7)
+
+
+@SLOW
+@pytest.mark.parametrize("codec", ["efsignsgd", "onebit", "onebit_column"])
+def test_sign_codecs_memory_keeps_what_was_not_sent(sign_ef_run, codec):
+    """Sum of what was sent + the memory left = sum of the inputs (float64, to its rounding)."""
+    for r in sign_ef_run:
+        c = r[codec]
+        gap = (sum(c["sent"]) + c["error"] - c["inputs"]).abs().max()
+        assert float(gap) <= 1e-12 * float(c["inputs"].abs().max() + 1), gap
+
+
+def _cnn_shapes():
+    from gvq.models import DigitsCNN
+    return [tuple(p.shape) for p in DigitsCNN(num_classes=10, in_channels=1, width=16).parameters()]
+
+
+@SLOW
+@pytest.mark.parametrize("option,side,groups", [
+    ("efsignsgd", 4, lambda shapes: len(shapes)),
+    ("onebit", 8, lambda shapes: len(shapes)),
+    ("onebit aggregator.compressor.scope=column", 8, lambda shapes: sum(s[0] if len(s) > 1 else 1 for s in shapes)),
+])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sign_options_train_the_cnn_and_log_the_bytes_of_their_wire(tmp_path, option, side, groups, overlap):
+    """Through the launcher: each rank sends its payload N - 1 times on the allgather (n/8 bytes of bits
+    and ``side`` bytes per group); overlapped in small DDP buckets, the groups are still the tensors."""
+    from tests.helpers.launch import launch_job
+    extra = ["aggregator.overlap=true", "aggregator.bucket_cap_mb=0.004"] if overlap else []
+    code, summary = launch_job(tmp_path, f"aggregator={option.split()[0]}", *option.split()[1:], *extra,
+                               "logger=csv", "logger.progress=false", "iterations=6", "eval_every=6",
+                               "world_size=2", "batch_size=16")
+    assert code == 0, summary
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    shapes = _cnn_shapes()
+    numel = sum(math.prod(s) for s in shapes)
+    assert math.isfinite(summary["final_test_loss"])
+    want = math.ceil(numel / 8) + side * groups(shapes)
+    if not overlap:
+        assert set(df.bytes_sent) == {want}
+    else:                 # each DDP bucket (whole tensors, at most one a tensor) pads its bits to a byte
+        assert ((df.bytes_sent >= want) & (df.bytes_sent < want + len(shapes))).all(), (set(df.bytes_sent), want)

@@ -14,13 +14,18 @@ import torch
 from gvq.compressors.base import Compressor
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
+from gvq.compressors.efsignsgd import EFSignSGD
 from gvq.compressors.fp16 import FP16
 from gvq.compressors.gradiveq.codec import GradiVeQ
 from gvq.compressors.linear import Linear
+from gvq.compressors.natural import Natural
+from gvq.compressors.onebit import OneBit
 from gvq.compressors.orq import ORQ
 from gvq.compressors.powersgd import PowerSGD
 from gvq.compressors.qsgd import QSGD
+from gvq.compressors.randomk import RandomK
 from gvq.compressors.signsgd import ScaledSignSGD
+from gvq.compressors.signum import SignVote
 from gvq.compressors.terngrad import TernGrad
 
 PKG = Path(__file__).resolve().parents[2] / "gvq" / "compressors"
@@ -37,6 +42,11 @@ SCALAR = {                                          # module -> instances (every
     "bingrad_pb": [BinGradPB()],
     "bingrad_b": [BinGradB()],
     "fp16": [FP16()],
+    "efsignsgd": [EFSignSGD(), EFSignSGD("bucket")],
+    "onebit": [OneBit(), OneBit("column").grouped([(109, 47)])],     # 109 x 47 = N
+    "signum": [SignVote("int8"), SignVote("bits")],
+    "randomk": [RandomK(), RandomK(scale=True)],
+    "natural": [Natural()],
 }
 DEVICES = ["meta", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device visible")])]
