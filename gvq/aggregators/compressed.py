@@ -18,17 +18,31 @@ class CompressedAggregator(FlatAggregator):
     """A compressor on a topology: ``ring`` picks mode (b) for additive compressors, else (c);
     ``allgather`` / ``ps`` is mode (d).  Logs rank 0's relative compression error per iteration."""
 
-    extra_fields = ("compression_error",)
+    extra_fields = FlatAggregator.extra_fields + ("compression_error",)
 
-    def __init__(self, compressor: Compressor, *, topology: str, hop: str):
-        """The knobs as given (their defaults live in the compressed options' schema)."""
+    def __init__(self, compressor: Compressor, *, topology: str, hop: str, ef_decay: float, ef_units: str):
+        """The knobs as given (their defaults live in the compressed options' schema).  ``ef_decay`` and
+        ``ef_units`` are error feedback's (:class:`gvq.aggregators.error_feedback.ErrorFeedbackAggregator`):
+        without it a value other than theirs is refused, as it would change nothing."""
         if hop == "sum" and not compressor.additive:
             raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
                              "payloads cannot be summed in the compressed domain; use hop=auto or reencode")
+        if type(self) is CompressedAggregator and (ef_decay != 1.0 or ef_units != "gradient"):
+            key = "ef_decay" if ef_decay != 1.0 else "ef_units"
+            raise ValueError(f"aggregator.{key}={ef_decay if key == 'ef_decay' else ef_units!r}: only error "
+                             "feedback reads it (aggregator._target_=gvq.aggregators.error_feedback."
+                             "ErrorFeedbackAggregator)")
         self.compressor, self.topology = compressor, topology
         # ring hop: sum payloads (mode b) when the compressor allows it, unless forced to re-encode
         self.sum_hop = compressor.additive and hop != "reencode"
         self.name = compressor.name
+
+    def codec_for(self, params) -> Compressor:
+        """The codec of a vector of ``params``' values (positions in :attr:`params`, in order): the compressor
+        told the parameters' sizes (:meth:`Compressor.on_blocks`: top-k per tensor), once per layout."""
+        params = tuple(params)
+        return self.memo(("codec", params), lambda: self.compressor.on_blocks(
+            tuple(self.offsets[i + 1] - self.offsets[i] for i in params)))
 
     def bind(self, params, ctx):
         super().bind(params, ctx)
@@ -47,14 +61,14 @@ class CompressedAggregator(FlatAggregator):
         return self.memo(("segments", numel, n), lambda: split_on_cuts(self.compressor.cuts(numel), n))
 
     def rings(self, params, n):
-        numel = self.numel_of(params)
+        numel, codec = self.numel_of(params), self.codec_for(params)
         if self.topology != "ring":
-            return [Ring(self.topology, [[slice(0, numel)]], self.compressor)]
-        return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), self.compressor)]
+            return [Ring(self.topology, [[slice(0, numel)]], codec)]
+        return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]
 
     def measure(self, bucket):
         # every rank pays the same cost, so no rank waits for rank 0's measurement
-        return {"compression_error": self.local_error(bucket.flat)}
+        return {"compression_error": self.local_error(bucket.flat, self.codec_for(bucket.params))}
 
     def average(self, bucket):
         super().average(bucket)
@@ -62,11 +76,13 @@ class CompressedAggregator(FlatAggregator):
         # raising mid-ring would leave its peers waiting), then each one that saw garbage raises
         self.compressor.check_health()
 
-    def local_error(self, flat: torch.Tensor) -> float:
-        """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation)."""
+    def local_error(self, flat: torch.Tensor, codec: Compressor | None = None) -> float:
+        """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation), by ``codec`` (None:
+        the compressor as built)."""
+        codec = self.compressor if codec is None else codec
         whole = slice(0, flat.numel())
         with torch.no_grad():
-            q = self.compressor.decompress(self.compressor.compress(flat, whole), whole)
+            q = codec.decompress(codec.compress(flat, whole), whole)
             self.compressor.check_health()
             denom = float(flat.pow(2).sum())
             return float((q - flat).pow(2).sum()) / denom if denom > 0 else 0.0

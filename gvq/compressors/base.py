@@ -86,6 +86,12 @@ class Compressor:
         """Allowed segment boundaries in ``[0, numel]``, sorted, including both ends."""
         return list(range(numel + 1))
 
+    def on_blocks(self, sizes: tuple[int, ...]) -> "Compressor":
+        """The codec for vectors made of consecutive blocks of these sizes (a bucket's parameters, in its
+        order): an aggregator codes each bucket with what this returns for its parameters' sizes (top-k's
+        per-tensor scope).  Default: itself (a codec blind to the layout)."""
+        return self
+
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
         """(dtype, number of elements) of the payload of ``seg``."""
         return torch.float32, seg.stop - seg.start

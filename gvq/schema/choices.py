@@ -43,6 +43,10 @@ Mu = Choice("Mu", "slice group", module=__name__)
 BasisDtype = Choice("BasisDtype", "float32 bfloat16", module=__name__)
 Matrices = Choice("Matrices", "auto conv rows", module=__name__)
 Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_triton.py)
+Scope = Choice("Scope", "tensor bucket global", module=__name__)            # topk's scope (gvq/compressors/topk.py)
+ValueDtype = Choice("ValueDtype", "float32 float16", module=__name__)       # a sparsifier's wire values
+IndexFormat = Choice("IndexFormat", "int32 packed", module=__name__)        # a sparsifier's wire indices
+EFUnits = Choice("EFUnits", "gradient step", module=__name__)               # aggregator.ef_units (error_feedback.py)
 # dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
 SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
 LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gvq.schema.choices import BasisDtype, Fit, Kernels, Matrices, Mu, Norm, Threshold
+from gvq.schema.choices import BasisDtype, Fit, IndexFormat, Kernels, Matrices, Mu, Norm, Scope, Threshold, ValueDtype
 
 
 @dataclass
@@ -64,6 +64,16 @@ class SignSGDSchema(_Bucketed):
 class TernGradSchema(_Bucketed):
     _target_: str = "gvq.compressors.terngrad.TernGrad"
     kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class TopKSchema:
+    _target_: str = "gvq.compressors.topk.TopK"
+    ratio: float = 0.01
+    scope: Scope = Scope.tensor
+    bucket: int = 2048
+    values: ValueDtype = ValueDtype.float32
+    indices: IndexFormat = IndexFormat.int32
 
 
 @dataclass

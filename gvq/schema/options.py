@@ -17,10 +17,10 @@ import enum
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import List, Optional
 
-from gvq.schema.choices import (Choice, Clock, CommCore, Hook, Hop, Kernels, LabelSplit, Norm, OneSource, Sampling,
-                                SourceSplit, Tokenizer, Topology)
+from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
+                                Sampling, SourceSplit, Tokenizer, Topology)
 from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, FP16Schema, GradiVeQSchema, LinearSchema, ORQSchema,
-                               QSGDSchema, SignSGDSchema, TernGradSchema)
+                               QSGDSchema, SignSGDSchema, TernGradSchema, TopKSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -68,11 +68,20 @@ class _Compressed(_Overlap):
     _target_: str = "gvq.aggregators.compressed.CompressedAggregator"
     topology: Topology = Topology.ring
     hop: Hop = Hop.auto
+    ef_decay: float = 1.0                 # error feedback's (ErrorFeedbackAggregator); refused without it
+    ef_units: EFUnits = EFUnits.gradient
 
 
-def _compressed(schema: type) -> type:
-    """A CompressedAggregator schema whose ``compressor`` node is ``schema``."""
-    cls = dataclass(type(f"Compressed{schema.__name__}", (_Compressed,), {
+@dataclass
+class _Sparse(_Compressed):
+    """A sparsifier's option: error feedback on, payloads all-gathered (not additive)."""
+    _target_: str = "gvq.aggregators.error_feedback.ErrorFeedbackAggregator"
+    topology: Topology = Topology.allgather
+
+
+def _compressed(schema: type, base: type = _Compressed) -> type:
+    """A CompressedAggregator schema (``base``'s) whose ``compressor`` node is ``schema``."""
+    cls = dataclass(type(f"Compressed{schema.__name__}", (base,), {
         "__annotations__": {"compressor": schema}, "compressor": field(default_factory=schema),
         "__module__": __name__}))
     globals()[cls.__name__] = cls       # importable by name: a pickled config finds its class
@@ -258,6 +267,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "bingrad_pb"): _compressed(BinGradPBSchema),
     ("aggregator", "signsgd"): _compressed(SignSGDSchema),
     ("aggregator", "terngrad"): _compressed(TernGradSchema),
+    ("aggregator", "topk"): _compressed(TopKSchema, _Sparse),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,
