@@ -154,7 +154,7 @@ class TopK(Compressor):
             c["kept"] = kept.to(device)
         else:                               # sorted: scope s occupies positions [start_s, start_s + len_s)
             scope_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
-            c["scope_key"] = (scope_of << 31).to(device)
+            c["scope_key"] = ((scope_of << 31) + _LOW31).to(device)     # minus |v|'s bits: -|v| within its scope
             c["kept"] = torch.cat([torch.arange(k) + a for a, k in zip(plan.starts, plan.ks)]).to(device)
         return c
 
@@ -169,7 +169,7 @@ class TopK(Compressor):
             local = torch.topk(keys.view(plan.rows, plan.width), plan.ks[0], dim=1,
                                sorted=plan.ks[-1] != plan.ks[0]).indices    # sorted: the last row keeps fewer
             return local.reshape(-1)[c["kept"]] + c["slot_start"]
-        order = torch.sort(c["scope_key"] + (_LOW31 - bits), stable=True).indices   # stable: lower index first
+        order = torch.sort(c["scope_key"] - bits, stable=True).indices   # stable: lower index first among ties
         return order[c["kept"]]
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
