@@ -12,7 +12,7 @@ and one ``torch.topk`` over rows picks exactly that set; per tensor (unequal sco
 are taken by a gather at positions fixed by the layout.  On one CPU core the int64 topk ran about 5x faster
 than that sort, so the sort is used only where scopes differ in length.  NaN ranks above every number (its
 bits are larger): it is sent, and the run's NaN guard sees it.  Rank is taken on float32 magnitudes (a
-float64 input's near-ties may order as their float32 roundings).
+float64 input's near-ties may order as their float32 roundings, and its values travel as float32).
 
 Payload: one uint8 tensor of fixed size (payload_spec), each part aligned for its dtype: int32 indices,
 then the values; or the values, then the indices packed to ceil(log2 L) bits each, back to back (L the
