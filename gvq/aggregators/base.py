@@ -9,6 +9,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -52,6 +53,9 @@ class RunContext:
     #: the run's ``aggregate_error`` knob: a ring aggregator also all-reduces each raw vector exactly (untimed,
     #: uncounted) to log its mean's error against the exact mean; off: no extra collective, the column NaN
     aggregate_error: bool = False
+    #: the learning rate of the step being taken, read when an iteration opens (the run's optimizer's; step-unit
+    #: error feedback needs it, ``aggregator.ef_units=step``); None: not known (a tool, a hook's own script)
+    lr: Callable[[], float] | None = None
 
 
 class Aggregator:

@@ -18,13 +18,22 @@ class CompressedAggregator(FlatAggregator):
     """A compressor on a topology: ``ring`` picks mode (b) for additive compressors, else (c);
     ``allgather`` / ``ps`` is mode (d).  Logs rank 0's relative compression error per iteration."""
 
-    extra_fields = ("compression_error",)
+    extra_fields = FlatAggregator.extra_fields + ("compression_error",)
+    #: whether its ranks feed back what their payloads left out (the only reader of ``ef_decay`` / ``ef_units``)
+    feeds_back: bool = False
 
-    def __init__(self, compressor: Compressor, *, topology: str, hop: str):
-        """The knobs as given (their defaults live in the compressed options' schema)."""
+    def __init__(self, compressor: Compressor, *, topology: str, hop: str, ef_decay: float, ef_units: str):
+        """The knobs as given (their defaults live in the compressed options' schema).  ``ef_decay`` and
+        ``ef_units`` are error feedback's (:class:`gvq.aggregators.error_feedback.ErrorFeedbackAggregator`):
+        without it a value other than theirs is refused, as it would change nothing."""
         if hop == "sum" and not compressor.additive:
             raise ValueError(f"aggregator.hop=sum: compressor {compressor.name!r} is not additive, its "
                              "payloads cannot be summed in the compressed domain; use hop=auto or reencode")
+        if not self.feeds_back and (ef_decay != 1.0 or ef_units != "gradient"):
+            key = "ef_decay" if ef_decay != 1.0 else "ef_units"
+            raise ValueError(f"aggregator.{key}={ef_decay if key == 'ef_decay' else ef_units!r}: only error "
+                             "feedback reads it (aggregator._target_=gvq.aggregators.error_feedback."
+                             "ErrorFeedbackAggregator)")
         self.compressor, self.topology = compressor, topology
         # ring hop: sum payloads (mode b) when the compressor allows it, unless forced to re-encode
         self.sum_hop = compressor.additive and hop != "reencode"

@@ -73,7 +73,7 @@ def _timed(inner):
 class DDPAggregator(Aggregator):
     """Plain DDP (``hook=allreduce``), DDP + fp16 compression hook, or DDP + torch's PowerSGD hook."""
 
-    extra_fields = ("comm_s", "exposed_s", "straggle_s", "buckets")   # as gvq's hook names them
+    extra_fields = ("comm_s", "exposed_s", "straggle_s", "buckets", "bytes_received")   # as gvq's hook names them
     #: averages during backward: the loop trains :meth:`wrap`'s DistributedDataParallel
     inside_backward = True
 
@@ -129,6 +129,7 @@ class DDPAggregator(Aggregator):
         compressed = self.hook == "fp16" or (self.hook == "powersgd" and self._powersgd_was_on())
         return {"compress_s": 0.0, "decompress_s": 0.0, "wire_s": 0.0, "stage_s": 0.0, "comm_s": comm,
                 "exposed_s": wait, "buckets": len(tm.launched), "bytes_sent": self.estimated_bytes(compressed),
+                "bytes_received": self.estimated_bytes(compressed),       # a ring all-reduce receives what it sends
                 "phase": self.name if compressed else "allreduce",
                 # torch averages inside its own hooks: no raw copy to hold the mean against
                 "aggregate_error": float("nan"),

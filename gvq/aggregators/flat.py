@@ -25,6 +25,8 @@ class FlatAggregator(Aggregator):
 
     #: all its traffic goes through P2P, so net.clock=virtual can time it
     virtual_time = True
+    #: P2P counts what it receives as well as what it sends (an all-gather receives N - 1 payloads)
+    extra_fields = ("bytes_received",)
     #: every one averages any DDP bucket (:meth:`average_bucket_`)
     any_bucket = True
     #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
@@ -247,9 +249,10 @@ class FlatAggregator(Aggregator):
         self.error_sums = [0.0, 0.0]
 
     def counters(self) -> dict:
-        """Codec times, wire time, staging time and bytes sent since :meth:`reset_counters`."""
+        """Codec times, wire time, staging time and bytes sent and received since :meth:`reset_counters`."""
         return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
-                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent}
+                "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent,
+                "bytes_received": self.p2p.bytes_received}
 
     def average_vector(self, flat: torch.Tensor, iteration: int, params: tuple[int, ...] | None = None) -> dict:
         """The vector ``flat`` of ``params``' values (None: the whole model) averaged in place, as one

@@ -66,7 +66,8 @@ class GradiVeQAggregator(FlatAggregator):
     name = "gradiveq"
     bucket_codecs = True           # a bucket's codec holds its own layers' bases only
     fits_whole_vectors = True      # a refit needs every layer's samples from the iterations it sampled
-    extra_fields = ("phase", "compression_error", "compression_ratio", "fit_s", "monitor_s")
+    extra_fields = FlatAggregator.extra_fields + ("phase", "compression_error", "compression_ratio", "fit_s",
+                                                  "monitor_s")
     #: 16-bit gradients are averaged in float32 (its flat buffers); float64 would travel as float32
     refused_dtypes = ((torch.float64, "its payloads, PCA bases and samples are float32: cast the model "
                        "to float32 or bfloat16, or use rar, powersgd or a quantizer, which keep float64"),)

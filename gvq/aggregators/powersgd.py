@@ -20,7 +20,7 @@ class PowerSGDAggregator(FlatAggregator):
     """Rank-r PowerSGD with warm start and error feedback, both sums on the pipelined ring."""
 
     name = "powersgd"
-    extra_fields = ("compression_error",)
+    extra_fields = FlatAggregator.extra_fields + ("compression_error",)
 
     def __init__(self, *, rank: int, start_iter: int, min_compression_rate: float, warm_start: bool, kernels: str):
         """Every knob as given (its default lives in ``PowerSGDSchema``: :func:`gvq.schema.options.knobs`)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.compressed import CompressedAggregator
+from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
 from gvq.compressors.signum import INT8_MAX_RANKS, SignVote
 
@@ -22,10 +23,13 @@ from gvq.compressors.signum import INT8_MAX_RANKS, SignVote
 class SignumAggregator(CompressedAggregator):
     """:class:`CompressedAggregator` of a :class:`SignVote` codec whose ranks vote with their momentum."""
 
-    extra_fields = ()          # no compression error: the vote is not an estimate of the mean
+    # no compression error: the vote is not an estimate of the mean
+    extra_fields = FlatAggregator.extra_fields
 
-    def __init__(self, compressor: SignVote, *, topology: str, hop: str, beta: float):
-        super().__init__(compressor, topology=topology, hop=hop)
+    def __init__(self, compressor: SignVote, *, topology: str, hop: str, beta: float, ef_decay: float,
+                 ef_units: str):
+        # no error feedback here: an ef_decay / ef_units other than these is refused by CompressedAggregator
+        super().__init__(compressor, topology=topology, hop=hop, ef_decay=ef_decay, ef_units=ef_units)
         if not isinstance(compressor, SignVote):
             raise ValueError(f"aggregator=signum: compressor {compressor.name!r} is not SignVote")
         if not 0.0 <= beta < 1.0:

@@ -104,7 +104,7 @@ class P2P:
         self.stage, self._stage_all = HostStage(), stage is True
         self._stage_device = stage is None and (not nccl_group() or self.link is not None)
         self.batched = (nccl_group() if batch is None else batch) and self.link is None and not self._stage_all
-        self.bytes_sent = 0
+        self.bytes_sent = self.bytes_received = 0
         self.wire_s = 0.0
 
     @property
@@ -136,7 +136,7 @@ class P2P:
         return (self.rank - 1) % self.world_size
 
     def reset(self):
-        self.bytes_sent, self.wire_s = 0, 0.0
+        self.bytes_sent, self.bytes_received, self.wire_s = 0, 0, 0.0
         self.stage.reset()
 
     @property
@@ -196,6 +196,7 @@ class P2P:
         ops = [dist.P2POp(dist.irecv, t, self.peer(src), self.group, tag) for t in recvs if t.numel()]
         ops += [dist.P2POp(dist.isend, t, self.peer(dst), self.group, tag) for t in sends if t.numel()]
         self.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
+        self.bytes_received += sum(t.numel() * t.element_size() for t in recvs)
         with self._posting(src):
             both = _All(dist.batch_isend_irecv(ops) if ops else [])
         return [both] * len(recvs), [_Done()] * len(sends)
@@ -203,6 +204,7 @@ class P2P:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
+        self.bytes_received += tensor.numel() * tensor.element_size()
         with self._posting(src):
             if self._staged(tensor):
                 buf = self.stage.acquire(tensor)

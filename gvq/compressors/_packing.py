@@ -234,3 +234,26 @@ def _to_length(flat: Tensor, count: int) -> Tensor:
 def _int_powers(radix: int, k: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """radix**j for j < k in the words' integer dtype, on ``device``."""
     return torch.tensor([radix ** j for j in range(k)], dtype=dtype, device=device)
+
+
+# ---- fixed-width bit fields (a sparsifier's indices): exactly ceil(count * bits / 8) bytes -------------
+def pack_bits(codes: Tensor, bits: int) -> Tensor:
+    """Non-negative integer codes < 2**bits -> uint8 (ceil(count * bits / 8),), each code's ``bits`` bits
+    least significant first, back to back with no word padding.  A fixed few whole-tensor ops: every
+    code's bits as a 0/1 matrix, then eight bits a byte by one product with their place values."""
+    count = codes.numel()
+    shifts = torch.arange(bits, dtype=torch.int64, device=codes.device)
+    flat = (codes.reshape(-1, 1).to(torch.int64) >> shifts).bitwise_and_(1).to(torch.uint8).view(-1)
+    flat = _to_length(flat, -(-count * bits // 8) * 8)
+    return (flat.view(-1, 8) * _BYTE_PLACES.to(codes.device)).sum(1, dtype=torch.uint8)
+
+
+def unpack_bits(data: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of :func:`pack_bits`: ``count`` int64 codes."""
+    flat = (data.reshape(-1, 1) >> _BYTE_SHIFTS.to(data.device)).bitwise_and_(1).view(-1)[: count * bits]
+    places = torch.ones(bits, dtype=torch.int64, device=data.device) << torch.arange(bits, device=data.device)
+    return (flat.view(count, bits).to(torch.int64) * places).sum(1)
+
+
+_BYTE_PLACES = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)
+_BYTE_SHIFTS = torch.arange(8, dtype=torch.uint8)

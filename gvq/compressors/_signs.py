@@ -15,21 +15,18 @@ import math
 import torch
 from torch import Tensor
 
+from gvq.compressors import _packing
 from gvq.compressors.base import Compressor, check_choice
 
-def pack_bits(bits: Tensor) -> Tensor:
-    """(n,) bool -> (ceil(n / 8),) uint8, value i at bit i % 8 of byte i // 8 (zero padding)."""
-    n = bits.numel()
-    padded = torch.zeros(8 * math.ceil(n / 8), dtype=torch.uint8, device=bits.device)
-    padded[:n] = bits
-    shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
-    return padded.view(-1, 8).bitwise_left_shift(shifts).sum(dim=1, dtype=torch.uint8)
+def pack_signs(bits: Tensor) -> Tensor:
+    """(n,) bool -> (ceil(n / 8),) uint8: :func:`gvq.compressors._packing.pack_bits` at one bit a value
+    (value i at bit i % 8 of byte i // 8, zero padding)."""
+    return _packing.pack_bits(bits, 1)
 
 
-def unpack_bits(packed: Tensor, n: int) -> Tensor:
-    """Inverse of :func:`pack_bits`: the first ``n`` bits as (n,) bool."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    return packed.view(-1, 1).bitwise_right_shift(shifts).bitwise_and_(1).view(-1)[:n].bool()
+def unpack_signs(packed: Tensor, n: int) -> Tensor:
+    """Inverse of :func:`pack_signs`: the first ``n`` bits as (n,) bool."""
+    return _packing.unpack_bits(packed, 1, n).bool()
 
 
 def sign_groups(shapes: list[tuple[int, ...]] | None, numel: int, scope: str, bucket: int) -> list[int]:
@@ -99,14 +96,14 @@ class GroupedSign(Compressor):
         gid, counts, k = self._plan(seg, x.device)
         bits = x >= 0
         side = self.fit(x, bits, gid, counts, k)                # (k, n_side)
-        return torch.cat([side.reshape(-1).view(torch.uint8), pack_bits(bits)])
+        return torch.cat([side.reshape(-1).view(torch.uint8), pack_signs(bits)])
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
         n = seg.stop - seg.start
         gid, _, k = self._plan(seg, payload.device)
         head = 4 * self.n_side * k
         side = payload[:head].clone().view(torch.float32).view(k, self.n_side)   # clone: 4-byte aligned
-        return self.decode(unpack_bits(payload[head:], n), side[gid])
+        return self.decode(unpack_signs(payload[head:], n), side[gid])
 
     @staticmethod
     def group_sum(values: Tensor, gid: Tensor, k: int) -> Tensor:

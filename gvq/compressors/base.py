@@ -90,9 +90,9 @@ class Compressor:
 
     def grouped(self, shapes: list[tuple[int, ...]]) -> "Compressor":
         """The codec for a vector made of tensors of ``shapes``, in order (each parameter's block of
-        the flat gradient): codecs whose side information is per tensor (EF-SignSGD, 1-bit SGD) return
-        a copy that knows its groups; the aggregator asks once per vector layout.  Default: itself (a
-        codec that never looks at tensor boundaries)."""
+        the flat gradient): codecs whose side information or scope is per tensor (EF-SignSGD, 1-bit SGD,
+        top-k's per-tensor scope) return a copy that knows its groups; the aggregator asks once per vector
+        layout.  Default: itself (a codec that never looks at tensor boundaries)."""
         return self
 
     def cuts(self, numel: int) -> list[int]:

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from gvq.compressors._signs import pack_bits, unpack_bits
+from gvq.compressors._signs import pack_signs, unpack_signs
 from gvq.compressors.base import Compressor, check_choice
 
 #: the largest |sum of N votes| int8 holds: N = 127 ranks
@@ -42,11 +42,11 @@ class SignVote(Compressor):
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         up = x.reshape(-1) >= 0
         if self.vote == "bits":
-            return pack_bits(up)
+            return pack_signs(up)
         return up.to(torch.int8).mul_(2).sub_(1)            # +-1
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
         if self.vote == "int8":
             return payload.to(torch.float32)                # a sum of votes, exact
-        up = unpack_bits(payload, seg.stop - seg.start)
+        up = unpack_signs(payload, seg.stop - seg.start)
         return up.to(torch.float32).mul_(2).sub_(1)

@@ -14,6 +14,7 @@ they run at.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -80,9 +81,15 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     net = cfg["net"]
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
                                                    net["bandwidth_bps"], net["latency_s"], run_dir=run_dir,
-                                                   aggregate_error=cfg["aggregate_error"]))
+                                                   aggregate_error=cfg["aggregate_error"],
+                                                   lr=functools.partial(first_lr, opt)))
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
     return data, work, model, opt, sched, agg
+
+
+def first_lr(opt) -> float:
+    """The learning rate the optimizer's next step takes (its first group's: the run's one schedule)."""
+    return opt.param_groups[0]["lr"]
 
 
 @torch.no_grad()
@@ -210,7 +217,9 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
     if rank == 0 and restart.same_dir(resume, run_dir):
         restart.set_aside_rows(run_dir)   # restarted in place (restarts=K): its rows are written again
     asked = ("aggregate_error",) if cfg["aggregate_error"] else ()     # its column: NaN where not measurable
-    fields = ("skipped",) + tuple(method.extra_fields) + tuple(agg.extra_fields) + work.extra_fields + asked
+    # a column two parts log (bytes_received: DeMo's method and every aggregator) is one column
+    fields = tuple(dict.fromkeys(("skipped",) + tuple(method.extra_fields) + tuple(agg.extra_fields)
+                                 + work.extra_fields + asked))
     runlog = RunLog(run_dir, fields, cfg, meta) if rank == 0 else None
     mark(meta, "logger")
     failed = True

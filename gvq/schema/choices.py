@@ -46,6 +46,10 @@ SignScope = Choice("SignScope", "tensor bucket", module=__name__)      # efsigns
 OneBitScope = Choice("OneBitScope", "tensor column", module=__name__)  # onebit's compressor.scope
 Vote = Choice("Vote", "int8 bits", module=__name__)                    # signum's compressor.vote
 Kernels = Choice("Kernels", "auto triton torch", module=__name__)   # compressor.kernels (gvq/compressors/_kernels.py)
+Scope = Choice("Scope", "tensor bucket global", module=__name__)            # topk's scope (gvq/compressors/topk.py)
+ValueDtype = Choice("ValueDtype", "float32 float16", module=__name__)       # a sparsifier's wire values
+IndexFormat = Choice("IndexFormat", "int32 packed", module=__name__)        # a sparsifier's wire indices
+EFUnits = Choice("EFUnits", "gradient step", module=__name__)               # aggregator.ef_units (error_feedback.py)
 # dataset.split: how ranks divide the training set (gvq/data/batches.py); the option files say which way each pushes
 SourceSplit = Choice("SourceSplit", "pooled by_source", module=__name__)   # a corpus of several texts (austen)
 LabelSplit = Choice("LabelSplit", "pooled by_label", module=__name__)      # a labelled data set (classes)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from gvq.schema.choices import BasisDtype, Fit, Kernels, Matrices, Mu, Norm, OneBitScope, SignScope, Threshold, Vote
+from gvq.schema.choices import (BasisDtype, Fit, IndexFormat, Kernels, Matrices, Mu, Norm, OneBitScope, Scope,
+                                SignScope, Threshold, ValueDtype, Vote)
 
 
 @dataclass
@@ -83,6 +84,16 @@ class SignVoteSchema:
 class TernGradSchema(_Bucketed):
     _target_: str = "gvq.compressors.terngrad.TernGrad"
     kernels: Kernels = Kernels.auto
+
+
+@dataclass
+class TopKSchema:
+    _target_: str = "gvq.compressors.topk.TopK"
+    ratio: float = 0.01
+    scope: Scope = Scope.tensor
+    bucket: int = 2048
+    values: ValueDtype = ValueDtype.float32
+    indices: IndexFormat = IndexFormat.int32
 
 
 @dataclass

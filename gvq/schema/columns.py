@@ -63,8 +63,9 @@ COLUMNS = (
        unsynced=0),
     Column("bytes_sent", "B", "max", "bytes this rank sent (torch DDP: estimated)", skipped=0, base=True, unsynced=0,
        bench=True),
-    Column("bytes_received", "B", "max", "bytes this rank received (method=demo: the N - 1 payloads of its "
-       "all-gather; a ring receives what it sends, so only DeMo logs it)", skipped=0, unsynced=0),
+    Column("bytes_received", "B", "max", "bytes this rank received, counted by every aggregator (an all-gather: the "
+       "N - 1 other ranks' payloads, growing with N; a ring about what it sends, exactly where its segments are "
+       "equal; torch DDP: estimated; method=demo: its all-gather's N - 1 payloads)", skipped=0, unsynced=0),
     Column("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
        base=True, wandb="train/loss"),
     Column("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),

@@ -17,11 +17,11 @@ import enum
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import List, Optional
 
-from gvq.schema.choices import (Choice, Clock, CommCore, Hook, Hop, Kernels, LabelSplit, Norm, OneSource, Sampling,
-                                SourceSplit, Tokenizer, Topology)
+from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
+                                Sampling, SourceSplit, Tokenizer, Topology)
 from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, EFSignSGDSchema, FP16Schema, GradiVeQSchema,
                                LinearSchema, NaturalSchema, OneBitSchema, ORQSchema, QSGDSchema, RandomKSchema,
-                               SignSGDSchema, SignVoteSchema, TernGradSchema)
+                               SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -69,6 +69,8 @@ class _Compressed(_Overlap):
     _target_: str = "gvq.aggregators.compressed.CompressedAggregator"
     topology: Topology = Topology.ring
     hop: Hop = Hop.auto
+    ef_decay: float = 1.0                 # error feedback's (ErrorFeedbackAggregator); refused without it
+    ef_units: EFUnits = EFUnits.gradient
 
 
 def _compressed(schema: type, base: type = _Compressed) -> type:
@@ -81,7 +83,8 @@ def _compressed(schema: type, base: type = _Compressed) -> type:
 
 
 @dataclass
-class _ErrorFeedback(_Compressed):      # the biased 1-bit codecs: by allgather (their scales differ per rank)
+class _ErrorFeedback(_Compressed):      # the biased codecs (1-bit, top-k): error feedback on, by allgather (their
+                                        # scales or indices differ per rank: not additive)
     _target_: str = "gvq.aggregators.error_feedback.ErrorFeedbackAggregator"
     topology: Topology = Topology.allgather
 
@@ -276,6 +279,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "efsignsgd"): _compressed(EFSignSGDSchema, _ErrorFeedback),
     ("aggregator", "onebit"): _compressed(OneBitSchema, _ErrorFeedback),
     ("aggregator", "signum"): _compressed(SignVoteSchema, _Signum),
+    ("aggregator", "topk"): _compressed(TopKSchema, _ErrorFeedback),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,

@@ -108,7 +108,8 @@ def test_average_bucket_averages_a_vector_of_any_parameters_in_place():
         agg.reset_counters()
         stats = agg.average_bucket_(bucket, [1], 0)
         assert torch.equal(bucket, torch.arange(2.0)) and stats["aggregate_s"] >= 0
-        assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent"}
+        assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent",
+                                      "bytes_received"}
         assert agg.any_bucket is True
     finally:
         agg.close()

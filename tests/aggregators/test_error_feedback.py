@@ -21,7 +21,7 @@ SLOW = pytest.mark.slow          # a test that starts processes (make test-fast 
 def _ef_case(rank, world, make, topology, iters, ef):
     params = [torch.nn.Parameter(torch.zeros(64))]
     cls = ErrorFeedbackAggregator if ef else CompressedAggregator
-    agg = cls(make(), topology=topology, hop="auto")
+    agg = cls(make(), topology=topology, hop="auto", ef_decay=1.0, ef_units="gradient")
     agg.setup(params, RunContext(rank, world))
     g = torch.Generator().manual_seed(rank)
     base = torch.linspace(-1, 1, 64) ** 3                       # a persistent, uneven direction
@@ -138,7 +138,7 @@ def _sign_ef_case(rank, world, make, iters=6):
     from gvq.compressors.onebit import OneBit
     codec = {"efsignsgd": EFSignSGD, "onebit": OneBit, "onebit_column": lambda: OneBit("column")}[make]()
     params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in SIGN_SHAPES]
-    agg = ErrorFeedbackAggregator(codec, topology="allgather", hop="auto")
+    agg = ErrorFeedbackAggregator(codec, topology="allgather", hop="auto", ef_decay=1.0, ef_units="gradient")
     agg.setup(params, RunContext(rank, world))
     g = torch.Generator().manual_seed(rank)
     inputs, sent, means = torch.zeros(agg.offsets[-1], dtype=torch.float64), [], []
@@ -214,3 +214,97 @@ def test_sign_options_train_the_cnn_and_log_the_bytes_of_their_wire(tmp_path, op
         assert set(df.bytes_sent) == {want}
     else:                 # each DDP bucket (whole tensors, at most one a tensor) pads its bits to a byte
         assert ((df.bytes_sent >= want) & (df.bytes_sent < want + len(shapes))).all(), (set(df.bytes_sent), want)
+
+
+def _fed_run(overrides: dict, lrs: list[float], dtype=torch.float64, seed: int = 0):
+    """One rank's topk + error feedback over ``len(lrs)`` steps at those learning rates: per step its
+    gradient, the memory before, what it transmitted, the memory after, and the mean it returned."""
+    from gvq.hooks.config import build_aggregator
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in ((4, 3, 3), (4,), (30,))]
+    agg = build_aggregator("topk", **{"compressor.ratio": 0.1, **overrides})
+    lr = iter(lrs)
+    now = {}
+    agg.setup(params, RunContext(0, 1, lr=lambda: now["lr"]))
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    try:
+        for it, now["lr"] in enumerate(lr):
+            grads = [torch.randn(p.shape, generator=g, dtype=dtype) for p in params]
+            for p, x in zip(params, grads):
+                p.grad.copy_(x)
+            before = agg.feedback.memory.clone()
+            agg.aggregate(it)
+            steps.append({"g": torch.cat([x.reshape(-1) for x in grads]), "e_before": before,
+                          "sent": agg.transmitted.clone(), "e": agg.feedback.memory.clone(),
+                          "mean": torch.cat([p.grad.reshape(-1) for p in params])})
+        codec = agg.codec_for(agg.everything)
+    finally:
+        agg.close()
+    return steps, codec
+
+
+def test_error_feedback_sent_plus_memory_is_the_sum_of_the_inputs_in_float64():
+    """beta = 1: sum_t sent_t + e_T = sum_t g_t, up to float64 rounding (each step adds one rounding)."""
+    steps, _ = _fed_run({}, [0.1] * 12)
+    total_in = sum(s["g"] for s in steps)
+    total_out = sum(s["sent"] for s in steps) + steps[-1]["e"]
+    assert steps[-1]["e"].abs().max() > 0.1                      # something was held back
+    assert torch.allclose(total_out, total_in, rtol=0, atol=1e-13)
+
+
+def test_decayed_error_feedback_follows_its_recurrence_by_hand():
+    """e <- beta * e before it is added: p = g + beta e, t = C(p), e' = p - t."""
+    beta = 0.75
+    steps, codec = _fed_run({"ef_decay": beta}, [0.1] * 6, dtype=torch.float32)
+    e = torch.zeros_like(steps[0]["g"])
+    whole = slice(0, e.numel())
+    for s in steps:
+        p = s["g"] + beta * e
+        t = codec.decompress(codec.compress(p, whole), whole)
+        assert torch.equal(s["sent"], t) and torch.equal(s["mean"], t)
+        e = p - t
+        assert torch.equal(s["e"], e)
+    plain, _ = _fed_run({}, [0.1] * 6, dtype=torch.float32)
+    assert not torch.equal(plain[-1]["e"], steps[-1]["e"])       # beta changed something
+
+
+def test_step_units_equal_gradient_units_under_a_constant_lr():
+    grad, _ = _fed_run({}, [0.25] * 6, dtype=torch.float32)
+    step, _ = _fed_run({"ef_units": "step"}, [0.25] * 6, dtype=torch.float32)
+    for a, b in zip(grad, step):
+        assert torch.allclose(a["mean"], b["mean"], rtol=1e-6, atol=1e-7)
+        assert torch.allclose(0.25 * a["e"], b["e"], rtol=1e-6, atol=1e-7)     # e in units of lr * g
+
+
+def test_step_units_keep_the_residual_in_units_of_the_update_when_the_lr_changes():
+    """p = lr_t g + e, t = C(p), e' = p - t, and the optimizer is handed t / lr_t (it multiplies by lr_t
+    again): a residual left at one lr is applied at its own, where gradient units rescale it by
+    lr_{t+1} / lr_t."""
+    lrs = [0.4, 0.4, 0.1, 0.1, 0.025, 0.8]
+    step, codec = _fed_run({"ef_units": "step"}, lrs, dtype=torch.float32)
+    grad, _ = _fed_run({}, lrs, dtype=torch.float32)
+    e = torch.zeros_like(step[0]["g"])
+    whole = slice(0, e.numel())
+    for s, lr in zip(step, lrs):
+        p = lr * s["g"] + e
+        t = codec.decompress(codec.compress(p, whole), whole)
+        assert torch.equal(s["sent"], t)
+        assert torch.allclose(s["mean"], t / lr, rtol=1e-6)
+        e = p - t
+        assert torch.equal(s["e"], e)
+    assert not torch.allclose(step[3]["mean"], grad[3]["mean"], rtol=1e-3)      # after the lr fell
+
+
+def test_step_units_without_a_learning_rate_are_refused_in_one_line():
+    from gvq.hooks.config import build_aggregator
+    agg = build_aggregator("topk", ef_units="step")
+    with pytest.raises(ValueError, match="aggregator.ef_units=step") as e:
+        agg.setup([torch.nn.Parameter(torch.zeros(3))], RunContext(0, 1))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("decay", [-0.1, 1.5])
+def test_a_decay_outside_0_1_is_refused_naming_the_key(decay):
+    from gvq.hooks.config import build_aggregator
+    with pytest.raises(ValueError, match="aggregator.ef_decay"):
+        build_aggregator("topk", ef_decay=decay)

@@ -17,6 +17,7 @@ from tests.helpers.dist import run_ranks
 SLOW = pytest.mark.slow
 SHAPES = [(4, 3, 2, 2), (4,), (6, 8)]          # 48 + 4 + 48 = 100 values
 NUMEL, ITERS, BETA = 100, 5, 0.9
+NO_EF = {"ef_decay": 1.0, "ef_units": "gradient"}      # Signum has no error feedback: its knobs at their defaults
 
 
 def _grad(rank, it):
@@ -40,7 +41,7 @@ def _run(agg, rank, world, iters, start=0):
 
 
 def _make(vote, topology="ring"):
-    return SignumAggregator(SignVote(vote), topology=topology, hop="auto", beta=BETA)
+    return SignumAggregator(SignVote(vote), topology=topology, hop="auto", beta=BETA, **NO_EF)
 
 
 def _votes(rank, world):
@@ -129,9 +130,9 @@ def test_int8_vote_past_127_ranks_and_a_server_are_refused_in_one_line():
         _make("int8").bind([torch.nn.Parameter(torch.zeros(3))], RunContext(0, 128))
     for vote, topology, hop in (("int8", "ps", "auto"), ("bits", "ring", "auto"), ("int8", "ring", "reencode")):
         with pytest.raises(ValueError, match=f"aggregator.topology={topology} \\(hop={hop}\\): the majority vote"):
-            SignumAggregator(SignVote(vote), topology=topology, hop=hop, beta=BETA)
+            SignumAggregator(SignVote(vote), topology=topology, hop=hop, beta=BETA, **NO_EF)
     with pytest.raises(ValueError, match="beta"):
-        SignumAggregator(SignVote(), topology="ring", hop="auto", beta=1.0)
+        SignumAggregator(SignVote(), topology="ring", hop="auto", beta=1.0, **NO_EF)
 
 
 @SLOW

@@ -66,5 +66,6 @@ def test_lost_peer_is_named_within_the_timeout(tmp_path):
 
 def test_forcing_a_non_additive_compressor_to_sum_is_a_config_error():
     with pytest.raises(ValueError, match="aggregator.hop=sum"):
-        CompressedAggregator(Half(), topology="ring", hop="sum")
-    assert CompressedAggregator(Projection(), topology="ring", hop="reencode").sum_hop is False
+        CompressedAggregator(Half(), topology="ring", hop="sum", ef_decay=1.0, ef_units="gradient")
+    assert CompressedAggregator(Projection(), topology="ring", hop="reencode", ef_decay=1.0,
+                                ef_units="gradient").sum_hop is False

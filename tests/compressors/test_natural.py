@@ -103,7 +103,7 @@ def _ranks(rank, world):
     params = [torch.nn.Parameter(torch.zeros(777))]
     out = {}
     for topology in ("ring", "allgather"):
-        agg = CompressedAggregator(Natural(), topology=topology, hop="auto")
+        agg = CompressedAggregator(Natural(), topology=topology, hop="auto", ef_decay=1.0, ef_units="gradient")
         agg.setup(params, RunContext(rank, world, seed=2))
         params[0].grad.copy_(x)
         stats = agg.aggregate(0)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from gvq.compressors._signs import sign_groups, pack_bits, unpack_bits
+from gvq.compressors._signs import pack_signs, sign_groups, unpack_signs
 from gvq.compressors.efsignsgd import EFSignSGD
 from gvq.compressors.onebit import OneBit
 
@@ -27,9 +27,9 @@ def _blocks(x, sizes):
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000])
 def test_bits_pack_eight_per_byte_and_round_trip(n):
     bits = torch.rand(n, generator=torch.Generator().manual_seed(n)) > 0.5
-    packed = pack_bits(bits)
+    packed = pack_signs(bits)
     assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(n / 8)
-    assert torch.equal(unpack_bits(packed, n), bits)
+    assert torch.equal(unpack_signs(packed, n), bits)
     if n >= 8:          # value i at bit i % 8 of byte i // 8
         assert int(packed[0]) == sum(int(b) << i for i, b in enumerate(bits[:8]))
 

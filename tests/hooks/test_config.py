@@ -126,7 +126,8 @@ OUT_OF_RANGE = [("qsgd", {"compressor.bits": 0}, "bits=0: must be an integer in 
                 ("powersgd", {"rank": -1}, "aggregator.rank=-1: must be an integer >= 1"),
                 ("orq", {"compressor.levels": 4}, "levels=4: ORQ needs levels = 2^K + 1"),
                 ("gradiveq", {"lambda": -1}, "lambda=-1.0: must be in [0, 1)"),
-                ("gradiveq", {"L_t": 0}, "L_t=0: must be an integer >= 2")]
+                ("gradiveq", {"L_t": 0}, "L_t=0: must be an integer >= 2"),
+                ("topk", {"compressor.ratio": 1.5}, "ratio=1.5: must be a fraction in (0, 1]")]
 
 
 @pytest.mark.parametrize("name,overrides,says", OUT_OF_RANGE)

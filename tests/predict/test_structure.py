@@ -106,3 +106,25 @@ def test_stored_rings_are_checked_against_the_declared_ones(calibrated, tmp_path
     with pytest.raises(SystemExit) as e:
         cli.main(["rings", "--calibration", str(copy)])
     assert e.value.code == 1 and "differs: qsgd at N=4" in capsys.readouterr().out
+
+
+def test_topk_is_priced_as_an_allgather_of_its_own_per_tensor_payload():
+    """The cost model's bytes for top-k are its codec's payload for the model's layout (k per parameter,
+    8 bytes each), one whole-vector round; the allgather forwards it N - 1 times, so what a rank sends and
+    receives grows as N - 1 (gvq/predict/table.py's traffic, gvq/predict/schedule.py's gather_ring)."""
+    import math
+    from types import SimpleNamespace
+    from gvq.predict.structure import build_on_one_rank, rounds
+    from gvq.predict.table import traffic
+    agg, numel = build_on_one_rank("topk", "cnn", 10)
+    try:
+        want = 8 * sum(max(1, math.floor(0.01 * p.numel())) for p in agg.params)
+        by_n = {}
+        for n in (2, 3, 4, 8):
+            rnd, = rounds("topk", agg, n)
+            assert rnd["kind"] == "allgather" and rnd["vals"] == [[numel]] and rnd["bytes"] == [[want]]
+            by_n[str(n)] = [rnd]
+        m = SimpleNamespace(struct={"aggregators": {"topk": by_n}})
+        assert [traffic(m, "topk", n)[0] for n in (2, 3, 4, 8)] == [(n - 1) * want for n in (2, 3, 4, 8)]
+    finally:
+        agg.close()
