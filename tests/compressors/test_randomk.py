@@ -105,10 +105,12 @@ def test_a_resumed_aggregator_draws_the_indices_the_run_would_have():
         agg.bucket_of(torch.zeros(500), agg.everything, it)
         return agg.compressor.positions(slice(0, 500), "cpu")
     params = [torch.nn.Parameter(torch.zeros(500))]
-    run = CompressedAggregator(RandomK(ratio=0.1, bucket=100), topology="ring", hop="auto", ef_decay=1.0, ef_units="gradient")
+    run = CompressedAggregator(RandomK(ratio=0.1, bucket=100), topology="ring", hop="auto",
+                               ef_decay=1.0, ef_units="gradient")
     run.setup(params, RunContext(0, 1, seed=4))
     drawn = {it: positions(run, it) for it in range(3)}
-    resumed = CompressedAggregator(RandomK(ratio=0.1, bucket=100), topology="ring", hop="auto", ef_decay=1.0, ef_units="gradient")
+    resumed = CompressedAggregator(RandomK(ratio=0.1, bucket=100), topology="ring", hop="auto",
+                               ef_decay=1.0, ef_units="gradient")
     resumed.setup(params, RunContext(0, 1, seed=4))
     resumed.load_state_dict(run.state_dict())
     assert torch.equal(positions(resumed, 2), drawn[2]) and not torch.equal(drawn[1], drawn[2])
@@ -120,7 +122,8 @@ def test_each_vector_of_an_iteration_draws_its_own_positions():
     """A DDP bucket is named by its first parameter (the vectors of one iteration hold disjoint parameters),
     so two buckets of one size in one iteration draw apart; the same bucket next iteration draws anew."""
     params = [torch.nn.Parameter(torch.zeros(300)) for _ in range(4)]
-    agg = CompressedAggregator(RandomK(ratio=0.05, bucket=100), topology="ring", hop="auto", ef_decay=1.0, ef_units="gradient")
+    agg = CompressedAggregator(RandomK(ratio=0.05, bucket=100), topology="ring", hop="auto",
+                               ef_decay=1.0, ef_units="gradient")
     agg.setup(params, RunContext(0, 1, seed=1))
 
     def drawn(vector, it):
