@@ -125,8 +125,12 @@ class TopK(Compressor):
         width = lengths[0] if lengths else 0
         equal = all(length == width for length in lengths[:-1]) and (not lengths or lengths[-1] <= width)
         longest = max(lengths, default=1)
-        return Plan(n, [a for a, _ in scopes], [max(1, math.floor(self.r * length)) for length in lengths],
+        return Plan(n, [a for a, _ in scopes], [self.keep(length) for length in lengths],
                     len(scopes) if equal else 0, width, max(1, (longest - 1).bit_length()))
+
+    def keep(self, length: int) -> int:
+        """k of a scope of ``length`` values: max(1, floor(r * length)) (topk_chunk: its own k per chunk)."""
+        return max(1, math.floor(self.r * length))
 
     def _index_bytes(self, plan: Plan) -> int:
         return 4 * plan.k if self.indices == "int32" else -(-plan.k * plan.bits // 8)

@@ -97,6 +97,15 @@ class TopKSchema:
 
 
 @dataclass
+class ChunkTopKSchema:
+    _target_: str = "gvq.compressors.topk_chunk.ChunkTopK"
+    k: int = 64
+    chunk: int = 4096
+    bits: int = 2
+    clip: float = 6.0
+
+
+@dataclass
 class FP16Schema:
     _target_: str = "gvq.compressors.fp16.FP16"
     kernels: Kernels = Kernels.auto

@@ -19,9 +19,9 @@ from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
                                 Sampling, SourceSplit, Tokenizer, Topology)
-from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, EFSignSGDSchema, FP16Schema, GradiVeQSchema,
-                               LinearSchema, NaturalSchema, OneBitSchema, ORQSchema, QSGDSchema, RandomKSchema,
-                               SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
+from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, EFSignSGDSchema, FP16Schema,
+                               GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema, QSGDSchema,
+                               RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -280,6 +280,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "onebit"): _compressed(OneBitSchema, _ErrorFeedback),
     ("aggregator", "signum"): _compressed(SignVoteSchema, _Signum),
     ("aggregator", "topk"): _compressed(TopKSchema, _ErrorFeedback),
+    ("aggregator", "topk_chunk"): _compressed(ChunkTopKSchema, _ErrorFeedback),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,
