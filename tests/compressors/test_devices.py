@@ -27,6 +27,8 @@ from gvq.compressors.randomk import RandomK
 from gvq.compressors.signsgd import ScaledSignSGD
 from gvq.compressors.signum import SignVote
 from gvq.compressors.terngrad import TernGrad
+from gvq.compressors.topk import TopK
+from gvq.compressors.topk_chunk import ChunkTopK
 
 PKG = Path(__file__).resolve().parents[2] / "gvq" / "compressors"
 SHAPES = [torch.Size([16, 3, 3, 3]), torch.Size([16]), torch.Size([32, 16, 3, 3]), torch.Size([10, 32])]
@@ -47,6 +49,9 @@ SCALAR = {                                          # module -> instances (every
     "signum": [SignVote("int8"), SignVote("bits")],
     "randomk": [RandomK(), RandomK(scale=True)],
     "natural": [Natural()],
+    "topk": [TopK(), TopK(scope="bucket", values="float16", indices="packed"), TopK(scope="global"),
+             TopK(ratio=0.05).grouped([(109, 47)])],
+    "topk_chunk": [ChunkTopK()],
 }
 DEVICES = ["meta", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device visible")])]
