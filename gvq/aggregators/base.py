@@ -105,6 +105,13 @@ class Aggregator:
         """Checks that need the model's shapes, run by the launcher before any rank starts: raise a
         one-line ``ValueError`` (GradiVeQ: K against every conv layer).  Default: nothing to check."""
 
+    @classmethod
+    def check_run(cls, cfg: dict) -> None:
+        """Raise a one-line ``ValueError`` if the rest of the run (``cfg``: the composed run config as a
+        dict; its ``optim`` ...) cannot serve this aggregator (DGC keeps the momentum itself, so the
+        optimizer must have none).  Config validation calls it before any rank starts, as it calls
+        ``Method.check_run``.  Default: any run."""
+
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
         """Bind to this rank's parameters and the run (called once, after construction)."""
         raise NotImplementedError
