@@ -15,6 +15,7 @@ Selection, per scope (each tensor of two or more dimensions; without a layout, t
   is min(k, candidates), within [ceil(0.8 k), k] unless fewer than 0.8 k values clear 0.8^9 t (a scope of
   mostly zeros).  Not synxlin's ``idx[:k]``, which keeps the first k candidates *by position* when
   k < count <= 1.3 k: here always the largest, so k is never exceeded and never traded for a smaller value.
+  A scope whose k is its length (r = 1) takes threshold 0: every value, through the same path.
 
 The torch reference ranks every value of the masked vector (one ``topk``): synxlin compacts the candidates
 first (``nonzero``), which needs the count on the host, and a codec call never reads the device.

@@ -37,10 +37,11 @@ def test_the_count_sent_is_within_0_8k_and_k_and_is_the_largest_values_copied_ex
         assert x[sent].abs().min() >= x[~sent].abs().max()                      # the largest of them
 
 
-def test_a_sample_of_one_value_as_grace_takes_would_miss_the_bounds_ours_does_not():
-    """The bound holds on a small scope too: a sample of at least 2 / r values, never GRACE's int(n r 0.01)."""
+def test_the_sample_holds_at_least_2_over_r_values_and_a_small_scope_meets_the_bounds():
+    """synxlin's sample size, max(ceil(sample n), ceil(2 / r)): never GRACE's single sampled maximum."""
     codec = DGC(0.01)
     x = torch.randn(3000, generator=torch.Generator().manual_seed(1))
+    assert int(codec._const(slice(0, 3000), x.device)["valid"].sum()) == 200          # 30 by the fraction alone
     assert 24 <= int((_kept(codec, x) != 0).sum()) <= 30
 
 
