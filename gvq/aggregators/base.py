@@ -58,6 +58,15 @@ class RunContext:
     lr: Callable[[], float] | None = None
 
 
+def refuse_optimizer_momentum(option: str, cfg: dict) -> None:
+    """For an aggregator that keeps a momentum of its own (DGC, Signum): a one-line ``ValueError`` if the
+    run's optimizer adds a second (SGD's momentum or Nesterov; AdamW has neither key and passes)."""
+    o = cfg["optim"]
+    if o.get("momentum", 0) != 0 or o.get("nesterov", False):
+        raise ValueError(f"aggregator={option} keeps the momentum itself (aggregator.momentum / beta): needs "
+                         f"optim.momentum=0 optim.nesterov=false, not optim.momentum={o.get('momentum')}")
+
+
 class Aggregator:
     """The one contract every aggregator satisfies (``conf/aggregator/*`` all do, torch DDP's included).
 
@@ -104,6 +113,13 @@ class Aggregator:
     def preflight(self, params: list[torch.nn.Parameter]) -> None:
         """Checks that need the model's shapes, run by the launcher before any rank starts: raise a
         one-line ``ValueError`` (GradiVeQ: K against every conv layer).  Default: nothing to check."""
+
+    @classmethod
+    def check_run(cls, cfg: dict) -> None:
+        """Raise a one-line ``ValueError`` if the rest of the run (``cfg``: the composed run config as a
+        dict; its ``optim`` ...) cannot serve this aggregator (DGC keeps the momentum itself, so the
+        optimizer must have none).  Config validation calls it before any rank starts, as it calls
+        ``Method.check_run``.  Default: any run."""
 
     def setup(self, params: list[torch.nn.Parameter], ctx: RunContext) -> None:
         """Bind to this rank's parameters and the run (called once, after construction)."""

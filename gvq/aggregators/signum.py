@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from gvq.aggregators.base import refuse_optimizer_momentum
 from gvq.aggregators.compressed import CompressedAggregator
 from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
@@ -25,6 +26,11 @@ class SignumAggregator(CompressedAggregator):
 
     # no compression error: the vote is not an estimate of the mean
     extra_fields = FlatAggregator.extra_fields
+
+    @classmethod
+    def check_run(cls, cfg: dict) -> None:
+        # its momentum is m, before the vote: SGD's on top of the voted signs trains to chance
+        refuse_optimizer_momentum("signum", cfg)
 
     def __init__(self, compressor: SignVote, *, topology: str, hop: str, beta: float, ef_decay: float,
                  ef_units: str):

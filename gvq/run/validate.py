@@ -46,6 +46,7 @@ def validate(cfg) -> None:
              f"resume={cfg.resume}: no complete checkpoint set there (checkpoint/iter-*/complete.json)")
     check_knobs(cfg)
     check_method(cfg)
+    check_aggregator(cfg)
     _validate_optim(cfg.optim)
     net = cfg.net
     _require(net.bandwidth_bps is None or net.bandwidth_bps > 0,
@@ -76,6 +77,16 @@ def check_method(cfg) -> None:
     knobs = OmegaConf.to_container(cfg.method, resolve=True)
     try:                                 # called as itself: instantiate() would wrap the ValueError
         get_object(knobs.pop("_target_"))(**knobs).check_run(OmegaConf.to_container(cfg, resolve=True))
+    except ValueError as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+
+
+def check_aggregator(cfg) -> None:
+    """What the aggregator needs of the rest of the run (``Aggregator.check_run``: DGC's momentum-free
+    SGD), by its class: one line before any rank starts."""
+    from hydra.utils import get_object
+    try:
+        get_object(cfg.aggregator._target_).check_run(OmegaConf.to_container(cfg, resolve=True))
     except ValueError as e:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
 

@@ -106,6 +106,15 @@ class ChunkTopKSchema:
 
 
 @dataclass
+class DGCSchema:
+    _target_: str = "gvq.compressors.dgc.DGC"
+    ratio: float = 0.001
+    sample: float = 0.01
+    warmup_iters: int = 0
+    warmup_stages: int = 4
+
+
+@dataclass
 class FP16Schema:
     _target_: str = "gvq.compressors.fp16.FP16"
     kernels: Kernels = Kernels.auto

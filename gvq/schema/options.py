@@ -19,9 +19,9 @@ from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
                                 Sampling, SourceSplit, Tokenizer, Topology)
-from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, EFSignSGDSchema, FP16Schema,
-                               GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema, QSGDSchema,
-                               RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
+from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, DGCSchema, EFSignSGDSchema,
+                               FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema,
+                               QSGDSchema, RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
 from gvq.schema.methods import METHOD_SCHEMAS
 
 # -- links -------------------------------------------------------------------------------------------
@@ -93,6 +93,15 @@ class _ErrorFeedback(_Compressed):      # the biased codecs (1-bit, top-k): erro
 class _Signum(_Compressed):
     _target_: str = "gvq.aggregators.signum.SignumAggregator"
     beta: float = 0.9
+
+
+@dataclass
+class _DGC(_Compressed):                # momentum, masking and clipping are the aggregator's (synxlin's memory)
+    _target_: str = "gvq.aggregators.dgc.DGCAggregator"
+    topology: Topology = Topology.allgather
+    momentum: float = 0.9
+    masking: bool = True
+    clip: Optional[float] = None
 
 
 @dataclass
@@ -281,6 +290,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "signum"): _compressed(SignVoteSchema, _Signum),
     ("aggregator", "topk"): _compressed(TopKSchema, _ErrorFeedback),
     ("aggregator", "topk_chunk"): _compressed(ChunkTopKSchema, _ErrorFeedback),
+    ("aggregator", "dgc"): _compressed(DGCSchema, _DGC),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,

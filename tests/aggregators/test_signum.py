@@ -151,3 +151,14 @@ def test_signum_trains_the_cnn_and_logs_the_bytes_of_its_wire(tmp_path, vote, to
     df = pd.read_csv(tmp_path / "metrics.csv")
     assert set(df.bytes_sent) == {numel if vote == "int8" else math.ceil(numel / 8)}
     assert math.isfinite(summary["final_test_loss"])
+
+
+def test_a_run_with_sgd_momentum_is_refused_in_one_line():
+    """Signum's momentum is its own (beta): SGD's on top of the votes trains the CNN to chance, so the run's
+    validation (``Aggregator.check_run``) refuses it; momentum-free SGD and AdamW (no momentum key) pass."""
+    with pytest.raises(ValueError, match=r"^aggregator=signum keeps the momentum itself .*optim.momentum=0.9$"):
+        SignumAggregator.check_run({"optim": {"momentum": 0.9, "nesterov": False}})
+    with pytest.raises(ValueError, match="aggregator=signum"):
+        SignumAggregator.check_run({"optim": {"momentum": 0.0, "nesterov": True}})
+    SignumAggregator.check_run({"optim": {"momentum": 0.0, "nesterov": False}})
+    SignumAggregator.check_run({"optim": {"lr": 1e-3, "weight_decay": 0.1}})

@@ -17,6 +17,16 @@ from omegaconf import open_dict
 from tests.helpers.cli import ROOT
 from tests.helpers.dist import start_test_fork_server
 
+#: what an option needs of the rest of the run to be accepted (``Aggregator.check_run``), for the tests that
+#: run every option with SGD's defaults: DGC keeps the momentum itself
+RUN_NEEDS = {"dgc": ["optim.momentum=0"], "signum": ["optim.momentum=0", "optim.lr=0.003"]}
+
+
+def run_needs(name: str, overrides=()) -> list[str]:
+    """:data:`RUN_NEEDS` of option ``name``, but where ``overrides`` pick another optimizer (AdamW has no
+    momentum key to set)."""
+    return [] if any(o.startswith("optim=") for o in overrides) else RUN_NEEDS.get(name, [])
+
 
 def compose_job(run_dir: Path, *overrides: str):
     """The config ``python cli.py *overrides hydra.run.dir=run_dir`` runs, and Hydra's view of the job

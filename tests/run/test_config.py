@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from gvq.aggregators.base import Aggregator
 from gvq.hooks.builder import aggregator_from
 from gvq.run.validate import ConfigError, validate
+from tests.helpers.launch import run_needs
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("aggregator", "model", "dataset", "optim", "net", "logger")
@@ -29,7 +30,7 @@ def _options(group):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_file_composes_and_validates(compose_cfg, group, option):
-    cfg = compose_cfg(f"{group}={option}")
+    cfg = compose_cfg(f"{group}={option}", *(run_needs(option) if group == "aggregator" else []))
     validate(cfg)
     assert OmegaConf.to_container(cfg, resolve=True)[group] is not None
 

@@ -1,0 +1,208 @@
+"""Deep Gradient Compression's sparsifier (Lin et al., ICLR 2018; the first author's synxlin/deep-gradient-
+compression ``dgc/compression.py``): ``python cli.py aggregator=dgc optim.momentum=0``.  The momentum
+correction, its masking and the local clipping live in :class:`gvq.aggregators.dgc.DGCAggregator`; this
+codec picks and carries the values.
+
+Selection, per scope (each tensor of two or more dimensions; without a layout, the segment):
+
+* a **sampled threshold**: every ``stride``-th |v| of the scope (a fraction ``sample`` of it, and at least
+  2/r values, as synxlin), starting at an offset keyed by the iteration (synxlin draws a random start; a key
+  needs no generator and replays on a resume); the threshold is the sample's ceil(n_s k / n)-th largest;
+* synxlin's adaptation, in one pass: the thresholds t, 0.8 t, ..., 0.8^9 t (its ten tries) are counted at
+  once, and the first whose count reaches ceil(0.8 k) is kept (the last, if none does);
+* **exact re-selection among the candidates** (|v| >= the kept threshold): the largest |v| of them, at most
+  k, by :class:`gvq.compressors.topk.TopK` on the vector with every non-candidate zeroed.  So the count sent
+  is min(k, candidates), within [ceil(0.8 k), k] unless fewer than 0.8 k values clear 0.8^9 t (a scope of
+  mostly zeros).  Not synxlin's ``idx[:k]``, which keeps the first k candidates *by position* when
+  k < count <= 1.3 k: here always the largest, so k is never exceeded and never traded for a smaller value.
+  A scope whose k is its length (r = 1) takes threshold 0: every value, through the same path.
+
+The torch reference ranks every value of the masked vector (one ``topk``): synxlin compacts the candidates
+first (``nonzero``), which needs the count on the host, and a codec call never reads the device.
+
+k = max(1, floor(r n)) per scope, as top-k's (synxlin: ceil(r n)).  The **warm-up** raises the sparsity
+exponentially: stage e < ``warmup_stages`` of ``warmup_iters`` iterations keeps r_e = max(c^(e+1), r) with
+c = r^(1 / (stages + 1)) (synxlin's ``warmup_epochs``, in iterations; r = 0.001 and 4 stages: 25%, 6.3%,
+1.6%, 0.4%, then 0.1%), so the payload's size is a function of the iteration, alike on every rank.
+
+Payload: top-k's (int32 indices then float32 values, k slots a scope: a slot a scope could not fill goes
+as a zero at a non-candidate position), then the **dense** part as float32: tensors of one dimension or
+none (biases, norms' weights), sent whole, as synxlin all-reduces them.  8 k bytes a sparse scope, 4 n a
+dense tensor; not additive (supports differ): all-gathered.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gvq.compressors.base import Compressor, check_int
+from gvq.compressors.topk import TopK, check_ratio
+
+TRIES = 10            # synxlin's adaptation: at most 10 thresholds, each 0.8 of the last
+SHRINK = 0.8
+LOW = 0.8             # a threshold is kept once it selects ceil(LOW * k) values
+
+
+@dataclass
+class Plan:
+    """One segment's layout at one ratio: which of its values are sparse or dense, and the top-k of the
+    sparse part (its own segment 0:ns, one scope a sparse tensor)."""
+    n: int
+    sparse: Tensor             # positions in the segment (int64, CPU), the sparse part in order
+    dense: Tensor
+    topk: TopK                 # grouped on the sparse pieces
+
+    @property
+    def inner_bytes(self) -> int:
+        return self.topk.payload_nbytes(slice(0, self.sparse.numel()))
+
+
+class DGC(Compressor):
+    name = "dgc"
+    additive = False
+    stochastic = False         # the sample's offset is keyed by the iteration, nothing is drawn
+
+    def __init__(self, ratio: float = 0.001,      # r: fraction kept per sparse tensor; lower => fewer bytes
+                 sample: float = 0.01,            # fraction of |v| sampled for the threshold
+                 warmup_iters: int = 0,           # iterations per warm-up stage; 0 => r from the start
+                 warmup_stages: int = 4):         # stages of exponentially rising sparsity before r
+        self.r = check_ratio(ratio)
+        ok = isinstance(sample, (int, float)) and not isinstance(sample, bool) and 0 < sample <= 1
+        if not ok:
+            raise ValueError(f"sample={sample!r}: must be a fraction in (0, 1] (of |v| sampled for the threshold)")
+        self.sample = float(sample)
+        self.warmup_iters = check_int("warmup_iters", warmup_iters, 0, hint=" (0: no warm-up)")
+        self.warmup_stages = check_int("warmup_stages", warmup_stages, 1)
+        self.shapes: tuple[tuple[int, ...], ...] | None = None
+        # the iteration begin_vector names, shared (a list) with every grouped view, which the aggregator
+        # builds once per layout while begin_vector is said to this codec
+        self._at = [0]
+        self._plans, self._consts = {}, {}
+        self.ideal_ratio = 4.0 / (self.r * 8)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_plans": {}, "_consts": {}}
+
+    def grouped(self, shapes) -> "DGC":
+        view = copy.copy(self)
+        view.shapes, view._plans, view._consts = tuple(tuple(s) for s in shapes), {}, {}
+        return view
+
+    def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
+        self._at[0] = iteration
+
+    def ratio_at(self, iteration: int) -> float:
+        """The fraction kept in ``iteration``: synxlin's warm-up, max(c^(e+1), r) in stage e."""
+        stage = iteration // self.warmup_iters if self.warmup_iters else self.warmup_stages
+        if stage >= self.warmup_stages:
+            return self.r
+        return max(self.r ** ((stage + 1) / (self.warmup_stages + 1)), self.r)
+
+    # -- the layout ---------------------------------------------------------------------------------------
+    def plan(self, seg: slice) -> Plan:
+        key = (self.ratio_at(self._at[0]), seg.start, seg.stop)
+        if key not in self._plans:
+            self._plans[key] = self._build_plan(key[0], seg)
+        return self._plans[key]
+
+    def _build_plan(self, ratio: float, seg: slice) -> Plan:
+        n = seg.stop - seg.start
+        shapes = self.shapes if self.shapes is not None else [(1, n)]    # no layout: one sparse scope
+        sparse, dense, pieces, at = [], [], [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            lo, hi = max(at, seg.start), min(at + size, seg.stop)
+            if hi > lo:
+                (dense if len(shape) <= 1 else sparse).append(torch.arange(lo - seg.start, hi - seg.start))
+                if len(shape) > 1:
+                    pieces.append((hi - lo,))
+            at += size
+        if self.shapes is not None and at < seg.stop:
+            raise ValueError(f"{self.name}: segment {seg.start}:{seg.stop} beyond its layout of {at}")
+        cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)   # noqa: E731
+        return Plan(n, cat(sparse), cat(dense), TopK(ratio, scope="tensor").grouped(pieces))
+
+    def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
+        plan = self.plan(seg)
+        return torch.uint8, plan.inner_bytes + 4 * plan.dense.numel()
+
+    def dense_mask(self, seg: slice, device) -> Tensor:
+        """True where ``seg``'s values travel dense (1-D tensors): the aggregator masks no momentum there."""
+        return self._const(seg, device)["dense_mask"]
+
+    def _const(self, seg: slice, device) -> dict:
+        """The plan's tensors on ``device`` (built once per ratio, segment and device)."""
+        key = (self.ratio_at(self._at[0]), seg.start, seg.stop, device)
+        if key not in self._consts:
+            plan = self.plan(seg)
+            mask = torch.zeros(plan.n, dtype=torch.bool)
+            mask[plan.dense] = True
+            c = {"sparse": plan.sparse, "dense": plan.dense, "dense_mask": mask, **self._sampler(plan)}
+            self._consts[key] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in c.items()}
+        return self._consts[key]
+
+    def _sampler(self, plan: Plan) -> dict:
+        """Each sparse scope's sampler: its sample's positions (a row a scope, padded with the index of a -1
+        past the end), their stride, the sample rank of its threshold (0: the largest), and ceil(0.8 k)."""
+        tk = plan.topk.plan(slice(0, plan.sparse.numel()))
+        lengths = [b - a for a, b in zip(tk.starts, tk.starts[1:] + [tk.n])]
+        counts = [min(length, max(math.ceil(self.sample * length), math.ceil(2 / plan.topk.r)))
+                  for length in lengths]
+        pos = torch.full((len(lengths), max(counts, default=1)), tk.n, dtype=torch.long)
+        for s, (start, length, c) in enumerate(zip(tk.starts, lengths, counts)):   # once per layout
+            pos[s, :c] = start + torch.arange(c) * (length // c)
+        ranks = [max(1, math.ceil(c * k / length)) - 1 for length, c, k in zip(lengths, counts, tk.ks)]
+        return {"pos": pos, "valid": (pos < tk.n).long(), "rank": torch.tensor(ranks, dtype=torch.long),
+                "top": max(ranks, default=0) + 1,
+                "stride": torch.tensor([length // c for length, c in zip(lengths, counts)], dtype=torch.long),
+                "need": torch.tensor([math.ceil(LOW * k) for k in tk.ks], dtype=torch.long),
+                "full": torch.tensor([k >= length for length, k in zip(lengths, tk.ks)]),   # r = 1: every value
+                "scope": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))}
+
+    # -- the codec ----------------------------------------------------------------------------------------
+    def candidates(self, xs: Tensor, seg: slice) -> Tensor:
+        """``xs`` (the sparse part, float32) with every value below its scope's adapted threshold zeroed."""
+        c = self._const(seg, xs.device)
+        a = xs.abs()
+        padded = torch.cat([a, a.new_full((1,), -1.0)])
+        offset = torch.remainder(self._at[0] * 40503, c["stride"])          # the sample's start, per scope
+        sample = padded[c["pos"] + offset[:, None] * c["valid"]]
+        top = torch.topk(sample, c["top"], dim=1).values
+        thr = torch.where(c["full"], 0.0, top.gather(1, c["rank"][:, None])[:, 0])[c["scope"]]
+        level = torch.zeros_like(a, dtype=torch.long)             # how many of the TRIES thresholds |v| clears
+        for j in range(TRIES):
+            level += a >= thr * SHRINK ** j
+        hist = torch.bincount(c["scope"] * (TRIES + 1) + level, minlength=c["need"].numel() * (TRIES + 1))
+        count = hist.view(-1, TRIES + 1).flip(1).cumsum(1)[:, :TRIES]      # count[s, j]: |v| >= 0.8^j t
+        tries = (count < c["need"][:, None]).sum(1).clamp(max=TRIES - 1)   # the first that reaches 0.8 k
+        return torch.where(level >= (TRIES - tries)[c["scope"]], xs, 0.0)
+
+    def compress(self, x: Tensor, seg: slice) -> Tensor:
+        plan = self.plan(seg)
+        x = x.reshape(-1).to(torch.float32)
+        if plan.n == 0:
+            return torch.empty(0, dtype=torch.uint8, device=x.device)
+        ns, c = plan.sparse.numel(), self._const(seg, x.device)
+        xs = x if plan.dense.numel() == 0 else x[c["sparse"]]
+        sparse = plan.topk.compress(self.candidates(xs, seg), slice(0, ns)) if ns else x.new_empty(0).byte()
+        dense = x[c["dense"]].view(torch.uint8)
+        return torch.cat([sparse, dense])
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        plan = self.plan(seg)
+        dtype, size = self.payload_spec(seg)
+        if payload.dtype != dtype or payload.numel() != size:
+            raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for segment "
+                             f"{seg.start}:{seg.stop}; expected {size} {dtype}")
+        out = torch.zeros(plan.n, dtype=torch.float32, device=payload.device)
+        ns, ib, c = plan.sparse.numel(), plan.inner_bytes, self._const(seg, payload.device)
+        if ns:
+            out[c["sparse"]] = plan.topk.decompress(payload[:ib], slice(0, ns))
+        if plan.dense.numel():
+            dense = payload[ib:] if (payload.storage_offset() + ib) % 4 == 0 else payload[ib:].clone()
+            out[c["dense"]] = dense.view(torch.float32)
+        return out
