@@ -16,7 +16,7 @@ from gvq.schema.tool import Arg
 RESNET32_PARAMS = 470_004
 #: every scalar quantizer (and fp16): the quantizer and codec benches' default options
 QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
-#: GRACE's compressors gvq has (issue 76: sparsifiers, sign codecs, natural), options of conf/aggregator/
+#: GRACE's compressors gvq has (sparsifiers, sign codecs, natural compression), options of conf/aggregator/
 GRACE_CODECS = ("topk", "randomk", "natural", "efsignsgd", "onebit", "signum")
 #: the codec bench's labels: every quantizer, the GradiVeQ settings the papers use (gvq.bench.codecs.GRADIVEQ),
 #: PowerSGD, GRACE's

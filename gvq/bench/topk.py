@@ -2,7 +2,7 @@
 [num_classes=[100,256]] [ratios=[0.01,0.001]] [reps=30]``, one intra-op thread.
 
 On each model's gradient (one backward of a synthetic batch: real magnitudes, real layer sizes; ResNet-32
-at 100 classes: 470,004 values, gpt_tiny at 256 tokens: 834k) and each ratio r, the selection of the
+at 100 classes, gpt_tiny at 256 tokens) and each ratio r, the selection of the
 k = max(1, floor(r * n)) largest |v| of the whole vector by four floors, each from |v| to the kept
 positions:
 
@@ -16,14 +16,14 @@ positions:
 
 and gvq's topk codec (``gvq.compressors.topk``, its whole ``compress``: selection, the values' gather and
 the packed payload) at each scope: ``tensor`` (per parameter, told the layout by ``Compressor.grouped``,
-as the aggregator tells it), ``bucket`` (2,048 values) and ``global``.  The floors select over the whole
+as the aggregator tells it), ``bucket`` (its option's default) and ``global``.  The floors select over the whole
 vector; the codec at scope tensor or bucket selects per scope (k summed over scopes, a few more values).
 
 Every repetition times each method once, the order rotated each repetition, so a noisy spell on the host
 hits all of them alike; a method's figure is its median per-repetition ratio to the best floor (the floor
 with the lowest median time), paired by repetition, with its bootstrap interval
 (:func:`gvq.report.intervals.median_interval`).  ``within_2x``: the interval's top (its median where there
-is none) at or below 2, the issue's target for a codec against its floor.
+is none) at or below 2, the target for a codec against its floor.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from gvq.report.intervals import median_interval
 from gvq.run.logs import write_json_atomic
 
 SCOPES = ("tensor", "bucket", "global")
-TARGET = 2.0            # the issue's bound: a codec within 2x its floor
+TARGET = 2.0            # the bound a codec is held to: within 2x its floor
 
 
 def model_gradient(model: str, num_classes: int, batch: int = 8) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
@@ -83,7 +83,7 @@ def by_sampled(v: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
     return cand[torch.topk(a[cand], k, sorted=False).indices]
 
 
-def methods(v: torch.Tensor, shapes, ratio: float) -> dict[str, tuple[str, Callable]]:
+def timed_calls(v: torch.Tensor, shapes, ratio: float) -> dict[str, tuple[str, Callable]]:
     """label -> (kind: floor | codec, one call): the floors and the codec at each scope."""
     k, gen = max(1, math.floor(ratio * v.numel())), torch.Generator().manual_seed(0)
     out = {"torch.topk": ("floor", lambda: by_topk(v, k)), "sort": ("floor", lambda: by_sort(v, k)),
@@ -142,7 +142,7 @@ def bench_topk(cfg, paths) -> list[dict]:
             with torch.enable_grad():
                 v, shapes = model_gradient(model, classes)
             for ratio in args.ratios:
-                calls = methods(v, shapes, ratio)
+                calls = timed_calls(v, shapes, ratio)
                 times = paired_seconds({m: call for m, (_, call) in calls.items()}, args.reps)
                 rows += cell_rows(model, v.numel(), ratio, {m: kind for m, (kind, _) in calls.items()}, times)
                 shown.done(f"{model} r={ratio:g}")

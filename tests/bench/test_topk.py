@@ -37,7 +37,7 @@ def test_every_floor_selects_the_k_largest_magnitudes(ratio):
     v = torch.randn(20_000, generator=torch.Generator().manual_seed(1))
     k = max(1, math.floor(ratio * v.numel()))
     want = set(torch.topk(v.abs(), k).indices.tolist())
-    calls = topk.methods(v, [(v.numel(),)], ratio)
+    calls = topk.timed_calls(v, [(v.numel(),)], ratio)
     for name in FLOORS:
         kind, call = calls[name]
         assert kind == "floor" and set(call().tolist()) == want, name
