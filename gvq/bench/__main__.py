@@ -10,6 +10,7 @@ never in tests).
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
     python -m gvq.bench codecs                                         # every codec per call vs its floor
+    python -m gvq.bench topk [ratios=[0.01,0.001]]                     # top-k's selection vs torch.topk, sort, ...
     python -m gvq.bench gpucheck [part=[tests,codecs,cli]]             # the CUDA path, one table (make gpu-check)
     python -m gvq.bench overlap [wall=true] [grid.world_sizes=[4]]     # compression vs the overlapped fp16 baseline
     python -m gvq.bench method-cost [every=10] [world_size=1]          # a step that does not sync: its cost
@@ -25,7 +26,8 @@ import sys
 
 from gvq.bench import BenchError
 from gvq.bench.keys import (OUT, AggregateKeys, ClockKeys, CodecsKeys, GpucheckKeys, MethodCostKeys, NetnsKeys,
-                            NetnsTrainKeys, OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TrainKeys)
+                            NetnsTrainKeys, OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TopkKeys,
+                            TrainKeys)
 from gvq.schema.tool import Arg, Command, dispatch
 
 COMMANDS = {
@@ -40,6 +42,8 @@ COMMANDS = {
     "quantizers": Command(QuantizersKeys, "gvq.bench.quantizers:bench_quantizers", "quantize / dequantize GB/s of "
                           "every scalar quantizer, one thread", OUT),
     "codecs": Command(CodecsKeys, "gvq.bench.codecs:bench_codecs", "every codec per call against its floor", OUT),
+    "topk": Command(TopkKeys, "gvq.bench.topk:bench_topk", "top-k's selection (the codec at each scope) against "
+                    "torch.topk, a full sort, kthvalue and DGC's sampled threshold, one thread, paired", OUT),
     "clock": Command(ClockKeys, "gvq.bench.validate_clock:bench_clock", "virtual against wall clock (V1-V3)", OUT,
                      grid="clock"),
     "startup": Command(StartupKeys, "gvq.bench.startup:bench_startup", "a 1-iteration run: its start-up split", OUT),

@@ -21,6 +21,7 @@ time is not a per-call cost).  On CUDA every timed call is synchronised.
 """
 from __future__ import annotations
 
+import itertools
 
 import torch
 
@@ -95,7 +96,31 @@ def build_codec(name: str, shapes, device: torch.device):
         state, macs, streamed = powersgd_state(shapes, device)
         state.begin()
         return state.p_stage, macs, streamed, "float32", float("nan")  # pass P (M Q): the larger product
-    return make_aggregator(name, []).compressor, 0, 0, "float32", float("nan")
+    # the codec the aggregator runs on this vector: told its tensors (CompressedAggregator.codec_for asks
+    # Compressor.grouped), so per-tensor scopes and groups (top-k, EF-SignSGD, 1-bit) are timed as trained
+    codec = make_aggregator(name, []).compressor.grouped([tuple(s) for s in shapes])
+    return codec, 0, 0, "float32", float("nan")
+
+
+class FirstCalls:
+    """``compress`` as each iteration's first call on the vector: named anew (``begin_vector``, as the
+    aggregator names it once per vector and iteration) before every call, so a codec that keeps an
+    iteration's draws (random-k's positions) is timed drawing them, never a cache hit; for the others
+    ``begin_vector`` is a no-op.  Timed together (the aggregator pays both per iteration); counted apart
+    (:meth:`count`: ``begin_vector`` runs on the host, it launches nothing)."""
+
+    def __init__(self, comp, x, seg):
+        self.comp, self.x, self.seg, self.iteration = comp, x, seg, itertools.count(1)
+
+    def renew(self) -> None:
+        self.comp.begin_vector(0, next(self.iteration), 0)
+
+    def __call__(self):
+        self.renew()
+        return self.comp.compress(self.x, self.seg)
+
+    def count(self):
+        return count_call(lambda: self.comp.compress(self.x, self.seg), before=self.renew)
 
 
 def codec_ops(name: str, shapes) -> tuple[int, int]:
@@ -106,8 +131,9 @@ def codec_ops(name: str, shapes) -> tuple[int, int]:
         comp.kernels = "torch"      # before the first call, which chooses the path for good
     numel = sum(int(torch.Size(s).numel()) for s in shapes)
     x, seg = laplace_vector(numel), slice(0, numel)
-    payload = comp.compress(x, seg)
-    return (count_call(lambda: comp.compress(x, seg)).ops, count_call(lambda: comp.decompress(payload, seg)).ops)
+    compress = FirstCalls(comp, x, seg)
+    payload = compress()
+    return (compress.count().ops, count_call(lambda: comp.decompress(payload, seg)).ops)
 
 
 def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int) -> dict:
@@ -116,15 +142,18 @@ def measure_codec(name: str, shapes, device: torch.device, ceil: dict, reps: int
     x = laplace_vector(numel).to(device)
     seg = slice(0, numel)
     comp, macs, streamed, dtype, fit_s = build_codec(name, shapes, device)
-    payload = comp.compress(x, seg)
+    compress = FirstCalls(comp, x, seg)
+    payload = compress()
+
+    def decompress():
+        return comp.decompress(payload, seg)
     row = {"codec": name, "numel": numel, "dtype": dtype, "payload_mb": payload.numel() * payload.element_size() / 1e6,
-           "compress_ms": 1e3 * median_seconds(lambda: comp.compress(x, seg), reps, device),
-           "decompress_ms": 1e3 * median_seconds(lambda: comp.decompress(payload, seg), reps, device)}
+           "compress_ms": 1e3 * median_seconds(compress, reps, device),
+           "decompress_ms": 1e3 * median_seconds(decompress, reps, device)}
     row["add_ms"] = 1e3 * median_seconds(lambda: payload + payload, reps, device) if comp.additive else float("nan")
     # the GPU's cost proxy, on any device: ops (each a launch + dispatch there) and host syncs per call
-    for part, fn in (("compress", lambda: comp.compress(x, seg)),
-                     ("decompress", lambda: comp.decompress(payload, seg))):
-        tally = count_call(fn)
+    for part, fn, tally in (("compress", compress, compress.count()),
+                            ("decompress", decompress, count_call(decompress))):
         with count_launches() as kernels:          # Triton launches: the op counter does not see them
             fn()
         row[f"{part}_ops"], row[f"{part}_syncs"], row[f"{part}_launches"] = tally.ops, tally.syncs, kernels.launches

@@ -16,8 +16,12 @@ from gvq.schema.tool import Arg
 RESNET32_PARAMS = 470_004
 #: every scalar quantizer (and fp16): the quantizer and codec benches' default options
 QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
-#: the codec bench's labels: every quantizer, the GradiVeQ settings the papers use (gvq.bench.codecs.GRADIVEQ), PowerSGD
-CODECS = (*QUANTIZERS, "gradiveq", "gradiveq_bf16", "gradiveq_pooled", "gradiveq_pooled_bf16", "powersgd")
+#: GRACE's compressors gvq has (sparsifiers, sign codecs, natural compression), options of conf/aggregator/
+GRACE_CODECS = ("topk", "randomk", "natural", "efsignsgd", "onebit", "signum")
+#: the codec bench's labels: every quantizer, the GradiVeQ settings the papers use (gvq.bench.codecs.GRADIVEQ),
+#: PowerSGD, GRACE's
+CODECS = (*QUANTIZERS, "gradiveq", "gradiveq_bf16", "gradiveq_pooled", "gradiveq_pooled_bf16", "powersgd",
+          *GRACE_CODECS)
 
 
 @dataclass
@@ -43,6 +47,14 @@ class CodecsKeys:
     num_classes: int = 100
     device: Optional[str] = None         # cpu or cuda; default: cuda where there is one
     reps: int = 10                       # calls per codec (the median); more => steadier, longer
+
+
+@dataclass
+class TopkKeys:
+    models: List[str] = field(default_factory=lambda: ["resnet32", "gpt_tiny"])   # whose gradients (conf/model/)
+    num_classes: List[int] = field(default_factory=lambda: [100, 256])   # one per model (a GPT's: its vocabulary)
+    ratios: List[float] = field(default_factory=lambda: [0.01, 0.001])   # r: k = max(1, floor(r * n)) per scope
+    reps: int = 30                       # paired repetitions per cell (>= 2); more => tighter intervals, longer
 
 
 @dataclass

@@ -9,7 +9,7 @@ size on a gradient-sized call, so the count is a proxy for a codec's GPU cost th
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from gvq.comm.internals import torch_dispatch_mode
@@ -56,10 +56,13 @@ def count_ops():
         yield tally
 
 
-def count_call(fn) -> OpCount:
+def count_call(fn, before=None) -> OpCount:
     """Ops and syncs of one ``fn()``; a first, uncounted call warms caches (scratch, plans, generators),
-    which a codec builds once, not per call."""
-    fn()
-    with count_ops() as tally:
-        fn()
+    which a codec builds once, not per call.  ``before``: called, uncounted, before each call (a codec
+    named a fresh iteration, so the counted call is not served from the warm call's cache)."""
+    for counted in (False, True):
+        if before is not None:
+            before()
+        with count_ops() if counted else nullcontext() as tally:
+            fn()
     return tally

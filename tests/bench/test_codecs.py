@@ -30,3 +30,37 @@ def test_codecs_rows_carry_times_floor_ratio_and_ops(capsys, tmp_path, monkeypat
     assert "floor of compress from gemm_gflops_float32" in printed and "compress_ops" in printed
     for r in rows:                                     # the GPU cost proxy beside the times
         assert r["compress_ops"] > 0 and r["decompress_ops"] > 0 and r["compress_syncs"] >= 0
+
+
+def test_per_tensor_codecs_are_timed_grouped_as_their_aggregator_runs_them():
+    """The payload each row reports is the one the aggregator's own codec (``codec_for`` the model's
+    parameters) sends, not the ungrouped compressor's: top-k's per-tensor scope and the sign codecs'
+    per-tensor scales (whose ungrouped payloads differ in size, checked here first)."""
+    from gvq.aggregators.base import RunContext
+    from gvq.bench.common import build_model, make_aggregator
+    names = ["topk", "efsignsgd", "onebit"]
+    rows = bench_main(["codecs", "model=cnn", "num_classes=10", "reps=1", f"codecs=[{','.join(names)}]"])
+    params = list(build_model("cnn", 10, 1).parameters())
+    whole = slice(0, sum(p.numel() for p in params))
+    for r in rows:
+        agg = make_aggregator(r["codec"], [])
+        agg.bind(params, RunContext(0, 1))
+        grouped = agg.codec_for(range(len(params))).payload_nbytes(whole)
+        assert grouped != agg.compressor.payload_nbytes(whole), r["codec"]    # the check can tell them apart
+        assert round(r["payload_mb"] * 1e6) == grouped, r["codec"]
+
+
+def test_random_k_is_timed_drawing_its_positions_each_call_not_from_its_cache():
+    """Every timed compress is its iteration's first (a fresh ``begin_vector``): its positions drawn, so
+    its payload changes from call to call and it runs the draw's ops, more than a cache hit's."""
+    import torch
+    from gvq.bench.codecs import FirstCalls, build_codec
+    from gvq.bench.opcount import count_call
+    comp = build_codec("randomk", [(5000,)], torch.device("cpu"))[0]
+    x, seg = torch.randn(5000), slice(0, 5000)
+    calls = FirstCalls(comp, x, seg)
+    assert not torch.equal(calls(), calls())
+    cached = count_call(lambda: comp.compress(x, seg)).ops
+    assert calls.count().ops > cached
+    (row,) = bench_main(["codecs", "model=cnn", "num_classes=10", "reps=1", "codecs=[randomk]"])
+    assert row["compress_ops"] == FirstCalls(comp, torch.randn(row["numel"]), slice(0, row["numel"])).count().ops
