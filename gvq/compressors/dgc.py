@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gvq.compressors.base import Compressor, check_int
+from gvq.compressors.base import Compressor, Health, check_int
 from gvq.compressors.topk import TopK, check_ratio
 
 TRIES = 10            # synxlin's adaptation: at most 10 thresholds, each 0.8 of the last
@@ -83,6 +83,9 @@ class DGC(Compressor):
         self._at = [0]
         self._plans, self._consts = {}, {}
         self.ideal_ratio = 4.0 / (self.r * 8)
+        # the inputs' sums since the last check (shared with every grouped view): a NaN fails the threshold
+        # test, so it would stay in v unsent and unseen; its sum stays NaN
+        self.health = Health("sum")
 
     def __getstate__(self):
         return {**self.__dict__, "_plans": {}, "_consts": {}}
@@ -94,6 +97,12 @@ class DGC(Compressor):
 
     def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
         self._at[0] = iteration
+
+    def check_health(self) -> None:
+        total = self.health.read()
+        if total is not None and not math.isfinite(total):
+            raise ValueError(f"{self.name}: input gradient has NaN or Inf values (or sums past float32); "
+                             "refusing to send them")
 
     def ratio_at(self, iteration: int) -> float:
         """The fraction kept in ``iteration``: synxlin's warm-up, max(c^(e+1), r) in stage e."""
@@ -186,6 +195,7 @@ class DGC(Compressor):
         x = x.reshape(-1).to(torch.float32)
         if plan.n == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
+        self.health.note(x.sum(dtype=torch.float32))
         ns, c = plan.sparse.numel(), self._const(seg, x.device)
         xs = x if plan.dense.numel() == 0 else x[c["sparse"]]
         sparse = plan.topk.compress(self.candidates(xs, seg), slice(0, ns)) if ns else x.new_empty(0).byte()

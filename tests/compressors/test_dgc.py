@@ -99,3 +99,17 @@ def test_the_warm_up_raises_the_sparsity_exponentially_by_iteration():
 def test_bad_knobs_are_refused_in_one_line(knobs, match):
     with pytest.raises(ValueError, match=match):
         DGC(**knobs)
+
+
+def test_a_nan_in_the_input_is_caught_at_the_check_not_left_unsent_in_v():
+    """A NaN fails DGC's threshold test, so it is never selected: without the health watch it would stay in
+    v, unsent, and the run's NaN guard on the averaged gradient would never see it."""
+    codec = DGC(ratio=0.1).grouped([(40, 5)])
+    x = torch.randn(200, generator=torch.Generator().manual_seed(0))
+    codec.compress(x, slice(0, 200))
+    codec.check_health()                                 # finite: nothing raised
+    x[7] = float("nan")
+    codec.compress(x, slice(0, 200))
+    with pytest.raises(ValueError, match="dgc: input gradient has NaN or Inf"):
+        codec.check_health()
+    codec.check_health()                                 # read once: the next check starts again
