@@ -185,7 +185,9 @@ class DGC(Compressor):
         level = torch.zeros_like(a, dtype=torch.long)             # how many of the TRIES thresholds |v| clears
         for j in range(TRIES):
             level += a >= thr * SHRINK ** j
-        hist = torch.bincount(c["scope"] * (TRIES + 1) + level, minlength=c["need"].numel() * (TRIES + 1))
+        bins = c["scope"] * (TRIES + 1) + level                   # a scatter-add, not bincount: it has no meta kernel
+        hist = a.new_zeros(c["need"].numel() * (TRIES + 1), dtype=torch.long)
+        hist.scatter_add_(0, bins, torch.ones_like(bins))
         count = hist.view(-1, TRIES + 1).flip(1).cumsum(1)[:, :TRIES]      # count[s, j]: |v| >= 0.8^j t
         tries = (count < c["need"][:, None]).sum(1).clamp(max=TRIES - 1)   # the first that reaches 0.8 k
         return torch.where(level >= (TRIES - tries)[c["scope"]], xs, 0.0)

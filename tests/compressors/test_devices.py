@@ -14,6 +14,7 @@ import torch
 from gvq.compressors.base import Compressor
 from gvq.compressors.bingrad_b import BinGradB
 from gvq.compressors.bingrad_pb import BinGradPB
+from gvq.compressors.dgc import DGC
 from gvq.compressors.efsignsgd import EFSignSGD
 from gvq.compressors.fp16 import FP16
 from gvq.compressors.gradiveq.codec import GradiVeQ
@@ -52,6 +53,7 @@ SCALAR = {                                          # module -> instances (every
     "topk": [TopK(), TopK(scope="bucket", values="float16", indices="packed"), TopK(scope="global"),
              TopK(ratio=0.05).grouped([(109, 47)])],
     "topk_chunk": [ChunkTopK()],
+    "dgc": [DGC(ratio=0.01), DGC(ratio=0.01).grouped([(109, 47)])],
 }
 DEVICES = ["meta", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device visible")])]
