@@ -132,7 +132,7 @@ class DGC(Compressor):
             at += size
         if self.shapes is not None and at < seg.stop:
             raise ValueError(f"{self.name}: segment {seg.start}:{seg.stop} beyond its layout of {at}")
-        cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)   # noqa: E731
+        cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)   # noqa: E731 - one use, beside the plan it builds
         return Plan(n, cat(sparse), cat(dense), TopK(ratio, scope="tensor").grouped(pieces))
 
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:

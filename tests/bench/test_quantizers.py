@@ -26,7 +26,7 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     assert "8,192 fp32 values, 1 thread" in capsys.readouterr().out
 
 
-BENCHES = ["aggregate", "train", "netns", "netns-train", "paper", "gpucheck", "overlap", "soak", "quantizers",
+BENCHES = ["aggregate", "train", "topk", "netns", "netns-train", "paper", "gpucheck", "overlap", "soak", "quantizers",
            "clock", "startup", "codecs", "method-cost"]
 
 

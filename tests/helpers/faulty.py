@@ -6,6 +6,7 @@ import signal
 
 import torch
 
+from gvq.aggregators.base import Aggregator
 from gvq.aggregators.rar import RingAllReduce
 
 
@@ -79,6 +80,9 @@ class NaNAt(torch.nn.Module):
 
 class DieAt:
     """Wraps any aggregator; rank ``rank`` dies with ``os._exit`` at iteration ``at``."""
+
+    #: what the run's validation asks of an aggregator's class before any rank starts: the contract's default
+    check_run = Aggregator.check_run
 
     def __init__(self, inner, at: int = 13, rank: int = 1):
         self.inner, self.at, self.rank = inner, at, rank
