@@ -22,6 +22,7 @@ ranks' supports differ): it travels by all-gather, each rank decoding every rank
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 
@@ -149,17 +150,17 @@ class TopK(Compressor):
 
     def _build_const(self, plan: Plan, device) -> dict[str, Tensor]:
         lengths = [b - a for a, b in zip(plan.starts, plan.starts[1:] + [plan.n])]
-        slot_scope = torch.repeat_interleave(torch.arange(len(plan.ks)), torch.tensor(plan.ks, dtype=torch.long))
-        starts = torch.tensor(plan.starts, dtype=torch.long)
-        c = {"slot_start": starts[slot_scope].to(device)}
+        ar = functools.partial(torch.arange, device=device)
+        long = functools.partial(torch.tensor, dtype=torch.long, device=device)
+        slot_scope = torch.repeat_interleave(ar(len(plan.ks)), long(plan.ks), output_size=sum(plan.ks))
+        c = {"slot_start": long(plan.starts)[slot_scope]}
         if plan.rows:                       # row-local rank: a lower position gets the larger tie-break
-            c["tie"] = (plan.width - 1 - torch.arange(plan.rows * plan.width) % plan.width).to(device)
-            kept = torch.cat([torch.arange(k) + i * plan.ks[0] for i, k in enumerate(plan.ks)])
-            c["kept"] = kept.to(device)
+            c["tie"] = plan.width - 1 - ar(plan.rows * plan.width) % plan.width
+            c["kept"] = torch.cat([ar(k) + i * plan.ks[0] for i, k in enumerate(plan.ks)])
         else:                               # sorted: scope s occupies positions [start_s, start_s + len_s)
-            scope_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
-            c["scope_key"] = ((scope_of << 31) + _LOW31).to(device)     # minus |v|'s bits: -|v| within its scope
-            c["kept"] = torch.cat([torch.arange(k) + a for a, k in zip(plan.starts, plan.ks)]).to(device)
+            scope_of = torch.repeat_interleave(ar(len(lengths)), long(lengths), output_size=sum(lengths))
+            c["scope_key"] = (scope_of << 31) + _LOW31      # minus |v|'s bits: -|v| within its scope
+            c["kept"] = torch.cat([ar(k) + a for a, k in zip(plan.starts, plan.ks)])
         return c
 
     # -- the codec ---------------------------------------------------------------------------------------
@@ -188,15 +189,18 @@ class TopK(Compressor):
             return torch.cat([local.to(torch.int32).view(torch.uint8), vals])
         return torch.cat([vals, _packing.pack_bits(local, plan.bits)])
 
-    def unpack(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
-        """(positions relative to the segment, int64; values in the wire dtype) of a payload."""
-        plan = self.plan(seg)
+    def checked(self, payload: Tensor, seg: slice) -> Tensor:
+        """``payload`` if it is ``seg``'s (else a one-line ValueError), copied where its bytes would not view
+        as 4-byte words."""
         dtype, size = self.payload_spec(seg)
         if payload.dtype != dtype or payload.numel() != size:
             raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for segment "
                              f"{seg.start}:{seg.stop}; expected {size} {dtype}")
-        if payload.storage_offset() % 4:
-            payload = payload.clone()
+        return payload.clone() if payload.storage_offset() % 4 else payload
+
+    def unpack(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
+        """(positions relative to the segment, int64; values in the wire dtype) of a payload."""
+        plan, payload = self.plan(seg), self.checked(payload, seg)
         vbytes = plan.k * self.vdtype.itemsize
         if self.indices == "int32":
             local = payload[: 4 * plan.k].view(torch.int32).to(torch.int64)

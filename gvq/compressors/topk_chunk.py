@@ -95,13 +95,7 @@ class ChunkTopK(TopK):
 
     def unpack(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
         """(positions relative to the segment, int64; decoded values, float32) of a payload."""
-        plan = self.plan(seg)
-        dtype, size = self.payload_spec(seg)
-        if payload.dtype != dtype or payload.numel() != size:
-            raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for segment "
-                             f"{seg.start}:{seg.stop}; expected {size} {dtype}")
-        if payload.storage_offset() % 4:
-            payload = payload.clone()
+        plan, payload = self.plan(seg), self.checked(payload, seg)
         c = self._const(seg, payload.device)
         side, vbytes, _ = self._bytes(plan)
         sigma = payload[:side].view(torch.float32)
