@@ -14,7 +14,7 @@ from torch import Tensor
 
 from gvq.compressors import _batch, _triton
 from gvq.compressors import _kernels as kernels_
-from gvq.compressors._dither import DitherLanes, Dithering
+from gvq.compressors._dither import DitherLanes, Dithering, draws_as_bytes, draws_from_bytes
 from gvq.compressors._packing import Layout, pack, split_rows, unpack, word_format
 from gvq.compressors.base import Compressor, Health, check_bucket, check_clip, untimed
 from gvq.compressors._kernels import HOST, TRITON, Op
@@ -88,18 +88,11 @@ class BucketQuantizer(Dithering, Compressor):
             raise ValueError(f"{self.name}: input gradient has NaN or Inf values, or bucket statistics "
                              "overflow float32 (|values| too large); refusing to quantize garbage")
 
-    def __getstate__(self):       # scratch buffers are not state (the dither lanes are: checkpoints
-        # resume bitwise); the generator and lanes travel as bytes,
-        return {**self.__dict__, "_ws": {}, "_dgen": None, "_paths": {}, "gen": self.gen.get_state().numpy().tobytes(),
-                "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
+    def __getstate__(self):       # scratch buffers are not state (the dither lanes are: checkpoints resume bitwise)
+        return {**self.__dict__, "_ws": {}, "_dgen": None, "_paths": {}, **draws_as_bytes(self.gen, self.lanes)}
 
-    def __setstate__(self, state):  # not as tensors (spawn would share them through a file descriptor,
-        gen = torch.Generator()     # and ranks would step one another's lanes)
-        gen.set_state(torch.frombuffer(bytearray(state["gen"]), dtype=torch.uint8))
-        lanes = DitherLanes()
-        if state["lanes"]:
-            lanes.load_state_dict({"lanes": torch.frombuffer(bytearray(state["lanes"]), dtype=torch.int64)})
-        self.__dict__.update(state, gen=gen, lanes=lanes)
+    def __setstate__(self, state):
+        self.__dict__.update(state, **draws_from_bytes(state))
 
     def state_dict(self) -> dict:
         """The dither generators and lanes (a bitwise resume draws the same uniforms next)."""

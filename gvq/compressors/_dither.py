@@ -146,3 +146,19 @@ class Dithering:
         if key not in self._ws:
             self._ws[key] = torch.tensor(value, dtype=torch.float32, device=device)
         return self._ws[key]
+
+
+def draws_as_bytes(gen: torch.Generator, lanes: "DitherLanes") -> dict:
+    """A codec's generator and lanes for pickling, as bytes, not tensors: spawn would share tensors between
+    ranks through a file descriptor, and ranks would step one another's lanes (:func:`draws_from_bytes`)."""
+    return {"gen": gen.get_state().numpy().tobytes(), "lanes": lanes.state_dict()["lanes"].numpy().tobytes()}
+
+
+def draws_from_bytes(state: dict) -> dict:
+    """Inverse of :func:`draws_as_bytes`: ``{"gen": Generator, "lanes": DitherLanes}``."""
+    gen = torch.Generator()
+    gen.set_state(torch.frombuffer(bytearray(state["gen"]), dtype=torch.uint8))
+    lanes = DitherLanes()
+    if state["lanes"]:
+        lanes.load_state_dict({"lanes": torch.frombuffer(bytearray(state["lanes"]), dtype=torch.int64)})
+    return {"gen": gen, "lanes": lanes}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gvq.compressors._dither import DitherLanes
+from gvq.compressors._dither import DitherLanes, draws_as_bytes, draws_from_bytes
 from gvq.compressors._packing import Layout, pack_rows, unpack_digits, word_format
 from gvq.compressors.base import Compressor, Health
 
@@ -49,17 +49,11 @@ class Natural(Compressor):
         self.gen = torch.Generator().manual_seed(int(seed))   # seeds new lanes (host), then the lanes run
         self.lanes = DitherLanes()
 
-    def __getstate__(self):           # as bytes, not tensors: spawn would share tensors between ranks
-        return {**self.__dict__, "gen": self.gen.get_state().numpy().tobytes(),
-                "lanes": self.lanes.state_dict()["lanes"].numpy().tobytes()}
+    def __getstate__(self):
+        return {**self.__dict__, **draws_as_bytes(self.gen, self.lanes)}
 
     def __setstate__(self, state):
-        gen = torch.Generator()
-        gen.set_state(torch.frombuffer(bytearray(state["gen"]), dtype=torch.uint8))
-        lanes = DitherLanes()
-        if state["lanes"]:
-            lanes.load_state_dict({"lanes": torch.frombuffer(bytearray(state["lanes"]), dtype=torch.int64)})
-        self.__dict__.update(state, gen=gen, lanes=lanes)
+        self.__dict__.update(state, **draws_from_bytes(state))
 
     def state_dict(self) -> dict:
         """The generator and lanes: a resumed run draws the uniforms the run would have."""
