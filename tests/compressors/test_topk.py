@@ -2,6 +2,7 @@
 lower index, and a payload of the declared size in either index format."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -134,3 +135,41 @@ def test_a_bad_knob_is_refused_in_one_line_naming_it(knob, value, match):
     with pytest.raises(ValueError, match=match) as e:
         TopK(**{knob: value})
     assert "\n" not in str(e.value)
+
+
+def _sorted_selection(codec: TopK, x: torch.Tensor, seg: slice) -> torch.Tensor:
+    """The selection as the sorted path made it before the row-batches (one stable sort of (scope, -|v|) keys,
+    the first k of each scope): the reference every scope's path must equal, position for position."""
+    plan = codec.plan(seg)
+    lengths = [b - a for a, b in zip(plan.starts, plan.starts[1:] + [plan.n])]
+    scope_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    bits = x.reshape(-1).to(torch.float32).abs().view(torch.int32).to(torch.int64)
+    order = torch.sort((scope_of << 31) + (1 << 31) - 1 - bits, stable=True).indices
+    return order[torch.cat([torch.arange(k) + a for a, k in zip(plan.starts, plan.ks)])]
+
+
+def _layout(g: torch.Generator, distinct: int) -> list[int]:
+    """Parameter sizes: a few lengths repeated (a model's layers) among odd ones, ``distinct`` lengths at most."""
+    pool = [1, 2, 3, 7, 16, 64, 100, 300, 1000, 4096] + [int(v) for v in torch.randint(5, 900, (40,), generator=g)]
+    pool = pool[:distinct]
+    return [pool[int(i)] for i in torch.randint(len(pool), (60,), generator=g)]
+
+
+SELECTIONS = [dict(scope="tensor"), dict(scope="global"), dict(scope="bucket", bucket=1024),
+              dict(scope="bucket", bucket=1000)]        # 1000: blocks cannot tile its rows
+
+
+@pytest.mark.parametrize("distinct", [3, 10, 50])        # 50: more lengths than batches, rounded to powers of 2
+@pytest.mark.parametrize("seed", range(3))
+def test_the_row_batches_select_what_one_stable_sort_selects_in_its_order(seed, distinct):
+    g = torch.Generator().manual_seed(seed)
+    blocks = _layout(g, distinct)
+    n = sum(blocks)
+    x = torch.randint(-3, 4, (n,), generator=g).float() / 4          # 7 levels: ties everywhere, many zeros
+    x[torch.randint(n, (3,), generator=g)] = float("nan")               # NaN ranks above every number
+    for ratio, knobs in itertools.product((0.002, 0.01, 0.3, 1.0), SELECTIONS):
+        codec = TopK(ratio=ratio, **knobs).grouped([(b,) for b in blocks])
+        for seg in (slice(0, n), slice(n // 3, n - 5)):               # a ring segment cuts two tensors
+            got = codec.select(x[seg], seg)
+            assert torch.equal(got, _sorted_selection(codec, x[seg], seg)), (ratio, knobs, seg)
+    assert len(TopK(ratio=0.01).grouped([(b,) for b in blocks]).plan(slice(0, n)).batches) <= 24
