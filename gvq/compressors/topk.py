@@ -8,8 +8,8 @@ whole segment (``global``).  The selected set is exact and deterministic: among 
 wins.  Each value is ranked by one int64 key, its float32 |v|'s bits (monotone for non-negative floats) above
 a tie-break larger for a lower index, so every key is unique and ``torch.topk`` picks exactly that set.  The
 scopes are ranked as rows: equal runs (global, bucket, one tensor) are the vector itself, padded at its tail;
-unequal ones (per tensor) are gathered into a fixed few row-batches, one per scope length (a model repeats a
-few) or, past ``MAX_BATCHES`` lengths, per power of two, padded with values whose keys lose -- flat in depth.
+unequal ones (per tensor) are gathered into a fixed few row-batches (the short scopes in one, then one per
+length, or past ``MAX_BATCHES`` lengths per power of two), padded with values whose keys lose: flat in depth.
 Where a row keeps few (k blocks at most a quarter of it), it is ranked in two stages: its blocks of up to
 ``MAX_BLOCK`` values by their largest key (ties to the lower block), then exactly among the values of the k
 winning blocks, which hold all of the row's top k; a fixed few whole-tensor ops, no host read.  A scope's
@@ -39,12 +39,9 @@ SCOPES = ("tensor", "bucket", "global")
 VALUE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 INDICES = ("int32", "packed")
 _LOW31 = (1 << 31) - 1
-#: per tensor: scopes of one length share a row-batch (one topk); past this many lengths, lengths are rounded up
-#: to powers of two (padded with keys that lose), so the batches stay a fixed few whatever the layout
-MAX_BATCHES = 24
-#: a row's values are ranked first by blocks of up to this many (each block by its largest key), where that
-#: leaves at most a quarter of the row to rank exactly; larger => fewer blocks to rank, more candidates
-MAX_BLOCK = 64
+MAX_BATCHES = 24       # lengths (past SHORT) batched apiece; past it powers of two: a fixed few whatever the layout
+SHORT = 1024           # scopes up to this long share one batch; larger => fewer batches, more padding
+MAX_BLOCK = 64         # a first stage's block (see _rank); larger => fewer blocks to rank, more candidates
 
 
 def check_ratio(ratio) -> float:
@@ -178,12 +175,15 @@ class TopK(Compressor):
 
     @staticmethod
     def _batched(lengths: list[int]) -> dict[int, list[int]]:
-        """Row width -> the scopes ranked in rows of that width: one batch per length (a model repeats a
-        few), or per power of two where the lengths are more than MAX_BATCHES."""
-        exact = len(set(lengths)) <= MAX_BATCHES
-        out: dict[int, list[int]] = {}
+        """Row width -> the scopes ranked in rows of that width: the short ones (biases, norms) in one batch
+        padded to the longest of them (each batch costs a few ops), the rest one batch per length (a model
+        repeats a few), or per power of two where those are more than MAX_BATCHES."""
+        exact = len({length for length in lengths if length > SHORT}) <= MAX_BATCHES
+        short = [s for s, length in enumerate(lengths) if length <= SHORT]
+        out: dict[int, list[int]] = {max(lengths[s] for s in short): short} if short else {}
         for s, length in enumerate(lengths):
-            out.setdefault(length if exact else 1 << (length - 1).bit_length(), []).append(s)
+            if length > SHORT:
+                out.setdefault(length if exact else 1 << (length - 1).bit_length(), []).append(s)
         return dict(sorted(out.items()))
 
     def keep(self, length: int) -> int:
