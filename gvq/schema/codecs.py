@@ -94,6 +94,7 @@ class TopKSchema:
     bucket: int = 2048
     values: ValueDtype = ValueDtype.float32
     indices: IndexFormat = IndexFormat.int32
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_sparse.py)
 
 
 @dataclass
