@@ -1,4 +1,4 @@
-"""Top-k's Triton kernels (set up and launched by :mod:`._triton_sparse`): a program per scope finds the
+"""Top-k's Triton kernels (set up and launched by :mod:`._triton_grace`): a program per scope finds the
 k-th largest |v| by a bitwise binary search and compacts the kept values in index order; the packed index
 writer; the decoder's zero-fill and scatter.  Imported only once a kernel runs (it imports triton)."""
 from __future__ import annotations

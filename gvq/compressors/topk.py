@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gvq.compressors import _packing, _triton_sparse
+from gvq.compressors import _packing, _triton_grace
 from gvq.compressors._kernels import Op, check_kernels, path_for
 from gvq.compressors.base import Compressor, check_choice
 
@@ -66,7 +66,7 @@ class TopK(Compressor):
     name = "topk"
     additive = False
     stochastic = False
-    has_kernels = True             # a Triton path (gvq/compressors/_triton_sparse.py); topk_chunk has none
+    has_kernels = True             # a Triton path (gvq/compressors/_triton_grace.py); topk_chunk has none
 
     def __init__(self, ratio: float = 0.01,      # r: fraction kept per scope; lower => fewer bytes, more error
                  scope: str = "tensor",         # tensor | bucket | global (see the module docstring)
@@ -97,10 +97,10 @@ class TopK(Compressor):
         return path_for(self._paths, self.kernels, device, triton=self.has_kernels, host=False)
 
     def triton_table(self, seg: slice, device) -> Tensor:
-        """The Triton path's scope table (:func:`._triton_sparse.scope_table`), made once per segment."""
+        """The Triton path's scope table (:func:`._triton_grace.scope_table`), made once per segment."""
         key = ("triton", seg.start, seg.stop, device)
         if key not in self._consts:
-            self._consts[key] = _triton_sparse.scope_table(self.plan(seg), device)
+            self._consts[key] = _triton_grace.scope_table(self.plan(seg), device)
         return self._consts[key]
 
     def grouped(self, shapes) -> "TopK":
@@ -242,5 +242,5 @@ class TopK(Compressor):
 
 
 # top-k's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (1-2 launches each)
-COMPRESS = Op(torch=TopK.torch_compress, triton=_triton_sparse.topk_compress)
-DECOMPRESS = Op(torch=TopK.torch_decompress, triton=_triton_sparse.topk_decompress)
+COMPRESS = Op(torch=TopK.torch_compress, triton=_triton_grace.topk_compress)
+DECOMPRESS = Op(torch=TopK.torch_decompress, triton=_triton_grace.topk_decompress)

@@ -1,9 +1,9 @@
-"""The sparsifiers' ``triton`` path (:mod:`._kernels`): top-k's kernels (:mod:`._triton_topk`) set up and
-launched here, through ``_kernels.launch_kernel`` (which counts them).  Compress is 1 launch (int32
-indices) or 2 (packed: the select writes int32 indices to a scratch buffer, then a pack), decompress 2
-(zero-fill, scatter); no host reads, and a program per scope whatever the depth.  The kernels' scope table
-is a constant of the plan, made once per segment and device.  Triton is optional: nothing here imports it
-until a kernel runs."""
+"""GRACE's codecs' ``triton`` path (:mod:`._kernels`): top-k's kernels (:mod:`._triton_topk`) and natural
+compression's (:mod:`._triton_natural`) set up and launched here, through ``_kernels.launch_kernel`` (which
+counts them); no host reads, and a program per scope or block whatever the depth.  Top-k: compress is 1
+launch (int32 indices) or 2 (packed: the select writes int32 indices to a scratch buffer, then a pack),
+decompress 2 (zero-fill, scatter); its scope table is a constant of the plan, made once per segment and
+device.  Natural: one launch each way.  Triton is optional: nothing here imports it until a kernel runs."""
 from __future__ import annotations
 
 import torch
@@ -66,4 +66,29 @@ def topk_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
         idx, vals = payload[vbytes:], payload[:vbytes].view(codec.vdtype)
     launch_kernel(_topk_kernels().topk_scatter, (len(plan.ks),), idx, vals, table, out, len(plan.ks), BITS=plan.bits,
                   PACKED=codec.indices == "packed", BLOCK=SLOT_BLOCK)
+    return out
+
+
+# ---- natural compression ---------------------------------------------------------------------------
+NATURAL_BLOCK = 2048        # values a natural program codes (a multiple of 8: whole sign bytes)
+
+
+def natural_compress(codec, x: Tensor, uniforms: Tensor | None = None) -> Tensor:
+    """``codec``'s payload of ``x`` in one launch: n exponent bytes, then the signs packed 8 a byte; the
+    draws at fresh Philox offsets each call (``uniforms``: a test's int32, instead)."""
+    from gvq.compressors import _triton_natural as k      # imports triton: only once a kernel runs
+    n, blocks = x.numel(), -(-x.numel() // NATURAL_BLOCK)
+    out = torch.empty(n + -(-n // 8), dtype=torch.uint8, device=x.device)   # fresh: may be in flight
+    peaks = torch.empty(blocks, dtype=torch.float32, device=x.device)      # fresh: noted until the check
+    offset, codec.triton_offset = codec.triton_offset, codec.triton_offset + n
+    launch_kernel(k.natural_encode, (blocks,), x, x if uniforms is None else uniforms, out[:n], out[n:], peaks,
+                  n, out.numel() - n, codec.triton_seed, offset, HAS_U=uniforms is not None, BLOCK=NATURAL_BLOCK)
+    codec.health.note(peaks)
+    return out
+
+
+def natural_decompress(payload: Tensor, n: int) -> Tensor:
+    from gvq.compressors import _triton_natural as k
+    out = torch.empty(n, dtype=torch.float32, device=payload.device)
+    launch_kernel(k.natural_decode, (-(-n // NATURAL_BLOCK),), payload[:n], payload[n:], out, n, BLOCK=NATURAL_BLOCK)
     return out

@@ -1,8 +1,11 @@
-"""Top-k's Triton path (gvq/compressors/_triton_sparse.py, _triton_topk.py), proven on the CPU by Triton's
+"""Top-k's and natural compression's Triton paths (gvq/compressors/_triton_grace.py, _triton_topk.py,
+_triton_natural.py), proven on the CPU by Triton's
 interpreter (or compiled on a GPU): the same kept set and values as the torch reference, bitwise, per
 scope (tensor, ragged bucket, global), ties to the lower index, values float32 or float16, indices int32
 or packed, and either path decodes the other's payload; at most 3 launches a compress and 2 a decompress,
-the same at two depths, with no torch compute op and no host read between them.  Inputs of a few scopes of
+the same at two depths, with no torch compute op and no host read between them.  Natural compression: fed
+the torch path's uniforms, the same payload bitwise; drawing its own, unbiased within E[C(x)^2] <= 9/8 x^2,
+fresh every call and replayed from a checkpoint; one launch each way.  Inputs of a few scopes of
 at most 4k values (the interpreter is slow)."""
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import torch
 
 from gvq.bench.opcount import count_ops
 from gvq.compressors import _kernels as kernels
+from gvq.compressors import _triton_grace
+from gvq.compressors.natural import Natural
 from gvq.compressors.topk import TopK
 from gvq.compressors.topk_chunk import ChunkTopK
 from tests.helpers.triton import MARKS, kernel_device
@@ -132,3 +137,68 @@ def test_kernels_triton_without_triton_is_refused_in_one_line(monkeypatch):
         TopK(kernels="triton")
     with pytest.raises(ValueError, match="kernels='gpu'"):
         TopK(kernels="gpu")
+
+
+# ---- natural compression -------------------------------------------------------------------------------
+def test_natural_payload_equals_the_torch_paths_given_its_uniforms():
+    """Values of every kind (normal, subnormal, zeros of both signs, powers of two, huge, Inf, NaN) and a
+    length that leaves a partial sign byte."""
+    x = torch.cat([torch.randn(3001) * 3, torch.tensor([0.0, -0.0, 1e-40, -3e-39, 0.25, -8.0, 3e38, -3.4e38,
+                                                          float("inf"), float("nan")])])
+    n, seg = x.numel(), slice(0, x.numel())
+    u16 = torch.randint(-2 ** 15, 2 ** 15, (2 * n,), dtype=torch.int16, generator=torch.Generator().manual_seed(1))
+    ref = Natural(kernels="torch")
+    ref.lanes.uniform16 = lambda *args, **kw: u16
+    mine = Natural(kernels="triton")
+    with kernels.count_launches() as c:
+        p = _triton_grace.natural_compress(mine, x.to(DEVICE), u16.view(torch.int32).to(DEVICE))
+    r = ref.compress(x, seg)
+    assert c.launches == 1 and torch.equal(p.cpu(), r)
+    with kernels.count_launches() as d:
+        dec = mine.decompress(p, seg)
+    assert d.launches == 1 and torch.equal(dec.cpu().view(torch.int32), ref.decompress(r, seg).view(torch.int32))
+
+
+def test_natural_draws_are_unbiased_fresh_and_replayed_from_a_checkpoint(tmp_path):
+    base = torch.tensor([1.0, -1.25, 3.0, 0.7, -5.5e-3, 2.0 ** -20 * 1.6, 4.0 / 3.0, 0.0])
+    q, x = Natural(kernels="triton"), base.repeat(512).to(DEVICE)
+    q.reseed(5)
+    seg = slice(0, x.numel())
+    first = q.compress(x, seg)
+    torch.save(q.state_dict(), tmp_path / "s.pt")
+    second = q.compress(x, seg)
+    assert not torch.equal(first, second)
+    fresh = Natural(kernels="triton")
+    fresh.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert torch.equal(fresh.compress(x, seg), second)
+    samples = torch.stack([q.decompress(q.compress(x, seg), seg).cpu().view(512, -1) for _ in range(4)]).double()
+    samples = samples.reshape(-1, base.numel())
+    low = torch.exp2(torch.floor(torch.log2(base.abs().double().clamp(min=1e-300))))
+    r = base.abs().double() / low
+    se = (low * low * ((r - 1) * (2 - r)).clamp(min=0) / samples.shape[0]).sqrt()
+    assert bool(((samples.mean(0) - base.double()).abs() <= 5.5 * se + 1e-12).all())
+    assert bool((samples.pow(2).mean(0) <= 9 / 8 * base.double() ** 2 * 1.05 + 1e-30).all())
+    assert torch.equal(samples[:, 0], torch.ones(samples.shape[0], dtype=torch.float64))    # powers of two: exact
+
+
+def test_natural_non_finite_inputs_raise_at_the_check_on_the_triton_path():
+    q, x = Natural(kernels="triton"), torch.randn(4096).to(DEVICE)
+    x[3000] = float("nan")
+    q.compress(x, slice(0, 4096))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        q.check_health()
+
+
+def test_natural_call_is_one_launch_with_no_device_op_or_host_read_between():
+    q, seg, x = Natural(kernels="triton"), slice(0, N), gradient().to(DEVICE)
+    payload = q.compress(x, seg)
+    with count_ops() as ops, kernels.count_launches(run=False) as c:
+        q.compress(x, seg)
+    with count_ops() as dops, kernels.count_launches(run=False) as d:
+        q.decompress(payload, seg)
+    assert c.by_name == {"natural_encode": 1} and d.by_name == {"natural_decode": 1}
+    assert ops.syncs == dops.syncs == 0
+    assert set(ops.by_name) | set(dops.by_name) <= NO_KERNEL_OPS, (ops.by_name, dops.by_name)
+    with kernels.count_launches() as host:
+        Natural().compress(x.cpu(), seg)
+    assert host.launches == 0
