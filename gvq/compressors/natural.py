@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gvq.compressors import _triton_grace
 from gvq.compressors._dither import DitherLanes, draws_as_bytes, draws_from_bytes
+from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
 from gvq.compressors._packing import Layout, pack_rows, unpack_digits, word_format
 from gvq.compressors.base import Compressor, Health
 
@@ -41,28 +43,39 @@ class Natural(Compressor):
     stochastic = True
     ideal_ratio = 32 / 9
 
-    def __init__(self):
+    def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_kernels.py)
         self.health = Health("max")      # the largest exponent code sent since the last check
+        self.kernels, self._paths = check_kernels(kernels), {}
         self.reseed(0)
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
 
     def reseed(self, seed: int) -> None:
         self.gen = torch.Generator().manual_seed(int(seed))   # seeds new lanes (host), then the lanes run
         self.lanes = DitherLanes()
+        # the Triton path's Philox key and the count of values drawn: each call draws at fresh offsets
+        self.triton_seed, self.triton_offset = (int(seed) * 0x9E3779B97F4A7C15 + 1) % (1 << 63), 0
 
-    def __getstate__(self):
-        return {**self.__dict__, **draws_as_bytes(self.gen, self.lanes)}
+    def __getstate__(self):              # the path is chosen anew per process and device
+        return {**self.__dict__, **draws_as_bytes(self.gen, self.lanes), "_paths": {}}
 
     def __setstate__(self, state):
         self.__dict__.update(state, **draws_from_bytes(state))
 
     def state_dict(self) -> dict:
         """The generator and lanes: a resumed run draws the uniforms the run would have."""
-        return {"gen": self.gen.get_state(), **self.lanes.state_dict()}
+        return {"gen": self.gen.get_state(), **self.lanes.state_dict(), "triton_seed": self.triton_seed,
+                "triton_offset": self.triton_offset}
 
     def load_state_dict(self, state: dict) -> None:
         self.gen.set_state(state["gen"])
         self.lanes = DitherLanes()
         self.lanes.load_state_dict(state)
+        self.triton_seed = state.get("triton_seed", self.triton_seed)      # absent from older checkpoints
+        self.triton_offset = state.get("triton_offset", self.triton_offset)
 
     def check_health(self) -> None:
         top = self.health.read()
@@ -75,6 +88,10 @@ class Natural(Compressor):
         return torch.uint8, n + _sign_layout(n).nbytes
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
+        x = x.reshape(-1)
+        return COMPRESS(self.path(x.device) if x.numel() else TORCH, self, x, seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
         n = x.numel()
         bits = x.reshape(-1).to(torch.float32).contiguous().view(torch.int32)
         u = self.lanes.uniform16(2 * n, x.device, self.gen).view(torch.int32)
@@ -94,6 +111,17 @@ class Natural(Compressor):
         if payload.numel() != self.payload_spec(seg)[1] or payload.dtype != torch.uint8:
             raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for a segment of {n} "
                              f"values; expected {self.payload_spec(seg)[1]} uint8")
-        signs = unpack_digits(payload[n:], _sign_layout(n), n).to(torch.int32)
-        bits = payload[:n].to(torch.int32).bitwise_left_shift_(23).bitwise_or_(signs.bitwise_left_shift_(31))
-        return bits.view(torch.float32)
+        return DECOMPRESS(self.path(payload.device) if n else TORCH, payload, n)
+
+
+def _decompress(payload: Tensor, n: int) -> Tensor:
+    signs = unpack_digits(payload[n:], _sign_layout(n), n).to(torch.int32)
+    bits = payload[:n].to(torch.int32).bitwise_left_shift_(23).bitwise_or_(signs.bitwise_left_shift_(31))
+    return bits.view(torch.float32)
+
+
+# natural compression's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (one
+# launch each); the input as float32, contiguous, where it is not already
+COMPRESS = Op(torch=Natural.torch_compress,
+              triton=lambda q, x, seg: _triton_grace.natural_compress(q, x.to(torch.float32).contiguous()))
+DECOMPRESS = Op(torch=_decompress, triton=_triton_grace.natural_decompress)

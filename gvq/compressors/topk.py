@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from gvq.compressors import _packing
+from gvq.compressors import _packing, _triton_grace
+from gvq.compressors._kernels import Op, check_kernels, path_for
 from gvq.compressors.base import Compressor, check_choice
 
 SCOPES = ("tensor", "bucket", "global")
@@ -99,12 +100,14 @@ class TopK(Compressor):
     name = "topk"
     additive = False
     stochastic = False
+    has_kernels = True             # a Triton path (gvq/compressors/_triton_grace.py); topk_chunk has none
 
     def __init__(self, ratio: float = 0.01,      # r: fraction kept per scope; lower => fewer bytes, more error
                  scope: str = "tensor",         # tensor | bucket | global (see the module docstring)
                  bucket: int = 2048,            # scope=bucket: values per scope; smaller => k spread more evenly
                  values: str = "float32",       # float32 | float16 (half the value bytes, rounded)
-                 indices: str = "int32"):       # int32 | packed (ceil(log2 L) bits each)
+                 indices: str = "int32",        # int32 | packed (ceil(log2 L) bits each)
+                 kernels: str = "auto"):        # auto | triton | torch (gvq/compressors/_kernels.py)
         self.r = check_ratio(ratio)
         self.scope = check_choice("scope", scope, SCOPES, "which values compete for a scope's k")
         if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
@@ -113,13 +116,26 @@ class TopK(Compressor):
         self.values = check_choice("values", values, tuple(VALUE_DTYPES), "the wire dtype of the kept values")
         self.indices = check_choice("indices", indices, INDICES, "how the kept positions are written")
         self.vdtype = VALUE_DTYPES[values]
+        self.kernels, self._paths = check_kernels(kernels), {}
         self.blocks: tuple[int, ...] | None = None      # the vector's parameter sizes (grouped)
         self._plans, self._consts = {}, {}
         if indices == "int32":
             self.ideal_ratio = 4.0 / (self.r * (self.vdtype.itemsize + 4))
 
     def __getstate__(self):                   # plans and their device tensors are rebuilt per process
-        return {**self.__dict__, "_plans": {}, "_consts": {}}
+        return {**self.__dict__, "_plans": {}, "_consts": {}, "_paths": {}}
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, triton=self.has_kernels, host=False)
+
+    def triton_table(self, seg: slice, device) -> Tensor:
+        """The Triton path's scope table (:func:`._triton_grace.scope_table`), made once per segment."""
+        key = ("triton", seg.start, seg.stop, device)
+        if key not in self._consts:
+            self._consts[key] = _triton_grace.scope_table(self.plan(seg), device)
+        return self._consts[key]
 
     def grouped(self, shapes) -> "TopK":
         if self.scope != "tensor":
@@ -259,10 +275,13 @@ class TopK(Compressor):
         return c["src"].index_select(0, torch.cat(cols).index_select(0, c["kept"]) + c["base"])
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
-        plan = self.plan(seg)
         x = x.reshape(-1)
-        if plan.n == 0:
+        if self.plan(seg).n == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
+        return COMPRESS(self.path(x.device), self, x, seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
+        plan = self.plan(seg)
         pos = self.select(x, seg)
         vals = x[pos].to(self.vdtype).view(torch.uint8)
         local = pos - self._const(seg, x.device)["slot_start"]
@@ -292,9 +311,17 @@ class TopK(Compressor):
         return local + self._const(seg, payload.device)["slot_start"], vals
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
-        plan = self.plan(seg)
-        out = torch.zeros(plan.n, dtype=torch.float32, device=payload.device)
-        if plan.n:
-            pos, vals = self.unpack(payload, seg)
-            out[pos] = vals.to(torch.float32)
+        if self.plan(seg).n == 0:
+            return torch.zeros(0, dtype=torch.float32, device=payload.device)
+        return DECOMPRESS(self.path(payload.device), self, payload, seg)
+
+    def torch_decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        out = torch.zeros(self.plan(seg).n, dtype=torch.float32, device=payload.device)
+        pos, vals = self.unpack(payload, seg)
+        out[pos] = vals.to(torch.float32)
         return out
+
+
+# top-k's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (1-2 launches each)
+COMPRESS = Op(torch=TopK.torch_compress, triton=_triton_grace.topk_compress)
+DECOMPRESS = Op(torch=TopK.torch_decompress, triton=_triton_grace.topk_decompress)

@@ -45,6 +45,7 @@ class ChunkTopK(TopK):
     name = "topk_chunk"
     additive = False
     stochastic = False
+    has_kernels = False            # its own compress (sigmas, 2-bit codes): the torch ops on every device
 
     def __init__(self, k: int = 64,             # values kept per chunk; lower => fewer bytes, more error
                  chunk: int = 4096,           # values per chunk; larger => longer offsets, k spread less evenly

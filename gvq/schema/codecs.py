@@ -94,6 +94,7 @@ class TopKSchema:
     bucket: int = 2048
     values: ValueDtype = ValueDtype.float32
     indices: IndexFormat = IndexFormat.int32
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
@@ -146,3 +147,4 @@ class RandomKSchema:
 @dataclass
 class NaturalSchema:
     _target_: str = "gvq.compressors.natural.Natural"
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
