@@ -29,7 +29,9 @@ def scope_table(plan, device) -> Tensor:
     return torch.tensor([plan.starts, lengths, plan.ks, firsts], dtype=torch.int64, device=device)
 
 
-def _block(plan) -> int:
+def _program_block(plan) -> int:
+    """Values a topk_select program loads at once: the longest scope's power of two, capped (a program
+    loops over a longer scope in blocks of this)."""
     longest = max(b - a for a, b in zip(plan.starts, plan.starts[1:] + [plan.n]))
     return min(MAX_BLOCK, triton_pow2(longest))
 
@@ -45,7 +47,7 @@ def topk_compress(codec, x: Tensor, seg: slice) -> Tensor:
         idx, vals = out[: 4 * k].view(torch.int32), out[4 * k:].view(codec.vdtype)
     else:
         idx, vals = torch.empty(k, dtype=torch.int32, device=dev), out[:vbytes].view(codec.vdtype)
-    launch_kernel(_topk_kernels().topk_select, (scopes,), x, table, idx, vals, scopes, BLOCK=_block(plan))
+    launch_kernel(_topk_kernels().topk_select, (scopes,), x, table, idx, vals, scopes, BLOCK=_program_block(plan))
     if codec.indices == "packed":
         nbytes = out.numel() - vbytes
         launch_kernel(_topk_kernels().pack_indices, (-(-nbytes // BYTE_BLOCK),), idx, out[vbytes:], k, nbytes,
