@@ -65,6 +65,7 @@ class TopK(Compressor):
     name = "topk"
     additive = False
     stochastic = False
+    sparse = True
 
     def __init__(self, ratio: float = 0.01,      # r: fraction kept per scope; lower => fewer bytes, more error
                  scope: str = "tensor",         # tensor | bucket | global (see the module docstring)
@@ -217,3 +218,10 @@ class TopK(Compressor):
             pos, vals = self.unpack(payload, seg)
             out[pos] = vals.to(torch.float32)
         return out
+
+    def entries(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
+        pos, vals = self.unpack(payload, seg)       # positions are unique: one per kept slot
+        return pos, vals.to(torch.float32)
+
+    def kept(self, seg: slice) -> int:
+        return self.plan(seg).k
