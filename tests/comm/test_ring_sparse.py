@@ -114,7 +114,7 @@ def test_a_chunk_goes_dense_exactly_at_density_one_half_and_the_bytes_are_the_wi
             assert stats["ring_density"] == (1.0 if dense else (1 if overlap else world) / length)
 
 
-BPS, ALPHA, LENGTH, M = 1e5, 1e-3, 1800, 300     # 3 ranks: 300, 600 pairs, then 900 of 1800: dense
+BPS, ALPHA, LENGTH, M = 1e5, 0.02, 1500, 300     # 3 ranks: 300, 600 pairs, then 900 of 1500: dense
 
 
 def _virtual(rank, world):
@@ -123,9 +123,10 @@ def _virtual(rank, world):
 
 @pytest.mark.slow
 def test_virtual_time_charges_the_messages_real_sizes_as_the_cost_model_prices_them(tmp_path):
-    """N = 3 on a 100 kbit/s link, 1 ms a message: the ring's virtual time is its messages' bytes on the link
-    (headers included, two messages a hop, the last hops dense) as :func:`gvq.predict.schedule.sparse_ring`
-    replays them (disjoint supports, as here); the bytes are most of it, so a wrong size would show."""
+    """N = 3 on a 100 kbit/s link, 20 ms a message: the ring's virtual time is its messages' bytes on the link
+    and their latency (two messages a hop: header and body; the all-gather's dense) as
+    :func:`gvq.predict.schedule.sparse_ring` replays them (disjoint supports, as here): a wrong size, a
+    chunk sent as pairs instead of dense, or a header left out would show."""
     import numpy as np
     from gvq.predict import schedule as S
     world = 3
@@ -134,7 +135,7 @@ def test_virtual_time_charges_the_messages_real_sizes_as_the_cost_model_prices_t
     predicted = S.sparse_ring(kept, lengths, 0.0, np.zeros(world), 0.0, S.Link(BPS, ALPHA))
     latency_only = S.sparse_ring(kept, lengths, 0.0, np.zeros(world), 0.0, S.Link(1e15, ALPHA))
     assert S.sparse_traffic(kept, lengths, world)[0] == _message_counts(world, LENGTH, False, M)
-    assert latency_only.max() < 0.1 * predicted.max()
+    assert 0.05 * predicted.max() < latency_only.max() < 0.25 * predicted.max()     # both terms seen
     for r in range(world):
         x, stats, sent, _, elapsed = per_rank[r]
         assert sent == _message_counts(world, LENGTH, False, M) and stats["ring_density"] == 1.0
