@@ -1,4 +1,4 @@
-"""Ring engine: the four ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
+"""Ring engine: the five ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
 
 See docs/design.md#gvqcommringpy for how it works and why.
 """
