@@ -202,7 +202,8 @@ BUILT = {"local SGD": "method/local_sgd.yaml", "DiLoCo": "method/diloco.yaml",
          "top-k": "aggregator/topk.yaml", "random-k": "aggregator/randomk.yaml", "DGC": "aggregator/dgc.yaml",
          "natural compression": "aggregator/natural.yaml",
          "EF-SignSGD": "aggregator/efsignsgd.yaml", "1-bit SGD": "aggregator/onebit.yaml",
-         "Signum": "aggregator/signum.yaml", "SparseLoCo": "aggregator/topk_chunk.yaml"}
+         "Signum": "aggregator/signum.yaml", "SparseLoCo": "aggregator/topk_chunk.yaml",
+         "sparse ring": "aggregator/topk.yaml"}     # its topology=sparse_ring
 
 
 def test_the_readme_says_what_is_not_built_yet_and_stops_once_it_is():

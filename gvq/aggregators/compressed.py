@@ -3,7 +3,8 @@ other ``conf/aggregator/`` option whose ``_target_`` is :class:`CompressedAggreg
 
 The ring hop follows the compressor's declared ``additive`` property: payloads that add up in the
 compressed domain are summed as they travel (b); others are decoded, added and re-encoded at every hop (c).
-``allgather`` / ``ps`` gather every rank's payload instead (d).
+``allgather`` / ``ps`` gather every rank's payload instead (d); ``sparse_ring`` sums a sparse codec's
+entries as unions of chunks around the ring (:mod:`gvq.comm.ring_sparse`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ class CompressedAggregator(FlatAggregator):
             raise ValueError(f"aggregator.{key}={ef_decay if key == 'ef_decay' else ef_units!r}: only error "
                              "feedback reads it (aggregator._target_=gvq.aggregators.error_feedback."
                              "ErrorFeedbackAggregator)")
+        if topology == "sparse_ring" and not compressor.sparse:
+            raise ValueError(f"aggregator.topology=sparse_ring: compressor {compressor.name!r} is not sparse; "
+                             "the sparse ring sums top-k's and topk_chunk's entries (use ring or allgather)")
+        if topology == "sparse_ring":       # the densest chunk it sent: where the supports fill in
+            self.extra_fields = type(self).extra_fields + ("ring_density",)
         self.compressor, self.topology = compressor, topology
         # ring hop: sum payloads (mode b) when the compressor allows it, unless forced to re-encode
         self.sum_hop = compressor.additive and hop != "reencode"
@@ -71,6 +77,8 @@ class CompressedAggregator(FlatAggregator):
 
     def rings(self, params, n):
         numel, codec = self.numel_of(params), self.codec_for(params)
+        if self.topology == "sparse_ring":       # compressed whole, summed as N segments' sparse chunks
+            return [Ring("sparse", self.segments(numel, n), codec)]
         if self.topology != "ring":
             return [Ring(self.topology, [[slice(0, numel)]], codec)]
         return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]
@@ -80,10 +88,11 @@ class CompressedAggregator(FlatAggregator):
         return {"compression_error": self.local_error(bucket.flat, self.codec_for(bucket.params))}
 
     def average(self, bucket):
-        super().average(bucket)
+        measured = super().average(bucket)
         # the codec's NaN/Inf/range watch, read once the ring is done: every rank finishes the ring (a rank
         # raising mid-ring would leave its peers waiting), then each one that saw garbage raises
         self.compressor.check_health()
+        return measured
 
     def local_error(self, flat: torch.Tensor, codec: Compressor | None = None) -> float:
         """||Q(G) - G||^2 / ||G||^2 on this rank's own gradient (not timed as aggregation); ``codec``:

@@ -171,10 +171,11 @@ class FlatAggregator(Aggregator):
         rings = self.rings(bucket.params, self.ctx.world_size)
         if rings is None:
             raise NotImplementedError(f"{type(self).__name__}: declares neither rings() nor average()")
+        measured = {}
         for r in rings:
-            r.run_(bucket.flat, self.p2p, self.stopwatch)
+            measured.update(r.run_(bucket.flat, self.p2p, self.stopwatch) or {})   # a ring's own columns
         bucket.flat.div_(self.ctx.world_size)
-        return None
+        return measured or None
 
     # -- aggregate_error (opt-in): the error of the mean the ranks end with, not of one rank's encoding ---
     def raw_copy(self, flat: torch.Tensor) -> torch.Tensor | None:

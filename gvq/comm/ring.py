@@ -1,4 +1,4 @@
-"""Ring engine: the four ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
+"""Ring engine: the five ways gvq sums a flat gradient over N ranks, all over :class:`gvq.comm.p2p.P2P`.
 
 See docs/design.md#gvqcommringpy for how it works and why.
 """
@@ -14,6 +14,7 @@ from gvq.comm import clock as rank_clock
 from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_batched import additive_steps_
+from gvq.comm.ring_sparse import sparse_allreduce_
 from gvq.comm.ring_steps import add_own_share, decompress_into
 from gvq.compressors.base import Compressor
 
@@ -22,13 +23,16 @@ from gvq.compressors.base import Compressor
 class Ring:
     """One ring an aggregator's ``average`` runs on a vector at N ranks: what it runs, and what the cost
     model (:mod:`gvq.predict`) prices, declared once (``Aggregator.rings``)."""
-    kind: str                          # plain | additive | reencode | allgather | ps (the functions below)
+    kind: str                          # plain | additive | reencode | sparse | allgather | ps (the functions below)
     segs: list                         # per rank: a slice of the vector, or a list of pieces (slices)
     codec: Compressor | None = None    # None: plain values
     label: str = ""                    # names this ring's codec costs beside the option's ("P", "Q")
 
-    def run_(self, flat: torch.Tensor, p2p: P2P, stopwatch: Stopwatch) -> None:
-        """Overwrite ``flat`` with its sum over the ranks, on this ring."""
+    def run_(self, flat: torch.Tensor, p2p: P2P, stopwatch: Stopwatch) -> dict | None:
+        """Overwrite ``flat`` with its sum over the ranks, on this ring; the columns the ring itself
+        measures (the sparse ring's ``ring_density``), or None."""
+        if self.kind == "sparse":
+            return sparse_ring_(flat, self.segs, self.codec, p2p, stopwatch)
         if self.kind == "plain":
             allreduce_(flat, self.segs, p2p)
         elif self.kind == "additive":
@@ -49,6 +53,10 @@ def _timed_alone(fn):
         with rank_clock.phase("ring"):
             return fn(*args, **kwargs)
     return run
+
+
+#: (e) the sparse ring (gvq/comm/ring_sparse.py): unions of sparse chunks, dense from density 1/2 on
+sparse_ring_ = _timed_alone(sparse_allreduce_)
 
 
 @_timed_alone

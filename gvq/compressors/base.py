@@ -64,6 +64,9 @@ class Compressor:
     additive: bool = False
     #: payloads are random (stochastic rounding): the engine seeds per rank and iteration
     stochastic: bool = False
+    #: payloads are a set of (position, value) pairs, read by :meth:`entries`: the sparse ring
+    #: (``aggregator.topology=sparse_ring``, :mod:`gvq.comm.ring_sparse`) sums them as unions of supports
+    sparse: bool = False
     #: short name used in logs
     name: str = "identity"
     #: the largest magnitude the wire format carries (fp16: 65504); the runner checks, before a ring
@@ -120,6 +123,16 @@ class Compressor:
             partial += local
         with stopwatch("compress"):
             return self.compress(partial, seg)
+
+    def entries(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
+        """(positions relative to ``seg``, int64, each once; their decoded values, float32) of a
+        :attr:`sparse` codec's payload.  Default: refused, the codec is not sparse."""
+        raise ValueError(f"{self.name}: not a sparse codec (Compressor.sparse): its payload has no entries")
+
+    def kept(self, seg: slice) -> int:
+        """How many entries a :attr:`sparse` codec's payload of ``seg`` carries (what the cost model prices
+        the sparse ring by).  Default: 0, the codec is not sparse."""
+        return 0
 
     # -- helpers the engine uses; rarely overridden ---------------------------------------------
     def empty_payload(self, seg: slice, device) -> Tensor:

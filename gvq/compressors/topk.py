@@ -101,6 +101,7 @@ class TopK(Compressor):
     additive = False
     stochastic = False
     has_kernels = True             # a Triton path (gvq/compressors/_triton_grace.py); topk_chunk has none
+    sparse = True
 
     def __init__(self, ratio: float = 0.01,      # r: fraction kept per scope; lower => fewer bytes, more error
                  scope: str = "tensor",         # tensor | bucket | global (see the module docstring)
@@ -320,6 +321,13 @@ class TopK(Compressor):
         pos, vals = self.unpack(payload, seg)
         out[pos] = vals.to(torch.float32)
         return out
+
+    def entries(self, payload: Tensor, seg: slice) -> tuple[Tensor, Tensor]:
+        pos, vals = self.unpack(payload, seg)       # positions are unique: one per kept slot
+        return pos, vals.to(torch.float32)
+
+    def kept(self, seg: slice) -> int:
+        return self.plan(seg).k
 
 
 # top-k's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (1-2 launches each)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.predict import schedule as S
 
 
@@ -144,6 +145,8 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
     costs = cal["codecs"][rnd["key"]]
     if rnd.get("fraction", 1.0) != 1.0:           # a fragment's pieces were never timed: their curves price them
         costs = {op: c for op, c in costs.items() if op != "pieces"}
+    if kind == "sparse":
+        return _replay_sparse(rnd, cal, costs, link, codec_scale, start)
     p = _pieces(rnd, costs, codec_scale)
     if kind == "additive":
         return S.additive_ring(p, link, start)
@@ -155,6 +158,24 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
     numel = float(rnd["vals"][0][0])
     return gather(float(p.nbytes[0, 0]), float(p.compress[0, 0]), float(p.decompress[0, 0]),
                   float(op_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
+
+
+def _replay_sparse(rnd: dict, cal: dict, costs: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
+    """The sparse ring (``topology=sparse_ring``): the codec's compress and decode of the whole vector
+    (its curves at the vector's size), a merge per reduce-scatter hop priced as a vector add over the
+    segment (a bound: a union's adds never exceed the segment's values) and the write-back as one over
+    the vector; bytes as :func:`gvq.predict.schedule.sparse_message_bytes` (disjoint supports)."""
+    lengths = np.array([sum(v) for v in rnd["vals"]], float)
+    numel = float(lengths.sum())
+    codec = float(op_cost(costs["compress"], numel, codec_scale) + op_cost(costs["decompress"], numel, codec_scale))
+    add = cal["vector"]["add"]
+    return S.sparse_ring(sparse_kept(rnd), lengths, codec, op_cost(add, lengths, codec_scale),
+                         float(op_cost(add, numel, codec_scale)), link, start)
+
+
+def sparse_kept(rnd: dict) -> np.ndarray:
+    """A sparse round's entries per segment, from its stored bytes (8 a pair: ``structure._round``)."""
+    return np.array([sum(b) for b in rnd["bytes"]], float) / PAIR_BYTES
 
 
 def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,

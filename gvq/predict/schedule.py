@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gvq.comm.ring_sparse import HEADER_BYTES, message_bytes
+
 NEVER = -np.inf
 
 
@@ -178,6 +180,48 @@ def _allgather(p: Pieces, R: _Ranks, held: np.ndarray) -> np.ndarray:
         prev = cur if i < n - 2 else prev
     rest = np.array([queue[k, head[k]:tail[k]].sum() for k in range(n)])
     return np.maximum(R.t + rest, R.last_sent)          # then every send handle is waited for
+
+
+def sparse_message_bytes(kept: np.ndarray, lengths: np.ndarray, ranks: int) -> np.ndarray:
+    """Per segment, the bytes of a chunk (header + body) holding ``ranks`` ranks' entries, each rank's
+    ``kept`` entries of the segment assumed on a support disjoint from the others' (an upper bound: a
+    union of h ranks holds min(h k, L) entries, dense from 1/2 on; identical supports would keep k)."""
+    pairs = np.minimum(ranks * np.asarray(kept, float), lengths).round().astype(int)
+    return np.array([message_bytes(int(p), int(L)) for p, L in zip(pairs, lengths)], float)
+
+
+def sparse_traffic(kept: np.ndarray, lengths: np.ndarray, n: int) -> tuple[float, int]:
+    """(bytes a rank of :func:`sparse_ring` sends on average, messages it sends): each segment's chunk
+    goes N - 1 times in the reduce-scatter (holding 1 .. N - 1 ranks' entries) and N - 1 times whole."""
+    total = sum(sparse_message_bytes(kept, lengths, h).sum() for h in range(1, n))
+    total += (n - 1) * sparse_message_bytes(kept, lengths, n).sum()
+    return float(total) / max(n, 1), 4 * (n - 1)
+
+
+def sparse_ring(kept, lengths, compress: float, merge: np.ndarray, write: float, link: Link,
+                start=None) -> np.ndarray:
+    """:func:`gvq.comm.ring_sparse.sparse_allreduce_`: compress the whole vector once; every hop a header
+    then a body each way (:func:`sparse_message_bytes`: disjoint supports); a reduce-scatter hop merges
+    the chunk that arrived (``merge``, one cost per segment); at the end every chunk is written back."""
+    lengths = np.asarray(lengths, float)
+    n = len(lengths)
+    R, r = _Ranks(n, link, start), np.arange(n)
+    R.t = R.t + compress
+
+    def hop(out, inc, ranks):
+        body = sparse_message_bytes(kept, lengths, ranks) - HEADER_BYTES
+        for nbytes in (np.full(n, float(HEADER_BYTES)), body):
+            R.post(nbytes[inc])
+            sent = R.send(nbytes[out])
+            R.wait(sent)
+            R.wait_sent(sent)
+    for i in range(n - 1):
+        out, inc = (r - i) % n, (r - i - 1) % n
+        hop(out, inc, i + 1)
+        R.t = R.t + np.asarray(merge)[inc]
+    for i in range(n - 1):
+        hop((r + 1 - i) % n, (r - i) % n, n)
+    return R.t + write
 
 
 def gather_ring(nbytes: float, compress: float, decompress: float, add: float, link: Link,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.base import RunContext
+from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.schema.compose import load_grid
 from gvq.schema.setting import Setting
 
@@ -93,7 +94,19 @@ def _round(name: str, ring) -> dict:
     comp = ring.codec
     return {"kind": ring.kind, "key": f"{name}-{ring.label}" if ring.label else name, "codec": comp,
             "segs": segs, "vals": [[q.stop - q.start for q in seg] for seg in segs],
-            "bytes": [[(q.stop - q.start) * 4 if comp is None else _nbytes(comp, q) for q in seg] for seg in segs]}
+            "bytes": [[_seg_bytes(ring, q, segs) for q in seg] for seg in segs]}
+
+
+def _seg_bytes(ring, q: slice, segs: list) -> float:
+    """A piece's payload bytes; the sparse ring's: one rank's entries of the segment as 8-byte pairs, the
+    whole vector's ``kept`` spread over the segments in proportion to their length (where they land is
+    the data's)."""
+    if ring.codec is None:
+        return (q.stop - q.start) * 4
+    if ring.kind != "sparse":
+        return _nbytes(ring.codec, q)
+    numel = segs[-1][-1].stop
+    return PAIR_BYTES * ring.codec.kept(slice(0, numel)) * (q.stop - q.start) / max(numel, 1)
 
 
 def stored(rnds: list[dict]) -> list[dict]:

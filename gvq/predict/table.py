@@ -9,6 +9,7 @@ import pandas as pd
 
 from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
+from gvq.predict import schedule as S
 from gvq.predict.keys import ROOT_DIR
 from gvq.schema.tool import namespace
 
@@ -20,7 +21,10 @@ def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
     for rnd in m.struct["aggregators"][name][str(n)]:
         total = sum(sum(b) for b in rnd["bytes"])
         pieces = sum(1 for seg in rnd["bytes"] for b in seg if b > 0)
-        if rnd["kind"] == "allgather":                # every payload forwarded N - 1 times
+        if rnd["kind"] == "sparse":                   # per hop: the disjoint-support bound
+            b, k = S.sparse_traffic(M.sparse_kept(rnd), [sum(v) for v in rnd["vals"]], n)
+            nbytes, msgs = nbytes + b, msgs + k
+        elif rnd["kind"] == "allgather":                # every payload forwarded N - 1 times
             nbytes, msgs = nbytes + (n - 1) * total, msgs + n - 1
         elif rnd["kind"] == "ps":                     # N - 1 up, N - 1 down, averaged over ranks
             nbytes, msgs = nbytes + 2 * (n - 1) / n * total, msgs + 2 * (n - 1) // n

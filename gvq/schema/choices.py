@@ -24,6 +24,8 @@ class Topology(Choice):
     ring = "ring"               # decode-add-encode (or summed payloads) around a ring
     allgather = "allgather"     # every rank's payload to every rank, decoded once each
     ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
+    sparse_ring = "sparse_ring"  # sparse codecs: a ring of summed sparse chunks, dense from density 1/2; fewer
+                                 #   bytes than allgather where supports overlap, more where they are disjoint
 
 
 class Hop(Choice):

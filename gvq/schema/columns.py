@@ -104,6 +104,9 @@ COLUMNS = (
     # compressors
     Column("compression_error", "", "rank0", "||g - decoded(g)||^2 / ||g||^2 of rank 0's gradient (NaN: not "
        "compressed)"),
+    Column("ring_density", "", "max", "topology=sparse_ring: the densest chunk the rank sent, nnz / segment length "
+       "(1: sent dense, as a chunk is from density 1/2 on): how far the ranks' supports filled in over the ring "
+       "(overlapped: each bucket's, averaged weighted by bucket size)"),
     Column("aggregate_error", "", "rank0", "||mean - exact mean||^2 / ||exact mean||^2 of the averaged gradient, "
        "every bucket of the step (exact: an untimed fp64 all-reduce of the ranks' raw gradients; only with "
        "aggregate_error=true; NaN: torch DDP)", skipped=float("nan")),

@@ -42,6 +42,9 @@ def _topk_rank(rank, world, option, overrides, iters):
             rings = agg.rings(agg.everything, world)
             out.append({"mine": mine, "mean": torch.cat([p.grad.reshape(-1) for p in params]),
                         "sent": stats["bytes_sent"], "received": stats["bytes_received"],
+                        "density": stats.get("ring_density"),
+                        "segs": [(s.start, s.stop) if isinstance(s, slice) else (s[0].start, s[-1].stop)
+                                 for s in rings[0].segs],
                         "nbytes": [codec.payload_nbytes(s) if isinstance(s, slice) else
                                                           sum(codec.payload_nbytes(q) for q in s)
                                                           for s in rings[0].segs]})
@@ -56,6 +59,7 @@ def _every_case(rank, world):
             "packed_bucket": _topk_rank(rank, world, "topk", {"compressor.indices": "packed",
                                                               "compressor.scope": "bucket",
                                                               "compressor.bucket": 50}, 2),
+            "sparse_ring": _topk_rank(rank, world, "topk", {"topology": "sparse_ring"}, 3),
             "rar": _topk_rank(rank, world, "rar", {}, 1),
             "qsgd": _topk_rank(rank, world, "qsgd", {"compressor.bucket": 64}, 1)}
 
@@ -67,7 +71,7 @@ def ranks(request, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["ef", "plain", "packed_bucket"])
+@pytest.mark.parametrize("case", ["ef", "plain", "packed_bucket", "sparse_ring"])
 def test_the_allgather_mean_is_the_mean_of_every_ranks_decoded_payload(ranks, case):
     world, out = ranks
     for it in range(len(out[0][case])):
@@ -101,6 +105,44 @@ def test_a_ring_logs_the_segments_it_sends_and_receives(ranks, case):
         received = sum(size[(r - i - 1) % world] + size[(r - i) % world] for i in range(world - 1))
         assert (row["sent"], row["received"]) == (sent, received)
         assert abs(row["sent"] - row["received"]) <= 2 * (max(size) - min(size))
+
+
+def _sparse_ring_bytes(world: int, r: int, segs: list, supports: list[torch.Tensor]) -> tuple[int, int, float]:
+    """(bytes rank r sends, receives; the densest chunk it sends) on the sparse ring, from every rank's
+    support: in reduce-scatter step i it sends segment r - i holding ranks r - i .. r's entries, in the
+    all-gather segment r + 1 - i holding all; 4 header bytes a chunk, then 8 a pair or, from density 1/2
+    on (dense for the rest of the ring), 4 a value."""
+    def chunk(s, ranks):
+        seg = slice(*segs[s])
+        length = seg.stop - seg.start
+        pairs = int(torch.stack([supports[k % world][seg] for k in ranks]).any(0).sum())
+        dense = any(2 * int(torch.stack([supports[j % world][seg] for j in ranks[:h]]).any(0).sum()) >= length
+                    for h in range(1, len(ranks) + 1))
+        return 4 + (4 * length if dense else 8 * pairs), 1.0 if dense else pairs / length
+
+    def sent_by(q):
+        out = [chunk((q - i) % world, list(range(q - i, q + 1))) for i in range(world - 1)]
+        return out + [chunk((q + 1 - i) % world, list(range(world))) for i in range(world - 1)]
+    mine, left = sent_by(r), sent_by((r - 1) % world)
+    return sum(b for b, _ in mine), sum(b for b, _ in left), max(d for _, d in mine)
+
+
+@pytest.mark.slow
+def test_the_sparse_ring_logs_its_chunks_bytes_and_densest_chunk(ranks):
+    world, out = ranks
+    for it in range(len(out[0]["sparse_ring"])):
+        supports = [out[r]["sparse_ring"][it]["mine"] != 0 for r in range(world)]
+        for r in range(world):
+            row = out[r]["sparse_ring"][it]
+            sent, received, densest = _sparse_ring_bytes(world, r, row["segs"], supports)
+            assert (row["sent"], row["received"]) == (sent, received)
+            assert row["density"] == pytest.approx(densest)
+
+
+def test_the_sparse_ring_is_refused_for_a_codec_without_entries():
+    from gvq.hooks.config import build_aggregator
+    with pytest.raises(ValueError, match="topology=sparse_ring: compressor 'qsgd' is not sparse"):
+        build_aggregator("qsgd", topology="sparse_ring")
 
 
 def test_without_error_feedback_the_option_keeps_no_memory_and_sends_the_raw_gradient():
@@ -141,13 +183,15 @@ def _train_all(rank, world, cfgs, root):
 
 @pytest.mark.slow
 def test_ratio_1_trains_as_uncompressed(compose_cfg, tmp_path):
-    """k = n: every value sent exactly, nothing held back, so topk (with and without error feedback)
-    follows rar's run up to the order the mean is summed in."""
+    """k = n: every value sent exactly, nothing held back, so topk (with and without error feedback, by
+    allgather and by the sparse ring) follows rar's run up to the order the mean is summed in."""
     import pandas as pd
     from omegaconf import OmegaConf
     from gvq.run.launch import preflight
     runs = {"rar": ["aggregator=rar"], "topk": ["aggregator=topk", "aggregator.compressor.ratio=1.0"],
-            "topk_plain": ["aggregator=topk", "aggregator.compressor.ratio=1.0", f"aggregator._target_={PLAIN}"]}
+            "topk_plain": ["aggregator=topk", "aggregator.compressor.ratio=1.0", f"aggregator._target_={PLAIN}"],
+            "topk_sparse_ring": ["aggregator=topk", "aggregator.compressor.ratio=1.0",
+                                 "aggregator.topology=sparse_ring"]}
     cfgs = {}
     for name, overrides in runs.items():
         cfg = compose_cfg(*overrides, "iterations=6", "eval_every=6", "logger=csv", "logger.progress=false",
@@ -157,13 +201,16 @@ def test_ratio_1_trains_as_uncompressed(compose_cfg, tmp_path):
         (tmp_path / name).mkdir()
     run_ranks(_train_all, 2, tmp_path, cfgs, str(tmp_path), timeout=240)
     rows = {name: pd.read_csv(tmp_path / name / "metrics.csv") for name in runs}
-    for name in ("topk", "topk_plain"):
+    for name in ("topk", "topk_plain", "topk_sparse_ring"):
         assert list(rows[name].train_loss) == pytest.approx(list(rows["rar"].train_loss), rel=1e-4, abs=1e-5)
         assert rows[name].test_acc.dropna().iloc[-1] == pytest.approx(rows["rar"].test_acc.dropna().iloc[-1],
                                                                       abs=0.01)
     payload = 8 * sum(p.numel() for p in _model_params(cfgs["rar"]))        # k = n: n values + n indices
     assert (rows["topk"].bytes_sent == payload).all() and (rows["topk"].bytes_received == payload).all()
     assert (rows["rar"].bytes_sent == rows["rar"].bytes_received).all()
+    # the sparse ring: every chunk dense from the start (density 1), a 4-byte header before each of its 2 chunks
+    assert (rows["topk_sparse_ring"].bytes_sent == payload // 2 + 8).all()
+    assert (rows["topk_sparse_ring"].ring_density == 1.0).all()
 
 
 def _model_params(cfg: dict):

@@ -147,3 +147,18 @@ def test_a_calibration_whose_names_hide_a_priced_value_is_refused_in_one_line(tm
     with pytest.raises(M.PredictError, match=r"calibrated before names carried their values: 'qsgd' \(priced as "
                                              r"'qsgd bits=2'\); run `python -m gvq.predict calibrate` again"):
         M.Calibrated.load(tmp_path / "cnn")
+
+
+def test_a_sparse_round_is_priced_on_the_sparse_rings_schedule():
+    """compress + decode of the whole vector from the codec's curves, a merge per hop as a vector add over
+    the segment, the write-back as one over the vector; its entries from the round's 8-byte pairs."""
+    rnd = {"kind": "sparse", "key": "topk", "vals": [[600], [400]], "bytes": [[480.0], [320.0]]}
+    cal = {"codecs": {"topk": {"compress": [1e-3, 1e-6], "decompress": [2e-4, 1e-7], "add": [0.0, 0.0]}},
+           "vector": {"add": [1e-5, 1e-8]}}
+    link = S.Link(1e6, 1e-3)
+    got = M.replay_ring(rnd, cal, link, 2.0, np.zeros(2))
+    codec = 2.0 * (1e-3 + 1e-6 * 1000 + 2e-4 + 1e-7 * 1000)
+    merge = 2.0 * (1e-5 + 1e-8 * np.array([600.0, 400.0]))
+    want = S.sparse_ring(np.array([60.0, 40.0]), np.array([600.0, 400.0]), codec, merge,
+                         2.0 * (1e-5 + 1e-8 * 1000), link, np.zeros(2))
+    assert got == pytest.approx(want, rel=1e-12)

@@ -70,3 +70,17 @@ def test_posting_costs_fixed_plus_per_byte():
     t = S.plain_ring(np.full(2, 1000.0), np.zeros(2), link)
     # per step: a receive and a send posted (2 x (1e-4 + 1e-6)), then 8 us on the wire
     assert t == pytest.approx(np.full(2, 2 * (2 * (1e-4 + 1e-6)) + 2 * 8e-6))
+
+
+def test_the_sparse_ring_by_hand_two_messages_a_hop():
+    """N = 2, segments of 100 values, 10 of a rank's entries in each: the reduce-scatter hop sends a 4-byte
+    header, then 10 pairs (80 B), merges (1 s); the all-gather hop a header, then the 20 pairs of both ranks
+    (160 B, density 1/5: still pairs); compress first (2 s), write-back last (3 s)."""
+    B, a = 8.0, 0.5                                # 1 byte a second
+    t = S.sparse_ring(np.full(2, 10.0), np.full(2, 100.0), 2.0, np.ones(2), 3.0, S.Link(B, a))
+
+    def hop(body):                                 # a header, then the body: each its bytes on the link and alpha
+        return (4 + a) + (body + a)
+    assert t == pytest.approx(np.full(2, 2.0 + hop(80) + 1.0 + hop(160) + 3.0))
+    dense = S.sparse_ring(np.full(2, 30.0), np.full(2, 100.0), 0.0, np.zeros(2), 0.0, S.Link(B, a))
+    assert dense == pytest.approx(np.full(2, hop(240) + hop(400)))      # 60 of 100 >= 1/2: 4 B a value
