@@ -242,10 +242,18 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     least significant first, back to back with no word padding.  A fixed few whole-tensor ops: every
     code's bits as a 0/1 matrix, then eight bits a byte by one product with their place values."""
     count = codes.numel()
-    shifts = torch.arange(bits, dtype=torch.int64, device=codes.device)
-    flat = (codes.reshape(-1, 1).to(torch.int64) >> shifts).bitwise_and_(1).to(torch.uint8).view(-1)
+    if bits == 1:               # codes are 0 or 1 already: no int64 copy to shift (signs: 5x a gradient's bytes)
+        flat = codes.reshape(-1).to(torch.uint8)
+    else:
+        shifts = torch.arange(bits, dtype=torch.int64, device=codes.device)
+        flat = (codes.reshape(-1, 1).to(torch.int64) >> shifts).bitwise_and_(1).to(torch.uint8).view(-1)
     flat = _to_length(flat, -(-count * bits // 8) * 8)
     return (flat.view(-1, 8) * _BYTE_PLACES.to(codes.device)).sum(1, dtype=torch.uint8)
+
+
+def unpack_flags(data: Tensor, count: int) -> Tensor:
+    """:func:`unpack_bits` at one bit a code, as ``count`` bools (no int64 products to sum)."""
+    return (data.reshape(-1, 1) >> _BYTE_SHIFTS.to(data.device)).bitwise_and_(1).view(-1)[:count].bool()
 
 
 def unpack_bits(data: Tensor, bits: int, count: int) -> Tensor:

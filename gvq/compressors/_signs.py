@@ -26,7 +26,7 @@ def pack_signs(bits: Tensor) -> Tensor:
 
 def unpack_signs(packed: Tensor, n: int) -> Tensor:
     """Inverse of :func:`pack_signs`: the first ``n`` bits as (n,) bool."""
-    return _packing.unpack_bits(packed, 1, n).bool()
+    return _packing.unpack_flags(packed, n)
 
 
 def sign_groups(shapes: list[tuple[int, ...]] | None, numel: int, scope: str, bucket: int) -> list[int]:
@@ -103,7 +103,8 @@ class GroupedSign(Compressor):
         gid, _, k = self._plan(seg, payload.device)
         head = 4 * self.n_side * k
         side = payload[:head].clone().view(torch.float32).view(k, self.n_side)   # clone: 4-byte aligned
-        return self.decode(unpack_signs(payload[head:], n), side[gid])
+        # index_select, not side[gid]: advanced indexing is ~9x slower on a gradient's length on one CPU core
+        return self.decode(unpack_signs(payload[head:], n), side.index_select(0, gid))
 
     @staticmethod
     def group_sum(values: Tensor, gid: Tensor, k: int) -> Tensor:

@@ -24,10 +24,15 @@ class OneBit(GroupedSign):
         super().__init__(scope)
 
     def fit(self, x, bits, gid, counts, k):
-        pos = self.group_sum(torch.where(bits, x, 0.0), gid, k)
-        n_pos = self.group_sum(bits.to(torch.float32), gid, k)
+        # each side's values by their float bits: x AND all-ones where bits (else +0.0, as where(bits, x, 0)),
+        # and x XOR that for the rest: the same summands as two bool selects, at a fraction of their time
+        word = x.view(torch.int32)
+        ones = bits.to(torch.int32)
+        kept = ones.neg().bitwise_and_(word)
+        pos = self.group_sum(kept.view(torch.float32), gid, k)
+        n_pos = self.group_sum(ones.to(torch.float32), gid, k)
         n_neg = counts - n_pos
-        neg = self.group_sum(torch.where(bits, 0.0, x), gid, k)
+        neg = self.group_sum(kept.bitwise_xor_(word).view(torch.float32), gid, k)
         # clamp: an empty side's sum is 0, so its mean is 0 whatever the divisor
         return torch.stack([neg / n_neg.clamp_min(1), pos / n_pos.clamp_min(1)], dim=1)
 

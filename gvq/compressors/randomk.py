@@ -68,9 +68,10 @@ class RandomK(Compressor):
         self.key = shared_key(0, 0, 0)
         self.health = Health("sum")     # the inputs' sums since the last check: NaN/Inf stay so
         self._picked: dict = {}         # (start, stop, device) -> positions, for the present key only
+        self._golden: dict = {}         # (start, stop, device) -> the counters times GOLDEN (_counters)
 
     def __getstate__(self):            # positions are per key and per process, not state
-        return {**self.__dict__, "_picked": {}}
+        return {**self.__dict__, "_picked": {}, "_golden": {}}
 
     def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
         key = shared_key(seed, iteration, vector)
@@ -109,8 +110,7 @@ class RandomK(Compressor):
         cache = (seg.start, seg.stop, torch.device(device))
         if cache not in self._picked:
             n = seg.stop - seg.start
-            h = torch.arange(seg.start, seg.stop, dtype=torch.int64, device=device).mul_(GOLDEN).add_(self.key)
-            _mix64(h)
+            h = _mix64(torch.add(self._counters(seg, device), self.key))
             parts, offset = [], 0
             for rows, (m, b) in zip(split_rows(h, self.bucket), self._scopes(n)):
                 k = self.count(b)
@@ -120,6 +120,14 @@ class RandomK(Compressor):
                 offset += m * b
             self._picked[cache] = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
         return self._picked[cache]
+
+    def _counters(self, seg: slice, device) -> Tensor:
+        """Each position's counter times GOLDEN (int64, wrapping): fixed per segment, so made once, and a
+        key's hashes start with one add, not an arange and a product over the segment."""
+        key = (seg.start, seg.stop, torch.device(device))
+        if key not in self._golden:
+            self._golden[key] = torch.arange(seg.start, seg.stop, dtype=torch.int64, device=device).mul_(GOLDEN)
+        return self._golden[key]
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x.reshape(-1)

@@ -12,7 +12,7 @@ import torch
 from gvq.aggregators.base import RunContext
 from gvq.aggregators.compressed import CompressedAggregator
 from gvq.aggregators.error_feedback import ErrorFeedbackAggregator
-from gvq.compressors.randomk import RandomK
+from gvq.compressors.randomk import GOLDEN, RandomK, _mix64, shared_key
 from tests.helpers.dist import run_ranks
 
 SLOW = pytest.mark.slow          # starts processes (make test-fast skips it)
@@ -52,6 +52,19 @@ def test_positions_differ_between_iterations_vectors_and_seeds_and_repeat_for_th
     restored = pickle.loads(pickle.dumps(c))
     restored.begin_vector(0, 5, 0)
     assert set(restored.positions(whole, "cpu").tolist()) == base
+
+
+def test_positions_are_each_buckets_k_smallest_hashes_of_its_counters_for_every_key_in_turn():
+    """The draw is a wire format (every rank, and a resumed run, must pick the same): murmur3's finaliser of
+    position * GOLDEN + key, the k smallest per bucket, whatever the codec caches between keys."""
+    c = RandomK(ratio=0.05, bucket=100)
+    seg = slice(300, 950)
+    for key in ((1, 2, 0), (1, 3, 0), (1, 2, 0)):
+        c.begin_vector(*key)
+        h = _mix64(torch.arange(seg.start, seg.stop, dtype=torch.int64).mul_(GOLDEN).add_(shared_key(*key)))
+        want = [torch.topk(h[lo:hi], c.count(hi - lo), largest=False).indices + lo
+                for lo, hi in _buckets(seg.stop - seg.start, 100)]
+        assert torch.equal(c.positions(seg, "cpu").sort().values, torch.cat(want).sort().values)
 
 
 def test_a_segment_of_whole_buckets_draws_what_the_whole_vector_draws():
