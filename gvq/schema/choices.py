@@ -24,6 +24,9 @@ class Topology(Choice):
     ring = "ring"               # decode-add-encode (or summed payloads) around a ring
     allgather = "allgather"     # every rank's payload to every rank, decoded once each
     ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
+    # a two-level net (net.ranks_per_node): reduce-scatter inside the node, the ring above across nodes on each
+    # rank's shard (1/R of the vector on the slow links), all-gather inside the node (gvq/comm/hierarchy.py)
+    hierarchical = "hierarchical"
 
 
 class Hop(Choice):
@@ -32,6 +35,7 @@ class Hop(Choice):
     reencode = "reencode"       # always decode-add-encode
 
 
+RarTopology = Choice("RarTopology", "ring hierarchical", module=__name__)   # aggregator=rar's (Topology's)
 CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
 # choices whose meaning the option files say
 Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)
