@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from gvq.comm.links import Cluster
 from gvq.comm.ring import Ring
 from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
@@ -56,6 +57,8 @@ class RunContext:
     #: the learning rate of the step being taken, read when an iteration opens (the run's optimizer's; step-unit
     #: error feedback needs it, ``aggregator.ef_units=step``); None: not known (a tool, a hook's own script)
     lr: Callable[[], float] | None = None
+    #: where the ranks sit (net.ranks_per_node and the links inside a node); the default: the flat net
+    cluster: Cluster = Cluster()
 
 
 def refuse_optimizer_momentum(option: str, cfg: dict) -> None:

@@ -79,6 +79,9 @@ class CompressedAggregator(FlatAggregator):
         numel, codec = self.numel_of(params), self.codec_for(params)
         if self.topology == "sparse_ring":       # compressed whole, summed as N segments' sparse chunks
             return [Ring("sparse", self.segments(numel, n), codec)]
+        if self.topology == "hierarchical":
+            return [Ring("hierarchical", self.memo(("cuts", numel), lambda: self.compressor.cuts(numel)), codec,
+                         inner="additive" if self.sum_hop else "reencode")]
         if self.topology != "ring":
             return [Ring(self.topology, [[slice(0, numel)]], codec)]
         return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]

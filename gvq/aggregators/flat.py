@@ -26,7 +26,7 @@ class FlatAggregator(Aggregator):
     #: all its traffic goes through P2P, so net.clock=virtual can time it
     virtual_time = True
     #: P2P counts what it receives as well as what it sends (an all-gather receives N - 1 payloads)
-    extra_fields = ("bytes_received",)
+    extra_fields = ("bytes_received", "bytes_inter")
     #: every one averages any DDP bucket (:meth:`average_bucket_`)
     any_bucket = True
     #: set by :meth:`setup`: the parameters it averages, and its transport (None again once unpickled:
@@ -50,7 +50,7 @@ class FlatAggregator(Aggregator):
         self.params = [p for p in params if p.requires_grad]
         refuse_dtypes(self.name, self.params, self.refused_dtypes)
         self.ctx = ctx
-        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s)
+        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s, cluster=ctx.cluster)
         self.stopwatch = clock.Stopwatch()
         self.error_sums = [0.0, 0.0]     # this iteration's ||mean - exact||^2, ||exact||^2 (aggregate_error)
         # where each parameter's values start in the whole flat gradient (per-parameter state lives there)
@@ -253,7 +253,7 @@ class FlatAggregator(Aggregator):
         """Codec times, wire time, staging time and bytes sent and received since :meth:`reset_counters`."""
         return {"compress_s": self.stopwatch.get("compress"), "decompress_s": self.stopwatch.get("decompress"),
                 "wire_s": self.p2p.wire_s, "stage_s": self.p2p.stage_s, "bytes_sent": self.p2p.bytes_sent,
-                "bytes_received": self.p2p.bytes_received}
+                "bytes_received": self.p2p.bytes_received, "bytes_inter": self.p2p.bytes_inter}
 
     def average_vector(self, flat: torch.Tensor, iteration: int, params: tuple[int, ...] | None = None) -> dict:
         """The vector ``flat`` of ``params``' values (None: the whole model) averaged in place, as one

@@ -8,9 +8,15 @@ from gvq.comm.ring import Ring
 
 
 class RingAllReduce(FlatAggregator):
-    """(a) Uncompressed ring all-reduce over N equal segments (the baseline)."""
+    """(a) Uncompressed ring all-reduce over N equal segments (the baseline); ``topology=hierarchical``:
+    inside each node, then across nodes on each rank's shard (:mod:`gvq.comm.hierarchy`)."""
 
     name = "rar"
 
+    def __init__(self, *, topology: str):
+        self.topology = topology
+
     def rings(self, params, n):
+        if self.topology == "hierarchical":
+            return [Ring("hierarchical", self.numel_of(params), inner="plain")]
         return [Ring("plain", equal_segments(self.numel_of(params), n))]

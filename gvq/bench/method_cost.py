@@ -81,8 +81,8 @@ def cost_rank(rank: int, world: int, args, init: str, out: str) -> None:
 def _time_both(rank: int, world: int, args, out: str) -> None:
     """Both modes timed, interleaved; rank 0 writes every timed iteration (the slowest rank's)."""
     work = model_workload(args.model, args.num_classes, args.input_shape)
-    modes = {"every_step": _Mode(args, rank, world, EveryStep(), SendsNothing(), work),
-             "diloco": _Mode(args, rank, world, DiLoCo(every=args.every), RingAllReduce(), work)}
+    modes = {"every_step": _Mode(args, rank, world, EveryStep(), SendsNothing(topology="ring"), work),
+             "diloco": _Mode(args, rank, world, DiLoCo(every=args.every), RingAllReduce(topology="ring"), work)}
     g = torch.Generator().manual_seed(rank)
     x, y = work.synthetic_batch(args.batch_size, g)
     rows: dict[str, list[dict]] = {name: [] for name in modes}

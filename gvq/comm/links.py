@@ -6,10 +6,28 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the ranks sit: nodes of ``ranks_per_node`` consecutive global ranks.  A rank has two outgoing
+    links: to ranks of other nodes (the run's ``net.bandwidth_bps`` / ``latency_s``) and to the ranks of
+    its own node (``intra_*``).  One rank a node (the default) is the flat net: every link the one class."""
+    ranks_per_node: int = 1
+    intra_bandwidth_bps: float | None = None   # None: the node's links unshaped (wall clock only)
+    intra_latency_s: float = 0.0
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    @property
+    def flat(self) -> bool:
+        return self.ranks_per_node == 1
 
 
 def wait_all(handles, timeout) -> None:

@@ -4,6 +4,7 @@ See docs/design.md#gvqcommp2ppy for how it works and why.
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 from gvq.comm import clock
 from gvq.comm.errors import RankError
-from gvq.comm.links import EmulatedLink, VirtualLink, VirtualMessage, wait_all
+from gvq.comm.links import Cluster, EmulatedLink, VirtualLink, VirtualMessage, wait_all
 from gvq.comm.staging import HostStage, Staged
 
 CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo's per-message cost times the rate); small next to a ring segment
@@ -21,6 +22,14 @@ CHUNK_BYTES = 64 * 1024    # ~alpha*B at 1 Gbit/s (gloo's per-message cost times
 def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
     per = max(1, CHUNK_BYTES // tensor.element_size())
     return list(tensor.split(per)) if tensor.numel() > per else [tensor]
+
+
+class _Tally:
+    """One rank's traffic since the last reset: bytes sent, received and sent across nodes; time waited."""
+
+    def __init__(self):
+        self.sent = self.received = self.inter = 0
+        self.wire_s = 0.0
 
 
 class PeerLostError(RankError):
@@ -84,7 +93,7 @@ class P2P:
 
     def __init__(self, rank: int, world_size: int, timeout_s: float | None = None,
                  bandwidth_bps: float | None = None, latency_s: float = 0.0, stage: bool | None = None,
-                 batch: bool | None = None, group=None):
+                 batch: bool | None = None, group=None, cluster: Cluster | None = None):
         self.rank, self.world_size = rank, world_size     # in ``group``: its ring runs among its ranks only
         self.group = group                                # None: the default process group
         self._peers = None if group is None else dist.get_process_group_ranks(group)   # group -> global
@@ -92,20 +101,50 @@ class P2P:
             raise ValueError(f"P2P: a group of {len(self._peers)} ranks for a ring of {world_size}")
         self._timeout_s = timeout_s             # None: the process group's (read at use: it may come later)
         self._timeout: timedelta | None = None
-        if clock.get().virtual and not bandwidth_bps:
-            raise ValueError("net.clock=virtual needs a link model: set net.bandwidth_bps (e.g. net=mbit50)")
+        self.cluster = cluster or Cluster()
         # the clock is read at every use, not kept: a hook's communication thread runs on its own lane
-        if not bandwidth_bps:
-            self.link = None
-        elif clock.get().virtual:
-            self.link = VirtualLink(bandwidth_bps, latency_s)
-        else:
-            self.link = EmulatedLink(bandwidth_bps, latency_s, group)
+        self.link = self._make_link(bandwidth_bps, latency_s, "net.bandwidth_bps (e.g. net=mbit50)")
+        self.intra_link = None if self.cluster.flat else self._make_link(
+            self.cluster.intra_bandwidth_bps, self.cluster.intra_latency_s, "net.intra_bandwidth_bps")
+        self.shaped = self.link is not None or self.intra_link is not None
         self.stage, self._stage_all = HostStage(), stage is True
-        self._stage_device = stage is None and (not nccl_group() or self.link is not None)
-        self.batched = (nccl_group() if batch is None else batch) and self.link is None and not self._stage_all
-        self.bytes_sent = self.bytes_received = 0
-        self.wire_s = 0.0
+        self._stage_device = stage is None and (not nccl_group() or self.shaped)
+        self.batched = (nccl_group() if batch is None else batch) and not self.shaped and not self._stage_all
+        self._tally = _Tally()
+
+    def _make_link(self, bandwidth_bps, latency_s, key: str):
+        if clock.get().virtual and not bandwidth_bps:
+            raise ValueError(f"net.clock=virtual needs a link model: set {key}")
+        if not bandwidth_bps:
+            return None
+        if clock.get().virtual:
+            return VirtualLink(bandwidth_bps, latency_s)
+        return EmulatedLink(bandwidth_bps, latency_s, self.group)
+
+    def among(self, members: list[int]) -> P2P:
+        """A ring among some of this ring's ranks (``members``, positions in it, this rank among them): the
+        same links, counters and clock, so a hierarchical collective's phases are one rank's traffic."""
+        view = copy.copy(self)
+        view._peers = [self.peer(m) for m in members]
+        view.rank, view.world_size = members.index(self.rank), len(members)
+        return view
+
+    def _same_node(self, dst: int) -> bool:
+        return self.cluster.node_of(self.peer(dst)) == self.cluster.node_of(self.peer(self.rank))
+
+    def _link_to(self, dst: int):
+        return self.intra_link if self._same_node(dst) and not self.cluster.flat else self.link
+
+    # the counters live in one tally that :meth:`among`'s views share
+    bytes_sent = property(lambda self: self._tally.sent)
+    bytes_received = property(lambda self: self._tally.received)
+    bytes_inter = property(lambda self: self._tally.inter, doc="bytes sent to ranks of other nodes")
+    wire_s = property(lambda self: self._tally.wire_s)
+
+    def _count_sent(self, nbytes: int, dst: int) -> None:
+        self._tally.sent += nbytes
+        if not self._same_node(dst) or self.cluster.flat:
+            self._tally.inter += nbytes
 
     @property
     def timeout(self) -> timedelta:
@@ -136,7 +175,7 @@ class P2P:
         return (self.rank - 1) % self.world_size
 
     def reset(self):
-        self.bytes_sent, self.bytes_received, self.wire_s = 0, 0, 0.0
+        self._tally.__init__()
         self.stage.reset()
 
     @property
@@ -172,14 +211,15 @@ class P2P:
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int):
         nbytes = tensor.numel() * tensor.element_size()
-        self.bytes_sent += nbytes
+        self._count_sent(nbytes, dst)
+        link = self._link_to(dst)
         if clock.get().virtual:
-            arrival = self.link.arrival(nbytes, clock.get().now())
+            arrival = link.arrival(nbytes, clock.get().now())
             header = torch.tensor([arrival], dtype=torch.float64)
             return VirtualMessage(header, [dist.isend(header, self.peer(dst), self.group, tag),
                                             dist.isend(tensor, self.peer(dst), self.group, tag)], arrival)
-        if self.link is not None:
-            return _All([self.link.submit(c, self.peer(dst), tag) for c in chunks(tensor)])
+        if link is not None:
+            return _All([link.submit(c, self.peer(dst), tag) for c in chunks(tensor)])
         return dist.isend(tensor, self.peer(dst), self.group, tag)
 
     def exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, tag: int = 0):
@@ -195,8 +235,8 @@ class P2P:
             return [self.irecv(t, src, tag) for t in recvs], [self.isend(t, dst, tag) for t in sends]
         ops = [dist.P2POp(dist.irecv, t, self.peer(src), self.group, tag) for t in recvs if t.numel()]
         ops += [dist.P2POp(dist.isend, t, self.peer(dst), self.group, tag) for t in sends if t.numel()]
-        self.bytes_sent += sum(t.numel() * t.element_size() for t in sends)
-        self.bytes_received += sum(t.numel() * t.element_size() for t in recvs)
+        self._count_sent(sum(t.numel() * t.element_size() for t in sends), dst)
+        self._tally.received += sum(t.numel() * t.element_size() for t in recvs)
         with self._posting(src):
             both = _All(dist.batch_isend_irecv(ops) if ops else [])
         return [both] * len(recvs), [_Done()] * len(sends)
@@ -204,7 +244,7 @@ class P2P:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0):
         if tensor.numel() == 0:
             return _Done()
-        self.bytes_received += tensor.numel() * tensor.element_size()
+        self._tally.received += tensor.numel() * tensor.element_size()
         with self._posting(src):
             if self._staged(tensor):
                 buf = self.stage.acquire(tensor)
@@ -216,7 +256,7 @@ class P2P:
             header = torch.empty(1, dtype=torch.float64)
             return VirtualMessage(header, [dist.irecv(header, self.peer(src), self.group, tag),
                                             dist.irecv(tensor, self.peer(src), self.group, tag)])
-        if self.link is not None:
+        if self._link_to(src) is not None:      # the sender's link of this class sent it in chunks
             return _All([dist.irecv(c, self.peer(src), self.group, tag) for c in chunks(tensor)])
         return dist.irecv(tensor, self.peer(src), self.group, tag)
 
@@ -242,7 +282,7 @@ class P2P:
             if isinstance(inner, VirtualMessage):
                 clock.get().advance_to(inner.arrival)
         finally:
-            self.wire_s += clock.get().now() - t0
+            self._tally.wire_s += clock.get().now() - t0
         if isinstance(handle, Staged):                       # outside wire_s: stage_s has it
             handle.finish()
 
@@ -254,5 +294,6 @@ class P2P:
             raise self._lost(peer, e) from e
 
     def close(self):
-        if self.link is not None:
-            self.link.close()
+        for link in (self.link, self.intra_link):
+            if link is not None:
+                link.close()

@@ -4,15 +4,14 @@ See docs/design.md#gvqcommringpy for how it works and why.
 """
 from __future__ import annotations
 
-import functools
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from gvq.comm import clock as rank_clock
 from gvq.comm.clock import Stopwatch
+from gvq.comm.hierarchy import hierarchical_allreduce_
 from gvq.comm.p2p import P2P
+from gvq.comm.ring_plain import allgather_, reduce_scatter_, timed_alone
 from gvq.comm.ring_batched import additive_steps_
 from gvq.comm.ring_sparse import sparse_allreduce_
 from gvq.comm.ring_steps import add_own_share, decompress_into
@@ -23,10 +22,13 @@ from gvq.compressors.base import Compressor
 class Ring:
     """One ring an aggregator's ``average`` runs on a vector at N ranks: what it runs, and what the cost
     model (:mod:`gvq.predict`) prices, declared once (``Aggregator.rings``)."""
-    kind: str                          # plain | additive | reencode | sparse | allgather | ps (the functions below)
-    segs: list                         # per rank: a slice of the vector, or a list of pieces (slices)
+    kind: str                          # plain | additive | reencode | sparse | allgather | ps (the functions
+                                       #   below) | hierarchical (gvq/comm/hierarchy.py: ``inner`` across nodes)
+    segs: list                         # per rank: a slice of the vector, or a list of pieces (slices);
+                                       #   allgather / ps: [[the span]]; hierarchical: the codec's cuts
     codec: Compressor | None = None    # None: plain values
     label: str = ""                    # names this ring's codec costs beside the option's ("P", "Q")
+    inner: str = ""                    # hierarchical: the kind of the ring across nodes
 
     def run_(self, flat: torch.Tensor, p2p: P2P, stopwatch: Stopwatch) -> dict | None:
         """Overwrite ``flat`` with its sum over the ranks, on this ring; the columns the ring itself
@@ -39,63 +41,25 @@ class Ring:
             additive_allreduce_(flat, self.segs, self.codec, p2p, stopwatch)
         elif self.kind == "reencode":
             reencode_allreduce_(flat, self.segs, self.codec, p2p, stopwatch)
+        elif self.kind == "hierarchical":
+            hierarchical_allreduce_(flat, self, p2p, stopwatch)
         else:
-            gather_allreduce_(flat, self.codec, p2p, stopwatch, self.kind)
-
-
-def _timed_alone(fn):
-    """Virtual clock, ``net.exclusive``: a ring's own CPU (posting messages, adds, bookkeeping) is timed
-    one rank at a time like its codec calls (waits release the host lock).  Time-sliced with 15 other
-    ranks on a few cores it is billed for their cache and TLB refills, and a late step delays the whole
-    chain, so the ring's time would swing from run to run."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with rank_clock.phase("ring"):
-            return fn(*args, **kwargs)
-    return run
+            gather_allreduce_(flat, self.codec, p2p, stopwatch, self.kind, self.segs[0][0])
 
 
 #: (e) the sparse ring (gvq/comm/ring_sparse.py): unions of sparse chunks, dense from density 1/2 on
-sparse_ring_ = _timed_alone(sparse_allreduce_)
+sparse_ring_ = timed_alone(sparse_allreduce_)
 
 
-@_timed_alone
+@timed_alone
 def allreduce_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
     """(a) Uncompressed ring all-reduce, in place."""
-    n, r = p2p.world_size, p2p.rank
-    if n == 1:
-        return
-    bufs = _scratch(flat, segs)
-    for i in range(n - 1):
-        out, inc = segs[(r - i) % n], segs[(r - i - 1) % n]
-        recv, send = p2p.exchange(flat[out], p2p.right, bufs[inc.start], p2p.left)
-        p2p.wait(recv, p2p.left)
-        flat[inc] += bufs[inc.start]
-        p2p.wait(send, p2p.right)
-    for i in range(n - 1):
-        out, inc = segs[(r + 1 - i) % n], segs[(r - i) % n]
-        recv, send = p2p.exchange(flat[out], p2p.right, flat[inc], p2p.left)
-        p2p.wait(recv, p2p.left)
-        p2p.wait(send, p2p.right)
+    if p2p.world_size > 1:
+        reduce_scatter_(flat, segs, p2p)
+        allgather_(flat, segs, p2p)
 
 
-#: per thread: two hook states (two models in one backward) run their rings at once on their own threads,
-#: and buffers shared between them would receive each other's segments
-_SCRATCH = threading.local()
-
-
-def _scratch(flat: torch.Tensor, segs: list[slice]) -> dict[int, torch.Tensor]:
-    """Receive buffers per segment start, reused across this thread's calls (segment-sized allocations
-    cost page faults)."""
-    key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
-    if getattr(_SCRATCH, "key", None) != key:
-        _SCRATCH.key = key
-        _SCRATCH.bufs = {s.start: torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device)
-                         for s in segs}
-    return _SCRATCH.bufs
-
-
-@_timed_alone
+@timed_alone
 def additive_allreduce_(flat: torch.Tensor, segs: list, comp: Compressor, p2p: P2P,
                         clock: Stopwatch) -> None:
     """(b) Pipelined compressed-domain RAR (GradiVeQ Algorithm 1) for ``comp.additive``.
@@ -171,7 +135,7 @@ def _compressed_allgather(flat, segs: list[list[slice]], held: list, comp: Compr
         decompress_into(flat, q, payload, comp, clock)
 
 
-@_timed_alone
+@timed_alone
 def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor, p2p: P2P,
                         clock: Stopwatch) -> None:
     """(c) Decode-add-encode RAR: every hop pays decompress + add + compress on the critical path
@@ -200,16 +164,17 @@ def reencode_allreduce_(flat: torch.Tensor, segs: list[slice], comp: Compressor,
         held = inbox
 
 
-@_timed_alone
+@timed_alone
 def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Stopwatch,
-                      topology: str = "allgather") -> None:
-    """(d) Compress the whole vector once; all-gather the payloads or go through rank 0 (``ps``)."""
+                      topology: str = "allgather", whole: slice | None = None) -> None:
+    """(d) Compress the whole vector (or its span ``whole``) once; all-gather the payloads or go through
+    rank 0 (``ps``)."""
     n, r = p2p.world_size, p2p.rank
-    whole = slice(0, flat.numel())
+    whole = slice(0, flat.numel()) if whole is None else whole
     with clock("compress"):
-        own = comp.compress(flat, whole)
+        own = comp.compress(flat[whole], whole)
     if topology == "ps":
-        _through_server(flat, own, comp, p2p, clock)
+        _through_server(flat, own, comp, p2p, clock, whole)
         return
     payloads = {r: own}
     for i in range(n - 1):                          # forward payloads around the ring, unchanged
@@ -218,21 +183,20 @@ def gather_allreduce_(flat: torch.Tensor, comp: Compressor, p2p: P2P, clock: Sto
         p2p.wait(recv, p2p.left)
         p2p.wait(send, p2p.right)
         payloads[(r - i - 1) % n] = inbox
-    _decode_sum(flat, [payloads[k] for k in range(n)], comp, clock)
+    _decode_sum(flat, [payloads[k] for k in range(n)], comp, clock, whole)
 
 
-def _decode_sum(flat, payloads, comp, clock):
+def _decode_sum(flat, payloads, comp, clock, whole: slice):
     """Sum of decoded payloads in rank order, so every rank gets the same bits."""
-    whole = slice(0, flat.numel())
     with clock("decompress"):
         total = comp.decompress(payloads[0], whole).clone()
         for p in payloads[1:]:
             total += comp.decompress(p, whole)
-    flat.copy_(total)
+    flat[whole] = total
 
 
-def _through_server(flat, own, comp, p2p, clock):
-    n, r, whole = p2p.world_size, p2p.rank, slice(0, flat.numel())
+def _through_server(flat, own, comp, p2p, clock, whole: slice):
+    n, r = p2p.world_size, p2p.rank
     if r != 0:
         p2p.wait(p2p.isend(own, 0), 0)
         result = comp.empty_payload(whole, flat.device)
@@ -242,11 +206,11 @@ def _through_server(flat, own, comp, p2p, clock):
         recvs = [p2p.irecv(b, k + 1) for k, b in enumerate(inboxes)]
         for k, h in enumerate(recvs):
             p2p.wait(h, k + 1)
-        _decode_sum(flat, [own] + inboxes, comp, clock)
+        _decode_sum(flat, [own] + inboxes, comp, clock, whole)
         with clock("compress"):
-            result = comp.compress(flat, whole)
+            result = comp.compress(flat[whole], whole)
         sends = [p2p.isend(result, k) for k in range(1, n)]
         for k, h in enumerate(sends):
             p2p.wait(h, k + 1)
     with clock("decompress"):
-        flat.copy_(comp.decompress(result, whole))
+        flat[whole] = comp.decompress(result, whole)

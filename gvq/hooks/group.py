@@ -120,5 +120,5 @@ def connect(agg, ranks: list[int] | None):
     group = own_group(ranks, peer_timeout_s(c.timeout_s))
     if agg.p2p is not None:
         agg.p2p.close()
-    agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s, group=group)
+    agg.p2p = P2P(c.rank, c.world_size, c.timeout_s, c.bandwidth_bps, c.latency_s, group=group, cluster=c.cluster)
     return group

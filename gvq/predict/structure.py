@@ -123,6 +123,9 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
     if rings is None:
         raise ValueError(f"gvq.predict: aggregator {name!r} ({type(agg).__name__}) declares no rings "
                          "(Aggregator.rings): the cost model cannot price it")
+    if any(r.kind == "hierarchical" for r in rings):
+        raise ValueError(f"gvq.predict: {name!r} with aggregator.topology=hierarchical: the cost model prices "
+                         "one flat ring only (a two-level model is not built yet)")
     return [_round(name, r) for r in rings]
 
 

@@ -26,6 +26,9 @@ class Topology(Choice):
     ps = "ps"                   # a parameter server (rank 0) gathers, sums, re-encodes, broadcasts
     sparse_ring = "sparse_ring"  # sparse codecs: a ring of summed sparse chunks, dense from density 1/2; fewer
                                  #   bytes than allgather where supports overlap, more where they are disjoint
+    # a two-level net (net.ranks_per_node): reduce-scatter inside the node, the ring above across nodes on each
+    # rank's shard (1/R of the vector on the slow links), all-gather inside the node (gvq/comm/hierarchy.py)
+    hierarchical = "hierarchical"
 
 
 class Hop(Choice):
@@ -34,6 +37,7 @@ class Hop(Choice):
     reencode = "reencode"       # always decode-add-encode
 
 
+RarTopology = Choice("RarTopology", "ring hierarchical", module=__name__)   # aggregator=rar's (Topology's)
 CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
 # choices whose meaning the option files say
 Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)

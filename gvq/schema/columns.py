@@ -66,6 +66,8 @@ COLUMNS = (
     Column("bytes_received", "B", "max", "bytes this rank received, counted by every aggregator (an all-gather: the "
        "N - 1 other ranks' payloads, growing with N; a ring about what it sends, exactly where its segments are "
        "equal; torch DDP: estimated; method=demo: its all-gather's N - 1 payloads)", skipped=0, unsynced=0),
+    Column("bytes_inter", "B", "max", "bytes this rank sent to ranks of other nodes (net.ranks_per_node: the slow "
+       "links' share of bytes_sent; the flat net: all of it)", skipped=0, unsynced=0),
     Column("train_loss", "", "mean", "the step's training loss (NaN on a skipped step)", skipped=float("nan"),
        base=True, wandb="train/loss"),
     Column("train_acc", "", "mean", "the step's training accuracy", base=True, wandb="train/acc"),

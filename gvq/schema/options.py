@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
-                                Sampling, SourceSplit, Tokenizer, Topology)
+                                RarTopology, Sampling, SourceSplit, Tokenizer, Topology)
 from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, DGCSchema, EFSignSGDSchema,
                                FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema,
                                QSGDSchema, RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
@@ -35,6 +35,12 @@ class NetSchema:
     bandwidth_bps: Optional[float] = None    # bit/s per rank's outgoing link; lower => the wire dominates;
                                              # null: unshaped
     latency_s: float = 0.0                   # extra per-message latency (s) on top of the real transport's own
+    # a two-level net: nodes of this many consecutive ranks; bandwidth_bps / latency_s are then the links
+    # between nodes, these the links inside one (gvq/comm/links.py Cluster); 1: the flat net, one link class
+    ranks_per_node: int = 1
+    intra_bandwidth_bps: Optional[float] = None   # bit/s to a rank of the same node; higher => cheaper intra
+                                                  # phases; null: unshaped (wall clock only)
+    intra_latency_s: float = 0.0             # per-message latency inside a node (s)
     # wall | virtual: each rank's time = its own CPU time x the scales below + the link model, computed
     # (nothing sleeps): N ranks on fewer cores, or faster machines
     clock: Clock = Clock.wall
@@ -107,6 +113,7 @@ class _DGC(_Compressed):                # momentum, masking and clipping are the
 @dataclass
 class RingAllReduceSchema(_Overlap):
     _target_: str = "gvq.aggregators.rar.RingAllReduce"
+    topology: RarTopology = RarTopology.ring
 
 
 @dataclass

@@ -100,7 +100,7 @@ def test_every_aggregator_option_is_an_aggregator_with_sane_runner_facing_parts(
 def test_average_bucket_averages_a_vector_of_any_parameters_in_place():
     """The per-bucket entry point (what a DDP comm hook calls): one rank's mean is the tensor itself;
     counters hold the iteration's bytes and codec times until reset."""
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))]
     agg.bind(params, RunContext(0, 1))
     try:
@@ -109,7 +109,7 @@ def test_average_bucket_averages_a_vector_of_any_parameters_in_place():
         stats = agg.average_bucket_(bucket, [1], 0)
         assert torch.equal(bucket, torch.arange(2.0)) and stats["aggregate_s"] >= 0
         assert set(agg.counters()) == {"compress_s", "decompress_s", "wire_s", "stage_s", "bytes_sent",
-                                      "bytes_received"}
+                                      "bytes_received", "bytes_inter"}
         assert agg.any_bucket is True
     finally:
         agg.close()
@@ -133,7 +133,7 @@ def test_post_backward_aggregation_runs_the_iteration_frame_the_hook_runs():
             calls.append(("end", iteration))
             return {**super().end_iteration(iteration), "framed": 1.0}
 
-    agg = Recording()
+    agg = Recording(topology="ring")
     agg.setup([torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(2))], RunContext(0, 1))
     try:
         for p in agg.params:
@@ -167,10 +167,10 @@ def test_bucket_cap_is_checked_in_one_place_for_torch_ddp_and_the_gvq_hook(bad):
     from gvq.hooks.overlapped import Overlapped
     lines = []
     for build in (lambda: DDPAggregator(**knobs(DDPSchema, bucket_cap_mb=bad)),
-                  lambda: Overlapped(RingAllReduce(), bad)):
+                  lambda: Overlapped(RingAllReduce(topology="ring"), bad)):
         with pytest.raises(ValueError) as e:
             build()
         lines.append(str(e.value))
     assert lines[0] == lines[1] == f"aggregator.bucket_cap_mb={bad!r}: must be > 0 (or unset)"
-    assert Overlapped(RingAllReduce(), 2).bucket_cap_mb == 2.0
+    assert Overlapped(RingAllReduce(topology="ring"), 2).bucket_cap_mb == 2.0
     assert DDPAggregator(**knobs(DDPSchema)).bucket_cap_mb is None

@@ -30,7 +30,7 @@ class FailAt(RingAllReduce):
     a restarted run gets past it."""
 
     def __init__(self, at=5, rank: int = 1, how: str = "raise", once: bool = False, **rar):
-        super().__init__(**rar)                  # rar's own keys (none today)
+        super().__init__(**rar)                  # rar's own keys (its topology)
         self.at = [at] if isinstance(at, int) else list(at)
         self.rank, self.how, self.once = rank, how, once
 

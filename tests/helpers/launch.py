@@ -18,8 +18,9 @@ from tests.helpers.cli import ROOT
 from tests.helpers.dist import start_test_fork_server
 
 #: what an option needs of the rest of the run to be accepted (``Aggregator.check_run``), for the tests that
-#: run every option with SGD's defaults: DGC keeps the momentum itself
-RUN_NEEDS = {"dgc": ["optim.momentum=0"], "signum": ["optim.momentum=0", "optim.lr=0.003"]}
+#: run every option with SGD's defaults: DGC keeps the momentum itself; a net of 4-rank nodes needs whole nodes
+RUN_NEEDS = {"dgc": ["optim.momentum=0"], "signum": ["optim.momentum=0", "optim.lr=0.003"],
+             "nodes2x4": ["world_size=8"]}
 
 
 def run_needs(name: str, overrides=()) -> list[str]:

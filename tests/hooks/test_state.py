@@ -214,7 +214,7 @@ def _failing_bucket(rank, world):
     torch.manual_seed(0)
     net = Net()
     ddp = wrap_ddp(net, 0.002)                      # as the run and the benches wrap it
-    agg = _Broken()
+    agg = _Broken(topology="ring")
     agg.bind(list(net.parameters()), RunContext(rank, world, timeout_s=10.0))
     state = GvqHookState(agg)
     ddp.register_comm_hook(state, gvq_hook)
@@ -236,7 +236,7 @@ def test_a_failed_bucket_fails_backward_naming_the_rank_and_every_later_one(tmp_
 
 def test_a_state_refuses_an_aggregator_set_up_to_average_after_backward():
     """``setup`` lays the gradients out in its own flat buffer, which DDP would copy into: ``bind`` only."""
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup([torch.nn.Parameter(torch.zeros(3))], RunContext(0, 1))
     try:
         with pytest.raises(ValueError, match=r"must be bound .*agg\.bind\(params, ctx\)"):

@@ -52,7 +52,7 @@ def test_what_was_sent_plus_what_remains_is_the_momentum_before_extraction():
     coefficients per chunk, the same top-2 coefficients are now 0 in it, and the rest untouched."""
     model = _model()
     method = DeMo(k=2, chunk=8, beta=0.9)
-    method.setup(list(model.parameters()), RingAllReduce())
+    method.setup(list(model.parameters()), RingAllReduce(topology="ring"))
     for it in range(3):
         _backward(model, it)
         g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -73,7 +73,7 @@ def _two_ranks(rank, world):
     from gvq.run.train import replicas_identical
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.0)
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(model.parameters()), RunContext(rank, world))
     method = DeMo(k=2, chunk=8, beta=0.9)
     method.setup(list(model.parameters()), agg)
@@ -150,7 +150,7 @@ def _resumed(rank, world):
 
     def fresh(model=None):
         model = model or _model()
-        agg = RingAllReduce()
+        agg = RingAllReduce(topology="ring")
         agg.setup(list(model.parameters()), RunContext(rank, world))
         method = DeMo(k=2, chunk=8)
         method.setup(list(model.parameters()), agg)

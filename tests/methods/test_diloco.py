@@ -113,7 +113,7 @@ def _replicas_at_syncs(rank, world):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(model.parameters()), RunContext(rank, world))
     method = DiLoCo(every=3)
     method.setup(list(model.parameters()), agg)

@@ -36,7 +36,7 @@ def _gvq_and_torch(rank, world):
     ours, theirs = _model(), _model()
     opt_a = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     opt_b = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(ours.parameters()), RunContext(rank, world))
     method = LocalSGD(every=H, start_iter=0)
     method.setup(list(ours.parameters()), agg)
@@ -73,7 +73,7 @@ def _post_local(rank, world):
     from gvq.run.train import replicas_identical
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(model.parameters()), RunContext(rank, world))
     method = LocalSGD(every=3, start_iter=4)
     method.setup(list(model.parameters()), agg)

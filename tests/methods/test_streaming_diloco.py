@@ -129,7 +129,7 @@ def _probe(rank, world, steps, every, fragments, delay, alpha):
     global copy moved, and whether the local values are α·before + (1 − α)·global after the step."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(model.parameters()), RunContext(rank, world))
     method = StreamingDiLoCo(every=every, fragments=fragments, delay=delay, alpha=alpha)
     method.setup(list(model.parameters()), agg)
@@ -230,7 +230,7 @@ def test_a_fragment_in_flight_at_a_checkpoint_keeps_what_is_left_of_its_averagin
             methods = []
             for _ in range(2):
                 m = StreamingDiLoCo(every=4, fragments=2, delay=1)
-                m.setup(list(_model().parameters()), RingAllReduce())
+                m.setup(list(_model().parameters()), RingAllReduce(topology="ring"))
                 methods.append(m)
             done = None if left is None else lane.now() + left
             methods[0].pending = [(5, 0, torch.ones(3), done)]
@@ -247,7 +247,7 @@ def test_a_fragment_in_flight_at_a_checkpoint_keeps_what_is_left_of_its_averagin
 
 def _skip_a_landing(rank, world):
     model = _model()
-    agg = RingAllReduce()
+    agg = RingAllReduce(topology="ring")
     agg.setup(list(model.parameters()), RunContext(rank, world))
     method = StreamingDiLoCo(every=4, fragments=2, delay=1)
     method.setup(list(model.parameters()), agg)

@@ -30,7 +30,7 @@ def _options(group):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_file_composes_and_validates(compose_cfg, group, option):
-    cfg = compose_cfg(f"{group}={option}", *(run_needs(option) if group == "aggregator" else []))
+    cfg = compose_cfg(f"{group}={option}", *run_needs(option))
     validate(cfg)
     assert OmegaConf.to_container(cfg, resolve=True)[group] is not None
 

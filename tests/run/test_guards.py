@@ -23,7 +23,7 @@ def test_nonfinite_check_is_one_reduction_and_still_exact(monkeypatch):
     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     for p in net.parameters():
         p.grad = torch.ones_like(p)
-    agg = _NoDist()
+    agg = _NoDist(topology="ring")
     agg.setup(list(net.parameters()), RunContext(0, 1))
     ddp_like = Aggregator()                    # the contract's default: no flat buffer (torch DDP)
 

@@ -1,0 +1,60 @@
+"""The hierarchical all-reduce of a two-level net (nodes of fast-linked ranks, slower links between nodes):
+``aggregator.topology=hierarchical``, as NCCL's, Horovod's and BytePS's hierarchical all-reduce run it.
+
+Three phases on a vector of N = M nodes x R ranks a node (:class:`gvq.comm.links.Cluster`):
+1. a plain reduce-scatter among the R ranks of each node: each rank ends with its node's sum of one shard
+   (1/R of the vector, cut on the codec's cuts so a shard holds whole codec units);
+2. the aggregator's own ring (``Ring.inner``: plain, summed payloads, decode-add-encode or an all-gather,
+   with its hop rules) across the M nodes, among the ranks that hold the same shard: the only phase on the
+   slow links, carrying 1/R of the vector per rank;
+3. a plain all-gather of the shards among the node's ranks.
+One rank a node is the flat ring exactly (phases 1 and 3 are empty).  The node's ranks are consecutive
+positions of the ring (global ranks ``m R ... m R + R - 1`` on the default group).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from gvq.comm.clock import Stopwatch
+from gvq.comm.p2p import P2P
+from gvq.comm.ring_plain import allgather_, reduce_scatter_, timed_alone
+from gvq.compressors._segments import balanced_segments
+
+
+def check_shape(world_size: int, ranks_per_node: int) -> None:
+    """A one-line ``ValueError`` unless the ranks fill whole nodes."""
+    if ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(f"net.ranks_per_node={ranks_per_node}: must divide world_size={world_size} "
+                         "(whole nodes of consecutive ranks)")
+
+
+def inner_ring(ring, shard: slice, nodes: int):
+    """``ring``'s ring across nodes on ``shard``: a :class:`gvq.comm.ring.Ring` of kind ``ring.inner``, its M
+    segments on the cuts inside the shard (absolute positions, so a codec laid out on the whole vector, per
+    tensor, sees its own layout)."""
+    kind, cuts = ring.inner, ring.segs
+    if kind in ("allgather", "ps"):
+        return dataclasses.replace(ring, kind=kind, segs=[[shard]], inner="")
+    if isinstance(cuts, int):
+        segs = [slice(s.start + shard.start, s.stop + shard.start)
+                for s in balanced_segments(shard.stop - shard.start, nodes)]
+    else:
+        segs = balanced_segments([c for c in cuts if shard.start <= c <= shard.stop], nodes)
+    return dataclasses.replace(ring, kind=kind, segs=[[s] for s in segs] if kind == "additive" else segs, inner="")
+
+
+@timed_alone
+def hierarchical_allreduce_(flat, ring, p2p: P2P, stopwatch: Stopwatch) -> None:
+    """Overwrite ``flat`` with its sum over every rank, in the three phases above; ``ring.segs`` holds the
+    codec's cuts of the vector (an int: its length, every offset a cut), ``ring.inner`` the kind of the
+    ring across nodes."""
+    per = p2p.cluster.ranks_per_node
+    check_shape(p2p.world_size, per)
+    nodes, (node, local) = p2p.world_size // per, divmod(p2p.rank, per)
+    inside = p2p.among([node * per + j for j in range(per)])
+    across = p2p.among([m * per + local for m in range(nodes)])
+    cut = balanced_segments(ring.segs, per)      # the node's shards, one a rank, on the cuts
+    mine = reduce_scatter_(flat, cut, inside) if per > 1 else 0
+    inner_ring(ring, cut[mine], nodes).run_(flat, across, stopwatch)
+    if per > 1:
+        allgather_(flat, cut, inside)

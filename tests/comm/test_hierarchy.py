@@ -1,0 +1,135 @@
+"""The hierarchical all-reduce (gvq/comm/hierarchy.py) and the two link classes of P2P (gvq/comm/links.py
+Cluster), on 4 and 8 gloo ranks: the sum equals the flat one for every node shape, and the bytes and the
+virtual time split by link class as the arithmetic says; through the launcher's entry function,
+``aggregator.topology=hierarchical`` trains rar exactly as the flat ring does, a compressed option trains,
+the bytes across nodes are logged, and ranks that do not fill whole nodes are refused."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+
+from gvq.comm import clock as rank_clock
+from gvq.comm.clock import Stopwatch
+from gvq.comm.links import Cluster
+from gvq.comm.p2p import P2P
+from gvq.comm.ring import Ring
+from gvq.compressors.qsgd import QSGD
+from tests.helpers.dist import run_ranks
+from tests.helpers.launch import launch_job
+from tests.helpers.toy_compressors import Projection
+
+
+def _x(rank: int, numel: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 + rank))
+
+
+def _sums(rank, world, shapes, numel):
+    """Per node shape (ranks per node): the hierarchical plain sum, a linear projection's summed payloads and
+    QSGD's decode-add-encode across nodes; the exact sum and its projection; and the bytes by class."""
+    ref = _x(rank, numel)
+    dist.all_reduce(ref)
+    out = []
+    for per in shapes:
+        p2p = P2P(rank, world, cluster=Cluster(per))
+        got = {}
+        for name, inner, codec in (("plain", "plain", None), ("projection", "additive", Projection()),
+                                   ("qsgd", "reencode", QSGD(bits=8, norm="max"))):
+            flat = _x(rank, numel)
+            p2p.reset()
+            Ring("hierarchical", numel if codec is None else codec.cuts(numel), codec, inner=inner).run_(
+                flat, p2p, Stopwatch())
+            got[name] = (flat, p2p.bytes_sent, p2p.bytes_inter)
+        out.append(got)
+    whole = slice(0, numel)
+    return ref, Projection().decompress(Projection().compress(ref, whole), whole), out
+
+
+def _check(results, shapes, numel, world):
+    for ref, projected, per_shape in results:
+        for per, got in zip(shapes, per_shape):
+            flat, sent, inter = got["plain"]
+            assert torch.allclose(flat, ref, atol=1e-4, rtol=1e-5), per
+            assert torch.allclose(got["projection"][0], projected, atol=1e-4, rtol=1e-4), per
+            assert torch.linalg.vector_norm(got["qsgd"][0] - ref) < 0.05 * torch.linalg.vector_norm(ref), per
+            nodes = world // per
+            # reduce-scatter + all-gather inside the node, a ring across nodes on 1/per of the vector
+            expect_inter = 4 * 2 * (nodes - 1) * numel / (per * nodes)
+            expect = 4 * 2 * (per - 1) * numel / per + expect_inter
+            assert sent == pytest.approx(expect, rel=0.01), per
+            assert inter == pytest.approx(expect_inter, rel=0.01, abs=1), per
+
+
+@pytest.mark.slow
+def test_the_sum_equals_the_flat_one_at_every_shape_of_4_ranks(tmp_path):
+    """2 x 2, one node of 4 and 4 nodes of 1 (the flat ring)."""
+    shapes, numel = [2, 4, 1], 4096
+    _check(run_ranks(_sums, 4, tmp_path, shapes, numel), shapes, numel, 4)
+
+
+@pytest.mark.slow
+def test_the_sum_equals_the_flat_one_at_2x4_and_4x2(tmp_path):
+    shapes, numel = [4, 2], 4096
+    _check(run_ranks(_sums, 8, tmp_path, shapes, numel, timeout=240.0), shapes, numel, 8)
+
+
+def _timed(rank, world, intra_bps, inter_bps, numel):
+    """A hierarchical plain ring in virtual time: (seconds it took this rank, bytes, bytes across nodes)."""
+    rank_clock.configure("virtual")
+    p2p = P2P(rank, world, bandwidth_bps=inter_bps, cluster=Cluster(2, intra_bps))
+    flat = _x(rank, numel)
+    t0 = rank_clock.now()
+    Ring("hierarchical", numel, inner="plain").run_(flat, p2p, Stopwatch())
+    return rank_clock.now() - t0, p2p.bytes_sent, p2p.bytes_inter
+
+
+@pytest.mark.slow
+def test_virtual_time_charges_each_class_at_its_own_link(tmp_path):
+    """2 x 2 on a 1 Mbit/s inter-node link: the intra-node phases at 1 Tbit/s add nothing measurable, at
+    1 Mbit/s they triple it (twice the inter-node ring's bytes on the same speed)."""
+    numel, slow = 20_000, 1e6
+    fast = run_ranks(_timed, 4, tmp_path, 1e12, slow, numel)
+    same = run_ranks(_timed, 4, tmp_path, slow, slow, numel)
+    inter_bytes = 4 * numel / 2                      # 2 (M - 1) / M x 1/R of the vector, M = R = 2
+    wire_inter = 8 * inter_bytes / slow
+    for (t_fast, sent, inter), (t_same, _, _) in zip(fast, same):
+        assert inter == inter_bytes and sent == 3 * inter_bytes      # the node's phases: 1/2 each way
+        assert t_fast == pytest.approx(wire_inter, rel=0.2)
+        assert t_same == pytest.approx(3 * wire_inter, rel=0.2)
+
+
+CNN = ("logger=csv", "logger.progress=false", "iterations=4", "eval_every=4", "world_size=4", "batch_size=16")
+NODES = ("net=nodes2x4", "net.ranks_per_node=2")
+
+
+@pytest.mark.slow
+def test_hierarchical_rar_trains_as_the_flat_ring_and_logs_the_inter_node_bytes(tmp_path):
+    code, _ = launch_job(tmp_path / "flat", "aggregator=rar", *NODES, *CNN)
+    assert code == 0
+    code, _ = launch_job(tmp_path / "hier", "aggregator=rar", "aggregator.topology=hierarchical", *NODES, *CNN)
+    assert code == 0
+    flat, hier = (pd.read_csv(tmp_path / d / "metrics.csv") for d in ("flat", "hier"))
+    assert hier.train_loss.to_numpy() == pytest.approx(flat.train_loss.to_numpy(), rel=1e-5)
+    assert hier.test_loss.dropna().to_numpy() == pytest.approx(flat.test_loss.dropna().to_numpy(), rel=1e-5)
+    # 2 x 2: the same bytes in all as the flat ring at N = 4 (1.5 vectors), a third of them across nodes
+    # (the flat ring: 2 of its 4 links cross, rank 0's among them)
+    assert hier.bytes_sent.to_numpy() == pytest.approx(flat.bytes_sent.to_numpy(), rel=1e-3)
+    assert (3 * hier.bytes_inter).to_numpy() == pytest.approx(hier.bytes_sent.to_numpy(), rel=1e-3)
+    assert (flat.bytes_inter == 0).all() or (flat.bytes_inter == flat.bytes_sent).all()
+
+
+@pytest.mark.slow
+def test_hierarchical_qsgd_trains_on_virtual_time(tmp_path):
+    code, summary = launch_job(tmp_path, "aggregator=qsgd", "aggregator.topology=hierarchical", *NODES, *CNN)
+    assert code == 0, summary
+    df = pd.read_csv(tmp_path / "metrics.csv")
+    assert set(df.clock) == {"virtual"} and math.isfinite(summary["final_test_loss"])
+    assert (df.bytes_inter > 0).all() and (df.bytes_inter < df.bytes_sent).all()
+
+
+def test_ranks_that_do_not_fill_whole_nodes_are_refused(tmp_path):
+    code, summary = launch_job(tmp_path, "aggregator=rar", "net=nodes2x4", "world_size=6", *CNN[:4])
+    assert code == 2 and summary is None
