@@ -11,7 +11,7 @@ scopes are ranked as rows: equal runs (global, bucket, one tensor) are the vecto
 unequal ones (per tensor) are gathered into a fixed few row-batches (the short scopes in one, then one per
 length, or past ``MAX_BATCHES`` lengths per power of two), padded with values whose keys lose: flat in depth.
 Where a row keeps few (k blocks at most a quarter of it), it is ranked in two stages: its blocks of up to
-``MAX_BLOCK`` values by their largest key (ties to the lower block), then exactly among the values of the k
+``_topk_plan.MAX_BLOCK`` values by their largest key (ties to the lower block), then exactly among the values of the k
 winning blocks, which hold all of the row's top k; a fixed few whole-tensor ops, no host read.  A scope's
 kept positions come best first, as the stable sort this replaced (9-17x slower per tensor) ordered them.
 NaN ranks above every number (its bits are larger): it is sent, and the run's NaN guard sees it.  Rank is
@@ -25,75 +25,24 @@ ranks' supports differ): it travels by all-gather, each rank decoding every rank
 from __future__ import annotations
 
 import copy
-import functools
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from gvq.compressors import _packing, _triton_grace
 from gvq.compressors._kernels import Op, check_kernels, path_for
+from gvq.compressors._topk_plan import Plan, constants, plan_rows, select
 from gvq.compressors.base import Compressor, check_choice
 
 SCOPES = ("tensor", "bucket", "global")
 VALUE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 INDICES = ("int32", "packed")
-_LOW31 = (1 << 31) - 1
-MAX_BATCHES = 24       # lengths (past SHORT) batched apiece; past it powers of two: a fixed few whatever the layout
-SHORT = 1024           # scopes up to this long share one batch; larger => fewer batches, more padding
-MAX_BLOCK = 64         # a first stage's block (see _rank); larger => fewer blocks to rank, more candidates
-
-
 def check_ratio(ratio) -> float:
     ok = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 1
     if not ok:
         raise ValueError(f"ratio={ratio!r}: must be a fraction in (0, 1] (k = max(1, floor(ratio * n)) per scope)")
     return float(ratio)
-
-
-def _block(width: int, k: int) -> int:
-    """The block of a row of ``width`` keeping ``k``: the largest power of two up to MAX_BLOCK whose k blocks
-    hold at most a quarter of the row; 1 (rank every value at once) where that is under 4."""
-    block = 1
-    while 2 * block <= MAX_BLOCK and 4 * k * 2 * block <= width:
-        block *= 2
-    return block if block >= 4 else 1
-
-
-@dataclass
-class Plan:
-    """One segment's selection, fixed by its length and layout: where the scopes start, k of each, and
-    the positions the selection keeps."""
-    n: int
-    starts: list[int]          # each scope's first value, relative to the segment
-    ks: list[int]              # values kept per scope
-    rows: int                  # > 0: equal scopes (the last may be shorter), the vector's own rows
-    bits: int                  # packed index width: ceil(log2 of the longest scope)
-    batches: list[tuple[int, int, int, int]] = field(default_factory=list)   # (rows, width, k, block) each
-
-    @property
-    def k(self) -> int:
-        return sum(self.ks)
-
-
-def _keys(bits: Tensor, tie: Tensor) -> Tensor:
-    """Unique int64 keys: |v|'s float32 bits above ``tie`` (larger for a lower index)."""
-    return torch.add(tie, bits.to(torch.int64), alpha=1 << 32)     # int64 first: a mixed-dtype add is slow
-
-
-def _rank(bits: Tensor, top: int, block: int, c: dict[str, Tensor]) -> Tensor:
-    """Each row's ``top`` largest keys' columns, the largest first.  Blocked: the ``top`` blocks of largest
-    maximum (ties to the lower block) hold every one of them -- a value of the row's top k whose block lost
-    would be beaten by the k winning blocks' maxima -- so only those blocks' values are ranked exactly."""
-    rows, width = bits.shape
-    if block == 1:
-        return torch.topk(_keys(bits, c["ramp"][:width]), top, dim=1).indices
-    best = bits.view(rows, width // block, block).amax(2)
-    won = torch.topk(_keys(best, c["ramp"][: width // block]), top, dim=1, sorted=False).indices
-    cand = (won.unsqueeze(2) * block + c["lanes"][:block]).reshape(rows, top * block)
-    pick = torch.topk(_keys(bits.gather(1, cand), _LOW31 - cand), top, dim=1).indices
-    return cand.gather(1, pick)
 
 
 class TopK(Compressor):
@@ -169,39 +118,10 @@ class TopK(Compressor):
         return out
 
     def _build_plan(self, seg: slice) -> Plan:
-        scopes = self._scopes(seg)
-        n = seg.stop - seg.start
         if self.blocks is not None and self.scope == "tensor" and sum(self.blocks) < seg.stop:
             raise ValueError(f"{self.name}: segment {seg.start}:{seg.stop} beyond its layout of {sum(self.blocks)}")
-        lengths = [length for _, length in scopes]
-        width = lengths[0] if lengths else 0
-        equal = all(length == width for length in lengths[:-1]) and (not lengths or lengths[-1] <= width)
-        longest = max(lengths, default=1)
-        plan = Plan(n, [a for a, _ in scopes], [self.keep(length) for length in lengths],
-                    len(scopes) if equal else 0, max(1, (longest - 1).bit_length()))
-        if plan.rows:                         # one batch; blocks must tile its rows (one row: pad its tail)
-            block = _block(width, plan.ks[0])
-            block = block if plan.rows == 1 or width % block == 0 else 1
-            plan.batches.append((plan.rows, -(-width // block) * block, plan.ks[0], block))
-        else:
-            for w, members in self._batched(lengths).items():
-                top = max(plan.ks[s] for s in members)
-                block = _block(w, top)
-                plan.batches.append((len(members), -(-w // block) * block, top, block))
-        return plan
-
-    @staticmethod
-    def _batched(lengths: list[int]) -> dict[int, list[int]]:
-        """Row width -> the scopes ranked in rows of that width: the short ones (biases, norms) in one batch
-        padded to the longest of them (each batch costs a few ops), the rest one batch per length (a model
-        repeats a few), or per power of two where those are more than MAX_BATCHES."""
-        exact = len({length for length in lengths if length > SHORT}) <= MAX_BATCHES
-        short = [s for s, length in enumerate(lengths) if length <= SHORT]
-        out: dict[int, list[int]] = {max(lengths[s] for s in short): short} if short else {}
-        for s, length in enumerate(lengths):
-            if length > SHORT:
-                out.setdefault(length if exact else 1 << (length - 1).bit_length(), []).append(s)
-        return dict(sorted(out.items()))
+        scopes = self._scopes(seg)
+        return plan_rows(seg.stop - seg.start, scopes, [self.keep(length) for _, length in scopes])
 
     def keep(self, length: int) -> int:
         """k of a scope of ``length`` values: max(1, floor(r * length)) (topk_chunk: its own k per chunk)."""
@@ -223,57 +143,12 @@ class TopK(Compressor):
         return self._consts[key]
 
     def _build_const(self, plan: Plan, device) -> dict[str, Tensor]:
-        lengths = [b - a for a, b in zip(plan.starts, plan.starts[1:] + [plan.n])]
-        ar = functools.partial(torch.arange, device=device)
-        long = functools.partial(torch.tensor, dtype=torch.long, device=device)
-        slot_scope = torch.repeat_interleave(ar(len(plan.ks)), long(plan.ks), output_size=sum(plan.ks))
-        widest = max(width for _, width, _, _ in plan.batches)
-        c = {"slot_start": long(plan.starts)[slot_scope], "ramp": _LOW31 - ar(widest), "lanes": ar(MAX_BLOCK)}
-        if plan.rows:                       # each row's first k (the best first), the last row's maybe fewer
-            c["kept"] = torch.cat([ar(k) + i * plan.ks[0] for i, k in enumerate(plan.ks)])
-        else:
-            c.update(self._batch_const(plan, lengths, device))
-        return c
-
-    def _batch_const(self, plan: Plan, lengths: list[int], device) -> dict[str, Tensor]:
-        """Unequal scopes' row-batches: ``src``, each row slot's position in the segment; ``pads``, the slots
-        past a row's scope (set to -1: their keys are negative and lose); per kept slot (scope order, best
-        first), ``kept`` its column among the batches' topk outputs and ``base`` its row's first slot."""
-        ar = functools.partial(torch.arange, device=device)
-        full = functools.partial(torch.full, dtype=torch.long, device=device)
-        src, pads, kept, base = ([None] * len(lengths) for _ in range(4))
-        at = out_at = 0
-        for (rows, width, top, _), members in zip(plan.batches, self._batched(lengths).values()):
-            for row, s in enumerate(members):         # once per layout, never per call
-                src[s] = torch.cat([ar(lengths[s]) + plan.starts[s], full((width - lengths[s],), 0)])
-                pads[s] = ar(lengths[s], width) + at + row * width
-                kept[s] = ar(plan.ks[s]) + out_at + row * top
-                base[s] = full((plan.ks[s],), at + row * width)
-            at, out_at = at + rows * width, out_at + rows * top
-        order = [s for members in self._batched(lengths).values() for s in members]    # batch order
-        return {"src": torch.cat([src[s] for s in order]), "pads": torch.cat(pads), "kept": torch.cat(kept),
-                "base": torch.cat(base)}
+        return constants(plan, device)
 
     # -- the codec ---------------------------------------------------------------------------------------
     def select(self, x: Tensor, seg: slice) -> Tensor:
         """The kept positions of ``x`` (``seg``'s values), relative to the segment (int64, scope order)."""
-        plan, c = self.plan(seg), self._const(seg, x.device)
-        if plan.rows:                           # equal runs: |v| in place, a tail of pads that lose
-            rows, width, top, block = plan.batches[0]
-            a = torch.empty(rows * width, dtype=torch.float32, device=x.device)
-            torch.abs(x.detach().reshape(-1).to(torch.float32), out=a[: plan.n])
-            a[plan.n:] = -1.0
-            local = _rank(a.view(torch.int32).view(rows, width), top, block, c)
-            return local.reshape(-1).index_select(0, c["kept"]) + c["slot_start"]
-        # one new gradient-sized tensor, not two (|v|, then its gather): on one CPU core a fresh one costs its
-        # page faults; index_select, not a[idx], is ~9x faster than advanced indexing on a gradient's length
-        a = x.detach().reshape(-1).to(torch.float32).index_select(0, c["src"]).abs_()
-        bits = a.index_fill_(0, c["pads"], -1.0).view(torch.int32)      # a pad's key is negative: it loses
-        cols, at = [], 0
-        for rows, width, top, block in plan.batches:    # a fixed few: one per scope length (or power of two)
-            cols.append(_rank(bits[at: at + rows * width].view(rows, width), top, block, c).reshape(-1))
-            at += rows * width
-        return c["src"].index_select(0, torch.cat(cols).index_select(0, c["kept"]) + c["base"])
+        return select(x, self.plan(seg), self._const(seg, x.device))
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x.reshape(-1)

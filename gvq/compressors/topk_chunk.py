@@ -31,7 +31,8 @@ from torch import Tensor
 
 from gvq.compressors import _packing
 from gvq.compressors.base import check_int
-from gvq.compressors.topk import Plan, TopK
+from gvq.compressors._topk_plan import Plan
+from gvq.compressors.topk import TopK
 
 
 def check_span(clip) -> float:
