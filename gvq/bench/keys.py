@@ -55,6 +55,7 @@ class TopkKeys:
     num_classes: List[int] = field(default_factory=lambda: [100, 256])   # one per model (a GPT's: its vocabulary)
     ratios: List[float] = field(default_factory=lambda: [0.01, 0.001])   # r: k = max(1, floor(r * n)) per scope
     reps: int = 30                       # paired repetitions per cell (>= 2); more => tighter intervals, longer
+    world_sizes: List[int] = field(default_factory=lambda: [4, 8, 64])   # N of each break-even bandwidth column
 
 
 @dataclass

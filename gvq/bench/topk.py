@@ -96,6 +96,25 @@ def timed_calls(v: torch.Tensor, shapes, ratio: float) -> dict[str, tuple[str, C
     return out
 
 
+def payload_bytes(v: torch.Tensor, shapes, ratio: float) -> dict[str, int]:
+    """The codec's payload bytes at each scope (what its all-gather forwards N - 1 times)."""
+    seg = slice(0, v.numel())
+    return {f"codec scope={scope}": make_aggregator("topk", [f"aggregator.compressor.ratio={ratio}",
+                                                             f"aggregator.compressor.scope={scope}"]
+                                                    ).compressor.grouped(shapes).payload_spec(seg)[1]
+            for scope in SCOPES}
+
+
+def with_breakeven(rows: list[dict], payloads: dict[str, int], world_sizes: list[int]) -> list[dict]:
+    """The codec rows gain their payload bytes and a ``gbps_at_N`` column per world size."""
+    for row in rows:
+        if row["method"] in payloads:
+            row["payload_bytes"] = payloads[row["method"]]
+            for n in world_sizes:
+                row[f"gbps_at_{n}"] = breakeven_gbps(row["numel"], row["payload_bytes"], row["ms"] / 1e3, n)
+    return rows
+
+
 def paired_seconds(calls: dict, reps: int, warmup: int = 1) -> dict[str, list[float]]:
     """Each call timed once per repetition, the order rotated by one each repetition, garbage collected
     between calls, never inside one; ``warmup`` untimed rounds first (plans, buffers)."""
@@ -110,6 +129,13 @@ def paired_seconds(calls: dict, reps: int, warmup: int = 1) -> dict[str, list[fl
                 if rep >= warmup:
                     times[name].append(took)
     return times
+
+
+def breakeven_gbps(numel: int, payload: int, seconds: float, world_size: int) -> float:
+    """Gbit/s at which ``seconds`` of selection equals the wire time an all-gather of ``payload`` bytes saves
+    against rar's fp32 ring at ``world_size`` (the module docstring); 0 where it saves none."""
+    saved = 2 * (world_size - 1) / world_size * 4 * numel - (world_size - 1) * payload
+    return max(0.0, 8 * saved / seconds / 1e9)
 
 
 def cell_rows(model: str, numel: int, ratio: float, kinds: dict, times: dict) -> list[dict]:
@@ -133,9 +159,10 @@ def bench_topk(cfg, paths) -> list[dict]:
     paired; the records (one per method and cell) go to ``--out`` as JSON."""
     from gvq.schema.tool import namespace
     args = namespace(cfg, paths)
-    if len(args.models) != len(args.num_classes) or args.reps < 2 or not args.ratios:
+    if len(args.models) != len(args.num_classes) or args.reps < 2 or not args.ratios or \
+            any(n < 2 for n in args.world_sizes):
         raise BenchError("topk: one num_classes per model (models and num_classes pair up), reps >= 2, "
-                         "at least one ratio")
+                         "at least one ratio, world_sizes >= 2")
     rows, shown = [], Progress("topk", len(args.models) * len(args.ratios))
     with one_thread(), torch.no_grad():
         for model, classes in zip(args.models, args.num_classes):
@@ -144,10 +171,11 @@ def bench_topk(cfg, paths) -> list[dict]:
             for ratio in args.ratios:
                 calls = timed_calls(v, shapes, ratio)
                 times = paired_seconds({m: call for m, (_, call) in calls.items()}, args.reps)
-                rows += cell_rows(model, v.numel(), ratio, {m: kind for m, (kind, _) in calls.items()}, times)
+                cell = cell_rows(model, v.numel(), ratio, {m: kind for m, (kind, _) in calls.items()}, times)
+                rows += with_breakeven(cell, payload_bytes(v, shapes, ratio), args.world_sizes)
                 shown.done(f"{model} r={ratio:g}")
     print_markdown(rows, ["model", "numel", "ratio", "k", "method", "ms", "x_best_floor", "x_lo", "x_hi",
-                          "within_2x"],
+                          "within_2x"] + [f"gbps_at_{n}" for n in args.world_sizes],
                    f"top-k selection against its floors, 1 thread, {args.reps} paired repetitions (order rotated); "
                    "x_best_floor: median per-repetition ratio to the fastest floor, [x_lo, x_hi] its 95% bootstrap "
                    "interval")

@@ -25,7 +25,7 @@ def test_its_keys_compose_with_their_defaults_and_overrides():
     assert list(default.models) == ["resnet32", "gpt_tiny"] and list(default.ratios) == [0.01, 0.001]
 
 
-@pytest.mark.parametrize("keys", [["num_classes=[10]"], ["reps=1"], ["ratios=[]"]])
+@pytest.mark.parametrize("keys", [["num_classes=[10]"], ["reps=1"], ["ratios=[]"], ["world_sizes=[1]"]])
 def test_a_bad_key_is_one_line_before_anything_is_built(keys, capsys):
     assert "topk: one num_classes per model" in refusal(bench_main, ["topk", *keys], capsys)
 
@@ -53,6 +53,19 @@ def test_the_sampled_threshold_lowers_itself_until_k_pass():
     assert got.numel() == 150 and set(got.tolist()) == set(torch.topk(v, 150).indices.tolist())
 
 
+def test_the_break_even_link_is_where_selection_time_equals_the_wire_time_saved():
+    """n = 1,000 fp32 values, a 100-byte payload, N = 4: the ring sends 1.5 x 4,000 = 6,000 bytes, the
+    all-gather 300, saving 45,600 bits: 1 ms of selection breaks even at 45.6 Mbit/s.  Past N = 80 (1/r
+    with r = 100/8000 of the bytes) the all-gather sends more than the ring: nothing is saved."""
+    assert topk.breakeven_gbps(1000, 100, 1e-3, 4) == pytest.approx(0.0456)
+    assert topk.breakeven_gbps(1000, 100, 2e-3, 4) == pytest.approx(0.0228)      # slower selection: lower
+    assert topk.breakeven_gbps(1000, 100, 1e-3, 81) == 0.0
+    rows = topk.with_breakeven([{"method": "codec scope=tensor", "numel": 1000, "ms": 1.0},
+                                {"method": "sort", "numel": 1000, "ms": 1.0}], {"codec scope=tensor": 100}, [4, 81])
+    assert rows[0]["gbps_at_4"] == pytest.approx(0.0456) and rows[0]["gbps_at_81"] == 0.0
+    assert "gbps_at_4" not in rows[1] and rows[0]["payload_bytes"] == 100
+
+
 def test_each_ratio_is_to_the_fastest_floor_paired_by_repetition():
     """The best floor has the lowest median; a method's figure is the median of its per-repetition
     ratios (2 here), not the ratio of medians (1.5), so a spell that slows one repetition cancels."""
@@ -69,7 +82,7 @@ def test_each_ratio_is_to_the_fastest_floor_paired_by_repetition():
 def test_a_tiny_run_names_its_floors_and_gives_finite_paired_ratios(tmp_path, capsys):
     out = tmp_path / "t.json"
     rows = bench_main(["topk", "models=[cnn]", "num_classes=[10]", "reps=2", "ratios=[0.01,0.001]",
-                       "--out", str(out)])
+                       "world_sizes=[4]", "--out", str(out)])
     assert len(rows) == 2 * len(FLOORS | CODECS)
     for ratio in (0.01, 0.001):
         cell = {r["method"]: r for r in rows if r["ratio"] == ratio}
@@ -81,8 +94,10 @@ def test_a_tiny_run_names_its_floors_and_gives_finite_paired_ratios(tmp_path, ca
             assert r["reps"] == 2 and r["ms"] > 0 and r["k"] == max(1, math.floor(ratio * r["numel"]))
             assert all(math.isfinite(r[c]) for c in ("x_best_floor", "x_lo", "x_hi"))
             assert r["x_lo"] <= r["x_best_floor"] <= r["x_hi"] and isinstance(r["within_2x"], bool)
+            if r["kind"] == "codec":
+                assert r["payload_bytes"] > 0 and r["gbps_at_4"] > 0     # 1% at N = 4 saves bytes
     saved = json.loads(out.read_text())
     assert saved["rows"] == json.loads(json.dumps(rows)) and saved["threads"] == 1
     printed = capsys.readouterr()
-    assert "x_best_floor" in printed.out and "codec scope=tensor" in printed.out
+    assert "x_best_floor" in printed.out and "codec scope=tensor" in printed.out and "gbps_at_4" in printed.out
     assert "gvq.bench topk: 2/2 cnn r=0.001" in printed.err
