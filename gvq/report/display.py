@@ -83,6 +83,8 @@ def display_table(df: pd.DataFrame, target: float) -> pd.DataFrame:
         "agg. speed-up vs rar": [_num(v, ".2f", "x") for v in df["aggregation_speedup"]],
         "iter. speed-up vs rar": [_num(v, ".2f", "x") for v in df["iteration_speedup"]],
         "bytes / iter": [_num(v, ",.0f") for v in df["bytes_per_iter"]],
+        **({"received / iter": [_num(v, ",.0f") for v in df["bytes_received_per_iter"]]}
+           if df["bytes_received_per_iter"].notna().any() else {}),
         COMPRESSION_RATIO: [_num(v, ".2f") for v in df["compression_ratio"]],
         "compression error mean (median)": [
             DASH if math.isnan(m) else f"{m:.3g} ({md:.3g})"

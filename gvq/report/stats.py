@@ -115,6 +115,8 @@ def build_table(groups: list[Group], stats: dict) -> pd.DataFrame:
             "iteration_s": s.get("iter_s", np.nan),
             "iteration_speedup": base["iter_s"] / s["iter_s"] if base and "iter_s" in s else np.nan,
             "bytes_per_iter": s.get("bytes_sent", np.nan), "compression_ratio": compression_ratio(base, s),
+            # an all-gather receives N - 1 payloads where a ring receives what it sends: both sides of the wire
+            "bytes_received_per_iter": s.get("bytes_received", np.nan),
             "baseline_runs": base["runs"] if base else 0,
             "compression_error": s.get("compression_error", np.nan),
             "compression_error_median": s.get("error_median", np.nan),

@@ -45,12 +45,13 @@ def test_report_writes_every_file_with_values_from_the_csvs(sweep):
         row = table[(table.aggregator == agg) & (table.status == "completed")].iloc[0]
         assert row.aggregate_s_per_iter == pytest.approx(m.aggregate_s.mean(), rel=1e-6)
         assert row.bytes_per_iter == pytest.approx(m.bytes_sent.mean(), rel=1e-6)
+        assert row.bytes_received_per_iter == pytest.approx(m.bytes_received.mean(), rel=1e-6)
         assert row.final_top1 == pytest.approx(m.test_acc.dropna().iloc[-1], abs=1e-6)
     rar = pd.read_csv(sweep / "0" / "metrics.csv").aggregate_s.mean()
     sign = table[(table.aggregator == "signsgd") & (table.status == "completed")].iloc[0]
     assert sign.aggregation_speedup == pytest.approx(rar / sign.aggregate_s_per_iter, rel=1e-6)
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64") >= 2 and "<table" in html
+    assert html.count("data:image/png;base64") >= 2 and "<table" in html and "received / iter" in html
 
 
 def test_incomplete_run_is_marked_not_dropped(sweep):
