@@ -23,6 +23,7 @@ from gvq.bench import Progress
 from gvq.bench.common import (check_net, clock_label, configure_clock, make_aggregator, model_shapes,
                               print_markdown, setting_name, spawn_loopback)
 from gvq.comm import clock
+from gvq.comm.links import Cluster
 from gvq.comm.group import process_group
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
@@ -97,7 +98,8 @@ def _time_aggregators(rank: int, args, out: str) -> None:
     grads = [torch.randn(s, generator=gen) * 1e-2 for s in shapes]
     for p in params:
         p.grad = torch.zeros_like(p)
-    ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency)
+    ctx = RunContext(rank, args.world_size, 0, args.timeout, args.bandwidth, args.latency,
+                     cluster=Cluster.of_net(args.net))      # net.ranks_per_node: nodes for topology=hierarchical
     records = []
     for name in args.aggregators:
         if name == "allreduce" and (args.bandwidth or args.net["clock"] == "virtual"):

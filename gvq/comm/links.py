@@ -22,6 +22,11 @@ class Cluster:
     intra_bandwidth_bps: float | None = None   # None: the node's links unshaped (wall clock only)
     intra_latency_s: float = 0.0
 
+    @classmethod
+    def of_net(cls, net) -> Cluster:
+        """Where a run's ranks sit: its ``net`` node's ``ranks_per_node`` and links inside a node."""
+        return cls(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"])
+
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
 

@@ -16,8 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gvq.comm.links import Cluster
 from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.predict import schedule as S
+from gvq.predict.two_level import hierarchical_ring
+
+FLAT = Cluster()             # one rank a node: the flat ring at one link
 
 
 class PredictError(Exception):
@@ -160,6 +164,29 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
                   float(op_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
 
 
+def replay_two_level(rnd: dict, cal: dict, link: S.Link, intra: S.Link, per: int, codec_scale: float,
+                     start) -> np.ndarray:
+    """One round (the ring across M nodes, stored at N = M) as :func:`gvq.comm.hierarchy.hierarchical_allreduce_`
+    runs it on nodes of ``per`` ranks: fp32 shards of 1/per of the round's vector reduce-scattered and
+    all-gathered on the ``intra`` links (adds at scale 1, as the plain ring's), the round's own ring on each
+    shard across nodes on ``link`` (:func:`shard_round`)."""
+    if rnd["kind"] == "sparse":
+        raise PredictError("gvq.predict: the sparse ring (topology=sparse_ring) has no hierarchical form to price")
+    nodes = len(start) // per
+    shard = sum(sum(v) for v in rnd["vals"]) / per
+    inner = shard_round(rnd, 1.0 / per)
+    return hierarchical_ring(np.full(per, 4.0 * shard), np.full(per, float(op_cost(cal["vector"]["add"], shard, 1.0))),
+                             intra, nodes, lambda _, s: replay_ring(inner, cal, link, codec_scale, s), start)
+
+
+def shard_round(rnd: dict, share: float) -> dict:
+    """``rnd`` on a shard ``share`` of its vector, as :func:`gvq.comm.hierarchy.inner_ring` cuts it: the same
+    M segments, each of the shard's values (one piece a segment: the pieces joined), their bytes scaled
+    (:func:`fragment_rounds`; the node's shards are equal, to a codec unit)."""
+    joined = {**rnd, "vals": [[sum(v)] for v in rnd["vals"]], "bytes": [[sum(b)] for b in rnd["bytes"]]}
+    return fragment_rounds([joined], share)[0]
+
+
 def _replay_sparse(rnd: dict, cal: dict, costs: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
     """The sparse ring (``topology=sparse_ring``): the codec's compress and decode of the whole vector
     (its curves at the vector's size), a merge per reduce-scatter hop priced as a vector add over the
@@ -179,15 +206,20 @@ def sparse_kept(rnd: dict) -> np.ndarray:
 
 
 def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0,
-                codec_scale: float = 1.0, msg: tuple[float, float] | None = None, fraction: float = 1.0) -> float:
+                codec_scale: float = 1.0, msg: tuple[float, float] | None = None, fraction: float = 1.0,
+                cluster: Cluster = FLAT) -> float:
     """Seconds of one aggregation (the slowest rank), as the virtual clock would time it.  ``msg``: the
     [fixed, per byte] cost of posting a message, if not the calibration's (a rank a core).  ``fraction``:
     of a fragment that size of the vector (Streaming DiLoCo's 1/P): the same rings and messages, every
-    piece's values and bytes, and the passes beside the rings, times it (:func:`fragment_rounds`)."""
+    piece's values and bytes, and the passes beside the rings, times it (:func:`fragment_rounds`).
+    ``cluster``: nodes of ``ranks_per_node`` ranks on its intra links, ``bps`` / ``alpha`` between nodes;
+    more than one a node prices every ring as ``aggregator.topology=hierarchical`` runs it
+    (:func:`replay_two_level`)."""
     key = (name, n, bps, alpha, codec_scale, msg) + ((fraction,) if fraction != 1.0 else ())
+    key += () if cluster.flat else (cluster,)
     if key not in m.cache:
         m.cache[key] = _simulate_aggregation(m, name, n, bps, alpha, codec_scale, msg or tuple(m.cal["msg"]),
-                                             fraction)
+                                             fraction, cluster)
     return m.cache[key]
 
 
@@ -201,17 +233,24 @@ def fragment_rounds(rounds: list[dict], fraction: float) -> list[dict]:
 
 
 def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float,
-                          msg: tuple[float, float], fraction: float = 1.0) -> float:
+                          msg: tuple[float, float], fraction: float = 1.0, cluster: Cluster = FLAT) -> float:
     per_n = m.struct["aggregators"].get(name)
     if per_n is None:
         raise PredictError(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
-    if str(n) not in per_n:
-        raise PredictError(f"gvq.predict: N={n} not in the calibrated structure (have {m.world_sizes})")
+    per = cluster.ranks_per_node
+    if per < 1 or n % per:
+        raise PredictError(f"gvq.predict: ranks_per_node={per} must divide N={n} (whole nodes)")
+    nodes = n // per
+    if str(nodes) not in per_n:
+        what = f"N={n}" if per == 1 else f"{nodes} nodes (N={n} as {nodes} x {per})"
+        raise PredictError(f"gvq.predict: {what} not in the calibrated structure (have {m.world_sizes})")
     cal, numel = m.cal, m.struct["numel"] * fraction
     link = S.Link(bps, alpha, *msg)
+    intra = None if per == 1 else S.Link(cluster.intra_bandwidth_bps, cluster.intra_latency_s, *msg)
     t = np.zeros(n)
-    for rnd in fragment_rounds(per_n[str(n)], fraction):
-        t = replay_ring(rnd, cal, link, codec_scale, t)
+    for rnd in fragment_rounds(per_n[str(nodes)], fraction):
+        t = (replay_ring(rnd, cal, link, codec_scale, t) if per == 1
+             else replay_two_level(rnd, cal, link, intra, per, codec_scale, t))
     extra = float(op_cost(cal["vector"]["div"], numel, 1.0))            # flat.div_(N)
     extra += m.passes(name) * float(op_cost(cal["vector"]["add"], numel, codec_scale))
     return float(t.max()) + extra
@@ -238,14 +277,15 @@ def compute_time(m: Calibrated, n: int, compute_s=None) -> float:
 
 
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-              compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0) -> dict:
+              compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0, cluster: Cluster = FLAT) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
     runner's non-finite checks of the gradient (before aggregation and of the aggregate) and the
     aggregator's untimed measurement (both at scale 1), aggregation.  ``compute_s``: see
-    :func:`compute_time`; ``fraction``: the share of the vector aggregated (a fragment's: the measurement
-    and :func:`aggregation` of it; a method's syncs are :mod:`gvq.predict.sync`'s)."""
+    :func:`compute_time`; ``cluster``: :func:`aggregation`'s; ``fraction``: the share of the vector
+    aggregated (a fragment's: the measurement and :func:`aggregation` of it; a method's syncs are
+    :mod:`gvq.predict.sync`'s)."""
     comp = (compute_time(m, n, compute_s) * compute_scale
             + 2 * float(op_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
     meas = m.cal["measure"].get(name, 0.0) * fraction
-    agg = aggregation(m, name, n, bps, alpha, codec_scale, fraction=fraction)
+    agg = aggregation(m, name, n, bps, alpha, codec_scale, fraction=fraction, cluster=cluster)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

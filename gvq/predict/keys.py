@@ -17,7 +17,24 @@ ROOT_DIR = Path("runs/predict")          # calibrate writes <ROOT_DIR>/<model>/
 
 
 @dataclass
-class TableKeys(CodecCostKeys):
+class NodeKeys:
+    """The two-level shape of every command that prices a net: nodes of ``ranks_per_node`` ranks on their
+    own link, ``bandwidth`` / ``latency`` the links between nodes (gvq/comm/links.py Cluster); rings priced
+    as ``aggregator.topology=hierarchical`` runs them where a node holds more than one rank."""
+    # consecutive ranks a node (must divide N); 1: the flat ring at one link; more => more of the bytes inside nodes
+    ranks_per_node: int = 1
+    intra_bandwidth: float = 2.4e12      # bit/s inside a node (NVLink-class); lower => intra phases cost more
+    intra_latency: float = 0.0           # seconds per message inside a node; higher => intra phases cost more
+
+
+def cluster_of(args):
+    """The :class:`gvq.comm.links.Cluster` of a command's :class:`NodeKeys`."""
+    from gvq.comm.links import Cluster
+    return Cluster(args.ranks_per_node, args.intra_bandwidth, args.intra_latency)
+
+
+@dataclass
+class TableKeys(CodecCostKeys, NodeKeys):
     model: str = "resnet32"              # reads runs/predict/<model>/ (calibrate model=<model> writes it)
     world_size: List[int] = field(default_factory=lambda: [2, 4, 8, 16])   # ranks N, a row each
     bandwidth: List[float] = field(default_factory=lambda: [5e7, 2e8, 1e9])   # links, bit/s per rank
@@ -91,7 +108,7 @@ class RingsKeys:
 
 
 @dataclass
-class ProjectKeys(CodecCostKeys):
+class ProjectKeys(CodecCostKeys, NodeKeys):
     models: List[str] = field(default_factory=lambda: ["resnet32"])   # each calibrated under --calibration/<model>
     max_world_size: int = 1024           # the largest N projected; higher => more cells
     # post-backward and overlapped modes (N >= 8, 50 Mbit/s..100 Gbit/s, compute x1 and x1/6) against

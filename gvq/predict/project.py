@@ -17,6 +17,7 @@ import pandas as pd
 from gvq.predict import codec_costs, nccl
 from gvq.predict import cost_model as M
 from gvq.predict.heatmap import plot
+from gvq.predict.keys import cluster_of
 from gvq.predict.sync import methods_asked, project_methods
 from gvq.predict.table import row
 from gvq.schema.tool import namespace
@@ -28,9 +29,11 @@ FP16 = "fp16"                # overlapped, the reference every overlap=true gain
 DDP = "ddp"                  # DDP's all-reduce hook: priced by baseline=nccl, its iterations RAR's
 
 
-def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0) -> pd.DataFrame:
-    rows = [row(m, a, n, b, alpha, 1.0, c) for n in worlds for b in links for a in m.aggregators for c in scales]
-    return pd.DataFrame(rows).assign(model=m.cal["model"])
+def grid(m: M.Calibrated, worlds, links, scales, alpha: float = 0.0, cluster=M.FLAT) -> pd.DataFrame:
+    rows = [row(m, a, n, b, alpha, 1.0, c, cluster) for n in worlds for b in links for a in m.aggregators
+            for c in scales]
+    df = pd.DataFrame(rows).assign(model=m.cal["model"])
+    return df if cluster.flat else df.assign(nodes=df["N"] // cluster.ranks_per_node)
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
@@ -103,16 +106,20 @@ def predict_project(cfg, paths):
                                    frozenset(iters) - frozenset(typed), nccl.from_args(args))
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project overlap=true: {e}") from None
-    frames = []
+    frames, cluster = [], cluster_of(args)
     for model in args.models:
         m, how = pricing(M.Calibrated.load(M.calibration_folder(args.calibration, model)))
         print(f"gvq.predict project: {model}: {how}", flush=True)
-        worlds = [n for n in m.world_sizes if n & (n - 1) == 0 and n <= args.max_world_size]
-        df = grid(m, worlds, LINKS, SCALES)
+        per = cluster.ranks_per_node
+        worlds = [n * per for n in m.world_sizes if n & (n - 1) == 0 and (n > 1 or per == 1)
+                  and n * per <= args.max_world_size]
+        df = grid(m, worlds, LINKS, SCALES, cluster=cluster)
         win = winners(df).assign(model=model)
-        plot(win, model, args.out / f"projection_{model}.png", caption=MARGIN)
-        frames.append(df.merge(win, on=["N", "link_bps", "compute_scale", "model"]))
-        print(f"gvq.predict project: {model}: {len(win)} cells -> {args.out}/projection_{model}.png", flush=True)
+        win = win if per == 1 else win.assign(nodes=win["N"] // per)
+        for path, cells, axes in _heatmaps(args.out, model, win, per):
+            plot(cells, f"{model}{'' if per == 1 else f', {per} ranks a node'}", path, caption=MARGIN, **axes)
+            print(f"gvq.predict project: {model}: {len(cells)} cells -> {path}", flush=True)
+        frames.append(df.merge(win, on=["N", "link_bps", "compute_scale", "model"] + ["nodes"] * (per > 1)))
     full = pd.concat(frames)
     full.to_csv(args.out / "projection.csv", index=False)
     cross = crossovers(full)
@@ -126,6 +133,18 @@ def predict_project(cfg, paths):
     if methods:
         project_methods(args, pricing, methods, LINKS, SCALES)
     return frames
+
+
+NODE_LINKS = [1e9, 1e10, 1e11]     # between nodes: a two-level projection's heatmaps, one each
+
+
+def _heatmaps(out: Path, model: str, win: pd.DataFrame, per: int):
+    """(path, cells, axes) of each heatmap: flat, one (N down, link across, a panel per compute scale);
+    nodes of ``per`` ranks, one per inter-node link of :data:`NODE_LINKS` (nodes down, compute across)."""
+    if per == 1:
+        return [(out / f"projection_{model}.png", win, {})]
+    return [(out / f"projection_{model}_nodes{per}_{b:.0e}.png", win[win["link_bps"] == b],
+             {"rows": "nodes", "cols": "compute_scale", "panels": "link_bps"}) for b in NODE_LINKS]
 
 
 OVERLAP_LINKS = [5e7, 1e8, 3e8, 1e9, 3e9, 1e10, 3e10, 1e11]

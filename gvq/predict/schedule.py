@@ -44,8 +44,9 @@ class Pieces:
     present: np.ndarray
 
 
-class _Ranks:
-    """Every rank's clock and link; ``send`` hands a message per rank to its link, returns arrivals."""
+class Ranks:
+    """Every rank's clock and link; ``send`` hands a message per rank to its link, returns arrivals.  The
+    clocks may be a 2-D array (nodes x ranks a node): independent rings along the last axis."""
 
     def __init__(self, n: int, link: Link, start=None):
         self.n, self.link = n, link
@@ -67,7 +68,7 @@ class _Ranks:
         self.t = self.t + ((np.asarray(nbytes) > 0) & mask) * self.link.post_cost(nbytes)
 
     def wait(self, sent_by_left: np.ndarray) -> None:
-        self.t = np.maximum(self.t, np.roll(sent_by_left, 1))
+        self.t = np.maximum(self.t, np.roll(sent_by_left, 1, axis=-1))   # rings along the last axis
 
     def wait_sent(self, own: np.ndarray) -> None:
         """``P2P.wait`` on one's own send: the virtual clock moves to its arrival too."""
@@ -76,8 +77,17 @@ class _Ranks:
 
 def plain_ring(seg_bytes: np.ndarray, add: np.ndarray, link: Link, start=None) -> np.ndarray:
     """:func:`ring.allreduce_`: N - 1 reduce-scatter steps (send, wait, add), N - 1 all-gather steps."""
+    R = Ranks(len(seg_bytes), link, start)
+    reduce_scatter(R, seg_bytes, add)
+    allgather(R, seg_bytes)
+    return R.t
+
+
+def reduce_scatter(R: Ranks, seg_bytes: np.ndarray, add: np.ndarray) -> None:
+    """:func:`gvq.comm.ring_plain.reduce_scatter_` on ``R`` (rings of N = ``len(seg_bytes)`` along the
+    last axis of its clocks): rank r ends holding segment (r + 1) % N."""
     n = len(seg_bytes)
-    R, r = _Ranks(n, link, start), np.arange(n)
+    r = np.arange(n)
     for i in range(n - 1):
         out, inc = (r - i) % n, (r - i - 1) % n
         R.post(seg_bytes[inc])
@@ -85,20 +95,25 @@ def plain_ring(seg_bytes: np.ndarray, add: np.ndarray, link: Link, start=None) -
         R.wait(sent)
         R.t = R.t + add[inc]
         R.wait_sent(sent)
+
+
+def allgather(R: Ranks, seg_bytes: np.ndarray) -> None:
+    """:func:`gvq.comm.ring_plain.allgather_` on ``R``, as :func:`reduce_scatter`."""
+    n = len(seg_bytes)
+    r = np.arange(n)
     for i in range(n - 1):
         out, inc = (r + 1 - i) % n, (r - i) % n
         R.post(seg_bytes[inc])
         sent = R.send(seg_bytes[out])
         R.wait(sent)
         R.wait_sent(sent)
-    return R.t
 
 
 def reencode_ring(seg_bytes, compress, decompress, hop, link: Link, start=None) -> np.ndarray:
     """:func:`ring.reencode_allreduce_`: every hop decompresses, adds, recompresses (``hop``, one cost per
     segment; nothing overlaps), then a compressed all-gather decoding each segment into the gradient."""
     n = len(seg_bytes)
-    R, r = _Ranks(n, link, start), np.arange(n)
+    R, r = Ranks(n, link, start), np.arange(n)
     R.t = R.t + compress[r]
     held = _pass(R, seg_bytes, r.copy(), lambda i: (r - i - 1) % n, hop)           # reduce-scatter
     R.t = R.t + decompress[(r + 1) % n]
@@ -106,7 +121,7 @@ def reencode_ring(seg_bytes, compress, decompress, hop, link: Link, start=None) 
     return R.t
 
 
-def _pass(R: _Ranks, seg_bytes, held, segment, cost) -> np.ndarray:
+def _pass(R: Ranks, seg_bytes, held, segment, cost) -> np.ndarray:
     """One ring pass of n - 1 steps: each rank posts the receive of ``segment(i)``, sends what it holds,
     pays ``cost`` of the segment it got once both its receive and its send are done; returns what each
     rank holds at the end."""
@@ -125,7 +140,7 @@ def additive_ring(p: Pieces, link: Link, start=None) -> np.ndarray:
     """:func:`ring.additive_allreduce_` (Algorithm 1 with pieces): receives posted before compressing,
     payloads added, each piece forwarded on arrival; decompression of held pieces while later ones travel."""
     n, P = p.present.shape
-    R, r = _Ranks(n, link, start), np.arange(n)
+    R, r = Ranks(n, link, start), np.arange(n)
     prev = []
     for j in range(P):                                   # own segment: compress, send each piece
         have = p.present[r, j]
@@ -146,7 +161,7 @@ def additive_ring(p: Pieces, link: Link, start=None) -> np.ndarray:
     return _allgather(p, R, (r + 1) % n)
 
 
-def _allgather(p: Pieces, R: _Ranks, held: np.ndarray) -> np.ndarray:
+def _allgather(p: Pieces, R: Ranks, held: np.ndarray) -> np.ndarray:
     """Phase 2 of Algorithm 1; pending decompressions kept per rank as a FIFO of costs."""
     n, P = p.present.shape
     r = np.arange(n)
@@ -205,7 +220,7 @@ def sparse_ring(kept, lengths, compress: float, merge: np.ndarray, write: float,
     the chunk that arrived (``merge``, one cost per segment); at the end every chunk is written back."""
     lengths = np.asarray(lengths, float)
     n = len(lengths)
-    R, r = _Ranks(n, link, start), np.arange(n)
+    R, r = Ranks(n, link, start), np.arange(n)
     R.t = R.t + compress
 
     def hop(out, inc, ranks):
@@ -227,7 +242,7 @@ def sparse_ring(kept, lengths, compress: float, merge: np.ndarray, write: float,
 def gather_ring(nbytes: float, compress: float, decompress: float, add: float, link: Link,
                 n: int, start=None) -> np.ndarray:
     """:func:`ring.gather_allreduce_` (allgather): compress once, forward N - 1 payloads, decode and sum N."""
-    R = _Ranks(n, link, start)
+    R = Ranks(n, link, start)
     R.t = R.t + compress
     for _ in range(n - 1):
         R.post(np.full(n, nbytes))

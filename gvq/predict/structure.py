@@ -123,10 +123,19 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
     if rings is None:
         raise ValueError(f"gvq.predict: aggregator {name!r} ({type(agg).__name__}) declares no rings "
                          "(Aggregator.rings): the cost model cannot price it")
-    if any(r.kind == "hierarchical" for r in rings):
-        raise ValueError(f"gvq.predict: {name!r} with aggregator.topology=hierarchical: the cost model prices "
-                         "one flat ring only (a two-level model is not built yet)")
-    return [_round(name, r) for r in rings]
+    return [_round(name, across_nodes(r, n)) for r in rings]
+
+
+def across_nodes(ring, n: int):
+    """A ring as stored: a hierarchical one (``aggregator.topology=hierarchical``) as its ring across ``n``
+    nodes of one rank on the whole vector (:func:`gvq.comm.hierarchy.inner_ring`: what it runs on a flat
+    net), which the cost model prices on nodes of several ranks (``cost_model.replay_two_level``); any
+    other as it is."""
+    if ring.kind != "hierarchical":
+        return ring
+    from gvq.comm.hierarchy import inner_ring
+    numel = ring.segs if isinstance(ring.segs, int) else ring.segs[-1]
+    return inner_ring(ring, slice(0, numel), n)
 
 
 def rounds(name: str, agg, n: int) -> list[dict]:

@@ -10,7 +10,7 @@ import pandas as pd
 from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
 from gvq.predict import schedule as S
-from gvq.predict.keys import ROOT_DIR
+from gvq.predict.keys import ROOT_DIR, cluster_of
 from gvq.schema.tool import namespace
 
 
@@ -34,18 +34,29 @@ def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
     return nbytes, msgs
 
 
-def row(m: M.Calibrated, name: str, n: int, bps: float, alpha: float, codec: float, compute: float) -> dict:
-    it = M.iteration(m, name, n, bps, alpha, codec, compute)
-    nbytes, msgs = traffic(m, name, n)
+def row(m: M.Calibrated, name: str, n: int, bps: float, alpha: float, codec: float, compute: float,
+        cluster=M.FLAT) -> dict:
+    """One cell; on nodes of several ranks (``cluster``) ``link_bps`` and ``MB_per_rank`` are the
+    inter-node link's (the ring across nodes on 1/R of the vector), ``MB_intra_per_rank`` the node's."""
+    it = M.iteration(m, name, n, bps, alpha, codec, compute, cluster=cluster)
+    per = cluster.ranks_per_node
+    nbytes, msgs = traffic(m, name, n // per)
+    nbytes, pos = nbytes / per, m.cal["msg"][0]
     parts = {"compute": it["compute_s"], "bandwidth": 8 * nbytes / bps,
-             "latency": msgs * (alpha + 2 * m.cal["msg"][0])}                 # a send and a receive posted
+             "latency": msgs * (alpha + 2 * pos)}                             # a send and a receive posted
+    node = {}
+    if per > 1:                       # fp32 reduce-scatter and all-gather of R shards inside the node
+        intra = 2 * (per - 1) / per * 4 * m.struct["numel"]
+        parts["bandwidth"] += 8 * intra / cluster.intra_bandwidth_bps
+        parts["latency"] += 2 * (per - 1) * (cluster.intra_latency_s + 2 * pos)
+        node = {"ranks_per_node": per, "MB_intra_per_rank": intra / 1e6}
     parts["codec"] = max(it["aggregate_s"] - parts["bandwidth"] - parts["latency"], 0.0) + it["measure_s"]
     return {"N": n, "link_bps": bps, "compute_scale": compute, "aggregator": name, **it,
-            "MB_per_rank": nbytes / 1e6, "bound": max(parts, key=parts.get)}
+            "MB_per_rank": nbytes / 1e6, **node, "bound": max(parts, key=parts.get)}
 
 
-def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=(1.0,)) -> pd.DataFrame:
-    df = pd.DataFrame([row(m, a, n, b, alpha, codec, c) for n in worlds for b in links for c in computes
+def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=(1.0,), cluster=M.FLAT) -> pd.DataFrame:
+    df = pd.DataFrame([row(m, a, n, b, alpha, codec, c, cluster) for n in worlds for b in links for c in computes
                        for a in names])
     keys = ["N", "link_bps", "compute_scale"]
     base = df[df["aggregator"] == "rar"].set_index(keys)["iter_s"].rename("_rar")
@@ -60,10 +71,13 @@ def predict_table(cfg, paths) -> pd.DataFrame:
     args = namespace(cfg, paths)
     m = M.Calibrated.load(args.calibration or ROOT_DIR / args.model)
     m, priced = codec_costs.apply(m, args, args.aggregators)
+    cluster = cluster_of(args)
     df = table(m, args.aggregators or m.aggregators, args.world_size, args.bandwidth, args.latency,
-               args.codec_scale, args.compute_scale)
+               args.codec_scale, args.compute_scale, cluster)
+    nodes = "" if cluster.flat else (f"; nodes of {cluster.ranks_per_node} ranks at {cluster.intra_bandwidth_bps:g} "
+                                     "bit/s inside, hierarchical rings, link_bps between nodes")
     print(f"# predicted, virtual-time terms ({m.cal['model']}, batch {m.cal['batch_size']}, codec "
-          f"x{args.codec_scale:g}, alpha {args.latency:g} s; calibrated on {m.cal['host']}; {priced})")
+          f"x{args.codec_scale:g}, alpha {args.latency:g} s; calibrated on {m.cal['host']}; {priced}{nodes})")
     print(df.to_markdown(index=False, floatfmt=".4g"))
     return df
 

@@ -83,14 +83,9 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
                                                    net["bandwidth_bps"], net["latency_s"], run_dir=run_dir,
                                                    aggregate_error=cfg["aggregate_error"],
-                                                   lr=functools.partial(first_lr, opt), cluster=cluster_of(net)))
+                                                   lr=functools.partial(first_lr, opt), cluster=Cluster.of_net(net)))
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
     return data, work, model, opt, sched, agg
-
-
-def cluster_of(net) -> Cluster:
-    """Where the run's ranks sit (``net.ranks_per_node`` and the links inside a node)."""
-    return Cluster(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"])
 
 
 def first_lr(opt) -> float:

@@ -1,0 +1,40 @@
+"""The hierarchical all-reduce of a two-level net (:mod:`gvq.comm.hierarchy`, ``aggregator.topology=
+hierarchical``) replayed on the cost model, every rank at once, as :mod:`gvq.predict.schedule` replays the
+flat rings: clocks as an M x R array (nodes x ranks a node; global rank m R + j), two link classes per rank,
+each its own FIFO (:class:`gvq.comm.p2p.P2P`'s ``intra_link`` and ``link``).
+
+1. :func:`gvq.predict.schedule.reduce_scatter` of the R shards inside every node, on the intra links;
+2. per local rank j, the ring across the M nodes on the shard j holds (``inner``: the flat-ring schedule of
+   the aggregator's own ring on that shard, on the inter-node links, which phases 1 and 3 never use);
+3. :func:`gvq.predict.schedule.allgather` of the shards inside every node, on the intra links (their FIFOs
+   as phase 1 left them).
+One rank a node is the flat ring exactly: phases 1 and 3 are empty and ``inner`` runs on the whole vector.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from gvq.predict import schedule as S
+
+
+def hierarchical_ring(shard_bytes: np.ndarray, add: np.ndarray, intra: S.Link, nodes: int,
+                      inner: Callable[[int, np.ndarray], np.ndarray], start=None) -> np.ndarray:
+    """Each rank's clock (length M R, global rank order) at the end of a hierarchical all-reduce whose
+    node cuts its vector into R shards of ``shard_bytes`` (fp32, plain adds costing ``add`` each);
+    ``inner(shard, start)``: the M clocks at the end of the ring across nodes on ``shard``, started at
+    the M ``start`` clocks (the ranks holding it, node order)."""
+    per = len(shard_bytes)
+    t0 = np.zeros(nodes * per) if start is None else np.asarray(start, dtype=float)
+    R = S.Ranks(per, intra, t0.reshape(nodes, per))
+    if per > 1:
+        S.reduce_scatter(R, np.asarray(shard_bytes, float), np.asarray(add, float))
+    held = (np.arange(per) + 1) % per if per > 1 else np.zeros(1, int)   # reduce_scatter_'s return
+    t = R.t.copy()
+    for j in range(per):
+        t[:, j] = inner(int(held[j]), t[:, j])
+    R.t = t
+    if per > 1:
+        S.allgather(R, np.asarray(shard_bytes, float))
+    return R.t.reshape(-1)
