@@ -35,8 +35,8 @@ class StreamingDiLoCo(DiLoCo):
     extra_fields = ("synced", "comm_s", "exposed_s")
 
     def __init__(self, every: int = 30, fragments: int = 3, delay: int = 1, alpha: float = 0.0,
-                 outer_lr: float = 0.7, outer_momentum: float = 0.9):
-        super().__init__(every=every, outer_lr=outer_lr, outer_momentum=outer_momentum)
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, workers: str = "rank"):
+        super().__init__(every=every, outer_lr=outer_lr, outer_momentum=outer_momentum, workers=workers)
         if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= every:
             raise ValueError(f"method.fragments={fragments!r}: must be an integer in [1, method.every={every}] "
                              "(one fragment sync per step at most)")
