@@ -115,7 +115,8 @@ class DiLoCo(Method):
             return {}
         if not self.syncs(iteration):
             return {}
-        return {**self.outer_step(iteration), **self.sync_marker(True)}
+        row = {**self.outer_step(iteration), **self.sync_marker(True)}
+        return row if self.nodes is None else self.nodes.plus_gradients(row)
 
     def outer_step(self, iteration: int) -> dict:
         """Δ averaged, θ_global stepped by the outer optimizer on it, θ_local ← θ_global.  ``aggregate_s``

@@ -51,7 +51,13 @@ class NodeWorkers:
 
     def average_gradients(self, iteration: int) -> dict:
         """Every ``param.grad`` replaced by its mean over the node's ranks; the step's columns."""
-        return self.inside.aggregate(iteration)
+        self.last = self.inside.aggregate(iteration)
+        return self.last
+
+    def plus_gradients(self, row: dict) -> dict:
+        """``after_step``'s ``row`` (its columns replace ``before_step``'s) with this step's gradient averaging
+        inside the node added where it names the same counter, so a sync's row counts both."""
+        return {**row, **{k: row[k] + self.last[k] for k in (*ADDED, "aggregate_s") if k in row}}
 
     def share(self, params: tuple[int, ...]) -> tuple[list[slice], tuple[int, ...]]:
         """The R blocks of a vector laid out as ``params`` (value ranges on parameter boundaries, some empty

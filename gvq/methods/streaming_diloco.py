@@ -103,7 +103,7 @@ class StreamingDiLoCo(DiLoCo):
         self.pending = [p for p in self.pending if p[0] > iteration]
         if due:
             row["aggregate_s"] = row.get("aggregate_s", 0.0) + clock.now() - t0
-        return row
+        return row if self.nodes is None else self.nodes.plus_gradients(row)
 
     def send(self, f: int, iteration: int) -> tuple[torch.Tensor, dict, float | None]:
         """Fragment ``f``'s Δ taken and averaged: the row's columns, and when the averaging ends on the

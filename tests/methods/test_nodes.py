@@ -72,7 +72,7 @@ def test_nodes_hold_one_replica_and_an_outer_step_joins_them(variants):
     nodes differ; after the outer steps (iterations 2 and 5) all four agree bitwise.  Inner steps send the
     gradient's ring inside the node (n values x 4 bytes at R = 2) and nothing across; an outer step sends,
     summed over a node's ranks, the ring's bytes on Δ over 2 nodes (n x 4 bytes) across nodes, plus the
-    blocks' all-gather inside it."""
+    blocks' all-gather and that step's gradient ring inside it."""
     ranks = [v[(2, "node")] for v in variants]
     n = ranks[0][1]
     for it, (synced, params, _, _) in enumerate(ranks[0][0]):
@@ -84,7 +84,8 @@ def test_nodes_hold_one_replica_and_an_outer_step_joins_them(variants):
             assert inters == [0] * 4 and all(r[0][it][2] == 4 * n for r in ranks), it
         else:
             assert inters[0] + inters[1] == inters[2] + inters[3] == 4 * n and min(inters) > 0, inters
-            assert all(r[0][it][2] == 2 * r[0][it][3] for r in ranks), it    # its block out, once each way
+            # its block out across nodes and inside the node, plus the step's own gradient ring in the node
+            assert all(r[0][it][2] == 2 * r[0][it][3] + 4 * n for r in ranks), it
 
 
 def test_one_rank_a_node_is_workers_rank(variants):
