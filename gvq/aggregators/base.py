@@ -59,6 +59,10 @@ class RunContext:
     lr: Callable[[], float] | None = None
     #: where the ranks sit (net.ranks_per_node and the links inside a node); the default: the flat net
     cluster: Cluster = Cluster()
+    #: the process group of the ranks its ring runs among, ``rank`` and ``world_size`` being this rank's
+    #: position in it and its size (``method.workers=node``: the nodes' ring at one local index); None: the
+    #: default group, every rank
+    group: object | None = None
 
 
 def refuse_optimizer_momentum(option: str, cfg: dict) -> None:

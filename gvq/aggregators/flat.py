@@ -50,7 +50,8 @@ class FlatAggregator(Aggregator):
         self.params = [p for p in params if p.requires_grad]
         refuse_dtypes(self.name, self.params, self.refused_dtypes)
         self.ctx = ctx
-        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s, cluster=ctx.cluster)
+        self.p2p = P2P(ctx.rank, ctx.world_size, ctx.timeout_s, ctx.bandwidth_bps, ctx.latency_s, group=ctx.group,
+                       cluster=ctx.cluster)
         self.stopwatch = clock.Stopwatch()
         self.error_sums = [0.0, 0.0]     # this iteration's ||mean - exact||^2, ||exact||^2 (aggregate_error)
         # where each parameter's values start in the whole flat gradient (per-parameter state lives there)

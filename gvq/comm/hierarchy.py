@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch.distributed as dist
+
 from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_plain import allgather_, reduce_scatter_, timed_alone
@@ -26,6 +28,17 @@ def check_shape(world_size: int, ranks_per_node: int) -> None:
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(f"net.ranks_per_node={ranks_per_node}: must divide world_size={world_size} "
                          "(whole nodes of consecutive ranks)")
+
+
+def node_groups(rank: int, world_size: int, ranks_per_node: int) -> tuple:
+    """This rank's two process groups on a two-level net: its node's ranks, and one rank of every node (the
+    ranks at its own local index).  Collective: every rank makes every group, in the same order."""
+    check_shape(world_size, ranks_per_node)
+    per, nodes = ranks_per_node, world_size // ranks_per_node
+    node, local = divmod(rank, per)
+    inside = [dist.new_group([m * per + j for j in range(per)]) for m in range(nodes)]
+    across = [dist.new_group([m * per + j for m in range(nodes)]) for j in range(per)]
+    return inside[node], across[local]
 
 
 def inner_ring(ring, shard: slice, nodes: int):

@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from gvq.aggregators.base import Aggregator
+from gvq.aggregators.base import Aggregator, RunContext
 from gvq.schema import columns
 
 
@@ -24,7 +24,8 @@ class Method:
     named).  Call order: :meth:`check` and :meth:`check_run` (before any rank starts), :meth:`setup`
     (after the aggregator's ``setup`` and ``wrap``, replicas already identical), then per iteration
     :meth:`before_step`, the inner optimizer's step, :meth:`after_step`; :meth:`state_dict` /
-    :meth:`load_state_dict` around checkpoints (after :meth:`setup`)."""
+    :meth:`load_state_dict` around checkpoints (after :meth:`setup`); :meth:`close` at the end.  The loop
+    calls :meth:`aggregator_context` before the aggregator's ``setup``."""
 
     #: its value of ``method=`` (logs, summary)
     name: str = "method"
@@ -40,6 +41,12 @@ class Method:
         dict; its ``optim``, ``net`` ...) cannot serve this method (DeMo: it decodes the step's direction
         itself, so the inner optimizer must be momentum-free SGD).  Config validation calls it, and the
         loop's :func:`gvq.run.train.build_method` again.  Default: any run."""
+
+    def aggregator_context(self, ctx: RunContext) -> RunContext:
+        """The context the run's aggregator is set up in, from the run's ``ctx`` (called on every rank, before
+        the aggregator's ``setup``): which ranks exchange what this method sends.  Default: ``ctx``, every
+        rank (DiLoCo with ``method.workers=node``: one rank of every node)."""
+        return ctx
 
     def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
         """Bind to this rank's parameters and the aggregator that moves what it sends."""
@@ -85,3 +92,6 @@ class Method:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output (after :meth:`setup`)."""
+
+    def close(self) -> None:
+        """Release what :meth:`setup` opened besides the run's aggregator (its own transport).  Default: nothing."""

@@ -13,9 +13,10 @@ import contextlib
 
 import torch
 
-from gvq.aggregators.base import Aggregator
+from gvq.aggregators.base import Aggregator, RunContext
 from gvq.comm import clock
 from gvq.methods.base import Method
+from gvq.methods.nodes import ADDED, NodeWorkers
 from gvq.schema import columns
 
 
@@ -25,14 +26,37 @@ class DiLoCo(Method):
     name = "diloco"
     extra_fields = ("synced",)
 
-    def __init__(self, every: int = 30, outer_lr: float = 0.7, outer_momentum: float = 0.9):
+    def __init__(self, every: int = 30, outer_lr: float = 0.7, outer_momentum: float = 0.9, workers: str = "rank"):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"method.every={every!r}: must be an integer >= 1")
         if not outer_lr > 0:
             raise ValueError(f"method.outer_lr={outer_lr!r}: must be > 0")
         if not 0 <= outer_momentum < 1:
             raise ValueError(f"method.outer_momentum={outer_momentum!r}: must be in [0, 1)")
+        if workers not in ("rank", "node"):
+            raise ValueError(f"method.workers={workers!r}: must be rank or node")
         self.every, self.outer_lr, self.outer_momentum = every, float(outer_lr), float(outer_momentum)
+        self.workers = str(workers)
+        #: method.workers=node: the node's ring and the nodes' (gvq/methods/nodes.py); None: every rank a worker
+        self.nodes: NodeWorkers | None = None
+
+    def check_run(self, cfg: dict) -> None:
+        if self.workers != "node":
+            return
+        per = cfg["net"]["ranks_per_node"]
+        if per < 2:
+            raise ValueError(f"method.workers=node needs nodes of several ranks: net.ranks_per_node={per} is "
+                             "the flat net (e.g. net=nodes2x4, or method.workers=rank)")
+        if cfg["aggregator"].get("topology") == "hierarchical" or cfg["aggregate_error"]:
+            raise ValueError("method.workers=node runs the aggregator across nodes itself: it takes neither "
+                             "aggregator.topology=hierarchical nor aggregate_error=true")
+
+    def aggregator_context(self, ctx: RunContext) -> RunContext:
+        """``method.workers=node``: the ring of one rank a node (gvq/methods/nodes.py); else every rank."""
+        if self.workers != "node":
+            return ctx
+        self.nodes = NodeWorkers(ctx)
+        return self.nodes.across
 
     def check(self, agg: Aggregator) -> None:
         if agg.inside_backward or not agg.any_bucket:
@@ -42,6 +66,10 @@ class DiLoCo(Method):
     def setup(self, params: list[torch.nn.Parameter], agg: Aggregator) -> None:
         super().setup(params, agg)
         self.params = [p for p in params if p.requires_grad]
+        if self.workers == "node":
+            if self.nodes is None:
+                raise ValueError("method.workers=node: set the aggregator up in aggregator_context()'s ring")
+            self.nodes.setup(params)
         if len({p.dtype for p in self.params}) > 1:
             raise ValueError(f"method={self.name}: parameters of one dtype only (its Δ is one flat vector)")
         self.bounds = self.fragment_bounds()
@@ -66,6 +94,19 @@ class DiLoCo(Method):
         return False
 
     # -- one iteration -----------------------------------------------------------------------------------
+    def before_step(self, iteration: int) -> dict:
+        """workers=node: the gradients averaged inside the node every step (and, where the schedule averages
+        them, across nodes too: the mean of the nodes' means)."""
+        if self.nodes is None:
+            return super().before_step(iteration)
+        stats = self.nodes.average_gradients(iteration)
+        everywhere = self.averages_gradients(iteration)
+        if everywhere:
+            across = self.agg.aggregate(iteration)
+            stats = {**across, **{k: stats[k] + across[k] for k in (*ADDED, "aggregate_s")}}
+        return {**columns.unsynced_row(), **stats, "phase": "node" if not everywhere else self.agg.name,
+                **self.sync_marker(everywhere)}
+
     def after_step(self, iteration: int) -> dict:
         if self.averages_gradients(iteration):        # replicas stepped together: the global copy follows
             with torch.no_grad():
@@ -74,7 +115,8 @@ class DiLoCo(Method):
             return {}
         if not self.syncs(iteration):
             return {}
-        return {**self.outer_step(iteration), **self.sync_marker(True)}
+        row = {**self.outer_step(iteration), **self.sync_marker(True)}
+        return row if self.nodes is None else self.nodes.plus_gradients(row)
 
     def outer_step(self, iteration: int) -> dict:
         """Δ averaged, θ_global stepped by the outer optimizer on it, θ_local ← θ_global.  ``aggregate_s``
@@ -102,7 +144,11 @@ class DiLoCo(Method):
 
     def average(self, f: int, delta: torch.Tensor, iteration: int) -> dict:
         """``delta`` (fragment ``f``'s) replaced by its average over ranks; the sync row's columns."""
-        stats = self.agg.average_vector(delta, iteration, tuple(range(self.bounds[f], self.bounds[f + 1])))
+        params = tuple(range(self.bounds[f], self.bounds[f + 1]))
+        if self.nodes is not None:
+            stats = self.nodes.average(self.agg, delta, iteration, params)
+        else:
+            stats = self.agg.average_vector(delta, iteration, params)
         return {**columns.unsynced_row(), **stats, "phase": self.agg.name}
 
     @torch.no_grad()
@@ -138,6 +184,10 @@ class DiLoCo(Method):
         finally:
             for f, flat in enumerate(mine):
                 self.write_local(f, flat)
+
+    def close(self) -> None:
+        if self.nodes is not None:
+            self.nodes.close()
 
     # -- checkpoints: the global copy and the outer momentum (the inner optimizer's is the run's) ----------
     def state_dict(self) -> dict:

@@ -17,8 +17,8 @@ class LocalSGD(DiLoCo):
 
     name = "local_sgd"
 
-    def __init__(self, every: int = 4, start_iter: int = 0):
-        super().__init__(every=every, outer_lr=1.0, outer_momentum=0.0)
+    def __init__(self, every: int = 4, start_iter: int = 0, workers: str = "rank"):
+        super().__init__(every=every, outer_lr=1.0, outer_momentum=0.0, workers=workers)
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"method.start_iter={start_iter!r}: must be an integer >= 0")
         self.start_iter = start_iter

@@ -35,8 +35,8 @@ class StreamingDiLoCo(DiLoCo):
     extra_fields = ("synced", "comm_s", "exposed_s")
 
     def __init__(self, every: int = 30, fragments: int = 3, delay: int = 1, alpha: float = 0.0,
-                 outer_lr: float = 0.7, outer_momentum: float = 0.9):
-        super().__init__(every=every, outer_lr=outer_lr, outer_momentum=outer_momentum)
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, workers: str = "rank"):
+        super().__init__(every=every, outer_lr=outer_lr, outer_momentum=outer_momentum, workers=workers)
         if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= every:
             raise ValueError(f"method.fragments={fragments!r}: must be an integer in [1, method.every={every}] "
                              "(one fragment sync per step at most)")
@@ -103,7 +103,7 @@ class StreamingDiLoCo(DiLoCo):
         self.pending = [p for p in self.pending if p[0] > iteration]
         if due:
             row["aggregate_s"] = row.get("aggregate_s", 0.0) + clock.now() - t0
-        return row
+        return row if self.nodes is None else self.nodes.plus_gradients(row)
 
     def send(self, f: int, iteration: int) -> tuple[torch.Tensor, dict, float | None]:
         """Fragment ``f``'s Δ taken and averaged: the row's columns, and when the averaging ends on the

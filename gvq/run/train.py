@@ -68,7 +68,8 @@ def lr_lambda(o: dict, iterations: int):
 
 def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     """Data and its workload, model (identical on all ranks: same seed, then a broadcast), optimizer,
-    aggregator."""
+    aggregator, and the run's ``method`` (conf/method/), bound to the parameters the aggregator averages
+    (the aggregator set up on the ranks the method names: :meth:`Method.aggregator_context`)."""
     torch.manual_seed(cfg["seed"])
     data = instantiate(cfg["dataset"])
     work = of_data(data)
@@ -79,13 +80,16 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
     opt = optim.build_optimizer(cfg["optim"], model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg["optim"], cfg["iterations"]))
     agg = aggregator_from(cfg["aggregator"])     # aggregator.overlap=true: the ring inside backward, via DDP
+    method = instantiate(cfg["method"])
+    method.check_run(cfg)
     net = cfg["net"]
-    agg.setup(list(model.parameters()), RunContext(rank, world, cfg["seed"], cfg["timeout_s"],
-                                                   net["bandwidth_bps"], net["latency_s"], run_dir=run_dir,
-                                                   aggregate_error=cfg["aggregate_error"],
-                                                   lr=functools.partial(first_lr, opt), cluster=Cluster.of_net(net)))
+    ctx = RunContext(rank, world, cfg["seed"], cfg["timeout_s"], net["bandwidth_bps"], net["latency_s"],
+                     run_dir=run_dir, aggregate_error=cfg["aggregate_error"], lr=functools.partial(first_lr, opt),
+                     cluster=Cluster.of_net(net))
+    agg.setup(list(model.parameters()), method.aggregator_context(ctx))   # the ranks the method's sends reach
     model = agg.wrap(model)            # the model itself, or torch DDP's wrapper (inside_backward)
-    return data, work, model, opt, sched, agg
+    method.setup(list(model.parameters()), agg)
+    return data, work, model, opt, sched, agg, method
 
 
 def first_lr(opt) -> float:
@@ -123,14 +127,6 @@ ITERATION_CALLBACKS: list = []
 def at_point(iteration: int, point: str) -> None:
     for callback in ITERATION_CALLBACKS:
         callback(iteration, point)
-
-
-def build_method(cfg: dict, model, agg) -> Method:
-    """The run's ``method`` (conf/method/), bound to the parameters the aggregator averages."""
-    method = instantiate(cfg["method"])
-    method.check_run(cfg)
-    method.setup(list(model.parameters()), agg)
-    return method
 
 
 def step(model, opt, agg, method: Method, work: Workload, x, y, it: int, nan_policy: str = "error",
@@ -206,8 +202,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
     # before P2P is built; exclusive: timed phases one at a time on this host (ranks on one host only)
     clock.configure(net["clock"], net["compute_scale"], net["codec_scale"], net.get("exclusive", True),
                     cfg["device"], net.get("comm_core", "shared"))
-    data, work, model, opt, sched, agg = build(cfg, rank, world, run_dir)
-    method = build_method(cfg, model, agg)
+    data, work, model, opt, sched, agg, method = build(cfg, rank, world, run_dir)
     mark(meta, "built")
     prog, old_rows = Progress(), []
     if resume:
@@ -242,6 +237,7 @@ def train(cfg: dict, rank: int, world: int, run_dir: str, meta: dict, resume: st
             raise
         raise err from e
     finally:
+        method.close()
         agg.close()
         if runlog is not None:
             runlog.close(failed=failed)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gvq.schema.choices import Workers
+
 
 @dataclass
 class EveryStepSchema:
@@ -17,6 +19,7 @@ class LocalSGDSchema:
     _target_: str = "gvq.methods.local_sgd.LocalSGD"
     every: int = 4
     start_iter: int = 0
+    workers: Workers = Workers.rank
 
 
 @dataclass
@@ -25,6 +28,7 @@ class DiLoCoSchema:
     every: int = 30
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    workers: Workers = Workers.rank
 
 
 @dataclass
