@@ -25,8 +25,13 @@ def _topk_kernels():
 def scope_table(plan, device) -> Tensor:
     """(4, S) int64: each scope's start, length, k and first slot (the plan's constants, on ``device``)."""
     lengths = [b - a for a, b in zip(plan.starts, plan.starts[1:] + [plan.n])]
-    firsts = [sum(plan.ks[:i]) for i in range(len(plan.ks))]
-    return torch.tensor([plan.starts, lengths, plan.ks, firsts], dtype=torch.int64, device=device)
+    return slot_table(plan.starts, lengths, plan.ks, device)
+
+
+def slot_table(starts: list[int], lengths: list[int], ks: list[int], device) -> Tensor:
+    """(4, S) int64: each scope's start, length, k and first slot (its k slots follow the earlier scopes')."""
+    firsts = [sum(ks[:i]) for i in range(len(ks))]
+    return torch.tensor([starts, lengths, ks, firsts], dtype=torch.int64, device=device).reshape(4, len(ks))
 
 
 def _program_block(plan) -> int:
@@ -93,4 +98,115 @@ def natural_decompress(payload: Tensor, n: int) -> Tensor:
     from gvq.compressors import _triton_natural as k
     out = torch.empty(n, dtype=torch.float32, device=payload.device)
     launch_kernel(k.natural_decode, (-(-n // NATURAL_BLOCK),), payload[:n], payload[n:], out, n, BLOCK=NATURAL_BLOCK)
+    return out
+
+
+# ---- the sign codecs: EF-SignSGD, 1-bit SGD (``_signs.GroupedSign``), Signum's vote ----------------------
+SIGN_BLOCK = 2048           # values a fit program loads at once, and a decode program writes
+SIGN_BYTES = 512            # packed sign bytes a pack program writes
+
+
+def _signs_kernels():
+    from gvq.compressors import _triton_signs     # imports triton: only once a kernel runs
+    return _triton_signs
+
+
+def group_table(sizes: list[int], device) -> tuple[Tensor, Tensor]:
+    """The grouped codecs' constants of a segment: (2, G) int64 each group's start and length, and each
+    value's group (int32)."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    groups = torch.tensor([starts, sizes], dtype=torch.int64, device=device).reshape(2, len(sizes))
+    gid = torch.repeat_interleave(torch.arange(len(sizes), dtype=torch.int32), torch.tensor(sizes, dtype=torch.int64))
+    return groups, gid.to(device)
+
+
+def _pack_signs(x: Tensor, out: Tensor) -> None:
+    launch_kernel(_signs_kernels().pack_sign_bits, (-(-out.numel() // SIGN_BYTES),), x, out, x.numel(), out.numel(),
+                  BLOCK=SIGN_BYTES)
+
+
+def grouped_compress(codec, x: Tensor, seg: slice) -> Tensor:
+    """``GroupedSign.compress``'s payload in 2 launches: each group's side floats, then the bits."""
+    groups, _ = codec.triton_table(seg, x.device)
+    head = 4 * codec.n_side * groups.shape[1]
+    out = torch.empty(codec.payload_spec(seg)[1], dtype=torch.uint8, device=x.device)   # fresh: may be in flight
+    launch_kernel(_signs_kernels().group_fit, (groups.shape[1],), x, groups, out[:head].view(torch.float32),
+                  groups.shape[1], TWO=codec.n_side == 2, BLOCK=SIGN_BLOCK)
+    _pack_signs(x, out[head:])
+    return out
+
+
+def grouped_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
+    """Inverse of :func:`grouped_compress` (either path's payload), 1 launch."""
+    groups, gid = codec.triton_table(seg, payload.device)
+    n, head = seg.stop - seg.start, 4 * codec.n_side * groups.shape[1]
+    payload = payload.clone() if payload.storage_offset() % 4 else payload      # its floats 4-byte aligned
+    out = torch.empty(n, dtype=torch.float32, device=payload.device)
+    k = _signs_kernels()
+    launch_kernel(k.sign_decode, (-(-n // SIGN_BLOCK),), payload[head:], payload[:head].view(torch.float32), gid,
+                  out, n, MODE=k.TWO_MEANS if codec.n_side == 2 else k.SCALE, BLOCK=SIGN_BLOCK)
+    return out
+
+
+def vote_compress(codec, x: Tensor, seg: slice) -> Tensor:
+    """Signum's vote of ``x``, 1 launch: int8 +-1, or the bits packed."""
+    dtype, size = codec.payload_spec(seg)
+    out = torch.empty(size, dtype=dtype, device=x.device)             # fresh: may still be in flight
+    if codec.vote == "bits":
+        _pack_signs(x, out)
+    else:
+        launch_kernel(_signs_kernels().int8_vote, (-(-size // SIGN_BLOCK),), x, out, size, BLOCK=SIGN_BLOCK)
+    return out
+
+
+def vote_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
+    """A vote payload (or an int8 sum of them) as float32, 1 launch."""
+    n, k = seg.stop - seg.start, _signs_kernels()
+    out = torch.empty(n, dtype=torch.float32, device=payload.device)
+    if codec.vote == "bits":
+        launch_kernel(k.sign_decode, (-(-n // SIGN_BLOCK),), payload, out, out, out, n, MODE=k.VOTE, BLOCK=SIGN_BLOCK)
+    else:
+        launch_kernel(k.int8_decode, (-(-n // SIGN_BLOCK),), payload, out, n, BLOCK=SIGN_BLOCK)
+    return out
+
+
+# ---- random-k ----------------------------------------------------------------------------------------
+RANDOMK_BLOCK = 1024        # values a random-k program hashes, gathers or scatters at once
+
+
+def _randomk_kernels():
+    from gvq.compressors import _triton_randomk   # imports triton: only once a kernel runs
+    return _triton_randomk
+
+
+def randomk_positions(codec, seg: slice, device) -> Tensor:
+    """The k smallest hashes' positions of each bucket of ``seg`` for the present key (in the segment,
+    int64, bucket by bucket in index order: the torch path's), 1 launch."""
+    table, _ = codec.triton_table(seg, device)
+    out = torch.empty(codec.payload_spec(seg)[1], dtype=torch.int64, device=device)
+    launch_kernel(_randomk_kernels().randomk_select, (table.shape[1],), table, out, seg.start, codec.key,
+                  table.shape[1], BLOCK=RANDOMK_BLOCK)
+    return out
+
+
+def randomk_compress(codec, x: Tensor, seg: slice) -> Tensor:
+    """Each bucket's k values at the shared positions (scaled by its n/k where ``scale``), 1 launch (and
+    the positions' own, where this key's are not yet drawn); each bucket's sum noted for the check."""
+    pos = codec.positions(seg, x.device)
+    table, scales = codec.triton_table(seg, x.device)
+    out = torch.empty(pos.numel(), dtype=torch.float32, device=x.device)       # fresh: may be in flight
+    sums = torch.empty(table.shape[1], dtype=torch.float32, device=x.device)   # fresh: noted until the check
+    launch_kernel(_randomk_kernels().randomk_gather, (table.shape[1],), x, pos, table, scales, out, sums,
+                  table.shape[1], SCALE=codec.scale, BLOCK=RANDOMK_BLOCK)
+    codec.health.note(sums)
+    return out
+
+
+def randomk_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
+    """The values at their positions, zeros elsewhere: 2 launches (zero-fill, scatter)."""
+    n, pos = seg.stop - seg.start, codec.positions(seg, payload.device)
+    out = torch.empty(n, dtype=torch.float32, device=payload.device)
+    launch_kernel(_topk_kernels().zero_fill, (-(-n // FILL_BLOCK),), out, n, BLOCK=FILL_BLOCK)
+    launch_kernel(_randomk_kernels().randomk_scatter, (-(-pos.numel() // RANDOMK_BLOCK),), payload, pos, out,
+                  pos.numel(), BLOCK=RANDOMK_BLOCK)
     return out
