@@ -1,9 +1,15 @@
-"""GRACE's codecs' ``triton`` path (:mod:`._kernels`): top-k's kernels (:mod:`._triton_topk`) and natural
-compression's (:mod:`._triton_natural`) set up and launched here, through ``_kernels.launch_kernel`` (which
-counts them); no host reads, and a program per scope or block whatever the depth.  Top-k: compress is 1
-launch (int32 indices) or 2 (packed: the select writes int32 indices to a scratch buffer, then a pack),
-decompress 2 (zero-fill, scatter); its scope table is a constant of the plan, made once per segment and
-device.  Natural: one launch each way.  Triton is optional: nothing here imports it until a kernel runs."""
+"""GRACE's codecs' ``triton`` path (:mod:`._kernels`): top-k's kernels (:mod:`._triton_topk`; chunked top-k's,
+:mod:`._triton_chunk`), natural compression's (:mod:`._triton_natural`), the sign codecs'
+(:mod:`._triton_signs`: EF-SignSGD, 1-bit SGD, Signum's vote) and random-k's (:mod:`._triton_randomk`) set
+up and launched here, through ``_kernels.launch_kernel`` (which counts them); no host reads, and a program
+per scope, group or block whatever the depth.  Top-k: compress is 1 launch (int32 indices) or 2 (packed:
+the select writes int32 indices to a scratch buffer, then a pack), decompress 2 (zero-fill, scatter); its
+scope table is a constant of the plan, made once per segment and device.  Chunked top-k: 3 to compress
+(the select, each chunk's sigma and cells, both packs), 2 to decompress.  Natural and Signum: one launch
+each way.  EF-SignSGD and 1-bit SGD: 2 to compress (the groups' fit, the sign bits), 1 to decompress.
+Random-k: its positions one launch per (draw, segment), in whichever call first needs them, then 1 to
+compress (gather), 2 to decompress (zero-fill, scatter).  Triton is optional: nothing here imports it
+until a kernel runs."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +26,11 @@ SLOT_BLOCK = 256            # kept values a scatter program writes at once
 def _topk_kernels():
     from gvq.compressors import _triton_topk     # imports triton: only once a kernel runs
     return _triton_topk
+
+
+def _chunk_kernels():
+    from gvq.compressors import _triton_chunk     # imports triton: only once a kernel runs
+    return _triton_chunk
 
 
 def scope_table(plan, device) -> Tensor:
@@ -209,4 +220,36 @@ def randomk_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
     launch_kernel(_topk_kernels().zero_fill, (-(-n // FILL_BLOCK),), out, n, BLOCK=FILL_BLOCK)
     launch_kernel(_randomk_kernels().randomk_scatter, (-(-pos.numel() // RANDOMK_BLOCK),), payload, pos, out,
                   pos.numel(), BLOCK=RANDOMK_BLOCK)
+    return out
+
+
+# ---- SparseLoCo's chunked top-k ------------------------------------------------------------------------
+def chunk_compress(codec, x: Tensor, seg: slice) -> Tensor:
+    """``ChunkTopK.compress``'s layout in 3 launches: the select (offsets and values to scratch, in index
+    order), each chunk's sigma and cells, then both code arrays packed."""
+    plan, table, dev = codec.plan(seg), codec.triton_table(seg, x.device), x.device
+    side, vbytes, ibytes = codec.layout_bytes(plan)
+    out = torch.empty(side + vbytes + ibytes, dtype=torch.uint8, device=dev)   # fresh: may be in flight
+    idx = torch.empty(plan.k, dtype=torch.int32, device=dev)
+    vals = torch.empty(plan.k, dtype=torch.float32, device=dev)
+    codes = torch.empty(plan.k, dtype=torch.int32, device=dev)
+    k, scopes, cells = _chunk_kernels(), len(plan.ks), 1 << codec.bits
+    launch_kernel(_topk_kernels().topk_select, (scopes,), x, table, idx, vals, scopes, BLOCK=_program_block(plan))
+    launch_kernel(k.chunk_codes, (scopes,), vals, table, out[:side].view(torch.float32), codes, scopes, codec.clip,
+                  cells / (2 * codec.clip), CELLS=cells, BLOCK=triton_pow2(max(plan.ks)))
+    launch_kernel(k.pack_two, (-(-max(vbytes, ibytes) // BYTE_BLOCK),), codes, idx, out[side: side + vbytes],
+                  out[side + vbytes:], plan.k, vbytes, ibytes, BITS_A=codec.bits, BITS_B=plan.bits, BLOCK=BYTE_BLOCK)
+    return out
+
+
+def chunk_decompress(codec, payload: Tensor, seg: slice) -> Tensor:
+    """Inverse of :func:`chunk_compress` (and of the torch path's payloads, any slot order): 2 launches."""
+    plan, payload = codec.plan(seg), codec.checked(payload, seg)
+    table, dev = codec.triton_table(seg, payload.device), payload.device
+    side, vbytes, _ = codec.layout_bytes(plan)
+    out = torch.empty(plan.n, dtype=torch.float32, device=dev)
+    launch_kernel(_topk_kernels().zero_fill, (-(-plan.n // FILL_BLOCK),), out, plan.n, BLOCK=FILL_BLOCK)
+    launch_kernel(_chunk_kernels().chunk_scatter, (len(plan.ks),), payload[:side].view(torch.float32),
+                  payload[side: side + vbytes], payload[side + vbytes:], codec.levels(seg, dev), table, out,
+                  len(plan.ks), BITS=codec.bits, IDX_BITS=plan.bits, BLOCK=SLOT_BLOCK)
     return out

@@ -107,6 +107,7 @@ class ChunkTopKSchema:
     chunk: int = 4096
     bits: int = 2
     clip: float = 6.0
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
