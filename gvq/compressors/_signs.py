@@ -6,6 +6,8 @@ are fit (``fit``); splitting, packing and decoding live here, each a fixed few w
 Wire format of a segment with k groups and n values: k x ``n_side`` float32 (little-endian, the group's
 values in order), then ceil(n / 8) bytes of bits, value i at bit i % 8 of byte i // 8.  Bit 1: the value
 is >= 0 (sign(0) := +1, one bit has no room for a third symbol: :mod:`gvq.compressors.signsgd`'s rule).
+Kernels (``kernels``): the torch ops here are the reference; the Triton path
+(:mod:`gvq.compressors._triton_grace`) writes the same layout, and either path decodes the other's payload.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import math
 import torch
 from torch import Tensor
 
-from gvq.compressors import _packing
+from gvq.compressors import _packing, _triton_grace
+from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
 from gvq.compressors.base import Compressor, check_choice
+
 
 def pack_signs(bits: Tensor) -> Tensor:
     """(n,) bool -> (ceil(n / 8),) uint8: :func:`gvq.compressors._packing.pack_bits` at one bit a value
@@ -54,10 +58,19 @@ class GroupedSign(Compressor):
     n_side: int = 1
     scopes: tuple[str, ...] = ("tensor",)
 
-    def __init__(self, scope: str, bucket: int = 2048):
+    def __init__(self, scope: str, bucket: int = 2048, kernels: str = "auto"):
         self.scope = check_choice("scope", scope, self.scopes, "which values share the side floats")
         self.bucket = bucket
         self.shapes, self._plans = None, {}
+        self.kernels, self._paths = check_kernels(kernels), {}
+
+    def __getstate__(self):              # the path is chosen anew per process and device
+        return {**self.__dict__, "_paths": {}}
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
 
     @property
     def ideal_ratio(self) -> float:
@@ -84,6 +97,16 @@ class GroupedSign(Compressor):
             counts = torch.tensor(bounds, dtype=torch.int64)
             gid = torch.repeat_interleave(torch.arange(len(bounds)), counts)
             self._plans[key] = (gid.to(device), counts.to(device=device, dtype=torch.float32), len(bounds))
+            self._plans[("sizes", *key)] = bounds
+        return self._plans[key]
+
+    def triton_table(self, seg: slice, device) -> tuple[Tensor, Tensor]:
+        """The Triton path's group table and each value's group (``_triton_grace.group_table``), made once
+        per segment and device."""
+        key = ("triton", seg.start, seg.stop, str(device))
+        if key not in self._plans:
+            self._plan(seg, "cpu")
+            self._plans[key] = _triton_grace.group_table(self._plans[("sizes", seg.start, seg.stop, "cpu")], device)
         return self._plans[key]
 
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
@@ -93,12 +116,18 @@ class GroupedSign(Compressor):
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x.reshape(-1).to(torch.float32)
+        return COMPRESS(self.path(x.device) if x.numel() else TORCH, self, x, seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
         gid, counts, k = self._plan(seg, x.device)
         bits = x >= 0
         side = self.fit(x, bits, gid, counts, k)                # (k, n_side)
         return torch.cat([side.reshape(-1).view(torch.uint8), pack_signs(bits)])
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        return DECOMPRESS(self.path(payload.device) if seg.stop > seg.start else TORCH, self, payload, seg)
+
+    def torch_decompress(self, payload: Tensor, seg: slice) -> Tensor:
         n = seg.stop - seg.start
         gid, _, k = self._plan(seg, payload.device)
         head = 4 * self.n_side * k
@@ -117,3 +146,9 @@ class GroupedSign(Compressor):
     def decode(self, bits: Tensor, side: Tensor) -> Tensor:
         """``side``: (n, n_side), each value's group's floats."""
         raise NotImplementedError
+
+
+# the grouped codecs' calls per path (``_kernels.Op``): the torch reference above, and its Triton kernels
+COMPRESS = Op(torch=GroupedSign.torch_compress,
+              triton=lambda q, x, seg: _triton_grace.grouped_compress(q, x.contiguous(), seg))
+DECOMPRESS = Op(torch=GroupedSign.torch_decompress, triton=_triton_grace.grouped_decompress)

@@ -22,8 +22,9 @@ class EFSignSGD(GroupedSign):
     scopes = ("tensor", "bucket")
 
     def __init__(self, scope: str = "tensor",   # tensor (the paper) | bucket (smaller => more side floats, finer scale)
-                 bucket: int = 2048):           # values per bucket (scope=bucket only)
-        super().__init__(scope, bucket)
+                 bucket: int = 2048,            # values per bucket (scope=bucket only)
+                 kernels: str = "auto"):        # auto | triton | torch (gvq/compressors/_kernels.py)
+        super().__init__(scope, bucket, kernels)
 
     def fit(self, x, bits, gid, counts, k):
         # s = mean|p| minimises ||p - s sign(p)||^2 for the signs sent

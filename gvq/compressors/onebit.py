@@ -20,8 +20,9 @@ class OneBit(GroupedSign):
     n_side = 2
     scopes = ("tensor", "column")
 
-    def __init__(self, scope: str = "tensor"):   # tensor | column (more groups => more side floats, less error)
-        super().__init__(scope)
+    def __init__(self, scope: str = "tensor",   # tensor | column (more groups => more side floats, less error)
+                 kernels: str = "auto"):     # auto | triton | torch (gvq/compressors/_kernels.py)
+        super().__init__(scope, kernels=kernels)
 
     def fit(self, x, bits, gid, counts, k):
         # each side's values by their float bits: x AND all-ones where bits (else +0.0, as where(bits, x, 0)),

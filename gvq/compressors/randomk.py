@@ -16,6 +16,9 @@ the same positions, so payloads add up (``additive``): the summing ring (mode b)
 ``scale=false`` (the default) sends the values as they are: biased, a contraction, so it needs error
 feedback (GRACE ResNet-20 at 1%: 0.554 without, 0.883 with; notes section 2.2).  NaN/Inf inputs (or sums
 past float32) raise at the iteration's check.
+
+Each bucket's positions are in index order on every path, so payloads of the torch and the Triton path
+(``kernels``: :mod:`gvq.compressors._triton_grace`) are the same bytes and either decodes the other's.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from gvq.compressors import _triton_grace
+from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
 from gvq.compressors._packing import split_rows
 from gvq.compressors.base import Compressor, Health, check_bucket
 
@@ -58,20 +63,39 @@ class RandomK(Compressor):
 
     def __init__(self, ratio: float = 0.01,      # k / n per bucket; lower => fewer bytes, more variance or residual
                  bucket: int | None = 4096,      # values per scope (k drawn in each); null => one per segment
-                 scale: bool = False):           # true: x n/k, unbiased (no EF); false: as is, needs EF
+                 scale: bool = False,            # true: x n/k, unbiased (no EF); false: as is, needs EF
+                 kernels: str = "auto"):         # auto | triton | torch (gvq/compressors/_kernels.py)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"ratio={ratio!r}: must be in (0, 1] (the fraction of each bucket's values sent)")
         # not self.ratio: Compressor.ratio(numel) is the achieved ratio every tool reads
         self.keep, self.bucket, self.scale = float(ratio), check_bucket(bucket), bool(scale)
         # a long vector's ratio: a bucket's n / k (floor(ratio * n) can sit below ratio * n)
         self.ideal_ratio = self.bucket / self.count(self.bucket) if self.bucket else 1.0 / self.keep
+        self.kernels, self._paths, self._tables = check_kernels(kernels), {}, {}
         self.key = shared_key(0, 0, 0)
         self.health = Health("sum")     # the inputs' sums since the last check: NaN/Inf stay so
         self._picked: dict = {}         # (start, stop, device) -> positions, for the present key only
         self._golden: dict = {}         # (start, stop, device) -> the counters times GOLDEN (_counters)
 
     def __getstate__(self):            # positions are per key and per process, not state
-        return {**self.__dict__, "_picked": {}, "_golden": {}}
+        return {**self.__dict__, "_picked": {}, "_golden": {}, "_paths": {}, "_tables": {}}
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
+
+    def triton_table(self, seg: slice, device) -> tuple[Tensor, Tensor]:
+        """The Triton path's bucket table (``_triton_grace.slot_table``) and each bucket's n/k (float32),
+        constants of the segment, made once per device."""
+        cache = (seg.start, seg.stop, torch.device(device))
+        if cache not in self._tables:
+            sizes = [b for m, b in self._scopes(seg.stop - seg.start) for _ in range(m)]
+            starts, ks = [sum(sizes[:i]) for i in range(len(sizes))], [self.count(b) for b in sizes]
+            self._tables[cache] = (_triton_grace.slot_table(starts, sizes, ks, device),
+                                   torch.tensor([b / k for b, k in zip(sizes, ks)], dtype=torch.float32,
+                                                device=device))
+        return self._tables[cache]
 
     def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
         key = shared_key(seed, iteration, vector)
@@ -106,20 +130,25 @@ class RandomK(Compressor):
 
     def positions(self, seg: slice, device) -> Tensor:
         """The positions (in ``seg``, int64) every rank sends for the present key: per bucket, its k
-        smallest hashes of (key, position in the bucket's vector)."""
+        smallest hashes of (key, position in the bucket's vector), in index order."""
         cache = (seg.start, seg.stop, torch.device(device))
         if cache not in self._picked:
             n = seg.stop - seg.start
-            h = _mix64(torch.add(self._counters(seg, device), self.key))
-            parts, offset = [], 0
-            for rows, (m, b) in zip(split_rows(h, self.bucket), self._scopes(n)):
-                k = self.count(b)
-                top = torch.topk(rows, k, dim=1, largest=False, sorted=False).indices
-                top += torch.arange(offset, offset + m * b, b, device=device).view(m, 1)
-                parts.append(top.reshape(-1))
-                offset += m * b
-            self._picked[cache] = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
+            path = self.path(device) if n else TORCH
+            self._picked[cache] = POSITIONS(path, self, seg, device)
         return self._picked[cache]
+
+    def torch_positions(self, seg: slice, device) -> Tensor:
+        n = seg.stop - seg.start
+        h = _mix64(torch.add(self._counters(seg, device), self.key))
+        parts, offset = [], 0
+        for rows, (m, b) in zip(split_rows(h, self.bucket), self._scopes(n)):
+            k = self.count(b)
+            top = torch.topk(rows, k, dim=1, largest=False, sorted=False).indices.sort(dim=1).values
+            top += torch.arange(offset, offset + m * b, b, device=device).view(m, 1)
+            parts.append(top.reshape(-1))
+            offset += m * b
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=device)
 
     def _counters(self, seg: slice, device) -> Tensor:
         """Each position's counter times GOLDEN (int64, wrapping): fixed per segment, so made once, and a
@@ -131,6 +160,9 @@ class RandomK(Compressor):
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
         x = x.reshape(-1)
+        return COMPRESS(self.path(x.device) if x.numel() else TORCH, self, x, seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
         if x.numel():
             self.health.note(x.sum(dtype=torch.float32))
         values = torch.take(x, self.positions(seg, x.device)).to(torch.float32)
@@ -147,5 +179,15 @@ class RandomK(Compressor):
         if payload.numel() != k:
             raise ValueError(f"{self.name}: payload of {payload.numel()} values for a segment of "
                              f"{seg.stop - seg.start}; expected {k}")
+        return DECOMPRESS(self.path(payload.device) if k else TORCH, self, payload, seg)
+
+    def torch_decompress(self, payload: Tensor, seg: slice) -> Tensor:
         out = torch.zeros(seg.stop - seg.start, dtype=torch.float32, device=payload.device)
         return out.index_copy_(0, self.positions(seg, payload.device), payload.to(torch.float32))
+
+
+# random-k's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels
+POSITIONS = Op(torch=RandomK.torch_positions, triton=_triton_grace.randomk_positions)
+COMPRESS = Op(torch=RandomK.torch_compress,
+              triton=lambda q, x, seg: _triton_grace.randomk_compress(q, x.contiguous(), seg))
+DECOMPRESS = Op(torch=RandomK.torch_decompress, triton=_triton_grace.randomk_decompress)

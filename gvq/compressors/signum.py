@@ -8,7 +8,9 @@ codec only carries the votes, one of two ways (``vote``):
 * ``bits``: 1 bit a value, packed 8 per byte (:mod:`gvq.compressors._signs`); not additive (bits do not
   sum), so it travels by allgather, each rank decoding and summing every rank's +-1.
 
-Both decode to the same +-1 per rank, so both sums, and the votes, are equal.
+Both decode to the same +-1 per rank, so both sums, and the votes, are equal.  ``kernels``: the torch ops
+here are the reference; the Triton path (:mod:`gvq.compressors._triton_grace`) is one launch each way, the
+same bytes.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import math
 import torch
 from torch import Tensor
 
+from gvq.compressors import _triton_grace
+from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
 from gvq.compressors._signs import pack_signs, unpack_signs
 from gvq.compressors.base import Compressor, check_choice
 
@@ -27,9 +31,19 @@ INT8_MAX_RANKS = 127
 class SignVote(Compressor):
     name = "signum"
 
-    def __init__(self, vote: str = "int8"):   # int8 (ring, n B; N <= 127) | bits (allgather, n/8 B, x (N-1) in)
+    def __init__(self, vote: str = "int8",    # int8 (ring, n B; N <= 127) | bits (allgather, n/8 B, x (N-1) in)
+                 kernels: str = "auto"):   # auto | triton | torch (gvq/compressors/_kernels.py)
         self.vote = check_choice("vote", vote, ("int8", "bits"), "the vote's wire format")
         self.additive = vote == "int8"
+        self.kernels, self._paths = check_kernels(kernels), {}
+
+    def __getstate__(self):              # the path is chosen anew per process and device
+        return {**self.__dict__, "_paths": {}}
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
 
     @property
     def ideal_ratio(self) -> float:
@@ -40,13 +54,26 @@ class SignVote(Compressor):
         return (torch.int8, n) if self.vote == "int8" else (torch.uint8, math.ceil(n / 8))
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
-        up = x.reshape(-1) >= 0
+        x = x.reshape(-1)
+        return COMPRESS(self.path(x.device) if x.numel() else TORCH, self, x, seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
+        up = x >= 0
         if self.vote == "bits":
             return pack_signs(up)
         return up.to(torch.int8).mul_(2).sub_(1)            # +-1
 
     def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        return DECOMPRESS(self.path(payload.device) if seg.stop > seg.start else TORCH, self, payload, seg)
+
+    def torch_decompress(self, payload: Tensor, seg: slice) -> Tensor:
         if self.vote == "int8":
             return payload.to(torch.float32)                # a sum of votes, exact
         up = unpack_signs(payload, seg.stop - seg.start)
         return up.to(torch.float32).mul_(2).sub_(1)
+
+
+# the vote's calls per path (``_kernels.Op``): the torch reference above, and its Triton kernels
+COMPRESS = Op(torch=SignVote.torch_compress,
+              triton=lambda q, x, seg: _triton_grace.vote_compress(q, x.contiguous(), seg))
+DECOMPRESS = Op(torch=SignVote.torch_decompress, triton=_triton_grace.vote_decompress)

@@ -66,18 +66,21 @@ class EFSignSGDSchema:
     _target_: str = "gvq.compressors.efsignsgd.EFSignSGD"
     scope: SignScope = SignScope.tensor
     bucket: int = 2048
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
 class OneBitSchema:
     _target_: str = "gvq.compressors.onebit.OneBit"
     scope: OneBitScope = OneBitScope.tensor
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
 class SignVoteSchema:
     _target_: str = "gvq.compressors.signum.SignVote"
     vote: Vote = Vote.int8
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
@@ -104,6 +107,7 @@ class ChunkTopKSchema:
     chunk: int = 4096
     bits: int = 2
     clip: float = 6.0
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
@@ -142,6 +146,7 @@ class RandomKSchema:
     ratio: float = 0.01
     bucket: Optional[int] = 4096
     scale: bool = False
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_triton_grace.py)
 
 
 @dataclass
