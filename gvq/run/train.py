@@ -90,7 +90,7 @@ def build(cfg: dict, rank: int, world: int, run_dir: str | None = None):
 
 def cluster_of(net) -> Cluster:
     """Where the run's ranks sit (``net.ranks_per_node`` and the links inside a node)."""
-    return Cluster(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"])
+    return Cluster(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"], str(net["intra_dtype"]))
 
 
 def first_lr(opt) -> float:
