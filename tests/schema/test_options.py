@@ -172,7 +172,7 @@ def test_knobs_are_the_schemas_defaults_with_the_given_ones_instead():
     from gvq.schema.options import GradiVeQAggregatorSchema, PowerSGDSchema, knobs
     got = knobs(PowerSGDSchema, rank=4)
     assert got == {"rank": 4, "start_iter": 10, "min_compression_rate": 2.0, "warm_start": True,
-                   "kernels": "auto"}
+                   "kernels": "auto", "topology": "ring"}
     assert PowerSGDAggregator(**got).rank == 4
     g = knobs(GradiVeQAggregatorSchema)          # nested compressor and the run's overlap keys left out
     assert "compressor" not in g and "overlap" not in g and g["sampling"] == "qsgd" and type(g["sampling"]) is str
