@@ -197,6 +197,7 @@ def test_a_misspelt_aggregator_knob_is_one_line_from_the_cli():
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr[-2000:]
     assert lines == ["gvq: config error: aggregator.rnk: unknown key; did you mean aggregator.rank? "
-                     "allowed: bucket_cap_mb, kernels, min_compression_rate, overlap, rank, start_iter, warm_start"], \
+                     "allowed: bucket_cap_mb, kernels, min_compression_rate, overlap, rank, start_iter, "
+                     "topology, warm_start"], \
         r.stderr[-2000:]
     assert "Traceback" not in r.stderr
