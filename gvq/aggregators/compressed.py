@@ -75,13 +75,19 @@ class CompressedAggregator(FlatAggregator):
         """The ring's N segments of a vector of ``numel`` values, on the compressor's cuts."""
         return self.memo(("segments", numel, n), lambda: split_on_cuts(self.compressor.cuts(numel), n))
 
+    @property
+    def across(self) -> str:
+        """``topology=hierarchical``: the ring across nodes, by the hop rule (summed payloads, else decode-add-
+        encode)."""
+        return "additive" if self.sum_hop else "reencode"
+
     def rings(self, params, n):
         numel, codec = self.numel_of(params), self.codec_for(params)
         if self.topology == "sparse_ring":       # compressed whole, summed as N segments' sparse chunks
             return [Ring("sparse", self.segments(numel, n), codec)]
         if self.topology == "hierarchical":
             return [Ring("hierarchical", self.memo(("cuts", numel), lambda: self.compressor.cuts(numel)), codec,
-                         inner="additive" if self.sum_hop else "reencode")]
+                         inner=self.across)]
         if self.topology != "ring":
             return [Ring(self.topology, [[slice(0, numel)]], codec)]
         return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]

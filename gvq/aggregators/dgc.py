@@ -27,6 +27,8 @@ from gvq.aggregators.base import refuse_optimizer_momentum
 from gvq.aggregators.compressed import CompressedAggregator
 from gvq.aggregators.dtypes import widest_dtype
 from gvq.aggregators.error_feedback import fed_back_error
+from gvq.aggregators.nodes import average_on_nodes, tensor_cuts
+from gvq.comm.ring import Ring
 from gvq.compressors.dgc import DGC
 
 
@@ -39,9 +41,9 @@ class DGCAggregator(CompressedAggregator):
         super().__init__(compressor, topology=topology, hop=hop, ef_decay=ef_decay, ef_units=ef_units)
         if not isinstance(compressor, DGC):
             raise ValueError(f"aggregator=dgc: compressor {compressor.name!r} is not DGC")
-        if topology != "allgather":
+        if topology not in ("allgather", "hierarchical"):
             raise ValueError(f"aggregator.topology={topology}: DGC's supports differ per rank and a partial sum "
-                             "re-sparsified would lose what v owes: use topology=allgather")
+                             "re-sparsified would lose what v owes: use topology=allgather (or hierarchical)")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"aggregator.momentum={momentum!r}: must be in [0, 1) (the paper's 0.9)")
         if clip is not None and not (math.isfinite(clip) and clip > 0):
@@ -65,20 +67,35 @@ class DGCAggregator(CompressedAggregator):
     def measure(self, bucket):
         return {}          # the error of v falls out of the average (see measure_after)
 
-    def clip_(self, g: torch.Tensor) -> None:
-        """g scaled to a norm of at most C N^(-1/2) (no host read: the factor stays on the device)."""
-        bound = self.clip / math.sqrt(self.ctx.world_size)
+    def clip_(self, g: torch.Tensor, n: int) -> None:
+        """g scaled to a norm of at most C n^(-1/2), n workers (no host read: the factor stays on the device)."""
+        bound = self.clip / math.sqrt(n)
         g.mul_((bound / torch.linalg.vector_norm(g).clamp_min(1e-30)).clamp(max=1.0))
 
     def average(self, bucket):
+        """Hierarchical: the node is DGC's worker (:mod:`gvq.aggregators.nodes`): its ranks' gradients summed
+        densely inside the node on shards of whole tensors (a tensor's top-k is per tensor), then DGC's
+        momentum, accumulation and all-gather across nodes on each shard, with the shard's u and v; a dense
+        sum inside the node is nearly free on its fast links, and the sparse all-gather, whose bytes grow with
+        the workers, has M of them instead of N."""
+        if self.topology == "hierarchical":
+            average_on_nodes(self, bucket, self.mean_among)
+        else:
+            self.mean_among(bucket, self.p2p, self.ctx.world_size)
+
+    def mean_among(self, bucket, p2p, n: int) -> None:
+        """DGC's step at ``n`` workers on the ranks of ``p2p``: ``bucket.flat`` becomes the mean of their sent
+        vectors."""
         flat, u, v = bucket.flat, bucket.state["dgc_u"], bucket.state["dgc_v"]
         if self.clip is not None:
-            self.clip_(flat)
+            self.clip_(flat, n)
         u.mul_(self.momentum).add_(flat)
         v.add_(u)
         flat.copy_(v)
-        super().average(bucket)                  # the mean of the ranks' sent vectors, by allgather
         codec, whole = self.codec_for(bucket.params), slice(0, flat.numel())
+        Ring("allgather", [[whole]], codec).run_(flat, p2p, self.stopwatch)   # the sent vectors' sum
+        flat.div_(n)
+        self.compressor.check_health()
         with self.stopwatch("compress"):         # this rank's own payload again (a deterministic codec)
             payload = codec.compress(v, whole)
         with self.stopwatch("decompress"):
@@ -87,10 +104,18 @@ class DGCAggregator(CompressedAggregator):
         if self.masking:
             u.masked_fill_((sent != 0) & ~codec.dense_mask(whole, u.device), 0.0)
         bucket.notes["sent"] = sent
-        return None
+
+    def rings(self, params, n):
+        if self.topology == "hierarchical":        # declared for the cost model; run by mean_among on shards
+            return [Ring("hierarchical", tensor_cuts(self, params), self.codec_for(params), inner="allgather")]
+        return super().rings(params, n)
 
     def measure_after(self, bucket):
-        return {"compression_error": fed_back_error(bucket.state["dgc_v"], bucket.notes["sent"])}
+        # hierarchical: this rank's shard of v against what its node sent from it
+        shard = bucket.notes.get("shard", slice(0, bucket.flat.numel()))
+        if "sent" not in bucket.notes:             # an empty shard
+            return {"compression_error": float("nan")}
+        return {"compression_error": fed_back_error(bucket.state["dgc_v"][shard], bucket.notes["sent"])}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "dgc_u": self.u.clone(), "dgc_v": self.v.clone()}

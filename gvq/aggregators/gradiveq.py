@@ -20,6 +20,7 @@ from gvq.aggregators.error_feedback import ErrorFeedback
 from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.gradiveq_relay import fit_everywhere
 from gvq.comm import clock
+from gvq.comm.hierarchy import inner_ring, node_phases
 from gvq.comm.ring import Ring
 from gvq.compressors.base import split_on_cuts
 from gvq.compressors.gradiveq.codec import GradiVeQ, relative_loss
@@ -74,7 +75,7 @@ class GradiVeQAggregator(FlatAggregator):
 
     def __init__(self, compressor: GradiVeQ, *, L_t: int, L_c: int, warmup: int, sampling: str, qsgd_bits: int,
                  qsgd_bucket: int | None, qsgd_norm: str, monitor_threshold: float | None, pieces: int,
-                 warmup_by: str, samples_in_warmup: bool, error_feedback: bool):
+                 warmup_by: str, samples_in_warmup: bool, error_feedback: bool, topology: str):
         """Every knob as given (its default lives in ``GradiVeQAggregatorSchema``; build one from it with
         :func:`gvq.schema.options.knobs`)."""
         if not isinstance(compressor, GradiVeQ):
@@ -100,6 +101,12 @@ class GradiVeQAggregator(FlatAggregator):
         # error feedback on the projection's residual: what a rank's payload left out is added to its next
         # vector (an ErrorFeedback, bound with the parameters)
         self.error_feedback = error_feedback
+        if topology == "hierarchical" and error_feedback:
+            raise ValueError("aggregator.topology=hierarchical: aggregator.error_feedback=true is not supported (a "
+                             "rank's residual would be of its own vector, but it compresses its node's shard)")
+        # hierarchical: summed inside the node on whole codec units (a slice group's basis is never split), its
+        # rings across nodes on each rank's shard; the nodes are the codec's N (each sends mu / M of the sum)
+        self.topology = topology
         self.feedback: ErrorFeedback | None = None
         self.monitor_threshold = None if monitor_threshold is None else float(monitor_threshold)
         try:        # built here so that bad bits / bucket fail at preflight, like every other knob
@@ -120,7 +127,7 @@ class GradiVeQAggregator(FlatAggregator):
     def bind(self, params, ctx):
         super().bind(params, ctx)
         comp, n = self.compressor, ctx.world_size
-        comp.world_size = n
+        comp.world_size = n // ctx.cluster.ranks_per_node if self.topology == "hierarchical" else n
         comp.bind([tuple(p.shape) for p in self.params])
         self.qsgd.reseed(ctx.seed * 1000 + ctx.rank)       # as CompressedAggregator: per-rank dither
         self._device = self.params[0].device if self.params else torch.device("cpu")
@@ -146,6 +153,16 @@ class GradiVeQAggregator(FlatAggregator):
         return self.memo(("codec", params), lambda: self.compressor.restricted_to(list(params)))
 
     def rings(self, params, n):
+        (ring,) = self.flat_rings(params, n)
+        if self.topology != "hierarchical":
+            return [ring]
+        numel = self.codec(params).layout.numel
+        units = {"additive": lambda: self.codec(params).cuts(numel), "reencode": lambda: self.qsgd.cuts(numel),
+                 "plain": lambda: numel}[ring.kind]
+        return [Ring("hierarchical", self.memo(("cuts", params, ring.kind), units), ring.codec, inner=ring.kind)]
+
+    def flat_rings(self, params, n):
+        """The phase's ring on one flat ring of ``n`` ranks."""
         codec = self.codec(params)
         numel = codec.layout.numel
         if self.phase == "compress":
@@ -176,18 +193,32 @@ class GradiVeQAggregator(FlatAggregator):
         tot.numel += x.numel()
         if self.feedback is not None:
             self._feed_back(codec, x, self.feedback.share(bucket), tot.phase == "compress")
-        if tot.phase == "compress":
+        if tot.phase == "compress" and ring.kind == "hierarchical":
+            self._compress_on_nodes(codec, x, ring)
+            tot.payload += codec.payload_spec(slice(0, x.numel()))[1]
+        elif tot.phase == "compress":
             with self.codec_session(x, params):   # Eq. 7's sums, read off this rank's own payloads
                 ring.run_(x, self.p2p, self.stopwatch)
                 tot.add(codec.tracked_sums())
             tot.payload += codec.payload_spec(slice(0, x.numel()))[1]
         else:
             ring.run_(x, self.p2p, self.stopwatch)
-            tot.payload += x.numel() / (self.qsgd.ratio(x.numel()) if ring.kind == "reencode" else 1.0)
+            tot.payload += x.numel() / (self.qsgd.ratio(x.numel()) if "reencode" in (ring.kind, ring.inner) else 1.0)
         if tot.phase == "sample":
             self._keep_sample(x, params)
         x.div_(n)
         codec.unflatten(x, views)
+
+    def _compress_on_nodes(self, codec: GradiVeQ, x: torch.Tensor, ring: Ring) -> None:
+        """The hierarchical compressed ring, Eq. 7 tracked on what this rank compresses: its node's sum of
+        its shard (its loss the node's, on the shard)."""
+        with node_phases(x, ring.segs, self.p2p) as (shard, across, nodes):
+            codec.track(x[shard], shard)
+            try:
+                inner_ring(ring, shard, nodes).run_(x, across, self.stopwatch)
+                self._totals.add(codec.tracked_sums())
+            finally:
+                codec.track(None)
 
     def _feed_back(self, codec: GradiVeQ, x: torch.Tensor, residual: torch.Tensor, compressed: bool) -> None:
         """x <- x + e.  Compressed: e <- what this rank's payload of x leaves out (a compress and a

@@ -11,6 +11,7 @@ from gvq.aggregators.base import check_int, equal_segments
 from gvq.aggregators.flat import FlatAggregator
 from gvq.aggregators.dtypes import widest_dtype
 from gvq.aggregators.error_feedback import ErrorFeedback
+from gvq.aggregators.nodes import average_on_nodes, tensor_cuts
 from gvq.comm.ring import Ring
 from gvq.compressors._kernels import check_kernels
 from gvq.compressors.powersgd import PowerSGD, block_balanced_segments
@@ -22,7 +23,8 @@ class PowerSGDAggregator(FlatAggregator):
     name = "powersgd"
     extra_fields = FlatAggregator.extra_fields + ("compression_error",)
 
-    def __init__(self, *, rank: int, start_iter: int, min_compression_rate: float, warm_start: bool, kernels: str):
+    def __init__(self, *, rank: int, start_iter: int, min_compression_rate: float, warm_start: bool, kernels: str,
+                 topology: str):
         """Every knob as given (its default lives in ``PowerSGDSchema``: :func:`gvq.schema.options.knobs`)."""
         self.rank = check_int("aggregator.rank", rank, 1)
         self.start_iter = check_int("aggregator.start_iter", start_iter, 0)
@@ -33,6 +35,9 @@ class PowerSGDAggregator(FlatAggregator):
             raise ValueError(f"aggregator.warm_start={warm_start!r}: must be true or false")
         self.min_compression_rate, self.warm_start = float(min_compression_rate), warm_start
         self.kernels = check_kernels(kernels)
+        # hierarchical: the node is PowerSGD's worker (gvq/aggregators/nodes.py): its shard holds whole matrices,
+        # whose low-rank factors are per matrix, summed inside the node, then PowerSGD across nodes
+        self.topology = topology
         #: this iteration is compressed (iteration >= start_iter; set by aggregate)
         self.compressing = False
 
@@ -65,6 +70,19 @@ class PowerSGDAggregator(FlatAggregator):
         return self.memo(("plan", params), lambda: self.low_rank.subset(list(params)))
 
     def rings(self, params, n):
+        """Hierarchical: declared as the two passes across nodes on shards of whole matrices (run by
+        :func:`gvq.aggregators.nodes.average_on_nodes`, not by :meth:`Ring.run_`)."""
+        if self.topology == "hierarchical":
+            cuts = tensor_cuts(self, params)
+            if not self.compressing:
+                return [Ring("hierarchical", cuts, inner="plain")]
+            low = self.plan(params)
+            return [Ring("hierarchical", cuts, low.p_stage, "P", inner="additive"),
+                    Ring("hierarchical", cuts, low.q_stage, "Q", inner="additive")]
+        return self.flat_rings(params, n)
+
+    def flat_rings(self, params, n):
+        """The flat algorithm's rings at ``n`` ranks: uncompressed, or pass P and pass Q."""
         if not self.compressing:
             return [Ring("plain", equal_segments(self.numel_of(params), n))]
         low = self.plan(params)
@@ -89,12 +107,16 @@ class PowerSGDAggregator(FlatAggregator):
             self.low_rank.begin()
 
     def measure(self, bucket):
-        # ||M||^2 for compression_error, untimed; every rank pays it so none waits for rank 0
-        if self.compressing:
-            flat, error = bucket.flat, self.feedback.share(bucket)
-            bucket.notes["m_sq"] = float(torch.linalg.vector_norm(flat + error)) ** 2
-            bucket.notes["raw_sq"] = sum(float(flat[s].pow(2).sum()) for s in self._raw(bucket.params))
+        # ||M||^2 for compression_error, untimed; every rank pays it so none waits for rank 0 (hierarchical: the
+        # node's M is known only on its shard, measured there inside the step)
+        if self.compressing and self.topology != "hierarchical":
+            self._note_norms(bucket)
         return {}
+
+    def _note_norms(self, bucket) -> None:
+        flat, error = bucket.flat, self.feedback.share(bucket)
+        bucket.notes["m_sq"] = float(torch.linalg.vector_norm(flat + error)) ** 2
+        bucket.notes["raw_sq"] = sum(float(flat[s].pow(2).sum()) for s in self._raw(bucket.params))
 
     def _raw(self, params) -> list[slice]:
         """The blocks sent uncompressed (their error memory stays 0)."""
@@ -102,20 +124,33 @@ class PowerSGDAggregator(FlatAggregator):
                                                     if not b.rank])
 
     def average(self, bucket):
+        if self.topology == "hierarchical":
+            average_on_nodes(self, bucket, self.mean_among)
+        else:
+            self.mean_among(bucket, self.p2p, self.ctx.world_size)
+        return {"phase": "powersgd" if self.compressing else "allreduce"}
+
+    def mean_among(self, bucket, p2p, n: int) -> None:
+        """The flat algorithm: ``bucket.flat`` replaced by its mean over the ``n`` ranks of ``p2p``."""
+        rings = self.flat_rings(bucket.params, n)
         if not self.compressing:
-            super().average(bucket)
-            return {"phase": "allreduce"}
-        n, flat, fb = self.ctx.world_size, bucket.flat, self.feedback
+            rings[0].run_(bucket.flat, p2p, self.stopwatch)
+            bucket.flat.div_(n)
+            return
+        if self.topology == "hierarchical":         # the node's M: measured on its shard
+            self._note_norms(bucket)
+        flat, fb = bucket.flat, self.feedback
         error = fb.share(bucket)
-        p_ring, q_ring = self.rings(bucket.params, n)
+        p_ring, q_ring = rings
         self.plan(bucket.params).q_local = []
         with self.stopwatch("compress"):
             scratch = fb.fold_in_(error, flat)      # M = g + e, in the memory, in ``flat`` and the scratch
-        p_ring.run_(scratch, self.p2p, self.stopwatch)
-        q_ring.run_(flat, self.p2p, self.stopwatch)
+        p_ring.run_(scratch, p2p, self.stopwatch)
+        q_ring.run_(flat, p2p, self.stopwatch)
         with self.stopwatch("compress"):           # e = M - the mean P^ P^T M (raw blocks 0); flat /= n
             fb.keep_mean_(error, flat, n, self._raw(bucket.params), lambda: self._raw_mask(bucket.params, error.device))
-        return {"phase": "powersgd"}
+        if self.topology == "hierarchical":
+            bucket.notes["error"] = self.compression_error(bucket)
 
     def _raw_mask(self, params, device: torch.device) -> torch.Tensor:
         """1 on the values of the blocks sent raw in ``params``' vector (uint8): the Triton path's fills."""
@@ -135,6 +170,8 @@ class PowerSGDAggregator(FlatAggregator):
     def measure_after(self, bucket):
         if not self.compressing:
             return {"compression_error": 0.0}
+        if self.topology == "hierarchical":       # the shard's, from its step (an empty shard: none)
+            return {"compression_error": bucket.notes.get("error", float("nan"))}
         return {"compression_error": self.compression_error(bucket)}
 
     def compression_error(self, bucket) -> float:

@@ -7,6 +7,13 @@ Each rank keeps its momentum m <- beta m + (1 - beta) g here, not in the optimiz
 writes the majority vote sign(sum_i sign(m_i)) into the gradient, so the plain SGD outside steps
 lr * vote.  The vote is not a mean: this aggregator's result is +-1 (0 on a tie), whatever N.
 
+``topology=hierarchical``: each rank's momentum is summed densely inside the node, then the nodes vote on
+each rank's shard (the int8 votes summed on the ring across nodes, or the bits all-gathered), then the
+shards are gathered inside the node: the voters are the M nodes, each voting the sign of its ranks'
+summed momentum.  Momentum is linear, so the sum of the ranks' momenta is the momentum of the node's
+summed gradient: the state stays each rank's own, and a node's vote is what one worker with the node's
+batch would cast; on the slow links go M votes' worth of bytes instead of N.
+
 Ties: with an even N, a coordinate whose votes cancel (sum 0) gets 0: no step there (torch.sign(0)),
 on both wire formats alike.  GRACE breaks ties to +1, which drifts every tied weight up.
 """
@@ -45,6 +52,12 @@ class SignumAggregator(CompressedAggregator):
                              "sign summed: use vote=int8 on the ring (hop=auto), or topology=allgather (a ring "
                              "or server that re-encodes a partial sum as a sign would vote on votes)")
         self.beta = float(beta)
+
+    @property
+    def across(self) -> str:
+        """``topology=hierarchical``: the int8 votes summed across nodes, or the bits all-gathered (a
+        re-encoded partial sum would vote on votes)."""
+        return "additive" if self.sum_hop else "allgather"
 
     def bind(self, params, ctx):
         if self.compressor.vote == "int8" and ctx.world_size > INT8_MAX_RANKS:

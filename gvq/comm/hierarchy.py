@@ -8,15 +8,21 @@ Three phases on a vector of N = M nodes x R ranks a node (:class:`gvq.comm.links
    with its hop rules) across the M nodes, among the ranks that hold the same shard: the only phase on the
    slow links, carrying 1/R of the vector per rank;
 3. a plain all-gather of the shards among the node's ranks.
+Phases 1 and 3 carry ``net.intra_dtype`` (:func:`node_phases`).  Aggregators whose state or codec
+belongs to a worker (PowerSGD's error memory, DGC's momentum) run their own flat algorithm among the nodes
+inside :func:`node_phases` instead (:mod:`gvq.aggregators.nodes`).
 One rank a node is the flat ring exactly (phases 1 and 3 are empty).  The node's ranks are consecutive
 positions of the ring (global ranks ``m R ... m R + R - 1`` on the default group).
 """
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
+from gvq.comm import clock as rank_clock
 from gvq.comm.clock import Stopwatch
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_plain import allgather_, reduce_scatter_, timed_alone
@@ -56,18 +62,40 @@ def inner_ring(ring, shard: slice, nodes: int):
     return dataclasses.replace(ring, kind=kind, segs=[[s] for s in segs] if kind == "additive" else segs, inner="")
 
 
-@timed_alone
-def hierarchical_allreduce_(flat, ring, p2p: P2P, stopwatch: Stopwatch) -> None:
-    """Overwrite ``flat`` with its sum over every rank, in the three phases above; ``ring.segs`` holds the
-    codec's cuts of the vector (an int: its length, every offset a cut), ``ring.inner`` the kind of the
-    ring across nodes."""
+@contextmanager
+def node_phases(flat, cuts, p2p: P2P):
+    """Phases 1 and 3 around the block: reduce-scatter ``flat`` among the node's ranks on shards cut on
+    ``cuts`` (an int: the length, every offset a cut), yield (this rank's shard, the :meth:`P2P.among` view of
+    the ranks across nodes holding the same shard, the number of nodes), then all-gather the shards.  The
+    block leaves the shard's across-node result in ``flat[shard]``.  The node phases carry
+    ``cluster.intra_dtype``: fp16 sends a float16 copy (half the bytes; every rank ends with the same bits,
+    its own shard rounded as the others receive it)."""
     per = p2p.cluster.ranks_per_node
     check_shape(p2p.world_size, per)
     nodes, (node, local) = p2p.world_size // per, divmod(p2p.rank, per)
     inside = p2p.among([node * per + j for j in range(per)])
     across = p2p.among([m * per + local for m in range(nodes)])
-    cut = balanced_segments(ring.segs, per)      # the node's shards, one a rank, on the cuts
-    mine = reduce_scatter_(flat, cut, inside) if per > 1 else 0
-    inner_ring(ring, cut[mine], nodes).run_(flat, across, stopwatch)
+    cut = balanced_segments(cuts, per)      # the node's shards, one a rank, on the cuts
+    half = per > 1 and p2p.cluster.intra_dtype == "fp16" and flat.dtype != torch.float16
+    with rank_clock.phase("ring"):
+        wire = flat.to(torch.float16) if half else flat
+        mine = cut[reduce_scatter_(wire, cut, inside)] if per > 1 else cut[0]
+        if half:
+            flat[mine] = wire[mine]
+    yield mine, across, nodes
     if per > 1:
-        allgather_(flat, cut, inside)
+        with rank_clock.phase("ring"):
+            if half:
+                wire[mine] = flat[mine]
+            allgather_(wire, cut, inside)
+            if half:
+                flat.copy_(wire)
+
+
+@timed_alone
+def hierarchical_allreduce_(flat, ring, p2p: P2P, stopwatch: Stopwatch) -> None:
+    """Overwrite ``flat`` with its sum over every rank, in the three phases above; ``ring.segs`` holds the
+    codec's cuts of the vector (an int: its length, every offset a cut), ``ring.inner`` the kind of the
+    ring across nodes."""
+    with node_phases(flat, ring.segs, p2p) as (shard, across, nodes):
+        inner_ring(ring, shard, nodes).run_(flat, across, stopwatch)

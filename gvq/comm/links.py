@@ -21,11 +21,14 @@ class Cluster:
     ranks_per_node: int = 1
     intra_bandwidth_bps: float | None = None   # None: the node's links unshaped (wall clock only)
     intra_latency_s: float = 0.0
+    #: the dtype a hierarchical collective's node phases carry dense values in: "fp32" (the vector's own) or
+    #: "fp16" (half the intra-node bytes, each partial sum rounded to float16)
+    intra_dtype: str = "fp32"
 
     @classmethod
     def of_net(cls, net) -> Cluster:
         """Where a run's ranks sit: its ``net`` node's ``ranks_per_node`` and links inside a node."""
-        return cls(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"])
+        return cls(net["ranks_per_node"], net["intra_bandwidth_bps"], net["intra_latency_s"], str(net["intra_dtype"]))
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node

@@ -17,8 +17,8 @@ import enum
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import List, Optional
 
-from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, Kernels, LabelSplit, Norm, OneSource,
-                                RarTopology, Sampling, SourceSplit, Tokenizer, Topology)
+from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, IntraDtype, Kernels, LabelSplit, Norm,
+                                OneSource, RarTopology, Sampling, SourceSplit, Tokenizer, Topology)
 from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, DGCSchema, EFSignSGDSchema,
                                FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema,
                                QSGDSchema, RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
@@ -41,6 +41,9 @@ class NetSchema:
     intra_bandwidth_bps: Optional[float] = None   # bit/s to a rank of the same node; higher => cheaper intra
                                                   # phases; null: unshaped (wall clock only)
     intra_latency_s: float = 0.0             # per-message latency inside a node (s)
+    # what aggregator.topology=hierarchical's node phases (reduce-scatter, all-gather) carry: fp32 (the vector's
+    # own dtype) | fp16 (half the intra-node bytes; each partial sum rounded to float16, |values| <= 65504)
+    intra_dtype: IntraDtype = IntraDtype.fp32
     # wall | virtual: each rank's time = its own CPU time x the scales below + the link model, computed
     # (nothing sleeps): N ranks on fewer cores, or faster machines
     clock: Clock = Clock.wall
@@ -134,6 +137,7 @@ class PowerSGDSchema(_Overlap):
     min_compression_rate: float = 2.0
     warm_start: bool = True
     kernels: Kernels = Kernels.auto       # the packing and residual steps between its GEMMs
+    topology: RarTopology = RarTopology.ring
 
 
 @dataclass
@@ -152,6 +156,7 @@ class GradiVeQAggregatorSchema(_Overlap):
     warmup_by: Sampling = Sampling.rar
     samples_in_warmup: bool = False
     error_feedback: bool = False
+    topology: RarTopology = RarTopology.ring
 
 
 # -- optimizers ----------------------------------------------------------------------------------------

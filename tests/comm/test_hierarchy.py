@@ -133,3 +133,26 @@ def test_hierarchical_qsgd_trains_on_virtual_time(tmp_path):
 def test_ranks_that_do_not_fill_whole_nodes_are_refused(tmp_path):
     code, summary = launch_job(tmp_path, "aggregator=rar", "net=nodes2x4", "world_size=6", *CNN[:4])
     assert code == 2 and summary is None
+
+
+def _half_inside(rank, world, numel):
+    """The hierarchical plain sum at 2 x 2 with the node phases in fp32 and in fp16: (sum, bytes, across)."""
+    out = []
+    for dtype in ("fp32", "fp16"):
+        p2p = P2P(rank, world, cluster=Cluster(2, intra_dtype=dtype))
+        flat = _x(rank, numel)
+        Ring("hierarchical", numel, inner="plain").run_(flat, p2p, Stopwatch())
+        out.append((flat, p2p.bytes_sent, p2p.bytes_inter))
+    return out
+
+
+@pytest.mark.slow
+def test_fp16_inside_the_node_halves_the_intra_node_bytes_only(tmp_path):
+    numel = 4096
+    results = run_ranks(_half_inside, 4, tmp_path, numel)
+    sums = [r[1][0] for r in results]
+    for (full, sent32, inter32), (half, sent16, inter16) in results:
+        assert torch.allclose(half, full, rtol=2e-3, atol=1e-2)        # partial sums rounded to float16
+        assert inter16 == inter32 == 4 * numel / 2                       # the ring across nodes: fp32 as before
+        assert sent32 - inter32 == 4 * numel and sent16 - inter16 == 2 * numel
+    assert all(torch.equal(s, sums[0]) for s in sums)                   # every rank the same bits

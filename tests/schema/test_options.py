@@ -172,7 +172,7 @@ def test_knobs_are_the_schemas_defaults_with_the_given_ones_instead():
     from gvq.schema.options import GradiVeQAggregatorSchema, PowerSGDSchema, knobs
     got = knobs(PowerSGDSchema, rank=4)
     assert got == {"rank": 4, "start_iter": 10, "min_compression_rate": 2.0, "warm_start": True,
-                   "kernels": "auto"}
+                   "kernels": "auto", "topology": "ring"}
     assert PowerSGDAggregator(**got).rank == 4
     g = knobs(GradiVeQAggregatorSchema)          # nested compressor and the run's overlap keys left out
     assert "compressor" not in g and "overlap" not in g and g["sampling"] == "qsgd" and type(g["sampling"]) is str
@@ -197,6 +197,7 @@ def test_a_misspelt_aggregator_knob_is_one_line_from_the_cli():
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr[-2000:]
     assert lines == ["gvq: config error: aggregator.rnk: unknown key; did you mean aggregator.rank? "
-                     "allowed: bucket_cap_mb, kernels, min_compression_rate, overlap, rank, start_iter, warm_start"], \
+                     "allowed: bucket_cap_mb, kernels, min_compression_rate, overlap, rank, start_iter, "
+                     "topology, warm_start"], \
         r.stderr[-2000:]
     assert "Traceback" not in r.stderr

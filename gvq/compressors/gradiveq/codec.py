@@ -328,19 +328,21 @@ class GradiVeQ(Compressor):
     # projection and a reconstruction (each of which streams all the bases again).  Over the whole
     # vector, raw values appear in both terms (mu is 0 there, the payload is the value) and cancel.
     # With basis_dtype=bfloat16 the payload is rounded, so the loss is good to ~1e-3 absolute.
-    def track(self, g_flat: Tensor | None) -> None:
-        """Start measuring Eq. 7 on ``g_flat`` (this rank's gradient, which the following
-        :meth:`compress` calls must cover exactly once, as the ring does); ``None`` stops.  The sums stay
-        on the gradient's device until :meth:`tracked_sums` reads them: no host sync inside a codec call."""
+    def track(self, g_flat: Tensor | None, seg: slice | None = None) -> None:
+        """Start measuring Eq. 7 on ``g_flat`` (this rank's gradient, or its part ``seg`` of the layout: a
+        hierarchical ring's shard, which the following :meth:`compress` calls must cover exactly once, as
+        the ring does); ``None`` stops.  The sums stay on the gradient's device until :meth:`tracked_sums`
+        reads them: no host sync inside a codec call."""
         if g_flat is None:
             self._track = None
             return
         self._need_fit()
         self.follow(g_flat)
         g_flat = g_flat.reshape(-1).to(torch.float32)
-        c = torch.add(g_flat, self._mu_flat, alpha=-1.0 / self.world_size)
+        seg = slice(0, self.layout.numel) if seg is None else seg
+        c = torch.add(g_flat, self._mu_flat[seg], alpha=-1.0 / self.world_size)
         # ||g||^2 over compressed slices: the squared gradient weighted by the mask of grouped positions
-        compressed2 = torch.dot(g_flat * g_flat, self._grouped)
+        compressed2 = torch.dot(g_flat * g_flat, self._grouped[seg])
         self._track = torch.stack([c.dot(c), torch.zeros_like(compressed2), compressed2])
 
     _track: Tensor | None = None
