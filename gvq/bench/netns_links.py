@@ -1,5 +1,5 @@
-"""Kernel-shaped links in network namespaces (root only): the layout as data (:func:`plan`), made and removed by
-:class:`Links`.  ``gvq.bench netns`` / ``netns-train`` (one link class, :mod:`gvq.bench.netns`) and
+"""Kernel-shaped links in network namespaces (root only): the layout as data (:func:`netns_plan`), made and
+removed by :class:`Links`.  ``gvq.bench netns`` / ``netns-train`` (one link class, :mod:`gvq.bench.netns`) and
 ``netns-nodes`` (nodes of ranks, :mod:`gvq.bench.netns_nodes`) run their ranks behind it.
 
 See docs/design.md#gvqbenchnetns_linkspy for the layouts and why.
@@ -129,7 +129,7 @@ def _tbf(rate_bps: float, burst: str) -> tuple[str, ...]:
     return "tbf", "rate", f"{int(rate_bps)}bit", "burst", burst, "latency", "100ms"
 
 
-def plan(n: int, rate_bps: float, burst: str | None = None, ranks_per_node: int = 1,
+def netns_plan(n: int, rate_bps: float, burst: str | None = None, ranks_per_node: int = 1,
          intra_bps: float | None = None, tag: str = PREFIX) -> Plan:
     """The layout of ``n`` ranks.  Flat (``ranks_per_node`` 1): each rank's veth into the hub's bridge, egress
     tbf at ``rate_bps``.  Nodes of ``ranks_per_node`` consecutive ranks: each rank's veth into its node's
@@ -151,12 +151,12 @@ def plan(n: int, rate_bps: float, burst: str | None = None, ranks_per_node: int 
 
 
 class Links:
-    """The ranks' namespaces of :func:`plan`, made on entry.  A context manager: everything is removed on exit,
+    """The ranks' namespaces of :func:`netns_plan`, made on entry.  A context manager: everything is removed on exit,
     even when setup fails half-way."""
 
     def __init__(self, n: int, rate_bps: float, burst: str | None = None, ranks_per_node: int = 1,
                  intra_bps: float | None = None):
-        self.plan = plan(n, rate_bps, burst, ranks_per_node, intra_bps, f"{PREFIX}{os.getpid()}")
+        self.plan = netns_plan(n, rate_bps, burst, ranks_per_node, intra_bps, f"{PREFIX}{os.getpid()}")
         self.n, self.rate_bps, self.burst = n, rate_bps, self.plan.burst
         self.hub, self.ns = self.plan.hub, [p.ns for p in self.plan.ports]
         self.procs: list[subprocess.Popen] = []

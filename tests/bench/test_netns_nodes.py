@@ -19,7 +19,7 @@ root_only = pytest.mark.skipif(netns_links.available() is not None,
 
 
 def test_the_flat_plan_is_one_tbf_per_rank_into_the_hub():
-    p = netns_links.plan(2, 5e7, tag="t")
+    p = netns_links.netns_plan(2, 5e7, tag="t")
     assert p.namespaces == ["tr0", "tr1", "thub"] and p.nodes == [] and p.uplink_bps is None
     qdiscs = [c for c in p.commands() if "qdisc" in c]
     assert qdiscs == [("ip", "netns", "exec", f"tr{i}", "tc", "qdisc", "add", "dev", f"v{i}", "root", "tbf", "rate",
@@ -29,7 +29,7 @@ def test_the_flat_plan_is_one_tbf_per_rank_into_the_hub():
 
 
 def test_the_two_level_plan_puts_each_node_behind_its_uplink_and_each_rank_has_two_classes():
-    p = netns_links.plan(4, 1e8, ranks_per_node=2, intra_bps=2.4e12, tag="t")
+    p = netns_links.netns_plan(4, 1e8, ranks_per_node=2, intra_bps=2.4e12, tag="t")
     assert p.namespaces == ["tr0", "tr1", "tr2", "tr3", "tn0", "tn1", "thub"]
     assert [(q.node, q.addr, q.inter_bps, q.intra_bps) for q in p.ports] == [
         (0, "10.213.0.1/16", 1e8, None), (0, "10.213.0.2/16", 1e8, None),     # beyond tbf: unshaped
@@ -46,7 +46,7 @@ def test_the_two_level_plan_puts_each_node_behind_its_uplink_and_each_rank_has_t
                      # the other node's subnet to the inter class; its own node's unclassified (unshaped)
                      ("tc", "filter", "add", "dev", "v2", "parent", "1:", "protocol", "ip", "prio", "2", "u32",
                       "match", "ip", "dst", "10.213.0.0/24", "flowid", "1:20")]
-    slow = netns_links.plan(4, 1e8, ranks_per_node=2, intra_bps=1e9, tag="t")
+    slow = netns_links.netns_plan(4, 1e8, ranks_per_node=2, intra_bps=1e9, tag="t")
     assert slow.ports[0].intra_bps == 1e9
     assert ("ip", "netns", "exec", "tr0", "tc", "filter", "add", "dev", "v0", "parent", "1:", "protocol", "ip", "prio",
             "1", "u32", "match", "ip", "dst", "10.213.0.0/24", "flowid", "1:10") in slow.commands()
@@ -54,7 +54,7 @@ def test_the_two_level_plan_puts_each_node_behind_its_uplink_and_each_rank_has_t
             "rate", "1000000000bit", "ceil", "1000000000bit", "burst", "125000b", "cburst", "125000b") \
         in slow.commands()
     with pytest.raises(ValueError, match="ranks_per_node=3: must divide the 4 ranks"):
-        netns_links.plan(4, 1e8, ranks_per_node=3)
+        netns_links.netns_plan(4, 1e8, ranks_per_node=3)
 
 
 def _args(**kw):
