@@ -6,6 +6,7 @@ never in tests).
     python -m gvq.bench quantizers numel=8192                          # codec GB/s, one thread
     sudo python -m gvq.bench netns grid.links_bps=[5e7,2e8]            # kernel-shaped links (root): RAR vs emulator
     sudo python -m gvq.bench netns-train                               # ... and whole iterations vs DDP
+    sudo python -m gvq.bench netns-nodes                               # ... nodes of ranks (2 x 2), hierarchical
     python -m gvq.bench clock                                          # virtual vs wall clock (V1-V3)
     python -m gvq.bench paper                                          # the GradiVeQ paper's time table
     python -m gvq.bench startup                                        # a 1-iteration run: start-up split
@@ -26,8 +27,8 @@ import sys
 
 from gvq.bench import BenchError
 from gvq.bench.keys import (OUT, AggregateKeys, ClockKeys, CodecsKeys, GpucheckKeys, MethodCostKeys, NetnsKeys,
-                            NetnsTrainKeys, OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys, StartupKeys, TopkKeys,
-                            TrainKeys)
+                            NetnsNodesKeys, NetnsTrainKeys, OverlapKeys, PaperKeys, QuantizersKeys, SoakKeys,
+                            StartupKeys, TopkKeys, TrainKeys)
 from gvq.schema.tool import Arg, Command, dispatch
 
 COMMANDS = {
@@ -56,6 +57,9 @@ COMMANDS = {
                      "against the link emulator", OUT, grid="netns"),
     "netns-train": Command(NetnsTrainKeys, "gvq.bench.netns:bench_netns_train", "(root) whole iterations behind "
                            "kernel tbf per-rank links, RAR against torch DDP", OUT, grid="netns_train"),
+    "netns-nodes": Command(NetnsNodesKeys, "gvq.bench.netns_nodes:bench_netns_nodes", "(root) nodes of ranks behind "
+                           "kernel tbf links of two classes against the emulator and the virtual clock", OUT,
+                           grid="netns_nodes"),
     "gpucheck": Command(GpucheckKeys, "gvq.bench.gpucheck:bench_gpucheck", "the CUDA path: tests, codecs, cli.py "
                         "runs, one table", (Arg("--out", "results folder (part JSONs, gpucheck.json/.md, runs)",
                                                 default="runs/gpucheck"),)),

@@ -60,7 +60,9 @@ def time_aggregator(agg, params, grads, ctx, args) -> dict:
                              stats["decompress_s"]], dtype=torch.float64)
         dist.all_reduce(wall, op=dist.ReduceOp.MAX)
         if rep >= args.warmup:
-            rows.append([float(v) for v in wall] + [stats["bytes_sent"]])
+            # bytes to other nodes: what an aggregator declares it counts (net.ranks_per_node's slow links)
+            inter = stats["bytes_inter"] if "bytes_inter" in agg.extra_fields else float("nan")
+            rows.append([float(v) for v in wall] + [stats["bytes_sent"], inter])
     agg.close()
     return summarize_aggregation(rows, agg, args, ctx.world_size)
 
@@ -72,6 +74,7 @@ def summarize_aggregation(rows, agg, args, world) -> dict:
     bound = sent * 8 / bw if bw and sent == sent else None
     med = statistics.median(times)
     return {"aggregator": agg.name, "world_size": world, "bandwidth_bps": bw, "bytes_per_rank": sent,
+            "bytes_inter_per_rank": rows[-1][5],
             "median_s": med, "min_s": min(times), "bound_s": bound,
             "time_over_bound": med / bound if bound else None,
             "wire_s": statistics.median(r[1] for r in rows),

@@ -156,6 +156,20 @@ class NetnsKeys:
 
 
 @dataclass
+class NetnsNodesKeys:
+    # conf/grid/netns_nodes.yaml: grid.settings and grid.set (aggregator options and their overrides, as
+    # gvq.bench aggregate's: aggregator.topology=hierarchical), grid.world_sizes (its first: the ranks),
+    # grid.links_bps the inter-node tbf rates per rank; each against the emulator and the virtual clock
+    grid: GridSchema = field(default_factory=GridSchema)
+    ranks_per_node: int = 2              # consecutive ranks a node; more => more of the traffic on intra links
+    # bit/s inside a node; above 1e10 the kernel leaves it unshaped (the veth's own speed); lower => the
+    # intra phases cost more
+    intra_bandwidth_bps: float = 2.4e12
+    reps: int = 5                        # timed aggregations per setting and link (the median); more => longer
+    model: str = "resnet32"              # whose gradient shapes (conf/model/)
+
+
+@dataclass
 class NetnsTrainKeys(Workload):
     # conf/grid/netns_train.yaml: grid.settings (modes, as gvq.bench train's), grid.set, grid.world_sizes
     # (>= 2), grid.links_bps the tbf rates per rank

@@ -8,116 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from gvq.bench import Progress
 from gvq.bench import train as bench_train
 from gvq.bench.aggregate import aggregation_args, run_aggregation
+from gvq.bench.netns_links import Links, auto_burst, auto_burst_bytes, available
 from gvq.schema.errors import ConfigError
 from gvq.schema.tool import namespace
 from gvq.run.signals import Interrupted
 from gvq.run.logs import write_json_atomic
-
-PREFIX = "gvqns"
-
-
-def sh(*cmd: str) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
-
-
-def available() -> str | None:
-    """Why the kernel check cannot run here, or None when it can."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, tc)"
-    if not shutil.which("ip") or not shutil.which("tc"):
-        return "needs iproute2 (ip, tc)"
-    return None
-
-
-def auto_burst_bytes(rate_bps: float) -> int:
-    """tbf bucket of 1 ms at the rate, at least two 1500-byte frames.  Kept small on purpose: a bucket
-    is credit the link hands out at line speed, so a large one lets a short transfer beat its rate."""
-    return max(3000, int(rate_bps / 8 * 1e-3))
-
-
-def auto_burst(rate_bps: float) -> str:
-    return f"{auto_burst_bytes(rate_bps)}b"
-
-
-class Links:
-    """N rank namespaces, each with a veth into a bridge in a hub namespace and egress ``tbf`` at
-    ``rate_bps``.  A context manager: everything is removed on exit, even when setup fails half-way."""
-
-    def __init__(self, n: int, rate_bps: float, burst: str | None = None):
-        tag = f"{PREFIX}{os.getpid()}"
-        self.n, self.rate_bps, self.burst = n, rate_bps, burst or auto_burst(rate_bps)
-        self.hub, self.ns = f"{tag}hub", [f"{tag}r{i}" for i in range(n)]
-        self.procs: list[subprocess.Popen] = []
-
-    def __enter__(self) -> "Links":
-        try:
-            self._setup()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.teardown()
-
-    def _setup(self) -> None:
-        hub = self.hub
-        sh("ip", "netns", "add", hub)
-        sh("ip", "netns", "exec", hub, "ip", "link", "add", "br0", "type", "bridge")
-        sh("ip", "netns", "exec", hub, "ip", "link", "set", "br0", "up")
-        for i, ns in enumerate(self.ns):
-            v, b = f"v{i}", f"b{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            # made inside the namespaces: no name is ever taken in the caller's namespace
-            sh("ip", "link", "add", v, "netns", ns, "type", "veth", "peer", "name", b, "netns", hub)
-            sh("ip", "netns", "exec", hub, "ip", "link", "set", b, "master", "br0")
-            sh("ip", "netns", "exec", hub, "ip", "link", "set", b, "up")
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.213.0.{i + 1}/24", "dev", v)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", v, "up")
-            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", v, "root", "tbf", "rate",
-               f"{int(self.rate_bps)}bit", "burst", self.burst, "latency", "100ms")
-
-    def teardown(self) -> None:
-        for p in self.procs:                  # our own rank processes, if any are still running
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self.procs = []
-        for name in self.ns + [self.hub]:     # deleting a namespace deletes its veth ends
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-    def run_ranks(self, module_args, timeout_s: float = 600) -> None:
-        """Run ``python -m <module_args(i)>`` as rank i inside namespace i; raise if any fails (the
-        others are then killed) or all have not finished within ``timeout_s``."""
-        self.procs = [subprocess.Popen(
-            ["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME=v{i}", sys.executable, "-m",
-             *module_args(i)]) for i, ns in enumerate(self.ns)]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            codes = [p.poll() for p in self.procs]
-            if any(c not in (None, 0) for c in codes):
-                raise RuntimeError(f"a shaped rank failed: exit codes {codes}")
-            if all(c == 0 for c in codes):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"shaped ranks still running after {timeout_s:g} s: exit codes {codes}")
-            time.sleep(0.1)
 
 
 def rar_keys(args, link: str) -> list[str]:
@@ -127,19 +30,25 @@ def rar_keys(args, link: str) -> list[str]:
             "grid.set=[]", f"reps={args.reps}", f"model={args.model}"]
 
 
-def aggregation_rank_argv(args, rank: int, tmp: str, out: str) -> list[str]:
-    """``python -m`` words of one namespaced rank of :func:`kernel_shaped`: RAR, unshaped by gvq (the kernel
-    shapes it)."""
-    return ["gvq.bench", "aggregate", *rar_keys(args, "[]"), f"rank={rank}", f"init=file://{tmp}/rendezvous",
-            "--out", out]
+def aggregation_rank_argv(args, rank: int, tmp: str, out: str, keys: list[str] | None = None) -> list[str]:
+    """``python -m`` words of one namespaced rank of :func:`kernel_shaped` (``keys``: ``gvq.bench aggregate``'s,
+    default RAR), unshaped by gvq (the kernel shapes it)."""
+    keys = rar_keys(args, "[]") if keys is None else keys
+    return ["gvq.bench", "aggregate", *keys, f"rank={rank}", f"init=file://{tmp}/rendezvous", "--out", out]
+
+
+def shaped_records(links: Links, args, keys: list[str]) -> list[dict]:
+    """``gvq.bench aggregate`` on ``keys`` with every rank in its namespace of ``links``: rank 0's records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/records.json"
+        links.run_ranks(lambda i: aggregation_rank_argv(args, i, tmp, out, keys))
+        return json.loads(Path(out).read_text())
 
 
 def kernel_shaped(args, rate: float) -> dict:
     """RAR with every rank in its namespace, no emulation: the kernel shapes the links."""
-    with tempfile.TemporaryDirectory() as tmp, Links(args.world_size, rate) as links:
-        out = f"{tmp}/records.json"
-        links.run_ranks(lambda i: aggregation_rank_argv(args, i, tmp, out))
-        rec = json.loads(Path(out).read_text())[0]
+    with Links(args.world_size, rate) as links:
+        rec = shaped_records(links, args, rar_keys(args, "[]"))[0]
     burst = auto_burst_bytes(rate)
     rec.update(bandwidth_bps=rate, shaping=f"kernel tbf, per-rank veth, burst {burst}b")
     # A rank's egress can carry at most its bucket plus rate x time, whatever the schedule.
@@ -147,13 +56,17 @@ def kernel_shaped(args, rate: float) -> dict:
     return rec
 
 
-def emulated(args, rate: float) -> dict:
+def in_process(keys: list[str]) -> list[dict]:
+    """``gvq.bench aggregate`` on ``keys`` (one world size, one link) on loopback ranks spawned here."""
     from gvq.bench.__main__ import COMMANDS
     from gvq.schema.tool import compose_command
-    cfg = compose_command(COMMANDS["aggregate"], rar_keys(args, f"[{rate}]"))
-    ns = aggregation_args(cfg, SimpleNamespace(out=None))
+    ns = aggregation_args(compose_command(COMMANDS["aggregate"], keys), SimpleNamespace(out=None))
     ns.world_size, ns.bandwidth = ns.world_size[0], ns.bandwidth[0]    # one cell, as bench_aggregate runs each
-    rec = run_aggregation(ns)[0]
+    return run_aggregation(ns)
+
+
+def emulated(args, rate: float) -> dict:
+    rec = in_process(rar_keys(args, f"[{rate}]"))[0]
     rec["shaping"] = "in-process emulator, loopback"
     return rec
 
@@ -163,7 +76,7 @@ def _interrupt(signum, frame):
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():
+def sigterm_interrupts():
     """While inside: SIGTERM raises :class:`Interrupted`, so the ``finally`` / ``__exit__`` teardowns run
     as on Ctrl-C (the entry point then exits 128 + 15)."""
     try:
@@ -192,7 +105,7 @@ def bench_netns_train(cfg, paths) -> list[dict]:
     if why:
         print(f"gvq.bench netns-train: skipped: {why}")
         return []
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         records = _train(args)
     _print_summary(records)
     if args.out:
@@ -259,7 +172,7 @@ def bench_netns(cfg, paths) -> list[dict]:
         return []
     rows, shown = [], Progress("netns", len(args.rates))
     for rate in args.rates:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             k, e = kernel_shaped(args, rate), emulated(args, rate)
         shown.done(f"{rate / 1e6:g} Mbit/s, N={args.world_size}: kernel-shaped and emulated")
         rows.append({"rate_mbps": rate / 1e6, "N": args.world_size, "kernel_median_s": k["median_s"],

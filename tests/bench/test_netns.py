@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from gvq.bench import netns
+from gvq.bench import netns_links
 from gvq.bench.__main__ import main as bench_main
 
-pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
+pytestmark = pytest.mark.skipif(netns_links.available() is not None,
+                                reason=f"kernel shaping: {netns_links.available()}")
 
 AGGS = ["rar", "ddp", "ddp_fp16", "ddp_powersgd"]
 
@@ -20,7 +21,7 @@ AGGS = ["rar", "ddp", "ddp_fp16", "ddp_powersgd"]
 def _ours() -> list[str]:
     """Namespaces this process's harness would have made (names carry our pid)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{netns.PREFIX}{os.getpid()}")]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"{netns_links.PREFIX}{os.getpid()}")]
 
 
 @pytest.mark.slow
@@ -62,13 +63,13 @@ def test_train_harness_removes_namespaces_when_a_rank_fails():
 @pytest.mark.slow
 def test_links_are_removed_when_setup_fails_half_way():
     with pytest.raises(RuntimeError, match="tc qdisc add"):
-        with netns.Links(2, 5e7, burst="not-a-size"):
+        with netns_links.Links(2, 5e7, burst="not-a-size"):
             pass
     assert _ours() == []
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(netns.available() is not None, reason=f"kernel shaping: {netns.available()}")
+@pytest.mark.skipif(netns_links.available() is not None, reason=f"kernel shaping: {netns_links.available()}")
 def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
     """Root only: per-rank veth + tbf really shape (a ring cannot beat its links), and the emulator
     comparison runs end to end."""
@@ -82,5 +83,5 @@ def test_kernel_shaped_ring_is_bounded_by_the_link(tmp_path):
 def test_links_default_to_a_small_bucket():
     """The default tbf bucket is 1 ms of the rate: a large bucket (tc's common 512kb) hands a ~1 MB ring
     half its bytes at line speed, so the shaped ring would beat its own link (CI caught 0.89x)."""
-    assert netns.Links(2, 2e8).burst == "25000b" and netns.Links(2, 1e6).burst == "3000b"
-    assert netns.Links(2, 2e8, burst="64kb").burst == "64kb"
+    assert netns_links.Links(2, 2e8).burst == "25000b" and netns_links.Links(2, 1e6).burst == "3000b"
+    assert netns_links.Links(2, 2e8, burst="64kb").burst == "64kb"

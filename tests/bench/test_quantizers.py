@@ -26,8 +26,8 @@ def test_quantizers_subcommand_prints_its_setting_and_ratios(capsys):
     assert "8,192 fp32 values, 1 thread" in capsys.readouterr().out
 
 
-BENCHES = ["aggregate", "train", "topk", "netns", "netns-train", "paper", "gpucheck", "overlap", "soak", "quantizers",
-           "clock", "startup", "codecs", "method-cost"]
+BENCHES = ["aggregate", "train", "topk", "netns", "netns-train", "netns-nodes", "paper", "gpucheck", "overlap", "soak",
+           "quantizers", "clock", "startup", "codecs", "method-cost"]
 
 
 def test_unknown_subcommand_exits_with_usage(capsys):
