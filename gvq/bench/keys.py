@@ -17,7 +17,7 @@ RESNET32_PARAMS = 470_004
 #: every scalar quantizer (and fp16): the quantizer and codec benches' default options
 QUANTIZERS = ("qsgd", "terngrad", "signsgd", "linear", "orq", "bingrad_pb", "bingrad_b", "fp16")
 #: GRACE's compressors gvq has (sparsifiers, sign codecs, natural compression), options of conf/aggregator/
-GRACE_CODECS = ("topk", "topk_chunk", "randomk", "natural", "efsignsgd", "onebit", "signum")
+GRACE_CODECS = ("topk", "topk_chunk", "randomk", "dgc", "natural", "efsignsgd", "onebit", "signum")
 #: the codec bench's labels: every quantizer, the GradiVeQ settings the papers use (gvq.bench.codecs.GRADIVEQ),
 #: PowerSGD, GRACE's
 CODECS = (*QUANTIZERS, "gradiveq", "gradiveq_bf16", "gradiveq_pooled", "gradiveq_pooled_bf16", "powersgd",

@@ -8,18 +8,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _abs_bits(x_ptr, at, mask):
-    """float32 |v|'s bits as int32 (monotone in |v| for non-negative floats; NaN above Inf), and v."""
+def _abs_bits(x_ptr, at, mask, lo, hi):
+    """float32 |v|'s bits as int32 (monotone in |v| for non-negative floats; NaN above Inf), and v; a value
+    whose bits fall outside [lo, hi] reads as +0.0 (DGC's non-candidates; top-k's [0, 2^31 - 1] is all)."""
     v = tl.load(x_ptr + at, mask=mask, other=0.0)
-    return v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF, v
+    bits = v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    ok = (bits >= lo) & (bits <= hi)
+    return tl.where(ok, bits, 0), tl.where(ok, v, 0.0)
 
 
 @triton.jit
-def _count_at_least(x_ptr, start, length, cand, offs, BLOCK: tl.constexpr):
+def _count_at_least(x_ptr, start, length, cand, offs, lo, hi, BLOCK: tl.constexpr):
     count = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, _ = _abs_bits(x_ptr, start + i + offs, m)
+        bits, _ = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
         count += tl.sum(((bits >= cand) & m).to(tl.int32), axis=0)
     return count
 
@@ -34,22 +37,29 @@ def topk_select(x_ptr, scopes_ptr, idx_ptr, val_ptr, S, BLOCK: tl.constexpr):
     length = tl.load(scopes_ptr + S + s).to(tl.int32)
     k = tl.load(scopes_ptr + 2 * S + s).to(tl.int32)
     base = tl.load(scopes_ptr + 3 * S + s)
+    select_scope(x_ptr, start, length, k, base, idx_ptr, val_ptr, 0, 0x7FFFFFFF, BLOCK)
+
+
+@triton.jit
+def select_scope(x_ptr, start, length, k, base, idx_ptr, val_ptr, lo, hi, BLOCK: tl.constexpr):
+    """One scope's top-k (:func:`topk_select`) among the values whose |v|'s bits lie in [lo, hi], every
+    other value read as +0.0 (so it can fill a slot only where fewer than k are in range)."""
     offs = tl.arange(0, BLOCK)
     thr = tl.zeros((), dtype=tl.int32)
     for r in range(31):                  # bit 30 down to 0: bit 31 (the sign) is cleared
         cand = thr | (tl.full((), 1, tl.int32) << (30 - r))
-        thr = tl.where(_count_at_least(x_ptr, start, length, cand, offs, BLOCK) >= k, cand, thr)
+        thr = tl.where(_count_at_least(x_ptr, start, length, cand, offs, lo, hi, BLOCK) >= k, cand, thr)
     above = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, _ = _abs_bits(x_ptr, start + i + offs, m)
+        bits, _ = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
         above += tl.sum(((bits > thr) & m).to(tl.int32), axis=0)
     need = k - above                     # ties at T kept, lowest index first
     kept = tl.zeros((), dtype=tl.int32)
     ties = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, v = _abs_bits(x_ptr, start + i + offs, m)
+        bits, v = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
         eq = ((bits == thr) & m).to(tl.int32)
         keep = ((bits > thr) & m) | ((eq != 0) & (ties + tl.cumsum(eq, axis=0) - eq < need))
         keep_i = keep.to(tl.int32)

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gvq.compressors import _dgc_triton
+from gvq.compressors._kernels import Op, check_kernels, path_for
 from gvq.compressors.base import Compressor, Health, check_int
 from gvq.compressors.topk import TopK, check_ratio
 
@@ -58,6 +60,7 @@ class Plan:
     sparse: Tensor             # positions in the segment (int64, CPU), the sparse part in order
     dense: Tensor
     topk: TopK                 # grouped on the sparse pieces
+    pieces: list[tuple[int, int, bool]]    # (start, length, dense) of each tensor's run, in segment order
 
     @property
     def inner_bytes(self) -> int:
@@ -72,7 +75,8 @@ class DGC(Compressor):
     def __init__(self, ratio: float = 0.001,      # r: fraction kept per sparse tensor; lower => fewer bytes
                  sample: float = 0.01,            # fraction of |v| sampled for the threshold
                  warmup_iters: int = 0,           # iterations per warm-up stage; 0 => r from the start
-                 warmup_stages: int = 4):         # stages of exponentially rising sparsity before r
+                 warmup_stages: int = 4,          # stages of exponentially rising sparsity before r
+                 kernels: str = "auto"):          # auto | triton | torch (gvq/compressors/_kernels.py)
         self.r = check_ratio(ratio)
         ok = isinstance(sample, (int, float)) and not isinstance(sample, bool) and 0 < sample <= 1
         if not ok:
@@ -80,6 +84,7 @@ class DGC(Compressor):
         self.sample = float(sample)
         self.warmup_iters = check_int("warmup_iters", warmup_iters, 0, hint=" (0: no warm-up)")
         self.warmup_stages = check_int("warmup_stages", warmup_stages, 1)
+        self.kernels, self._paths = check_kernels(kernels), {}
         self.shapes: tuple[tuple[int, ...], ...] | None = None
         # the iteration begin_vector names, shared (a list) with every grouped view, which the aggregator
         # builds once per layout while begin_vector is said to this codec
@@ -91,12 +96,30 @@ class DGC(Compressor):
         self.health = Health("sum")
 
     def __getstate__(self):
-        return {**self.__dict__, "_plans": {}, "_consts": {}}
+        return {**self.__dict__, "_plans": {}, "_consts": {}, "_paths": {}}
 
     def grouped(self, shapes) -> "DGC":
         view = copy.copy(self)
         view.shapes, view._plans, view._consts = tuple(tuple(s) for s in shapes), {}, {}
         return view
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
+        the torch ops)."""
+        return path_for(self._paths, self.kernels, device, host=False)
+
+    def triton_tables(self, seg: slice, device) -> dict:
+        """The Triton path's tables (:func:`._dgc_triton.tables`), made once per ratio, segment and device."""
+        key = ("triton", self.ratio_at(self._at[0]), seg.start, seg.stop, device)
+        if key not in self._consts:
+            self._consts[key] = _dgc_triton.tables(self, self.plan(seg), device, LOW,
+                                                   [SHRINK ** j for j in range(TRIES)])
+        return self._consts[key]
+
+    @property
+    def key(self) -> int:
+        """The present iteration's sample key: each scope's sample starts at it modulo its stride."""
+        return self._at[0] * 40503
 
     def begin_vector(self, seed: int, iteration: int, vector: int) -> None:
         self._at[0] = iteration
@@ -131,13 +154,14 @@ class DGC(Compressor):
             lo, hi = max(at, seg.start), min(at + size, seg.stop)
             if hi > lo:
                 (dense if len(shape) <= 1 else sparse).append(torch.arange(lo - seg.start, hi - seg.start))
-                if len(shape) > 1:
-                    pieces.append((hi - lo,))
+                pieces.append((lo - seg.start, hi - lo, len(shape) <= 1))
             at += size
         if self.shapes is not None and at < seg.stop:
             raise ValueError(f"{self.name}: segment {seg.start}:{seg.stop} beyond its layout of {at}")
         cat = lambda parts: torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)   # noqa: E731 - one use, beside the plan it builds
-        return Plan(n, cat(sparse), cat(dense), TopK(ratio, scope="tensor").grouped(pieces))
+        # the torch reference's top-k is torch ops on every device (the Triton path runs its own select)
+        topk = TopK(ratio, scope="tensor", kernels="torch").grouped([(m,) for _, m, d in pieces if not d])
+        return Plan(n, cat(sparse), cat(dense), topk, pieces)
 
     def payload_spec(self, seg: slice) -> tuple[torch.dtype, int]:
         plan = self.plan(seg)
@@ -158,18 +182,24 @@ class DGC(Compressor):
             self._consts[key] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in c.items()}
         return self._consts[key]
 
-    def _sampler(self, plan: Plan) -> dict:
-        """Each sparse scope's sampler: its sample's positions (a row a scope; ``valid`` 0 past its count),
-        their stride, the sample rank of its threshold (0: the largest), and ceil(0.8 k); and the tables that
-        count every try of every scope in one search (:meth:`candidates`)."""
+    def scope_samples(self, plan: Plan):
+        """The sparse scopes' top-k plan and, per scope, its length, sample count (a fraction ``sample``,
+        at least 2/r, at most the scope) and its threshold's rank in the sample (0: the largest)."""
         tk = plan.topk.plan(slice(0, plan.sparse.numel()))
         lengths = [b - a for a, b in zip(tk.starts, tk.starts[1:] + [tk.n])]
         counts = [min(length, max(math.ceil(self.sample * length), math.ceil(2 / plan.topk.r)))
                   for length in lengths]
+        ranks = [max(1, math.ceil(c * k / length)) - 1 for length, c, k in zip(lengths, counts, tk.ks)]
+        return tk, lengths, counts, ranks
+
+    def _sampler(self, plan: Plan) -> dict:
+        """Each sparse scope's sampler: its sample's positions (a row a scope; ``valid`` 0 past its count),
+        their stride, the sample rank of its threshold (0: the largest), and ceil(0.8 k); and the tables that
+        count every try of every scope in one search (:meth:`candidates`)."""
+        tk, lengths, counts, ranks = self.scope_samples(plan)
         pos = torch.zeros((len(lengths), max(counts, default=1)), dtype=torch.long)
         for s, (start, length, c) in enumerate(zip(tk.starts, lengths, counts)):   # once per layout
             pos[s, :c] = start + torch.arange(c) * (length // c)
-        ranks = [max(1, math.ceil(c * k / length)) - 1 for length, c, k in zip(lengths, counts, tk.ks)]
         valid = torch.arange(pos.shape[1])[None, :] < torch.tensor(counts, dtype=torch.long)[:, None]
         scope = torch.arange(len(lengths), dtype=torch.long)
         cols = torch.arange(TRIES + 2)
@@ -190,7 +220,7 @@ class DGC(Compressor):
     def thresholds(self, a: Tensor, seg: slice) -> Tensor:
         """Each sparse scope's sampled threshold t (0 where k is the scope's length), from ``a`` = |v|."""
         c = self._const(seg, a.device)
-        offset = torch.remainder(self._at[0] * 40503, c["stride"])          # the sample's start, per scope
+        offset = torch.remainder(self.key, c["stride"])          # the sample's start, per scope
         at = (c["pos"] + offset[:, None] * c["valid"]).reshape(-1)
         sample = a.index_select(0, at).view(c["pos"].shape).masked_fill_(c["pad"], -1.0)   # pads lose
         top = torch.topk(sample, c["top"], dim=1).values
@@ -227,10 +257,12 @@ class DGC(Compressor):
         return bits.bitwise_and_(xs.view(torch.int32)).view(torch.float32)
 
     def compress(self, x: Tensor, seg: slice) -> Tensor:
-        plan = self.plan(seg)
-        x = x.reshape(-1).to(torch.float32)
-        if plan.n == 0:
+        if self.plan(seg).n == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
+        return COMPRESS(self.path(x.device), self, x.reshape(-1), seg)
+
+    def torch_compress(self, x: Tensor, seg: slice) -> Tensor:
+        plan, x = self.plan(seg), x.to(torch.float32)
         self.health.note(x.sum(dtype=torch.float32))
         ns, c = plan.sparse.numel(), self._const(seg, x.device)
         xs = x if plan.dense.numel() == 0 else x.index_select(0, c["sparse"])
@@ -238,12 +270,19 @@ class DGC(Compressor):
         dense = x.index_select(0, c["dense"]).view(torch.uint8)
         return torch.cat([sparse, dense])
 
-    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
-        plan = self.plan(seg)
+    def checked(self, payload: Tensor, seg: slice) -> Tensor:
+        """``payload`` if it is ``seg``'s (else a one-line ValueError)."""
         dtype, size = self.payload_spec(seg)
         if payload.dtype != dtype or payload.numel() != size:
             raise ValueError(f"{self.name}: payload of {payload.numel()} {payload.dtype} for segment "
                              f"{seg.start}:{seg.stop}; expected {size} {dtype}")
+        return payload
+
+    def decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        return DECOMPRESS(self.path(payload.device), self, self.checked(payload, seg), seg)
+
+    def torch_decompress(self, payload: Tensor, seg: slice) -> Tensor:
+        plan = self.plan(seg)
         out = torch.zeros(plan.n, dtype=torch.float32, device=payload.device)
         ns, ib, c = plan.sparse.numel(), plan.inner_bytes, self._const(seg, payload.device)
         if ns:
@@ -252,3 +291,8 @@ class DGC(Compressor):
             dense = payload[ib:] if (payload.storage_offset() + ib) % 4 == 0 else payload[ib:].clone()
             out.index_copy_(0, c["dense"], dense.view(torch.float32))
         return out
+
+
+# DGC's calls per path (``_kernels.Op``): the torch reference, and its Triton kernels (2 launches each way)
+COMPRESS = Op(torch=DGC.torch_compress, triton=_dgc_triton.dgc_compress)
+DECOMPRESS = Op(torch=DGC.torch_decompress, triton=_dgc_triton.dgc_decompress)

@@ -117,6 +117,7 @@ class DGCSchema:
     sample: float = 0.01
     warmup_iters: int = 0
     warmup_stages: int = 4
+    kernels: Kernels = Kernels.auto       # fused Triton kernels on CUDA (gvq/compressors/_dgc_triton.py)
 
 
 @dataclass
