@@ -7,6 +7,12 @@ model's figure for the same cell and the ratio model / measured.  The compute st
 quiet rank just before and after each ``bench train`` (``compute_now_s``: the calibration's own
 samples, taken again because this host's speed drifts; the model takes the slowest of N from them);
 nothing is adjusted to the outcome.
+
+With ``ranks_per_node`` R > 1 (:class:`gvq.predict.keys.NodeKeys`) every cell is N = M x R ranks on nodes
+of R: ``bench aggregate`` runs every aggregator as ``aggregator.topology=hierarchical`` on the same
+``net.ranks_per_node`` and intra links, ``link_bps`` the links between nodes, and the model prices it as
+two levels (:func:`gvq.predict.cost_model.replay_two_level`); aggregation only (``bench train``'s ranks sit
+on a flat net).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import statistics
 import pandas as pd
 
 from gvq.bench.common import run_bench
+from gvq.comm.links import Cluster
 from gvq.predict import cost_model as M
 from gvq.predict.project_names import calibrated_name, uncalibrated
 from gvq.predict.structure import SETTINGS
@@ -26,20 +33,29 @@ def _virtual_bench(sub: str, keys: list[str]) -> list[dict]:
 
 
 def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[float], reps: int,
-            iters: int) -> list[dict]:
+            iters: int, cluster: Cluster = M.FLAT) -> list[dict]:
     """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train),
     each under its calibrated name (the benches time options with the calibration's ``set``: ``powersgd``
-    there is the calibrated ``powersgd rank=6``)."""
-    from gvq.predict.structure import calibrated_entries, calibrated_shape
+    there is the calibrated ``powersgd rank=6``); on nodes of several ranks (``cluster``) aggregate_s of
+    the hierarchical rings only."""
+    from gvq.predict.structure import calibrated_entries
     cal, cells = m.cal, {}
     name_of = {e: n for n, e in calibrated_entries(cal, m.struct).items() if n in names}
     common = [f"model={cal['model']}", f"num_classes={cal['num_classes']}",
-              f"grid.set={json.dumps(cal.get('settings', SETTINGS))}", f"grid.settings={json.dumps(list(name_of))}",
-              "warmup=2"]
+              f"grid.set={json.dumps(cal.get('settings', SETTINGS) + node_set(cluster))}",
+              f"grid.settings={json.dumps(list(name_of))}", "warmup=2"]
     for n in worlds:
         for r in _virtual_bench("aggregate", [f"grid.world_sizes=[{n}]", f"grid.links_bps={json.dumps(links)}",
-                                              f"reps={reps}", *common]):
+                                              f"reps={reps}", *common, *node_keys(cluster)]):
             cells[(n, float(r["bandwidth_bps"]), name_of[r["aggregator"]])] = {"aggregate_s": r["median_s"]}
+    if cluster.flat:
+        _measure_iterations(cal, cells, name_of, worlds, links, iters, common)
+    return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
+
+
+def _measure_iterations(cal: dict, cells: dict, name_of: dict, worlds, links, iters: int, common) -> None:
+    """``bench train``'s whole iterations into ``cells``, with the compute re-timed around each link's run."""
+    from gvq.predict.structure import calibrated_shape
     for b in links:
         before = _compute_now(cal)                     # samples before and after: the drift averaged
         recs = _virtual_bench("train", [f"grid.world_sizes={json.dumps(worlds)}", f"grid.links_bps=[{b}]",
@@ -50,7 +66,19 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
             cells.setdefault((int(r["N"]), float(b), name_of[r["aggregator"]]), {}).update(
                 iter_s=r["iter_s"], bench_compute_s=r["compute_s"], compute_now_s=statistics.median(now),
                 compute_samples=now)
-    return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
+
+
+def node_set(cluster: Cluster) -> list[str]:
+    """``grid.set`` entries of a cluster's cells: every ring hierarchical where a node holds several ranks."""
+    return [] if cluster.flat else ["aggregator.topology=hierarchical"]
+
+
+def node_keys(cluster: Cluster) -> list[str]:
+    """``gvq.bench aggregate``'s ``net`` keys placing its ranks on ``cluster``'s nodes (none on a flat net)."""
+    if cluster.flat:
+        return []
+    return [f"net.ranks_per_node={cluster.ranks_per_node}", f"net.intra_bandwidth_bps={cluster.intra_bandwidth_bps}",
+            f"net.intra_latency_s={cluster.intra_latency_s}"]
 
 
 def _compute_now(cal: dict) -> list[float]:
@@ -68,14 +96,15 @@ def _compute_now(cal: dict) -> list[float]:
         torch.set_num_threads(threads)
 
 
-def compare(m: M.Calibrated, measured: list[dict]) -> pd.DataFrame:
+def compare(m: M.Calibrated, measured: list[dict], cluster: Cluster = M.FLAT) -> pd.DataFrame:
     """One row per cell: the measurements, the model's figures (``model_compute_s``: the slowest of N
-    ranks' compute from the freshest samples) and the ratios model / measured."""
+    ranks' compute from the freshest samples; ``cluster``: on its nodes) and the ratios model / measured."""
     rows = []
     for r in measured:
         r = dict(r)
         samples = r.pop("compute_samples", None)
-        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=samples or r.get("compute_now_s"))
+        it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=samples or r.get("compute_now_s"),
+                         cluster=cluster)
         rows.append({**r, "model_compute_s": it["compute_s"], "model_aggregate_s": it["aggregate_s"],
                      "model_iter_s": it["iter_s"],
                      "agg_ratio": it["aggregate_s"] / r["aggregate_s"] if r.get("aggregate_s") else None,
@@ -91,14 +120,20 @@ def summary(df: pd.DataFrame) -> str:
 
 
 def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
+    from gvq.predict.keys import cluster_of
     from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators
     settings = [n for n, e in calibrated_entries(m.cal, m.struct).items() if n in names and ":" in e]
     if settings:                # gvq.bench aggregate and train take options: a setting would run its default
         raise M.PredictError(f"gvq.predict validate: {', '.join(map(repr, settings))}: settings, which the "
                              "benchmarks it runs do not take; validate them with validate-overlap --bench BENCH_JSON")
-    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters))
-    print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}; ratio 1 = exact)")
+    cluster = cluster_of(args)
+    for n in args.world_size:       # a shape the model cannot price is refused before any benchmark runs
+        M.aggregation(m, names[0], n, args.bandwidth[0], cluster=cluster)
+    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster)
+    nodes = "" if cluster.flat else (f"; nodes of {cluster.ranks_per_node} ranks at {cluster.intra_bandwidth_bps:g} "
+                                     "bit/s inside, hierarchical rings, link_bps between nodes, aggregation only")
+    print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}{nodes}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))
     print(summary(df))
     if args.out:

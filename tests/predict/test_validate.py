@@ -197,3 +197,40 @@ def test_the_benchmarks_validation_runs_are_given_the_calibrations_workload_as_k
     assert [list(c.grid.links_bps) for c in train] == [[5e7], [1e9]]
     assert (train[0].batch_size, list(train[0].input_shape), train[0].iters, train[0].compressed_only) == \
         (16, [1, 28, 28], 5, True)
+
+
+def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_them_so(monkeypatch):
+    """``ranks_per_node=2``: ``bench aggregate`` composes with its ranks on nodes of 2 (the intra links
+    given) and every ring ``topology=hierarchical``; ``bench train`` (a flat net) is not run; the model's
+    figure is the two-level one; a world the nodes do not fill is refused before any benchmark runs."""
+    from pathlib import Path
+
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.comm.links import Cluster
+    from gvq.schema.tool import compose_command
+    seen = []
+
+    def bench(sub, keys, pin=False):
+        cfg = compose_command(COMMANDS[sub], keys)
+        seen.append((sub, cfg))
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01}
+                for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
+    monkeypatch.setattr(validate, "run_bench", bench)
+    m = M.Calibrated.load(Path("tests/records/predict/cnn"))
+    args = argparse.Namespace(aggregators=["rar", "qsgd"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
+                              ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=1e-6, out=None)
+    df = validate.report_validation(m, args)
+    assert [sub for sub, _ in seen] == ["aggregate"]
+    cfg = seen[0][1]
+    assert (cfg.net.ranks_per_node, cfg.net.intra_bandwidth_bps, cfg.net.intra_latency_s) == (2, 2.4e12, 1e-6)
+    assert list(cfg.grid.set)[-1] == "aggregator.topology=hierarchical" and cfg.net.clock.name == "virtual"
+    cluster = Cluster(2, 2.4e12, 1e-6)
+    two = {a: M.iteration(m, a, 4, 1e9, cluster=cluster)["aggregate_s"] for a in ("rar", "qsgd")}
+    assert df.set_index("aggregator")["model_aggregate_s"].to_dict() == pytest.approx(two)
+    assert two["rar"] != pytest.approx(M.iteration(m, "rar", 4, 1e9)["aggregate_s"])   # not the flat ring's
+    assert df.set_index("aggregator")["agg_ratio"].to_dict() == pytest.approx({a: t / 0.01 for a, t in two.items()})
+    assert df["iter_ratio"].isna().all()
+    seen.clear()
+    with pytest.raises(M.PredictError, match="ranks_per_node=2 must divide N=3"):
+        validate.report_validation(m, argparse.Namespace(**{**vars(args), "world_size": [4, 3]}))
+    assert seen == []
