@@ -33,14 +33,14 @@ def _run(p2p, codec, cuts, intra="compressed", gather="compressed", x=None):
 
 def _sums(rank, world):
     """Per shape: the identity codec's sum and bytes (every phase compressed), 4-bit QSGD's with fp32
-    intra and gather phases, and its bytes with every phase compressed."""
+    intra and gather phases, and its bytes with every phase compressed and with an fp16 intra phase."""
     out = []
     for per in SHAPES:
         p2p = P2P(rank, world, cluster=Cluster(per))
         q = QSGD(bits=4, bucket=BUCKET, norm="max", kernels="torch")
         q.reseed(rank)
         out.append({"exact": _run(p2p, Compressor(), NUMEL), "fp32": _run(p2p, q, q.cuts(NUMEL), "fp32", "fp32"),
-                    "qsgd": _run(p2p, q, q.cuts(NUMEL))})
+                    "qsgd": _run(p2p, q, q.cuts(NUMEL)), "fp16": _run(p2p, q, q.cuts(NUMEL), "fp16")})
     return out
 
 
@@ -58,12 +58,14 @@ def _step_bound(per: int, world: int) -> torch.Tensor:
     return bound
 
 
-def _expected_bytes(codec, cuts, per, world, rank):
-    """(sent, across nodes) by the wire arithmetic: shards to node-mates, pieces across, then the gather."""
+def _expected_bytes(codec, cuts, per, world, rank, plain_intra: int = 0):
+    """(sent, across nodes) by the wire arithmetic: shards to node-mates (the codec's payloads, or
+    ``plain_intra`` bytes a value), pieces across, then the gather."""
     parts, nodes = shard_pieces(cuts, per, world // per), world // per
     node, j = divmod(rank, per)
     size = codec.payload_nbytes
-    intra = sum(size(q) for k in range(per) if k != j for q in [slice(parts[k][0].start, parts[k][-1].stop)])
+    shard = (lambda q: plain_intra * (q.stop - q.start)) if plain_intra else size
+    intra = sum(shard(q) for k in range(per) if k != j for q in [slice(parts[k][0].start, parts[k][-1].stop)])
     inter = sum(size(parts[j][m]) for m in range(nodes) if m != node) + (nodes - 1) * size(parts[j][node])
     intra += (per - 1) * sum(size(q) for q in parts[j])
     return intra + inter, inter
@@ -90,6 +92,7 @@ def test_sums_bounds_and_bytes_at_every_shape_of_4_ranks(tmp_path):
             assert (got["fp32"][0] - ref).abs().le(_step_bound(per, 4) + 1e-5).all(), per
             q = QSGD(bits=4, bucket=BUCKET, norm="max", kernels="torch")
             assert got["qsgd"][1:] == _expected_bytes(q, q.cuts(NUMEL), per, 4, rank), per
+            assert got["fp16"][1:] == _expected_bytes(q, q.cuts(NUMEL), per, 4, rank, plain_intra=2), per
             assert torch.linalg.vector_norm(got["qsgd"][0] - ref) < 0.5 * torch.linalg.vector_norm(ref), per
         assert all(torch.equal(per_shape[i]["qsgd"][0], results[0][i]["qsgd"][0]) for i in range(3))
 
