@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gvq.comm.alltoall_quant import qgz_allreduce_
 from gvq.comm.clock import Stopwatch
 from gvq.comm.hierarchy import hierarchical_allreduce_
 from gvq.comm.p2p import P2P
@@ -24,11 +25,14 @@ class Ring:
     model (:mod:`gvq.predict`) prices, declared once (``Aggregator.rings``)."""
     kind: str                          # plain | additive | reencode | sparse | allgather | ps (the functions
                                        #   below) | hierarchical (gvq/comm/hierarchy.py: ``inner`` across nodes)
+                                       #   | qgz (gvq/comm/alltoall_quant.py: two all-to-alls, then a gather)
     segs: list                         # per rank: a slice of the vector, or a list of pieces (slices);
-                                       #   allgather / ps: [[the span]]; hierarchical: the codec's cuts
+                                       #   allgather / ps: [[the span]]; hierarchical, qgz: the codec's cuts
     codec: Compressor | None = None    # None: plain values
     label: str = ""                    # names this ring's codec costs beside the option's ("P", "Q")
-    inner: str = ""                    # hierarchical: the kind of the ring across nodes
+    inner: str = ""                    # hierarchical: the kind of the ring across nodes; qgz: the intra-node
+                                       #   reduce's wire (compressed | fp16 | fp32)
+    gather: str = ""                   # qgz: the all-gather's wire (compressed | fp32)
 
     def run_(self, flat: torch.Tensor, p2p: P2P, stopwatch: Stopwatch) -> dict | None:
         """Overwrite ``flat`` with its sum over the ranks, on this ring; the columns the ring itself
@@ -43,6 +47,8 @@ class Ring:
             reencode_allreduce_(flat, self.segs, self.codec, p2p, stopwatch)
         elif self.kind == "hierarchical":
             hierarchical_allreduce_(flat, self, p2p, stopwatch)
+        elif self.kind == "qgz":
+            qgz_allreduce_(flat, self, p2p, stopwatch)
         else:
             gather_allreduce_(flat, self.codec, p2p, stopwatch, self.kind, self.segs[0][0])
 

@@ -123,6 +123,9 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
     if rings is None:
         raise ValueError(f"gvq.predict: aggregator {name!r} ({type(agg).__name__}) declares no rings "
                          "(Aggregator.rings): the cost model cannot price it")
+    if any(r.kind == "qgz" for r in rings):
+        raise ValueError(f"gvq.predict: {name!r} runs qgZ's all-to-alls (gvq/comm/alltoall_quant.py): the cost "
+                         "model prices rings only (an all-to-all model is not built yet)")
     return [_round(name, across_nodes(r, n)) for r in rings]
 
 

@@ -40,6 +40,8 @@ class Hop(Choice):
 RarTopology = Choice("RarTopology", "ring hierarchical", module=__name__)   # aggregator=rar's (Topology's)
 Workers = Choice("Workers", "rank node", module=__name__)    # method.workers (gvq/methods/nodes.py)
 IntraDtype = Choice("IntraDtype", "fp32 fp16", module=__name__)   # net.intra_dtype (gvq/comm/hierarchy.py)
+QgzWire = Choice("QgzWire", "compressed fp16 fp32", module=__name__)   # aggregator=qgz's intra
+QgzGather = Choice("QgzGather", "compressed fp32", module=__name__)     # aggregator=qgz's gather
 CommCore = Choice("CommCore", "shared own", module=__name__)   # net.comm_core (gvq/comm/clock.py)
 # choices whose meaning the option files say
 Hook = Choice("Hook", "allreduce fp16 powersgd", module=__name__)

@@ -18,7 +18,8 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import List, Optional
 
 from gvq.schema.choices import (Choice, Clock, CommCore, EFUnits, Hook, Hop, IntraDtype, Kernels, LabelSplit, Norm,
-                                OneSource, RarTopology, Sampling, SourceSplit, Tokenizer, Topology)
+                                OneSource, QgzGather, QgzWire, RarTopology, Sampling, SourceSplit, Tokenizer,
+                                Topology)
 from gvq.schema.codecs import (BinGradBSchema, BinGradPBSchema, ChunkTopKSchema, DGCSchema, EFSignSGDSchema,
                                FP16Schema, GradiVeQSchema, LinearSchema, NaturalSchema, OneBitSchema, ORQSchema,
                                QSGDSchema, RandomKSchema, SignSGDSchema, SignVoteSchema, TernGradSchema, TopKSchema)
@@ -111,6 +112,13 @@ class _DGC(_Compressed):                # momentum, masking and clipping are the
     momentum: float = 0.9
     masking: bool = True
     clip: Optional[float] = None
+
+
+@dataclass
+class _QgZ(_Overlap):                   # ZeRO++'s qgZ (gvq/comm/alltoall_quant.py); its compressor: QSGD's
+    _target_: str = "gvq.aggregators.qgz.QgZAggregator"
+    intra: QgzWire = QgzWire.compressed
+    gather: QgzGather = QgzGather.compressed
 
 
 @dataclass
@@ -303,6 +311,7 @@ OPTION_SCHEMAS: dict[tuple[str, str], type] = {
     ("aggregator", "topk"): _compressed(TopKSchema, _ErrorFeedback),
     ("aggregator", "topk_chunk"): _compressed(ChunkTopKSchema, _ErrorFeedback),
     ("aggregator", "dgc"): _compressed(DGCSchema, _DGC),
+    ("aggregator", "qgz"): _compressed(QSGDSchema, _QgZ),
     ("aggregator", "gradiveq"): GradiVeQAggregatorSchema,
     ("aggregator", "powersgd"): PowerSGDSchema,
     ("aggregator", "ddp"): DDPSchema,

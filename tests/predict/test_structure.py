@@ -67,6 +67,18 @@ def test_an_aggregator_that_declares_no_rings_is_refused_in_one_line_never_price
     agg.close()
 
 
+def test_qgz_is_refused_in_one_line_never_priced_as_a_ring():
+    """qgZ's all-to-alls have no model yet: refused, naming the option, before anything is priced."""
+    from gvq.aggregators.base import RunContext
+    from gvq.hooks.config import build_aggregator
+    from gvq.predict.structure import rounds
+    agg = build_aggregator("qgz")
+    agg.bind([torch.nn.Parameter(torch.zeros(3, 2))], RunContext(0, 1))
+    with pytest.raises(ValueError, match=r"^gvq.predict: 'qgz' runs qgZ's all-to-alls .*not built yet\)$"):
+        rounds("qgz", agg, 4)
+    agg.close()
+
+
 def test_the_priced_rings_are_the_ones_average_runs():
     """rar's and qsgd's declared rings at N: the segments the ring runs (plain equal, codec cuts)."""
     from gvq.aggregators.base import RunContext, equal_segments
