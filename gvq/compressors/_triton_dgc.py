@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gvq.compressors._triton_topk import _abs_bits, select_scope
+from gvq.compressors._triton_topk import abs_bits, select_scope
 
 INF = 0x7F800000             # float32 inf's bits: a NaN's (its sign cleared) are larger
 TRIES = 10                   # dgc.TRIES: the thresholds t, 0.8 t, ..., 0.8^9 t
@@ -27,7 +27,7 @@ def _sample_threshold(x_ptr, start, count, stride, offset, rank, BLOCK: tl.const
         seen = tl.zeros((), dtype=tl.int32)
         for i in range(0, count, BLOCK):
             m = i + offs < count
-            bits, _ = _abs_bits(x_ptr, start + offset + (i + offs).to(tl.int64) * stride, m, 0, ALL)
+            bits, _ = abs_bits(x_ptr, start + offset + (i + offs).to(tl.int64) * stride, m, 0, ALL)
             seen += tl.sum(((bits >= cand) & m).to(tl.int32), axis=0)
         thr = tl.where(seen >= rank + 1, cand, thr)
     return thr
@@ -45,7 +45,7 @@ def _adapted_floor(x_ptr, start, length, t, shrink_ptr, need, BLOCK: tl.constexp
     counts = tl.zeros((16,), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, _ = _abs_bits(x_ptr, start + i + offs, m, 0, ALL)
+        bits, _ = abs_bits(x_ptr, start + i + offs, m, 0, ALL)
         ok = m & (bits <= INF)
         counts += tl.sum(((bits[None, :] >= tries[:, None]) & ok[None, :]).to(tl.int32), axis=1)
     tried = tl.minimum(tl.sum(((counts < need) & (js < TRIES)).to(tl.int32), axis=0), TRIES - 1)

@@ -8,7 +8,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _abs_bits(x_ptr, at, mask, lo, hi):
+def abs_bits(x_ptr, at, mask, lo, hi):
     """float32 |v|'s bits as int32 (monotone in |v| for non-negative floats; NaN above Inf), and v; a value
     whose bits fall outside [lo, hi] reads as +0.0 (DGC's non-candidates; top-k's [0, 2^31 - 1] is all)."""
     v = tl.load(x_ptr + at, mask=mask, other=0.0)
@@ -22,7 +22,7 @@ def _count_at_least(x_ptr, start, length, cand, offs, lo, hi, BLOCK: tl.constexp
     count = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, _ = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
+        bits, _ = abs_bits(x_ptr, start + i + offs, m, lo, hi)
         count += tl.sum(((bits >= cand) & m).to(tl.int32), axis=0)
     return count
 
@@ -52,14 +52,14 @@ def select_scope(x_ptr, start, length, k, base, idx_ptr, val_ptr, lo, hi, BLOCK:
     above = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, _ = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
+        bits, _ = abs_bits(x_ptr, start + i + offs, m, lo, hi)
         above += tl.sum(((bits > thr) & m).to(tl.int32), axis=0)
     need = k - above                     # ties at T kept, lowest index first
     kept = tl.zeros((), dtype=tl.int32)
     ties = tl.zeros((), dtype=tl.int32)
     for i in range(0, length, BLOCK):
         m = i + offs < length
-        bits, v = _abs_bits(x_ptr, start + i + offs, m, lo, hi)
+        bits, v = abs_bits(x_ptr, start + i + offs, m, lo, hi)
         eq = ((bits == thr) & m).to(tl.int32)
         keep = ((bits > thr) & m) | ((eq != 0) & (ties + tl.cumsum(eq, axis=0) - eq < need))
         keep_i = keep.to(tl.int32)

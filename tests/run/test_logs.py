@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -30,7 +31,12 @@ def test_an_offline_wandb_run_records_group_and_setting(tmp_path, monkeypatch):
     assert code == 0, summary
     records = list(run.rglob("offline-run-*/run-*.wandb"))       # what `wandb sync` would upload
     assert len(records) == 1, sorted(str(p) for p in run.rglob("*"))[:40]
-    raw = records[0].read_bytes()                                 # protobuf: config values as JSON text
+    # protobuf: config values as JSON text.  wandb's own service process writes the file and may still be
+    # flushing it after the run has returned on a busy host: wait for the record, never for a fixed time
+    deadline, raw = time.monotonic() + 60, records[0].read_bytes()
+    while b"cmp" not in raw and time.monotonic() < deadline:
+        time.sleep(0.5)
+        raw = records[0].read_bytes()
     assert b'"aggregator=qsgd eval_every=2 iterations=4"' in raw and b"setting" in raw and b"cmp" in raw
     assert b"seed=3 " not in raw.split(b"setting", 1)[1][:80]
 
