@@ -83,6 +83,23 @@ def path_for(paths: dict, kernels: str, device, **codec) -> str:
     return paths[device]
 
 
+class DeviceKernels:
+    """The ``kernels`` knob of a codec whose kernels are CUDA ones only (the host runs the torch ops): the
+    path is chosen per device on its first call and forgotten when the codec is pickled, with the caches
+    ``per_process`` names (built again in each process).  A mixin beside :class:`.base.Compressor`."""
+    per_process: tuple[str, ...] = ()
+
+    def init_kernels(self, kernels: str) -> None:
+        self.kernels, self._paths = check_kernels(kernels), {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_paths": {}, **{name: {} for name in self.per_process}}
+
+    def path(self, device) -> str:
+        """Chosen on the first call on ``device`` (``compressor.kernels``)."""
+        return path_for(self._paths, self.kernels, device, host=False)
+
+
 class Op(NamedTuple):
     """One codec operation on every path: ``torch`` the reference, stated once; ``triton`` / ``host`` its
     kernels (None: that path runs the reference).  ``op(path, *args)`` runs the chosen one."""

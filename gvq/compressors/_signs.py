@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _packing, _triton_grace
-from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
+from gvq.compressors._kernels import TORCH, DeviceKernels, Op
 from gvq.compressors.base import Compressor, check_choice
 
 
@@ -51,7 +51,7 @@ def sign_groups(shapes: list[tuple[int, ...]] | None, numel: int, scope: str, bu
     return sizes
 
 
-class GroupedSign(Compressor):
+class GroupedSign(DeviceKernels, Compressor):
     """Base of the grouped 1-bit codecs: subclasses set ``name``, ``n_side``, ``scopes`` and implement
     :meth:`fit` (the group values from per-group sums) and :meth:`decode` (bits and values to floats)."""
 
@@ -62,15 +62,7 @@ class GroupedSign(Compressor):
         self.scope = check_choice("scope", scope, self.scopes, "which values share the side floats")
         self.bucket = bucket
         self.shapes, self._plans = None, {}
-        self.kernels, self._paths = check_kernels(kernels), {}
-
-    def __getstate__(self):              # the path is chosen anew per process and device
-        return {**self.__dict__, "_paths": {}}
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
+        self.init_kernels(kernels)
 
     @property
     def ideal_ratio(self) -> float:

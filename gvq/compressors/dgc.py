@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _dgc_triton
-from gvq.compressors._kernels import Op, check_kernels, path_for
+from gvq.compressors._kernels import DeviceKernels, Op
 from gvq.compressors.base import Compressor, Health, check_int
 from gvq.compressors.topk import TopK, check_ratio
 
@@ -67,7 +67,8 @@ class Plan:
         return self.topk.payload_nbytes(slice(0, self.sparse.numel()))
 
 
-class DGC(Compressor):
+class DGC(DeviceKernels, Compressor):
+    per_process = ('_plans', '_consts')   # rebuilt in each process
     name = "dgc"
     additive = False
     stochastic = False         # the sample's offset is keyed by the iteration, nothing is drawn
@@ -84,7 +85,7 @@ class DGC(Compressor):
         self.sample = float(sample)
         self.warmup_iters = check_int("warmup_iters", warmup_iters, 0, hint=" (0: no warm-up)")
         self.warmup_stages = check_int("warmup_stages", warmup_stages, 1)
-        self.kernels, self._paths = check_kernels(kernels), {}
+        self.init_kernels(kernels)
         self.shapes: tuple[tuple[int, ...], ...] | None = None
         # the iteration begin_vector names, shared (a list) with every grouped view, which the aggregator
         # builds once per layout while begin_vector is said to this codec
@@ -95,18 +96,10 @@ class DGC(Compressor):
         # test, so it would stay in v unsent and unseen; its sum stays NaN
         self.health = Health("sum")
 
-    def __getstate__(self):
-        return {**self.__dict__, "_plans": {}, "_consts": {}, "_paths": {}}
-
     def grouped(self, shapes) -> "DGC":
         view = copy.copy(self)
         view.shapes, view._plans, view._consts = tuple(tuple(s) for s in shapes), {}, {}
         return view
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
 
     def triton_tables(self, seg: slice, device) -> dict:
         """The Triton path's tables (:func:`._dgc_triton.tables`), made once per ratio, segment and device."""

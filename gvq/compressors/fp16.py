@@ -13,12 +13,12 @@ from torch import Tensor
 
 from gvq.compressors import _triton
 from gvq.compressors.base import Compressor, Health, untimed
-from gvq.compressors._kernels import TORCH, TRITON, Op, check_kernels, path_for
+from gvq.compressors._kernels import TORCH, TRITON, DeviceKernels, Op
 
 FP16_MAX = 65504.0
 
 
-class FP16(Compressor):
+class FP16(DeviceKernels, Compressor):
     name = "fp16"
     additive = False
     stochastic = False
@@ -27,15 +27,7 @@ class FP16(Compressor):
 
     def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_kernels.py)
         self.health = Health("max")       # the largest |value| sent since the last check
-        self.kernels, self._paths = check_kernels(kernels), {}
-
-    def __getstate__(self):              # the path is chosen anew per process and device
-        return {**self.__dict__, "_paths": {}}
-
-    def path(self, device: torch.device) -> str:
-        """Chosen on the first call on ``device``, never again (``compressor.kernels``; no host kernels: the
-        host runs the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
+        self.init_kernels(kernels)
 
     def check_health(self) -> None:
         peak = self.health.read()

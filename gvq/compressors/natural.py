@@ -24,7 +24,7 @@ from torch import Tensor
 
 from gvq.compressors import _triton_grace
 from gvq.compressors._dither import DitherLanes, draws_as_bytes, draws_from_bytes
-from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
+from gvq.compressors._kernels import TORCH, DeviceKernels, Op
 from gvq.compressors._packing import Layout, pack_rows, unpack_digits, word_format
 from gvq.compressors.base import Compressor, Health
 
@@ -37,7 +37,7 @@ def _sign_layout(n: int) -> Layout:
     return Layout(n, 0, 0, *word_format(2, False))
 
 
-class Natural(Compressor):
+class Natural(DeviceKernels, Compressor):
     name = "natural"
     additive = False
     stochastic = True
@@ -45,13 +45,8 @@ class Natural(Compressor):
 
     def __init__(self, kernels: str = "auto"):      # auto | triton | torch (gvq/compressors/_kernels.py)
         self.health = Health("max")      # the largest exponent code sent since the last check
-        self.kernels, self._paths = check_kernels(kernels), {}
+        self.init_kernels(kernels)
         self.reseed(0)
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
 
     def reseed(self, seed: int) -> None:
         self.gen = torch.Generator().manual_seed(int(seed))   # seeds new lanes (host), then the lanes run
@@ -59,8 +54,8 @@ class Natural(Compressor):
         # the Triton path's Philox key and the count of values drawn: each call draws at fresh offsets
         self.triton_seed, self.triton_offset = (int(seed) * 0x9E3779B97F4A7C15 + 1) % (1 << 63), 0
 
-    def __getstate__(self):              # the path is chosen anew per process and device
-        return {**self.__dict__, **draws_as_bytes(self.gen, self.lanes), "_paths": {}}
+    def __getstate__(self):              # its generator travels as bytes
+        return {**super().__getstate__(), **draws_as_bytes(self.gen, self.lanes)}
 
     def __setstate__(self, state):
         self.__dict__.update(state, **draws_from_bytes(state))

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _triton_grace
-from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
+from gvq.compressors._kernels import TORCH, DeviceKernels, Op
 from gvq.compressors._packing import split_rows
 from gvq.compressors.base import Compressor, Health, check_bucket
 
@@ -56,7 +56,8 @@ def shared_key(seed: int, iteration: int, vector: int) -> int:
     return int(acc)
 
 
-class RandomK(Compressor):
+class RandomK(DeviceKernels, Compressor):
+    per_process = ('_picked', '_golden', '_tables')   # rebuilt in each process
     name = "randomk"
     additive = True            # the same positions on every rank: the k values of each add up
     stochastic = False         # no per-rank randomness: the draw is shared (begin_vector), nothing to seed
@@ -71,19 +72,12 @@ class RandomK(Compressor):
         self.keep, self.bucket, self.scale = float(ratio), check_bucket(bucket), bool(scale)
         # a long vector's ratio: a bucket's n / k (floor(ratio * n) can sit below ratio * n)
         self.ideal_ratio = self.bucket / self.count(self.bucket) if self.bucket else 1.0 / self.keep
-        self.kernels, self._paths, self._tables = check_kernels(kernels), {}, {}
+        self.init_kernels(kernels)
+        self._tables = {}
         self.key = shared_key(0, 0, 0)
         self.health = Health("sum")     # the inputs' sums since the last check: NaN/Inf stay so
         self._picked: dict = {}         # (start, stop, device) -> positions, for the present key only
         self._golden: dict = {}         # (start, stop, device) -> the counters times GOLDEN (_counters)
-
-    def __getstate__(self):            # positions are per key and per process, not state
-        return {**self.__dict__, "_picked": {}, "_golden": {}, "_paths": {}, "_tables": {}}
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
 
     def triton_table(self, seg: slice, device) -> tuple[Tensor, Tensor]:
         """The Triton path's bucket table (``_triton_grace.slot_table``) and each bucket's n/k (float32),

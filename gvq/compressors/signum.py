@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _triton_grace
-from gvq.compressors._kernels import TORCH, Op, check_kernels, path_for
+from gvq.compressors._kernels import TORCH, DeviceKernels, Op
 from gvq.compressors._signs import pack_signs, unpack_signs
 from gvq.compressors.base import Compressor, check_choice
 
@@ -28,22 +28,14 @@ from gvq.compressors.base import Compressor, check_choice
 INT8_MAX_RANKS = 127
 
 
-class SignVote(Compressor):
+class SignVote(DeviceKernels, Compressor):
     name = "signum"
 
     def __init__(self, vote: str = "int8",    # int8 (ring, n B; N <= 127) | bits (allgather, n/8 B, x (N-1) in)
                  kernels: str = "auto"):   # auto | triton | torch (gvq/compressors/_kernels.py)
         self.vote = check_choice("vote", vote, ("int8", "bits"), "the vote's wire format")
         self.additive = vote == "int8"
-        self.kernels, self._paths = check_kernels(kernels), {}
-
-    def __getstate__(self):              # the path is chosen anew per process and device
-        return {**self.__dict__, "_paths": {}}
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, host=False)
+        self.init_kernels(kernels)
 
     @property
     def ideal_ratio(self) -> float:

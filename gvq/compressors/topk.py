@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from gvq.compressors import _packing, _triton_grace
-from gvq.compressors._kernels import Op, check_kernels, path_for
+from gvq.compressors._kernels import DeviceKernels, Op
 from gvq.compressors._topk_plan import Plan, constants, plan_rows, select
 from gvq.compressors.base import Compressor, check_choice
 
@@ -45,11 +45,11 @@ def check_ratio(ratio) -> float:
     return float(ratio)
 
 
-class TopK(Compressor):
+class TopK(DeviceKernels, Compressor):
+    per_process = ('_plans', '_consts')   # rebuilt in each process
     name = "topk"
     additive = False
     stochastic = False
-    has_kernels = True             # a Triton path (gvq/compressors/_triton_grace.py); topk_chunk has none
     sparse = True
 
     def __init__(self, ratio: float = 0.01,      # r: fraction kept per scope; lower => fewer bytes, more error
@@ -66,19 +66,11 @@ class TopK(Compressor):
         self.values = check_choice("values", values, tuple(VALUE_DTYPES), "the wire dtype of the kept values")
         self.indices = check_choice("indices", indices, INDICES, "how the kept positions are written")
         self.vdtype = VALUE_DTYPES[values]
-        self.kernels, self._paths = check_kernels(kernels), {}
+        self.init_kernels(kernels)
         self.blocks: tuple[int, ...] | None = None      # the vector's parameter sizes (grouped)
         self._plans, self._consts = {}, {}
         if indices == "int32":
             self.ideal_ratio = 4.0 / (self.r * (self.vdtype.itemsize + 4))
-
-    def __getstate__(self):                   # plans and their device tensors are rebuilt per process
-        return {**self.__dict__, "_plans": {}, "_consts": {}, "_paths": {}}
-
-    def path(self, device) -> str:
-        """Chosen on the first call on ``device`` (``compressor.kernels``; no host kernels: the host runs
-        the torch ops)."""
-        return path_for(self._paths, self.kernels, device, triton=self.has_kernels, host=False)
 
     def triton_table(self, seg: slice, device) -> Tensor:
         """The Triton path's scope table (:func:`._triton_grace.scope_table`), made once per segment."""

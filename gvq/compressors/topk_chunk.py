@@ -52,7 +52,6 @@ class ChunkTopK(TopK):
     name = "topk_chunk"
     additive = False
     stochastic = False
-    has_kernels = True             # a Triton path of its own (gvq/compressors/_triton_grace.py)
 
     def __init__(self, k: int = 64,             # values kept per chunk; lower => fewer bytes, more error
                  chunk: int = 4096,           # values per chunk; larger => longer offsets, k spread less evenly
