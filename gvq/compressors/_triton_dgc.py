@@ -75,13 +75,17 @@ def dgc_select(x_ptr, table_ptr, shrink_ptr, idx_ptr, val_ptr, S, key, BLOCK: tl
 
 
 @triton.jit
+def _run(runs_ptr, R, r):
+    """Run r's row of ``runs`` ((3, R) int64): its start, its length and its first dense slot (-1: sparse)."""
+    return tl.load(runs_ptr + r), tl.load(runs_ptr + R + r), tl.load(runs_ptr + 2 * R + r)
+
+
+@triton.jit
 def dense_out(x_ptr, runs_ptr, dense_ptr, sums_ptr, R, BLOCK: tl.constexpr):
     """Run r (``runs``: start, length, first dense slot or -1; (3, R) int64) of at most BLOCK values: its
     float32 sum for the health check, and, where dense, its values into the payload's dense part."""
     r = tl.program_id(0)
-    start = tl.load(runs_ptr + r)
-    length = tl.load(runs_ptr + R + r)
-    slot = tl.load(runs_ptr + 2 * R + r)
+    start, length, slot = _run(runs_ptr, R, r)
     offs = tl.arange(0, BLOCK)
     m = offs < length
     v = tl.load(x_ptr + start + offs, mask=m, other=0.0).to(tl.float32)
@@ -94,9 +98,7 @@ def dense_in(dense_ptr, runs_ptr, out_ptr, R, BLOCK: tl.constexpr):
     """Run r of the decoded segment: its dense values from the payload, or zeros (the sparse scatter
     follows)."""
     r = tl.program_id(0)
-    start = tl.load(runs_ptr + r)
-    length = tl.load(runs_ptr + R + r)
-    slot = tl.load(runs_ptr + 2 * R + r)
+    start, length, slot = _run(runs_ptr, R, r)
     offs = tl.arange(0, BLOCK)
     m = offs < length
     v = tl.load(dense_ptr + slot + offs, mask=m & (slot >= 0), other=0.0)

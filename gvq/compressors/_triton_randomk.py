@@ -33,14 +33,19 @@ def _count_at_most(start, length, base, key, cand, offs, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _bucket(table_ptr, S, s):
+    """Bucket s's row of ``table`` ((4, S) int64): its start in the segment, its length and k (int32), and its
+    first slot."""
+    return (tl.load(table_ptr + s), tl.load(table_ptr + S + s).to(tl.int32),
+            tl.load(table_ptr + 2 * S + s).to(tl.int32), tl.load(table_ptr + 3 * S + s))
+
+
+@triton.jit
 def randomk_select(table_ptr, pos_ptr, seg_start, key, S, BLOCK: tl.constexpr):
     """Bucket s (``table``: start in the segment, length, k, first slot; (4, S) int64): the positions (in
     the segment, int64) of its k smallest hashes of (key, position in the vector), in index order."""
     s = tl.program_id(0)
-    start = tl.load(table_ptr + s)
-    length = tl.load(table_ptr + S + s).to(tl.int32)
-    k = tl.load(table_ptr + 2 * S + s).to(tl.int32)
-    first = tl.load(table_ptr + 3 * S + s)
+    start, length, k, first = _bucket(table_ptr, S, s)
     offs = tl.arange(0, BLOCK)
     one = tl.full((), 1, tl.uint64)
     thr = tl.zeros((), dtype=tl.uint64)       # the k-th smallest: the least T with count(h <= T) >= k
@@ -65,10 +70,7 @@ def randomk_gather(x_ptr, pos_ptr, table_ptr, scale_ptr, out_ptr, sums_ptr, S, S
     """Bucket s's k values at its positions (float32; times its n/k where SCALE), and the sum of all its
     values (float32) into ``sums`` for the health check."""
     s = tl.program_id(0)
-    start = tl.load(table_ptr + s)
-    length = tl.load(table_ptr + S + s).to(tl.int32)
-    k = tl.load(table_ptr + 2 * S + s).to(tl.int32)
-    first = tl.load(table_ptr + 3 * S + s)
+    start, length, k, first = _bucket(table_ptr, S, s)
     offs = tl.arange(0, BLOCK)
     for j in range(0, k, BLOCK):
         m = j + offs < k
