@@ -19,16 +19,30 @@ averaging (or the hook registered on it) on the others.  :meth:`after_step` call
 of a misspelt key), the others the aggregator as :func:`gvq.hooks.config.build_aggregator` does.  Between
 syncs every rank holds its own parameters and inner optimizer state, so each rank checkpoints its own
 (model, optimizer, ``state_dict()``): a resume mid-period then continues as if never stopped.
+
+``method.workers=node`` (gvq/methods/nodes.py: a two-level net's nodes are the workers; give the cluster
+as ``MethodSync.from_config(..., cluster=Cluster(ranks_per_node=8))``, DDP over every rank): the
+every-step averaging inside a node is the method's, never DDP's.  DDP's all-reduce would average over all
+ranks, across nodes, every step; a DDP over the node's group instead would be a second mechanism beside
+the method's own node ring, and the user's one DDP could not also span the nodes.  So every step runs in
+DDP's ``no_sync`` (DiLoCo keeps every gradient local), and leaving :meth:`MethodSync.no_sync` after
+backward calls the method's ``before_step``, as the training loop does after backward: the node's ring
+averages the gradients on the intra-node links, nothing crosses a node.  The outer step in
+:meth:`after_step` goes across nodes exactly as in the loop (the aggregator on the ring of the nodes'
+j-th ranks, then the all-gather inside the node).  Any method's ``before_step`` runs there on a step
+whose gradients stay local (workers=rank: nothing sent, the columns of a step that sent nothing).
 """
 from __future__ import annotations
 
 import contextlib
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gvq.aggregators.base import RunContext
 from gvq.aggregators.flat import FlatAggregator
 from gvq.hooks.config import build_aggregator, check_overrides, hydra_value
-from gvq.hooks.group import connect, ring_ranks
+from gvq.hooks.group import connect, place_in, ring_ranks
 from gvq.hooks.state import bind_aggregator, require_hookable, require_own_state
 from gvq.methods.base import Method
 from gvq.schema.compose import compose
@@ -57,6 +71,22 @@ def require_ddp(model) -> None:
                          "wrapper (its no_sync keeps the gradients local between syncs)")
 
 
+def method_ring(method: Method, ctx: RunContext, ddp: DistributedDataParallel) -> RunContext:
+    """The context ``method`` sets its aggregator up in (``aggregator_context``); where that is another ring
+    than DDP's ranks (``method.workers=node``), DDP must span every rank of nodes that have several: a
+    one-line ``ValueError`` otherwise."""
+    mine = method.aggregator_context(ctx)
+    if mine is ctx:
+        return ctx
+    if ctx.cluster.flat:
+        raise ValueError(f"MethodSync: method={method.name} with workers=node needs nodes of several ranks: "
+                         "pass cluster=Cluster(ranks_per_node=R) (or method.workers=rank)")
+    if ring_ranks(ddp.process_group) != list(range(dist.get_world_size())):
+        raise ValueError("MethodSync: method.workers=node cuts the default group into nodes: wrap the model "
+                         "in a DistributedDataParallel over every rank")
+    return mine
+
+
 class MethodSync:
     """One method around a DDP model's optimizer step (see the module docstring)."""
 
@@ -70,11 +100,15 @@ class MethodSync:
             raise ValueError(f"MethodSync: {aggregator.name!r} must be bound to the model's parameters "
                              "(agg.bind(params, ctx); or MethodSync.from_config)")
         self.method, self.aggregator, self.ddp = method, aggregator, ddp
-        self.ranks = ring_ranks(ddp.process_group)
+        #: this process's place among DDP's ranks (what a checkpoint is marked with)
+        self.place = place_in(ring_ranks(ddp.process_group), None, None)
+        ring = aggregator.ctx.group           # the method's ring (workers=node: one rank a node), else DDP's
+        self.ranks = ring_ranks(ring if ring is not None else ddp.process_group)
         self.group = connect(aggregator, self.ranks)       # never mixed with DDP's own collectives
         method.setup(list(ddp.module.parameters()), aggregator)
         self.iteration = 0                   # the step whose forward / backward comes next
         self._local = -1                     # the last step whose backward ran inside no_sync
+        self._before: dict = {}              # that step's before_step columns
 
     @classmethod
     def from_config(cls, method: str, ddp: DistributedDataParallel, overrides: dict | None = None,
@@ -90,7 +124,7 @@ class MethodSync:
         agg = build_aggregator(aggregator, **{k: v for k, v in overrides.items() if k not in mine})
         built.check(agg)                     # before any collective: a hook-only aggregator, one line
         require_ddp(ddp)
-        bind_aggregator(agg, ddp, None, dict(context))
+        bind_aggregator(agg, ddp, None, dict(context), lambda ctx: method_ring(built, ctx, ddp))
         return cls(built, agg, ddp)
 
     # -- one step -----------------------------------------------------------------------------------------
@@ -104,6 +138,7 @@ class MethodSync:
         with self.ddp.no_sync():
             yield
         self._local = self.iteration
+        self._before = self.method.before_step(self.iteration)   # workers=node: the node's average
 
     def syncs(self) -> bool:
         """Whether the coming step communicates (its gradients through DDP, or after it the parameters)."""
@@ -118,7 +153,8 @@ class MethodSync:
         if not self.method.averages_gradients(it) and self._local != it:
             raise ValueError(f"MethodSync: step {it}'s backward ran outside sync.no_sync(): DDP averaged the "
                              f"gradients method={self.method.name} keeps on each rank (wrap forward and backward)")
-        row = {"synced": int(self.method.syncs(it)), **self.method.after_step(it)}
+        before = self._before if self._local == it else {}
+        row = {**before, "synced": int(self.method.syncs(it)), **self.method.after_step(it)}
         self.iteration += 1
         return row
 
@@ -129,14 +165,13 @@ class MethodSync:
 
     # -- checkpoints: this rank's own (with the script's model and optimizer, saved per rank) -------------------
     def state_dict(self) -> dict:
-        ctx = self.aggregator.ctx
-        return {"rank": ctx.rank, "world_size": ctx.world_size, "name": self.method.name,
+        return {"rank": self.place[0], "world_size": self.place[1], "name": self.method.name,
                 "iteration": self.iteration, "method": self.method.state_dict(),
                 "aggregator": self.aggregator.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output (another rank's, or another method's, refused in one line)."""
-        require_own_state(state, self.aggregator.ctx, "MethodSync")
+        require_own_state(state, RunContext(*self.place), "MethodSync")
         if state["name"] != self.method.name:
             raise ValueError(f"MethodSync.load_state_dict: a method={state['name']} state, not "
                              f"method={self.method.name}'s")

@@ -37,11 +37,13 @@ def require_hookable(agg, who: str = "gvq hook") -> None:
                          "(torch DDP overlaps by itself)")
 
 
-def bind_aggregator(agg: FlatAggregator, params, group, context: dict):
+def bind_aggregator(agg: FlatAggregator, params, group, context: dict, place=None):
     """Bind ``agg`` (built, not yet bound) to ``params`` as :meth:`GvqHookState.from_config` describes them
     (parameters, a model or its DDP wrapper), this process's place in the group averaged over giving its
     :class:`RunContext` (``context``: the other fields); the gradients left where they are (DDP owns their
-    buffers).  Returns the group (None: inferred again from the parameters' DDP)."""
+    buffers).  ``place``: the method's ``aggregator_context`` (which ranks its ring runs among, from the
+    run's context); None: every rank of the group.  Returns the group (None: inferred again from the
+    parameters' DDP)."""
     params, wrapper_group = hook_parameters(params)
     if group is not None and wrapper_group is not None and group is not wrapper_group:
         raise ValueError("gvq hook: group= differs from the DistributedDataParallel's own process group")
@@ -53,7 +55,7 @@ def bind_aggregator(agg: FlatAggregator, params, group, context: dict):
     except TypeError:
         raise ValueError(f"gvq hook: {sorted(context)}: RunContext takes {list(RunContext.__dataclass_fields__)}; "
                          "an option's keys go in overrides ({'compressor.bits': 2})") from None
-    agg.bind(params, ctx)
+    agg.bind(params, ctx if place is None else place(ctx))
     return group
 
 

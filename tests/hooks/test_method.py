@@ -188,3 +188,72 @@ def test_a_bad_method_or_aggregator_is_refused_in_one_line(method, overrides, ag
 def test_a_model_not_wrapped_in_ddp_is_refused():
     with pytest.raises(ValueError, match="hand it the DistributedDataParallel wrapper"):
         MethodSync.from_config("local_sgd", _net())
+
+
+def _node_steps(rank, hooked, steps=7):
+    """DiLoCo every 3 with workers=node at 2 x 2, each rank its own data: through MethodSync around a DDP over
+    every rank (``hooked``) or as the training loop calls the method; per step every rank's parameters and
+    this rank's row, and how often DDP's own all-reduce ran."""
+    from gvq.aggregators.base import RunContext
+    from gvq.comm.links import Cluster
+    from gvq.hooks.method import compose_method
+    from tests.methods.test_nodes import _everyone, _flat
+    over = {"method.every": 3, "method.workers": "node"}
+    model, calls, rows = _net(), [], []
+    if hooked:
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, _counting(calls))
+        sync = MethodSync.from_config("diloco", ddp, over, cluster=Cluster(2))
+    else:
+        from gvq.aggregators.rar import RingAllReduce
+        agg, method = RingAllReduce(topology="ring"), compose_method("diloco", over)
+        agg.setup(list(model.parameters()), method.aggregator_context(RunContext(rank, 4, cluster=Cluster(2))))
+        method.setup(list(model.parameters()), agg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for it in range(steps):
+        if hooked:
+            row = _step(ddp, opt, sync, rank, it)
+        else:
+            g = torch.Generator().manual_seed(1000 * rank + it)
+            x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad(set_to_none=False)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            row = method.before_step(it)
+            opt.step()
+            row = {**row, **method.after_step(it)}
+        rows.append((_everyone(_flat(model)), row["bytes_sent"], row["bytes_inter"]))
+    (sync if hooked else method).close()
+    return rows, len(calls)
+
+
+def _nodes(rank, world):
+    from gvq.comm.links import Cluster
+    refused = None
+    try:
+        MethodSync.from_config("diloco", DistributedDataParallel(_net()), {"method.workers": "node"},
+                               cluster=Cluster(1))
+    except ValueError as e:
+        refused = str(e)
+    return _node_steps(rank, True), _node_steps(rank, False), refused
+
+
+def test_workers_node_in_a_ddp_loop_equals_the_training_loops(tmp_path):
+    """4 gloo ranks as 2 nodes x 2 ranks: MethodSync's parameters equal the loop's within 1e-6 at every step
+    (the same rings: bitwise in practice); a node's ranks identical after every step, the nodes apart but for
+    the outer steps (iterations 2 and 5), where all four agree; DDP's own all-reduce never runs; an inner step
+    sends the gradient's ring inside the node only (n values x 4 bytes at R = 2, nothing across), an outer
+    step inter-node bytes too, as the loop's.  A flat cluster is refused in one line."""
+    ranks, n = run_ranks(_nodes, 4, tmp_path), sum(p.numel() for p in _net().parameters())
+    for it in (2, 5):                     # Δ across nodes: n values x 4 bytes from each node, split over its ranks
+        inter = [hook[it][2] for (hook, _), _, _ in ranks]
+        assert inter[0] + inter[1] == inter[2] + inter[3] == 4 * n and min(inter) > 0, inter
+    for rank, ((hook, calls), (loop, _), refused) in enumerate(ranks):
+        assert calls == 0
+        assert refused is not None and "needs nodes of several ranks" in refused and "\n" not in refused
+        for it, ((ph, sent, inter), (pl, sent_l, inter_l)) in enumerate(zip(hook, loop)):
+            assert max(float((a - b).abs().max()) for a, b in zip(ph, pl)) < 1e-6, (rank, it)
+            assert torch.equal(ph[0], ph[1]) and torch.equal(ph[2], ph[3]), (rank, it)
+            outer = it in (2, 5)
+            assert torch.equal(ph[0], ph[2]) == outer, (rank, it)
+            assert (sent, inter) == (sent_l, inter_l), (rank, it)
+            assert outer or (inter == 0 and sent == 4 * n), (rank, it)
