@@ -276,6 +276,13 @@ def compute_time(m: Calibrated, n: int, compute_s=None) -> float:
     return slowest(samples, n)
 
 
+def compute_phase(m: Calibrated, n: int, compute_scale: float = 1.0, compute_s=None) -> float:
+    """An N-rank iteration before aggregation: the slowest rank's compute (:func:`compute_time`) and the
+    runner's two non-finite checks of the gradient (at scale 1)."""
+    return (compute_time(m, n, compute_s) * compute_scale
+            + 2 * float(op_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
+
+
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
               compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0, cluster: Cluster = FLAT) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
@@ -284,8 +291,7 @@ def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, 
     :func:`compute_time`; ``cluster``: :func:`aggregation`'s; ``fraction``: the share of the vector
     aggregated (a fragment's: the measurement and :func:`aggregation` of it; a method's syncs are
     :mod:`gvq.predict.sync`'s)."""
-    comp = (compute_time(m, n, compute_s) * compute_scale
-            + 2 * float(op_cost(m.cal["vector"]["finite"], m.struct["numel"], 1.0)))
+    comp = compute_phase(m, n, compute_scale, compute_s)
     meas = m.cal["measure"].get(name, 0.0) * fraction
     agg = aggregation(m, name, n, bps, alpha, codec_scale, fraction=fraction, cluster=cluster)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

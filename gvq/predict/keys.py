@@ -126,7 +126,7 @@ class ProjectKeys(CodecCostKeys, NodeKeys):
 
 
 @dataclass
-class UtilizationKeys(CodecCostKeys):
+class UtilizationKeys(CodecCostKeys, NodeKeys):
     model: str = "resnet32"              # reads runs/predict/<model>/ (calibrate model=<model> writes it)
     world_size: int = 64                 # ranks N; more => a longer ring (2(N-1)/N of the bytes each way)
     # compute utilizations (compute / iteration) to solve the link for; nearer 1 => faster links needed

@@ -10,6 +10,18 @@ from its composed config (conf/method/): ``every`` (H; 1 where it has none), ``f
     streaming_diloco     1/P of the vector every H/P iterations, overlapping tau iterations' compute: exposed
                          max(0, aggregation of 1/P - tau x compute) per sync, P/H syncs per iteration
 
+With ``workers=node`` (gvq/methods/nodes.py; on a two-level ``cluster`` of M nodes x R ranks, R >= 2; the
+flat net is refused, as the run refuses it) the nodes are the workers:
+
+    every iteration      the gradient's fp32 plain ring over the node's R ranks on the intra links, blocking
+                         (``inner_s``; nothing crosses a node)
+    every H / P          the aggregator's ring over the M nodes on 1/R of the fragment (rank j of each node
+                         sends block j) on the inter links, then the blocks' fp32 all-gather inside the
+                         node: one sync of ``sync_s``, exposed and amortized as above
+
+With ``workers=rank`` on a two-level cluster every aggregation is priced hierarchical
+(:func:`gvq.predict.cost_model.aggregation`'s ``cluster``).
+
 Not priced: the outer step's few vector passes (Δ, Nesterov on the fp32 copy, the reset: well under a
 gradient's aggregation), local SGD's every-step start (``start_iter``; a steady state is priced), and an
 overlapped sync's codec work competing with compute for a core (only its time on the link hides).
@@ -19,9 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from gvq.predict import cost_model as M
+from gvq.predict import schedule as S
 from gvq.predict.table import traffic
 from gvq.schema.compose import compose
 from gvq.schema.errors import ConfigError
@@ -33,6 +47,7 @@ class Sync:
     every: int = 1               # H: iterations over which the whole vector is synced once
     fragments: int = 1           # P: a sync moves 1/P of it, every H/P iterations
     delay: int = 0               # tau: iterations of compute a sync overlaps
+    workers: str = "rank"        # node: a two-level net's nodes are the workers (see the module docstring)
 
     @property
     def period(self) -> float:
@@ -59,22 +74,76 @@ def of_method(name: str) -> Sync:
         cfg = compose([f"method={option}", *(f"method.{k}={v}" for k, v in pairs)]).method
     except ConfigError as e:
         raise M.PredictError(f"methods: {name!r}: {e}") from None
-    s = Sync(int(cfg.get("every", 1)), int(cfg.get("fragments", 1)), int(cfg.get("delay", 0)))
+    s = Sync(int(cfg.get("every", 1)), int(cfg.get("fragments", 1)), int(cfg.get("delay", 0)),
+             str(cfg.get("workers", "rank")))
     if not (s.every >= s.fragments >= 1 and s.delay >= 0):
         raise M.PredictError(f"methods: {name!r}: needs every >= fragments >= 1 and delay >= 0")
     return s
 
 
 def method_iteration(m: M.Calibrated, name: str, n: int, bps: float, sync: Sync = Sync(), alpha: float = 0.0,
-              codec_scale: float = 1.0, compute_scale: float = 1.0, compute_s=None) -> dict:
+              codec_scale: float = 1.0, compute_scale: float = 1.0, compute_s=None, cluster=M.FLAT) -> dict:
     """:func:`gvq.predict.cost_model.iteration` under ``sync``: ``measure_s`` and ``aggregate_s`` per
-    iteration (amortized over the period; one sync's own aggregation ``sync_s``, ``exposed_s`` of it);
-    ``iter_s`` = their sum with compute, so every_step's is today's."""
-    it = M.iteration(m, name, n, bps, alpha, codec_scale, compute_scale, compute_s, sync.fraction)
-    exposed = sync.exposed(it["aggregate_s"], it["compute_s"])
-    meas, agg = it["measure_s"] / sync.period, exposed / sync.period
-    return {"compute_s": it["compute_s"], "measure_s": meas, "aggregate_s": agg, "iter_s": it["compute_s"] + meas + agg,
-            "sync_s": it["aggregate_s"], "exposed_s": exposed}
+    iteration (amortized over the period; one sync's own aggregation ``sync_s``, ``exposed_s`` of it;
+    ``inner_s``: the every-step averaging inside a node, in ``aggregate_s`` too); ``iter_s`` = their sum
+    with compute, so every_step's is today's.  ``cluster``: ``bps`` / ``alpha`` the links between nodes."""
+    if sync.workers == "node":
+        return node_iteration(m, name, n, bps, sync, alpha, codec_scale, compute_scale, compute_s, cluster)
+    it = M.iteration(m, name, n, bps, alpha, codec_scale, compute_scale, compute_s, sync.fraction, cluster)
+    return amortized(sync, it["compute_s"], 0.0, it["measure_s"], it["aggregate_s"])
+
+
+def amortized(sync: Sync, compute_s: float, inner_s: float, measure_s: float, sync_s: float) -> dict:
+    """One iteration's terms from a sync's (``measure_s``, ``sync_s``: once a period) and every step's."""
+    exposed = sync.exposed(sync_s, compute_s)
+    meas, agg = measure_s / sync.period, inner_s + exposed / sync.period
+    return {"compute_s": compute_s, "measure_s": meas, "aggregate_s": agg, "iter_s": compute_s + meas + agg,
+            "sync_s": sync_s, "exposed_s": exposed, "inner_s": inner_s}
+
+
+def nodes_of(n: int, cluster) -> int:
+    """M, the nodes of ``workers=node`` at N ranks: a one-line refusal where a node holds one rank (the flat
+    net) or the ranks fill no whole nodes."""
+    per = cluster.ranks_per_node
+    if per < 2:
+        raise M.PredictError("methods: workers=node needs nodes of several ranks: ranks_per_node=1 is the flat "
+                             "net (give ranks_per_node=R, or workers=rank)")
+    if n % per:
+        raise M.PredictError(f"gvq.predict: ranks_per_node={per} must divide N={n} (whole nodes)")
+    return n // per
+
+
+def node_iteration(m: M.Calibrated, name: str, n: int, bps: float, sync: Sync, alpha: float, codec_scale: float,
+                   compute_scale: float, compute_s, cluster) -> dict:
+    """:func:`method_iteration` with the nodes as workers (the module docstring): the node's ring every
+    step, and a sync = the aggregator across the M nodes on 1/R of the fragment, then its all-gather."""
+    nodes, per = nodes_of(n, cluster), cluster.ranks_per_node
+    share, values = sync.fraction / per, float(m.struct["numel"])
+    intra = S.Link(cluster.intra_bandwidth_bps, cluster.intra_latency_s, *m.cal["msg"])
+    seg = np.full(per, values / per)
+    inner = float(S.plain_ring(4.0 * seg, M.op_cost(m.cal["vector"]["add"], seg, 1.0), intra).max())
+    inner += float(M.op_cost(m.cal["vector"]["div"], values, 1.0))
+    across = M.aggregation(m, name, nodes, bps, alpha, codec_scale, fraction=share)
+    ranks = S.Ranks(per, intra, np.full(per, across))
+    S.allgather(ranks, np.full(per, 4.0 * values * share))
+    return amortized(sync, M.compute_phase(m, n, compute_scale, compute_s), inner,
+                     m.cal["measure"].get(name, 0.0) * share, float(ranks.t.max()))
+
+
+def bytes_per_rank(m: M.Calibrated, name: str, n: int, sync: Sync, cluster=M.FLAT) -> dict:
+    """MB a rank sends per iteration (amortized) per link class: ``MB_per_rank_iter`` between nodes (the
+    only class on the flat net), ``MB_intra_per_rank_iter`` inside a node (0 there)."""
+    per, values = cluster.ranks_per_node, 4.0 * m.struct["numel"]
+    ring = 2 * (per - 1) / per * values                 # an fp32 ring over the node's ranks
+    if sync.workers == "node":
+        across, _ = traffic(m, name, nodes_of(n, cluster))
+        inter = across / per * sync.fraction / sync.period
+        intra = ring + (per - 1) / per * values * sync.fraction / sync.period      # + the blocks' all-gather
+    else:
+        across, _ = traffic(m, name, n // per)
+        inter = across / per * sync.fraction / sync.period
+        intra = ring * sync.fraction / sync.period     # hierarchical: its reduce-scatter and all-gather
+    return {"MB_per_rank_iter": inter / 1e6, "MB_intra_per_rank_iter": intra / 1e6}
 
 
 def named(aggregator: str, method: str) -> str:
@@ -83,17 +152,16 @@ def named(aggregator: str, method: str) -> str:
 
 
 def method_row(m: M.Calibrated, name: str, method: str, n: int, bps: float, alpha: float = 0.0, codec: float = 1.0,
-        compute: float = 1.0) -> dict:
-    """One (setting, method) at N ranks and ``bps``: the iteration, bytes a rank sends per iteration
-    (amortized), the compute utilization (compute / iteration)."""
+        compute: float = 1.0, cluster=M.FLAT) -> dict:
+    """One (setting, method) at N ranks and ``bps`` (between nodes, on a two-level ``cluster``): the
+    iteration, bytes a rank sends per iteration per link class (amortized), the compute utilization
+    (compute / iteration)."""
     sync = of_method(method)
-    it = method_iteration(m, name, n, bps, sync, alpha, codec, compute)
-    nbytes, _ = traffic(m, name, n)
+    it = method_iteration(m, name, n, bps, sync, alpha, codec, compute, cluster=cluster)
     return {"N": n, "link_bps": bps, "compute_scale": compute, "setting": named(name, method), "aggregator": name,
             "method": split_name(method)[0] if method else "every_step", "every": sync.every,
-            "fragments": sync.fragments, "delay": sync.delay, **it,
-            "MB_per_rank_iter": nbytes * sync.fraction / sync.period / 1e6,
-            "utilization": it["compute_s"] / it["iter_s"]}
+            "fragments": sync.fragments, "delay": sync.delay, "workers": sync.workers, **it,
+            **bytes_per_rank(m, name, n, sync, cluster), "utilization": it["compute_s"] / it["iter_s"]}
 
 
 def needed_bps(utilization, target: float, lo: float = 1e3, hi: float = 1e15, rtol: float = 1e-6) -> float:

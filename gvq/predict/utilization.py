@@ -3,7 +3,10 @@ compute utilization (compute / iteration: 50, 80, 95%) at N ranks, solved from t
 (:func:`gvq.predict.sync.needed_bps`), Streaming DiLoCo's Table 4 as gvq prices it.  Data-parallel is
 ``every_step`` under each aggregator, and, where the calibration has ``overlap.json`` with fp16, DDP's
 overlapped hooks on NCCL (``ddp``: fp32; ``fp16``), priced as ``project overlap=true baseline=nccl`` prices
-them; DiLoCo and Streaming DiLoCo are their ``methods`` entries.  Each row's ``x_dp`` is the first
+them; DiLoCo and Streaming DiLoCo are their ``methods`` entries.  On a two-level net (``ranks_per_node``
+R > 1, :class:`gvq.predict.keys.NodeKeys`) the link solved for is the one between nodes: every_step and
+``workers=rank`` methods priced hierarchical, ``workers=node`` ones with the nodes as the workers
+(:mod:`gvq.predict.sync`); DDP's rows, a flat ring's, are left out there.  Each row's ``x_dp`` is the first
 data-parallel row's link over its own: how many times less bandwidth it needs.
 
 What is measured (the calibration, on its host): compute per iteration and its spread, codec and vector
@@ -17,7 +20,7 @@ import pandas as pd
 from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
 from gvq.predict import sync as Y
-from gvq.predict.keys import ROOT_DIR
+from gvq.predict.keys import ROOT_DIR, cluster_of
 from gvq.schema.tool import namespace
 
 
@@ -26,8 +29,10 @@ def solve(util_of, targets) -> dict:
     return {f"{t:g}": Y.needed_bps(util_of, t) for t in targets}
 
 
-def model_rows(m: M.Calibrated, aggregators, methods, n: int, targets, scales, alpha=0.0, codec=1.0) -> list[dict]:
-    """A row per (compute scale, aggregator, method): its link per target, from the cost model."""
+def model_rows(m: M.Calibrated, aggregators, methods, n: int, targets, scales, alpha=0.0, codec=1.0,
+               cluster=M.FLAT) -> list[dict]:
+    """A row per (compute scale, aggregator, method): its link per target (between nodes on a two-level
+    ``cluster``), from the cost model."""
     out = []
     for c in scales:
         for a in aggregators:
@@ -35,10 +40,11 @@ def model_rows(m: M.Calibrated, aggregators, methods, n: int, targets, scales, a
                 sync = Y.of_method(meth)
 
                 def util(bps, a=a, sync=sync, c=c):
-                    it = Y.method_iteration(m, a, n, bps, sync, alpha, codec, c)
+                    it = Y.method_iteration(m, a, n, bps, sync, alpha, codec, c, cluster=cluster)
                     return it["compute_s"] / it["iter_s"]
                 out.append({"compute_scale": c, "setting": Y.named(a, meth), "every": sync.every,
-                            "fragments": sync.fragments, "delay": sync.delay, **solve(util, targets)})
+                            "fragments": sync.fragments, "delay": sync.delay, "workers": sync.workers,
+                            **solve(util, targets)})
     return out
 
 
@@ -57,7 +63,7 @@ def ddp_rows(folder, m: M.Calibrated, n: int, targets, scales, alpha=0.0) -> tup
             def util(bps, name=name, c=c):
                 return ov.phases(n, c).total / base.iteration(ov, name, n, bps, c)["iter_s"]
             out.append({"compute_scale": c, "setting": f"{name} overlap (nccl)", "every": 1, "fragments": 1,
-                        "delay": 0, **solve(util, targets)})
+                        "delay": 0, "workers": "rank", **solve(util, targets)})
     return out, base.describe()
 
 
@@ -72,6 +78,16 @@ def with_ratios(rows: list[dict], targets) -> pd.DataFrame:
     return df
 
 
+def check_world(m: M.Calibrated, n: int, cluster) -> None:
+    """A one-line refusal unless N's rings (N / R across nodes of R ranks) are in the calibrated structure."""
+    per = cluster.ranks_per_node
+    if per < 1 or n % per:
+        raise M.PredictError(f"ranks_per_node={per}: must divide world_size={n} (whole nodes)")
+    if n // per not in m.world_sizes:
+        what = f"world_size={n}" if per == 1 else f"{n // per} nodes (world_size={n} as {n // per} x {per})"
+        raise M.PredictError(f"{what}: not in the calibrated structure (have {m.world_sizes})")
+
+
 def predict_utilization(cfg, paths) -> pd.DataFrame:
     """``python -m gvq.predict utilization``: the table (Gbit/s per target), what is measured and projected."""
     args = namespace(cfg, paths)
@@ -81,11 +97,12 @@ def predict_utilization(cfg, paths) -> pd.DataFrame:
     m, priced = codec_costs.apply(M.Calibrated.load(folder), args, args.aggregators)
     if not args.posting:                   # the same calibration, its messages posted for free
         m, priced = M.Calibrated({**m.cal, "msg": [0.0, 0.0]}, m.struct), f"{priced}; messages posted free"
-    if str(args.world_size) not in next(iter(m.struct["aggregators"].values())):
-        raise M.PredictError(f"world_size={args.world_size}: not in the calibrated structure (have {m.world_sizes})")
+    cluster = cluster_of(args)
+    check_world(m, args.world_size, cluster)
     rows = model_rows(m, args.aggregators, args.methods, args.world_size, args.utilization, args.compute_scale,
-                      args.latency, args.codec_scale)
-    extra, line = ddp_rows(folder, m, args.world_size, args.utilization, args.compute_scale, args.latency)
+                      args.latency, args.codec_scale, cluster)
+    extra, line = ddp_rows(folder, m, args.world_size, args.utilization, args.compute_scale, args.latency) \
+        if cluster.flat else ([], "DDP on NCCL (a flat ring) left out on nodes")
     df = with_ratios(extra + rows, args.utilization)
     comp = M.compute_time(m, args.world_size)
     print(f"# Gbit/s per rank for each compute utilization at N = {args.world_size} (NaN: out of reach; x_dp: "
@@ -93,7 +110,10 @@ def predict_utilization(cfg, paths) -> pd.DataFrame:
     print(f"# measured ({m.cal['model']}, batch {m.cal['batch_size']}, on {m.cal['host']}): compute "
           f"{m.cal['compute_s'] * 1e3:.2f} ms median, {comp * 1e3:.2f} ms the slowest of {args.world_size}; "
           f"{priced}; posting {m.cal['msg'][0] * 1e6:.1f} us + {m.cal['msg'][1] * 1e9:.2f} ns/byte a message")
-    print(f"# projected: N = {args.world_size}, the links, each method's syncs; {line}")
+    nodes = "" if cluster.flat else (f" as {args.world_size // cluster.ranks_per_node} nodes x "
+                                     f"{cluster.ranks_per_node} ({cluster.intra_bandwidth_bps:g} bit/s, "
+                                     f"{cluster.intra_latency_s:g} s inside a node; the link solved: between nodes)")
+    print(f"# projected: N = {args.world_size}{nodes}, the links, each method's syncs; {line}")
     print(df.to_markdown(index=False, floatfmt=".3g"))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

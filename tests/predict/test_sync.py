@@ -113,3 +113,65 @@ def test_a_method_the_options_lack_is_refused_in_one_line(tmp_path, capsys, argv
         cli.main(["project", "models=[cnn]", "--calibration", str(RECORDS / "predict"), "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert says in err[-1]
+
+
+@pytest.fixture
+def free(m):
+    """The stored calibration with every vector pass and message free: only the links cost, so an iteration
+    is its closed form."""
+    return M.Calibrated({**m.cal, "msg": [0.0, 0.0], "vector": {k: [0.0, 0.0] for k in m.cal["vector"]}}, m.struct)
+
+
+V = 4 * 15338                          # the stored CNN's fp32 vector, bytes
+
+
+@pytest.mark.parametrize("per, nodes", [(2, 2), (4, 2)])
+def test_workers_node_prices_the_nodes_ring_every_step_and_a_block_across_nodes_every_h(free, per, nodes):
+    """DiLoCo every 10, workers=node, M x R on 1e10 bit/s inside a node, 1e8 between: each step the gradient's
+    fp32 ring over R ranks (2(R-1)/R V bytes on the intra link); every 10 rar on V/R across M nodes
+    (2(M-1)/M V/R on the inter link), then the blocks' all-gather ((R-1)/R V inside)."""
+    from gvq.comm.links import Cluster
+    cluster, intra, inter = Cluster(per, 1e10), 1e10, 1e8
+    it = Y.method_iteration(free, "rar", per * nodes, inter, Y.of_method("diloco every=10 workers=node"),
+                            cluster=cluster)
+    inner = 2 * (per - 1) / per * V * 8 / intra
+    sync = 2 * (nodes - 1) / nodes * V / per * 8 / inter + (per - 1) / per * V * 8 / intra
+    assert it["inner_s"] == pytest.approx(inner, rel=1e-9) and it["sync_s"] == pytest.approx(sync, rel=1e-9)
+    meas = free.cal["measure"]["rar"] / per
+    assert it["iter_s"] == pytest.approx(it["compute_s"] + inner + (meas + sync) / 10, rel=1e-9)
+    assert it["compute_s"] == pytest.approx(M.compute_phase(free, per * nodes))
+    row = Y.method_row(free, "rar", "diloco every=10 workers=node", per * nodes, inter, cluster=cluster)
+    assert row["setting"] == "rar diloco every=10 workers=node" and row["workers"] == "node"
+    assert row["MB_per_rank_iter"] == pytest.approx(2 * (nodes - 1) / nodes * V / per / 10 / 1e6)
+    assert row["MB_intra_per_rank_iter"] == pytest.approx((2 * (per - 1) / per * V + (per - 1) / per * V / 10) / 1e6)
+
+
+def test_streaming_workers_node_moves_a_block_of_a_fragment_and_overlaps_tau_steps(free):
+    """2 x 2, P = 2, tau = 1, every 10, a slow 1e6 bit/s between nodes: a sync is rar on V/4 across 2 nodes and
+    the all-gather of V/2 inside, every 5 steps, exposed past one step's compute."""
+    from gvq.comm.links import Cluster
+    sync = Y.of_method("streaming_diloco every=10 fragments=2 delay=1 workers=node")
+    it = Y.method_iteration(free, "rar", 4, 1e6, sync, cluster=Cluster(2, 1e10))
+    one = V / 4 * 8 / 1e6 + V / 4 * 8 / 1e10
+    assert it["sync_s"] == pytest.approx(one, rel=1e-9)
+    assert it["exposed_s"] == pytest.approx(one - it["compute_s"], rel=1e-9)
+    assert it["aggregate_s"] == pytest.approx(V * 8 / 1e10 + it["exposed_s"] / 5, rel=1e-9)
+
+
+def test_workers_rank_on_nodes_is_hierarchical_and_workers_node_is_refused_on_the_flat_net(m):
+    from gvq.comm.links import Cluster
+    nodes = Cluster(2, 1e10)
+    it = Y.method_iteration(m, "qsgd", 8, 1e8, Y.of_method("diloco every=10"), cluster=nodes)
+    assert it["sync_s"] == M.aggregation(m, "qsgd", 8, 1e8, cluster=nodes) and it["inner_s"] == 0
+    with pytest.raises(M.PredictError, match="workers=node needs nodes of several ranks"):
+        Y.method_iteration(m, "rar", 8, 1e8, Y.of_method("diloco workers=node"))
+
+
+def test_utilization_on_nodes_solves_the_link_between_nodes(capsys):
+    df = cli.main(["utilization", "--calibration", str(CAL), "world_size=16", "ranks_per_node=8", "posting=false",
+                   "methods=[every_step,diloco every=100 workers=node]"])
+    out = capsys.readouterr().out
+    assert "N = 16 as 2 nodes x 8" in out and "left out on nodes" in out
+    assert list(df["workers"]) == ["rank", "node"] and (df["x_dp@0.5"].iloc[1] > 50)
+    with pytest.raises(SystemExit):
+        cli.main(["utilization", "--calibration", str(CAL), "world_size=16", "ranks_per_node=3"])
