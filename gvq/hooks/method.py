@@ -146,9 +146,11 @@ class MethodSync:
 
     def after_step(self) -> dict:
         """After ``optimizer.step()``: the method's sync where the schedule has one; returns ``synced`` (1
-        where the ranks communicated this step) and, at a sync after the step, the aggregator's
-        measurements (``bytes_sent``, ``aggregate_s`` ... : docs/columns.md).  A step whose gradients should
-        have stayed local but went through DDP's all-reduce (backward outside :meth:`no_sync`) is refused."""
+        where the ranks communicated this step), on a step inside :meth:`no_sync` the columns of the
+        method's ``before_step`` (workers=node: the node's gradient ring), and, at a sync after the step, the
+        aggregator's measurements (``bytes_sent``, ``aggregate_s`` ... : docs/columns.md).  A step whose
+        gradients should have stayed local but went through DDP's all-reduce (backward outside
+        :meth:`no_sync`) is refused."""
         it = self.iteration
         if not self.method.averages_gradients(it) and self._local != it:
             raise ValueError(f"MethodSync: step {it}'s backward ran outside sync.no_sync(): DDP averaged the "

@@ -3,7 +3,8 @@ torch's own ``PeriodicModelAverager(period=H)`` on the same batches; between syn
 gradient (its comm hook is never called) and the aggregator sends nothing; a resume from the script's own
 checkpoint taken mid-period equals the uninterrupted run bitwise; a step whose backward ran outside
 ``no_sync``, a misspelt method key, an unknown method and an aggregator that cannot average a vector are
-refused in one line."""
+refused in one line.  On 4 ranks as 2 nodes x 2, DiLoCo with method.workers=node through MethodSync equals the
+training loop's calls of the method, its inner steps on the intra-node links only."""
 from __future__ import annotations
 
 import io
@@ -197,7 +198,6 @@ def _node_steps(rank, hooked, steps=7):
     from gvq.aggregators.base import RunContext
     from gvq.comm.links import Cluster
     from gvq.hooks.method import compose_method
-    from tests.methods.test_nodes import _everyone, _flat
     over = {"method.every": 3, "method.workers": "node"}
     model, calls, rows = _net(), [], []
     if hooked:
@@ -221,9 +221,18 @@ def _node_steps(rank, hooked, steps=7):
             row = method.before_step(it)
             opt.step()
             row = {**row, **method.after_step(it)}
-        rows.append((_everyone(_flat(model)), row["bytes_sent"], row["bytes_inter"]))
+        rows.append((_everyone(model), row["bytes_sent"], row["bytes_inter"]))
     (sync if hooked else method).close()
     return rows, len(calls)
+
+
+def _everyone(model) -> list[torch.Tensor]:
+    """Every rank's parameters as one vector each."""
+    import torch.distributed as dist
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return out
 
 
 def _nodes(rank, world):
