@@ -3,8 +3,9 @@ torch's own ``PeriodicModelAverager(period=H)`` on the same batches; between syn
 gradient (its comm hook is never called) and the aggregator sends nothing; a resume from the script's own
 checkpoint taken mid-period equals the uninterrupted run bitwise; a step whose backward ran outside
 ``no_sync``, a misspelt method key, an unknown method and an aggregator that cannot average a vector are
-refused in one line.  On 4 ranks as 2 nodes x 2, DiLoCo with method.workers=node through MethodSync equals the
-training loop's calls of the method, its inner steps on the intra-node links only."""
+refused in one line; DeMo sends its payloads every step.  On 4 ranks as 2 nodes x 2, DiLoCo with
+method.workers=node through MethodSync equals the training loop's calls of the method, its inner steps on
+the intra-node links only."""
 from __future__ import annotations
 
 import io
@@ -266,3 +267,19 @@ def test_workers_node_in_a_ddp_loop_equals_the_training_loops(tmp_path):
             assert torch.equal(ph[0], ph[2]) == outer, (rank, it)
             assert (sent, inter) == (sent_l, inter_l), (rank, it)
             assert outer or (inter == 0 and sent == 4 * n), (rank, it)
+
+
+def _demo(rank, world):
+    ddp = DistributedDataParallel(_net())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    sync = MethodSync.from_config("demo", ddp)
+    sent = [_step(ddp, opt, sync, rank, it)["bytes_sent"] for it in range(3)]
+    sync.close()
+    return sent, torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+
+
+def test_demo_in_a_ddp_loop_sends_its_payloads_every_step(tmp_path):
+    """DeMo keeps the gradients local and all-gathers its own payloads in before_step: through MethodSync it
+    runs after backward as in the loop, so every step sends and the replicas stay identical."""
+    (sent, a), (_, b) = run_ranks(_demo, 2, tmp_path)
+    assert all(s > 0 for s in sent) and torch.equal(a, b)
