@@ -36,6 +36,7 @@ import pandas as pd
 
 from gvq.predict import cost_model as M
 from gvq.predict import schedule as S
+from gvq.predict.keys import cluster_of
 from gvq.predict.table import traffic
 from gvq.schema.compose import compose
 from gvq.schema.errors import ConfigError
@@ -101,13 +102,18 @@ def amortized(sync: Sync, compute_s: float, inner_s: float, measure_s: float, sy
             "sync_s": sync_s, "exposed_s": exposed, "inner_s": inner_s}
 
 
+def require_nodes(cluster) -> None:
+    """``workers=node``'s one-line refusal of the flat net (nodes of one rank), as the run's."""
+    if cluster.ranks_per_node < 2:
+        raise M.PredictError("methods: workers=node needs nodes of several ranks: ranks_per_node=1 is the flat "
+                             "net (give ranks_per_node=R, or workers=rank)")
+
+
 def nodes_of(n: int, cluster) -> int:
     """M, the nodes of ``workers=node`` at N ranks: a one-line refusal where a node holds one rank (the flat
     net) or the ranks fill no whole nodes."""
+    require_nodes(cluster)
     per = cluster.ranks_per_node
-    if per < 2:
-        raise M.PredictError("methods: workers=node needs nodes of several ranks: ranks_per_node=1 is the flat "
-                             "net (give ranks_per_node=R, or workers=rank)")
     if n % per:
         raise M.PredictError(f"gvq.predict: ranks_per_node={per} must divide N={n} (whole nodes)")
     return n // per
@@ -178,33 +184,38 @@ def needed_bps(utilization, target: float, lo: float = 1e3, hi: float = 1e15, rt
     return hi
 
 
-def methods_grid(m: M.Calibrated, names, methods, worlds, links, scales) -> pd.DataFrame:
+def methods_grid(m: M.Calibrated, names, methods, worlds, links, scales, cluster=M.FLAT) -> pd.DataFrame:
     """Every (N, link, compute scale, aggregator, method) row (:func:`method_row`)."""
-    rows = [method_row(m, a, meth, n, b, 0.0, 1.0, c) for n in worlds for b in links for c in scales
+    rows = [method_row(m, a, meth, n, b, 0.0, 1.0, c, cluster) for n in worlds for b in links for c in scales
             for a in names for meth in methods]
     return pd.DataFrame(rows).assign(model=m.cal["model"])
 
 
 def methods_asked(args) -> list[str]:
     """``project``'s ``methods`` beside every_step alone (none: the projection as before); with
-    ``overlap=true``, which prices a sync every step, refused in one line."""
+    ``overlap=true``, which prices a sync every step, or ``workers=node`` on the flat net, refused in one
+    line."""
     methods = [] if list(args.methods) == ["every_step"] else list(args.methods)
     if methods and args.overlap:
         raise M.PredictError("gvq.predict project overlap=true prices a sync every step: give methods= without it")
-    for meth in methods:
-        of_method(meth)                      # a method or knob the options lack: refused before any work
+    for meth in methods:                     # a method or knob the options lack: refused before any work
+        if of_method(meth).workers == "node":
+            require_nodes(cluster_of(args))
     return methods
 
 
 def project_methods(args, pricing, methods, links, scales, at: int = 64) -> pd.DataFrame:
     """``project methods=[...]``: every model's :func:`methods_grid` (its aggregators under each method) to
     ``projection_methods.csv``, and at N = ``at`` (or the largest projected below it) seconds per iteration
-    per link and setting, compute x1."""
-    frames = []
+    per link and setting, compute x1.  On nodes of R ranks (``ranks_per_node``) N runs over R x the
+    calibrated powers of two, the link between nodes."""
+    frames, cluster = [], cluster_of(args)
+    per = cluster.ranks_per_node            # N = M x R, M nodes in the calibrated structure (as project's grid)
     for model in args.models:
         m, _ = pricing(M.Calibrated.load(M.calibration_folder(args.calibration, model)))
-        worlds = [n for n in m.world_sizes if n & (n - 1) == 0 and n <= args.max_world_size]
-        frames.append(methods_grid(m, args.aggregators or m.aggregators, methods, worlds, links, scales))
+        worlds = [n * per for n in m.world_sizes if n & (n - 1) == 0 and (n > 1 or per == 1)
+                  and n * per <= args.max_world_size]
+        frames.append(methods_grid(m, args.aggregators or m.aggregators, methods, worlds, links, scales, cluster))
     full = pd.concat(frames)
     full.to_csv(args.out / "projection_methods.csv", index=False)
     for model, g in full.groupby("model"):

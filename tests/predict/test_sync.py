@@ -103,7 +103,20 @@ def test_project_with_methods_writes_their_projection(tmp_path, capsys):
     assert "# cnn, N = 8: seconds per iteration" in capsys.readouterr().out
 
 
+def test_project_on_nodes_prices_workers_node(tmp_path, capsys):
+    cli.main(["project", "models=[cnn]", "--calibration", str(RECORDS / "predict"), "max_world_size=8",
+              "ranks_per_node=2", "--out", str(tmp_path), "methods=[every_step,diloco every=100 workers=node]"])
+    df = pd.read_csv(tmp_path / "projection_methods.csv")
+    assert sorted(df["N"].unique()) == [4, 8] and set(df["workers"]) == {"rank", "node"}
+    cell = df[(df["N"] == 8) & (df["link_bps"] == 1e8) & (df["compute_scale"] == 1)].set_index("setting")
+    node = cell.loc["rar diloco every=100 workers=node"]
+    assert node["MB_per_rank_iter"] == pytest.approx(cell.loc["rar", "MB_per_rank_iter"] / 100)
+    assert node["inner_s"] > 0 and node["MB_intra_per_rank_iter"] > cell.loc["rar", "MB_intra_per_rank_iter"]
+    assert "# cnn, N = 8: seconds per iteration" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, says", [
+    (["methods=[diloco workers=node]"], "workers=node needs nodes of several ranks"),
     (["methods=[diloco evry=3]"], "methods: 'diloco evry=3'"),
     (["methods=[nosuch]"], "methods: 'nosuch'"),
     (["overlap=true", "methods=[every_step,diloco]"], "overlap=true prices a sync every step"),
