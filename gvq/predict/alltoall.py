@@ -109,9 +109,6 @@ def qgz_traffic(lay: Layout, intra_wire: str, gather_wire: str) -> dict[str, np.
     n_shard, n_piece, n_gath = (shard > 0), (piece > 0), (gathered > 0)
     intra_msgs = np.broadcast_to(n_shard.sum() - n_shard + (per - 1) * n_gath.sum(axis=1), (nodes, per))
     inter_msgs = (n_piece.sum(axis=1, keepdims=True) - n_piece + (nodes - 1) * n_gath).T
-    sent = reduce1 + across + gather1
-    if per == 1:
-        return {"sent": sent.reshape(-1), "inter": sent.reshape(-1),
-                "inter_msgs": (inter_msgs + intra_msgs).reshape(-1), "intra_msgs": np.zeros(nodes)}
-    return {"sent": sent.reshape(-1), "inter": across.reshape(-1), "inter_msgs": inter_msgs.reshape(-1),
-            "intra_msgs": intra_msgs.reshape(-1)}
+    # one rank a node: the node's phases are empty, so every byte sent is the across phases' (the flat net's)
+    return {"sent": (reduce1 + across + gather1).reshape(-1), "inter": across.reshape(-1),
+            "inter_msgs": inter_msgs.reshape(-1), "intra_msgs": intra_msgs.reshape(-1)}

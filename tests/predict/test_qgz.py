@@ -83,6 +83,8 @@ def test_the_cost_model_prices_qgz_on_nodes_and_flat(records_with_qgz):
     # one rank a node on any intra link is the flat net: every message on the one link
     assert M.aggregation(m, "qgz", 8, 1e8, cluster=Cluster(1, 1e6)) == M.aggregation(m, "qgz", 8, 1e8)
     assert M.aggregation(m, "qgz", 8, 1e8, cluster=Cluster(4, 1e12)) < M.aggregation(m, "qgz", 8, 1e8)
+    # a fragment (Streaming DiLoCo's 1/P): the same all-to-alls on its share of every piece
+    assert M.aggregation(m, "qgz", 8, 1e7, fraction=0.25) < M.aggregation(m, "qgz", 8, 1e7)
 
 
 def test_the_tables_byte_columns_are_the_logged_bytes_per_class(records_with_qgz):
