@@ -19,6 +19,7 @@ import numpy as np
 from gvq.comm.links import Cluster
 from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.predict import schedule as S
+from gvq.predict.qgz import replay_qgz
 from gvq.predict.two_level import hierarchical_ring
 
 FLAT = Cluster()             # one rank a node: the flat ring at one link
@@ -143,6 +144,8 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
     """One round of :func:`gvq.predict.structure.rounds` replayed from every rank's ``start``: each
     rank's clock at its end."""
     kind, n = rnd["kind"], len(rnd["vals"])
+    if kind == "qgz":                               # its all-to-alls on the flat net
+        return replay_qgz(rnd, cal, link, None, 1, codec_scale, start, op_cost)
     if kind == "plain":
         vals = np.array([sum(v) for v in rnd["vals"]], float)
         return S.plain_ring(4.0 * vals, op_cost(cal["vector"]["add"], vals, 1.0), link, start)
@@ -169,7 +172,9 @@ def replay_two_level(rnd: dict, cal: dict, link: S.Link, intra: S.Link, per: int
     """One round (the ring across M nodes, stored at N = M) as :func:`gvq.comm.hierarchy.hierarchical_allreduce_`
     runs it on nodes of ``per`` ranks: fp32 shards of 1/per of the round's vector reduce-scattered and
     all-gathered on the ``intra`` links (adds at scale 1, as the plain ring's), the round's own ring on each
-    shard across nodes on ``link`` (:func:`shard_round`)."""
+    shard across nodes on ``link`` (:func:`shard_round`); qgZ's round as its all-to-alls run on the nodes."""
+    if rnd["kind"] == "qgz":                        # not a ring: its own phases on the two classes
+        return replay_qgz(rnd, cal, link, intra, per, codec_scale, start, op_cost)
     if rnd["kind"] == "sparse":
         raise PredictError("gvq.predict: the sparse ring (topology=sparse_ring) has no hierarchical form to price")
     nodes = len(start) // per

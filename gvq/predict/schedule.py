@@ -67,8 +67,9 @@ class Ranks:
     def post(self, nbytes: np.ndarray, mask=True) -> None:
         self.t = self.t + ((np.asarray(nbytes) > 0) & mask) * self.link.post_cost(nbytes)
 
-    def wait(self, sent_by_left: np.ndarray) -> None:
-        self.t = np.maximum(self.t, np.roll(sent_by_left, 1, axis=-1))   # rings along the last axis
+    def wait(self, sent_by_left: np.ndarray, shift: int = 1) -> None:
+        """A receive from the member ``shift`` before (the left neighbour; an all-to-all's step s: s)."""
+        self.t = np.maximum(self.t, np.roll(sent_by_left, shift, axis=-1))   # rings along the last axis
 
     def wait_sent(self, own: np.ndarray) -> None:
         """``P2P.wait`` on one's own send: the virtual clock moves to its arrival too."""

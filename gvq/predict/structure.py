@@ -123,10 +123,28 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
     if rings is None:
         raise ValueError(f"gvq.predict: aggregator {name!r} ({type(agg).__name__}) declares no rings "
                          "(Aggregator.rings): the cost model cannot price it")
-    if any(r.kind == "qgz" for r in rings):
-        raise ValueError(f"gvq.predict: {name!r} runs qgZ's all-to-alls (gvq/comm/alltoall_quant.py): the cost "
-                         "model prices rings only (an all-to-all model is not built yet)")
-    return [_round(name, across_nodes(r, n)) for r in rings]
+    return [_qgz_round(name, r, n) if r.kind == "qgz" else _round(name, across_nodes(r, n)) for r in rings]
+
+
+def _qgz_round(name: str, ring, n: int) -> dict:
+    """qgZ's all-to-alls (:mod:`gvq.comm.alltoall_quant`) as stored: its pieces on ``n`` nodes of one rank (the
+    flat all-to-all's, one a segment: what calibrate times; any M x R = N's are of their sizes), its wires, and
+    the codec's ``units`` (:func:`gvq.predict.qgz.units`), from which the cost model lays out any M x R
+    (:func:`gvq.predict.qgz.layout`).  A ValueError (one line) for a codec whose payload is not the sum of its
+    units' at ``n`` (the layout's bytes would not be the wire's)."""
+    from gvq.comm.alltoall_quant import shard_pieces
+    from gvq.predict.qgz import layout, units
+    cuts = list(range(ring.segs + 1)) if isinstance(ring.segs, int) else list(ring.segs)
+    size = ring.codec.payload_nbytes
+    unit = units(cuts, [size(slice(a, b)) for a, b in zip(cuts, cuts[1:])])
+    pieces = shard_pieces(cuts, 1, n)[0]
+    rnd = {"kind": "qgz", "key": f"{name}-{ring.label}" if ring.label else name, "codec": ring.codec,
+           "segs": [[q] for q in pieces], "vals": [[q.stop - q.start] for q in pieces],
+           "bytes": [[size(q)] for q in pieces], "units": unit, "intra": ring.inner, "gather": ring.gather}
+    if layout(rnd, 1, n).nbytes[0].tolist() != [b for (b,) in rnd["bytes"]]:
+        raise ValueError(f"gvq.predict: {name!r}: its codec's payloads are not the sums of its units' (the spans "
+                         "between its cuts): the cost model cannot lay out qgZ's pieces")
+    return rnd
 
 
 def across_nodes(ring, n: int):

@@ -11,6 +11,7 @@ from gvq.predict import codec_costs
 from gvq.predict import cost_model as M
 from gvq.predict import schedule as S
 from gvq.predict.keys import ROOT_DIR, cluster_of
+from gvq.predict.qgz import round_traffic
 from gvq.schema.tool import namespace
 
 
@@ -21,7 +22,10 @@ def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
     for rnd in m.struct["aggregators"][name][str(n)]:
         total = sum(sum(b) for b in rnd["bytes"])
         pieces = sum(1 for seg in rnd["bytes"] for b in seg if b > 0)
-        if rnd["kind"] == "sparse":                   # per hop: the disjoint-support bound
+        if rnd["kind"] == "qgz":                       # the flat all-to-alls: every byte on the one link
+            got = round_traffic(rnd, 1, n)
+            nbytes, msgs = nbytes + got["sent"], msgs + round(got["inter_msgs"])
+        elif rnd["kind"] == "sparse":                   # per hop: the disjoint-support bound
             b, k = S.sparse_traffic(M.sparse_kept(rnd), [sum(v) for v in rnd["vals"]], n)
             nbytes, msgs = nbytes + b, msgs + k
         elif rnd["kind"] == "allgather":                # every payload forwarded N - 1 times
@@ -37,22 +41,37 @@ def traffic(m: M.Calibrated, name: str, n: int) -> tuple[float, int]:
 def row(m: M.Calibrated, name: str, n: int, bps: float, alpha: float, codec: float, compute: float,
         cluster=M.FLAT) -> dict:
     """One cell; on nodes of several ranks (``cluster``) ``link_bps`` and ``MB_per_rank`` are the
-    inter-node link's (the ring across nodes on 1/R of the vector), ``MB_intra_per_rank`` the node's."""
+    inter-node link's, ``MB_intra_per_rank`` the node's (:func:`node_traffic`)."""
     it = M.iteration(m, name, n, bps, alpha, codec, compute, cluster=cluster)
-    per = cluster.ranks_per_node
-    nbytes, msgs = traffic(m, name, n // per)
-    nbytes, pos = nbytes / per, m.cal["msg"][0]
+    per, pos = cluster.ranks_per_node, m.cal["msg"][0]
+    nbytes, msgs, intra, intra_msgs = node_traffic(m, name, n, per)
     parts = {"compute": it["compute_s"], "bandwidth": 8 * nbytes / bps,
              "latency": msgs * (alpha + 2 * pos)}                             # a send and a receive posted
     node = {}
-    if per > 1:                       # fp32 reduce-scatter and all-gather of R shards inside the node
-        intra = 2 * (per - 1) / per * 4 * m.struct["numel"]
+    if per > 1:
         parts["bandwidth"] += 8 * intra / cluster.intra_bandwidth_bps
-        parts["latency"] += 2 * (per - 1) * (cluster.intra_latency_s + 2 * pos)
+        parts["latency"] += intra_msgs * (cluster.intra_latency_s + 2 * pos)
         node = {"ranks_per_node": per, "MB_intra_per_rank": intra / 1e6}
     parts["codec"] = max(it["aggregate_s"] - parts["bandwidth"] - parts["latency"], 0.0) + it["measure_s"]
     return {"N": n, "link_bps": bps, "compute_scale": compute, "aggregator": name, **it,
             "MB_per_rank": nbytes / 1e6, **node, "bound": max(parts, key=parts.get)}
+
+
+def node_traffic(m: M.Calibrated, name: str, n: int, per: int) -> tuple[float, float, float, float]:
+    """(bytes a rank sends between nodes, messages; bytes inside its node, messages), averaged over ranks, on
+    nodes of ``per`` ranks: a ring's as the hierarchical all-reduce runs it (its ring across the M nodes on
+    1/R of the vector, an fp32 reduce-scatter and all-gather of R shards inside), qgZ's its all-to-alls'
+    (:func:`gvq.predict.qgz.round_traffic`; one rank a node: every byte between nodes, as the run logs it)."""
+    rounds = m.struct["aggregators"][name][str(n // per)]
+    if any(r["kind"] == "qgz" for r in rounds):
+        got = [round_traffic(r, per, n // per) for r in rounds]
+        inter = sum(g["inter"] for g in got)
+        return inter, sum(g["inter_msgs"] for g in got), sum(g["sent"] for g in got) - inter, \
+            sum(g["intra_msgs"] for g in got)
+    nbytes, msgs = traffic(m, name, n // per)
+    if per == 1:
+        return nbytes, msgs, 0.0, 0
+    return nbytes / per, msgs, 2 * (per - 1) / per * 4 * m.struct["numel"], 2 * (per - 1)
 
 
 def table(m: M.Calibrated, names, worlds, links, alpha=0.0, codec=1.0, computes=(1.0,), cluster=M.FLAT) -> pd.DataFrame:

@@ -11,7 +11,8 @@ nothing is adjusted to the outcome.
 With ``ranks_per_node`` R > 1 (:class:`gvq.predict.keys.NodeKeys`) every cell is N = M x R ranks on nodes
 of R: ``bench aggregate`` runs every aggregator as ``aggregator.topology=hierarchical`` on the same
 ``net.ranks_per_node`` and intra links, ``link_bps`` the links between nodes, and the model prices it as
-two levels (:func:`gvq.predict.cost_model.replay_two_level`); aggregation only (``bench train``'s ranks sit
+two levels (:func:`gvq.predict.cost_model.replay_two_level`); qgZ (``aggregator=qgz``) runs as it is, its
+all-to-alls inside, then across nodes (:mod:`gvq.predict.qgz`); aggregation only (``bench train``'s ranks sit
 on a flat net).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
     cal, cells = m.cal, {}
     name_of = {e: n for n, e in calibrated_entries(cal, m.struct).items() if n in names}
     common = [f"model={cal['model']}", f"num_classes={cal['num_classes']}",
-              f"grid.set={json.dumps(cal.get('settings', SETTINGS) + node_set(cluster))}",
+              f"grid.set={json.dumps(cal.get('settings', SETTINGS) + node_set(cluster, m, name_of))}",
               f"grid.settings={json.dumps(list(name_of))}", "warmup=2"]
     for n in worlds:
         for r in _virtual_bench("aggregate", [f"grid.world_sizes=[{n}]", f"grid.links_bps={json.dumps(links)}",
@@ -68,9 +69,14 @@ def _measure_iterations(cal: dict, cells: dict, name_of: dict, worlds, links, it
                 compute_samples=now)
 
 
-def node_set(cluster: Cluster) -> list[str]:
-    """``grid.set`` entries of a cluster's cells: every ring hierarchical where a node holds several ranks."""
-    return [] if cluster.flat else ["aggregator.topology=hierarchical"]
+def node_set(cluster: Cluster, m: M.Calibrated, name_of: dict[str, str]) -> list[str]:
+    """``grid.set`` entries of a cluster's cells where a node holds several ranks: the rings of every option of
+    ``name_of`` (option -> calibrated name) hierarchical, each scoped to its option (qgZ, whose all-to-alls are
+    two-level already, has no topology)."""
+    if cluster.flat:
+        return []
+    return [f"{o}:aggregator.topology=hierarchical" for o, name in name_of.items()
+            if all(r["kind"] != "qgz" for r in next(iter(m.struct["aggregators"][name].values())))]
 
 
 def node_keys(cluster: Cluster) -> list[str]:

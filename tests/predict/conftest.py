@@ -50,3 +50,25 @@ def calibrated_settings(tmp_path_factory):
         calibrate("cnn", 32, 10, root / "cnn", aggregators=SETTING_ENTRIES, shape=SETTING_SHAPE)
         calibrate_overlap(root / "cnn", [], reps=3)
     return once_per_run(tmp_path_factory, "predict_settings", build) / "cnn"
+
+
+@pytest.fixture(scope="session")
+def records_with_qgz():
+    """The recorded CNN calibration (tests/records/predict/cnn) with ``qgz`` beside its aggregators: its rounds
+    stored from the real aggregator on the CNN's gradient (nothing timed), its codec priced by the recorded
+    ``qsgd``'s curves (the same quantizer)."""
+    import copy
+    from pathlib import Path
+
+    from gvq.predict import cost_model as M
+    from gvq.predict.structure import build_on_one_rank, rounds, stored, structure_ns
+    m = M.Calibrated.load(Path("tests/records/predict/cnn"))
+    cal, struct = copy.deepcopy(m.cal), copy.deepcopy(m.struct)
+    agg, numel = build_on_one_rank("qgz", cal["model"], cal["num_classes"], cal["settings"])
+    assert numel == struct["numel"]
+    struct["aggregators"]["qgz"] = {str(n): stored(rounds("qgz", agg, n)) for n in structure_ns()}
+    struct["passes"]["qgz"] = agg.extra_passes()
+    agg.close()
+    cal["entries"]["qgz"], cal["measure"]["qgz"] = "qgz", cal["measure"]["qsgd"]
+    cal["codecs"]["qgz"] = cal["codecs"]["qsgd"]
+    return M.Calibrated(cal, struct)

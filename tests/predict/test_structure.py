@@ -67,15 +67,17 @@ def test_an_aggregator_that_declares_no_rings_is_refused_in_one_line_never_price
     agg.close()
 
 
-def test_qgz_is_refused_in_one_line_never_priced_as_a_ring():
-    """qgZ's all-to-alls have no model yet: refused, naming the option, before anything is priced."""
+def test_qgz_is_stored_as_its_all_to_alls_not_as_a_ring():
+    """qgZ's all-to-alls are priced (gvq/predict/qgz.py), no longer refused: stored as its own kind, with its
+    wires and its codec's units (tests/predict/test_qgz.py has the layouts and their bytes)."""
     from gvq.aggregators.base import RunContext
     from gvq.hooks.config import build_aggregator
     from gvq.predict.structure import rounds
-    agg = build_aggregator("qgz")
+    agg = build_aggregator("qgz", intra="fp16")
     agg.bind([torch.nn.Parameter(torch.zeros(3, 2))], RunContext(0, 1))
-    with pytest.raises(ValueError, match=r"^gvq.predict: 'qgz' runs qgZ's all-to-alls .*not built yet\)$"):
-        rounds("qgz", agg, 4)
+    (rnd,) = rounds("qgz", agg, 4)
+    assert (rnd["kind"], rnd["intra"], rnd["gather"], rnd["key"]) == ("qgz", "fp16", "compressed", "qgz")
+    assert sorted(v for (v,) in rnd["vals"]) == [0, 0, 0, 6] and rnd["units"][0][:2] == [1, 6]   # one unit
     agg.close()
 
 

@@ -223,7 +223,8 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
     assert [sub for sub, _ in seen] == ["aggregate"]
     cfg = seen[0][1]
     assert (cfg.net.ranks_per_node, cfg.net.intra_bandwidth_bps, cfg.net.intra_latency_s) == (2, 2.4e12, 1e-6)
-    assert list(cfg.grid.set)[-1] == "aggregator.topology=hierarchical" and cfg.net.clock.name == "virtual"
+    assert list(cfg.grid.set)[-2:] == [f"{a}:aggregator.topology=hierarchical" for a in ("rar", "qsgd")]
+    assert cfg.net.clock.name == "virtual"
     cluster = Cluster(2, 2.4e12, 1e-6)
     two = {a: M.iteration(m, a, 4, 1e9, cluster=cluster)["aggregate_s"] for a in ("rar", "qsgd")}
     assert df.set_index("aggregator")["model_aggregate_s"].to_dict() == pytest.approx(two)
@@ -234,3 +235,28 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
     with pytest.raises(M.PredictError, match="ranks_per_node=2 must divide N=3"):
         validate.report_validation(m, argparse.Namespace(**{**vars(args), "world_size": [4, 3]}))
     assert seen == []
+
+
+def test_a_two_level_validation_runs_qgz_as_it_is_beside_hierarchical_rings(monkeypatch, records_with_qgz):
+    """qgZ has no topology: ``bench aggregate`` runs it as its option file says (its all-to-alls on the same
+    nodes), the rings beside it hierarchical; the model's figure is its two-level price."""
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.comm.links import Cluster
+    from gvq.schema.tool import compose_command
+    seen = []
+
+    def bench(sub, keys, pin=False):
+        cfg = compose_command(COMMANDS[sub], keys)
+        seen.append(cfg)
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01}
+                for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
+    monkeypatch.setattr(validate, "run_bench", bench)
+    m = records_with_qgz
+    args = argparse.Namespace(aggregators=["qsgd", "qgz"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
+                              ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=0.0, out=None)
+    df = validate.report_validation(m, args)
+    (cfg,) = seen
+    assert list(cfg.grid.set)[-1] == "qsgd:aggregator.topology=hierarchical"
+    assert list(cfg.grid.settings) == ["qsgd", "qgz"]
+    want = M.iteration(m, "qgz", 4, 1e9, cluster=Cluster(2, 2.4e12))["aggregate_s"]
+    assert df.set_index("aggregator").loc["qgz", "model_aggregate_s"] == pytest.approx(want)
