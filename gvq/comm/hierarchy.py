@@ -47,18 +47,27 @@ def node_groups(rank: int, world_size: int, ranks_per_node: int) -> tuple:
     return inside[node], across[local]
 
 
+def node_shards(cuts, per: int) -> list[slice]:
+    """The node's R shards, one a rank, on ``cuts`` (an int: the length, every offset a cut)."""
+    return balanced_segments(cuts, per)
+
+
+def shard_segments(cuts, shard: slice, nodes: int) -> list[slice]:
+    """The M segments of the ring across nodes on ``shard``: on the cuts inside it (absolute positions)."""
+    if isinstance(cuts, int):
+        return [slice(s.start + shard.start, s.stop + shard.start)
+                for s in balanced_segments(shard.stop - shard.start, nodes)]
+    return balanced_segments([c for c in cuts if shard.start <= c <= shard.stop], nodes)
+
+
 def inner_ring(ring, shard: slice, nodes: int):
     """``ring``'s ring across nodes on ``shard``: a :class:`gvq.comm.ring.Ring` of kind ``ring.inner``, its M
-    segments on the cuts inside the shard (absolute positions, so a codec laid out on the whole vector, per
-    tensor, sees its own layout)."""
-    kind, cuts = ring.inner, ring.segs
+    segments on the cuts inside the shard (:func:`shard_segments`: absolute positions, so a codec laid out on
+    the whole vector, per tensor, sees its own layout)."""
+    kind = ring.inner
     if kind in ("allgather", "ps"):
         return dataclasses.replace(ring, kind=kind, segs=[[shard]], inner="")
-    if isinstance(cuts, int):
-        segs = [slice(s.start + shard.start, s.stop + shard.start)
-                for s in balanced_segments(shard.stop - shard.start, nodes)]
-    else:
-        segs = balanced_segments([c for c in cuts if shard.start <= c <= shard.stop], nodes)
+    segs = shard_segments(ring.segs, shard, nodes)
     return dataclasses.replace(ring, kind=kind, segs=[[s] for s in segs] if kind == "additive" else segs, inner="")
 
 
@@ -75,7 +84,7 @@ def node_phases(flat, cuts, p2p: P2P):
     nodes, (node, local) = p2p.world_size // per, divmod(p2p.rank, per)
     inside = p2p.among([node * per + j for j in range(per)])
     across = p2p.among([m * per + local for m in range(nodes)])
-    cut = balanced_segments(cuts, per)      # the node's shards, one a rank, on the cuts
+    cut = node_shards(cuts, per)
     half = per > 1 and p2p.cluster.intra_dtype == "fp16" and flat.dtype != torch.float16
     with rank_clock.phase("ring"):
         wire = flat.to(torch.float16) if half else flat

@@ -111,6 +111,7 @@ class P2P:
         self._stage_device = stage is None and (not nccl_group() or self.shaped)
         self.batched = (nccl_group() if batch is None else batch) and not self.shaped and not self._stage_all
         self._tally = _Tally()
+        self._views: dict = {}                  # among()'s views by their global ranks, shared by every view
 
     def _make_link(self, bandwidth_bps, latency_s, key: str):
         if clock.get().virtual and not bandwidth_bps:
@@ -123,10 +124,17 @@ class P2P:
 
     def among(self, members: list[int]) -> P2P:
         """A ring among some of this ring's ranks (``members``, positions in it, this rank among them): the
-        same links, counters and clock, so a hierarchical collective's phases are one rank's traffic."""
-        view = copy.copy(self)
-        view._peers = [self.peer(m) for m in members]
-        view.rank, view.world_size = members.index(self.rank), len(members)
+        same links, counters and clock, so a hierarchical collective's phases are one rank's traffic.  Made
+        once per set of ranks and kept (every hierarchical all-reduce asks again; a fresh copy would also
+        resolve its timeout again)."""
+        peers = tuple(self.peer(m) for m in members)
+        view = self._views.get(peers)
+        if view is None:
+            view = copy.copy(self)
+            view._peers = list(peers)
+            view.rank, view.world_size = members.index(self.rank), len(members)
+            view._timeout = self._timeout
+            self._views[peers] = view
         return view
 
     def _same_node(self, dst: int) -> bool:

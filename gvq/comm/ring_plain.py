@@ -51,13 +51,18 @@ def allgather_(flat: torch.Tensor, segs: list[slice], p2p: P2P) -> None:
 #: per thread: two hook states (two models in one backward) run their rings at once on their own threads,
 #: and buffers shared between them would receive each other's segments
 _SCRATCH = threading.local()
+_LAYOUTS = 4    # segment layouts kept a thread: a hierarchical all-reduce alternates between two (node, across)
 
 
 def _scratch(flat: torch.Tensor, segs: list[slice]) -> list[torch.Tensor]:
     """Receive buffers per segment (by index: empty segments may share a start), reused across this
-    thread's calls (segment-sized allocations cost page faults)."""
+    thread's calls (segment-sized allocations cost page faults), a few layouts kept at once."""
     key = (flat.dtype, flat.device, tuple((s.start, s.stop) for s in segs))
-    if getattr(_SCRATCH, "key", None) != key:
-        _SCRATCH.key = key
-        _SCRATCH.bufs = [torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device) for s in segs]
-    return _SCRATCH.bufs
+    kept = getattr(_SCRATCH, "bufs", None)
+    if kept is None:
+        kept = _SCRATCH.bufs = {}
+    if key not in kept:
+        if len(kept) >= _LAYOUTS:
+            kept.pop(next(iter(kept)))
+        kept[key] = [torch.empty(s.stop - s.start, dtype=flat.dtype, device=flat.device) for s in segs]
+    return kept[key]

@@ -20,7 +20,7 @@ from gvq.comm.links import Cluster
 from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.predict import schedule as S
 from gvq.predict.qgz import replay_qgz
-from gvq.predict.two_level import hierarchical_ring
+from gvq.predict.two_level import hierarchical_ring, shard_rounds
 
 FLAT = Cluster()             # one rank a node: the flat ring at one link
 
@@ -170,18 +170,22 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
 def replay_two_level(rnd: dict, cal: dict, link: S.Link, intra: S.Link, per: int, codec_scale: float,
                      start) -> np.ndarray:
     """One round (the ring across M nodes, stored at N = M) as :func:`gvq.comm.hierarchy.hierarchical_allreduce_`
-    runs it on nodes of ``per`` ranks: fp32 shards of 1/per of the round's vector reduce-scattered and
-    all-gathered on the ``intra`` links (adds at scale 1, as the plain ring's), the round's own ring on each
-    shard across nodes on ``link`` (:func:`shard_round`); qgZ's round as its all-to-alls run on the nodes."""
+    runs it on nodes of ``per`` ranks: fp32 shards of the round's vector, cut as the code cuts them on the
+    stored units (:func:`gvq.predict.two_level.shard_rounds`; a round stored without units: equal 1/per
+    slices, :func:`shard_round`), reduce-scattered and all-gathered on the ``intra`` links (adds at scale 1,
+    as the plain ring's), the round's own ring on each shard across nodes on ``link``; qgZ's round as its
+    all-to-alls run on the nodes."""
     if rnd["kind"] == "qgz":                        # not a ring: its own phases on the two classes
         return replay_qgz(rnd, cal, link, intra, per, codec_scale, start, op_cost)
     if rnd["kind"] == "sparse":
         raise PredictError("gvq.predict: the sparse ring (topology=sparse_ring) has no hierarchical form to price")
     nodes = len(start) // per
-    shard = sum(sum(v) for v in rnd["vals"]) / per
-    inner = shard_round(rnd, 1.0 / per)
-    return hierarchical_ring(np.full(per, 4.0 * shard), np.full(per, float(op_cost(cal["vector"]["add"], shard, 1.0))),
-                             intra, nodes, lambda _, s: replay_ring(inner, cal, link, codec_scale, s), start)
+    if "units" in rnd:                              # the code's shards and segments, on the codec's units
+        vals, inner = shard_rounds(rnd, per, nodes)
+    else:                                           # stored before units were: R equal shards
+        vals, inner = np.full(per, sum(sum(v) for v in rnd["vals"]) / per), [shard_round(rnd, 1.0 / per)] * per
+    return hierarchical_ring(4.0 * vals, op_cost(cal["vector"]["add"], vals, 1.0), intra, nodes,
+                             lambda j, s: replay_ring(inner[j], cal, link, codec_scale, s), start)
 
 
 def shard_round(rnd: dict, share: float) -> dict:
@@ -289,14 +293,15 @@ def compute_phase(m: Calibrated, n: int, compute_scale: float = 1.0, compute_s=N
 
 
 def iteration(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-              compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0, cluster: Cluster = FLAT) -> dict:
+              compute_scale: float = 1.0, compute_s=None, fraction: float = 1.0, cluster: Cluster = FLAT,
+              msg: tuple[float, float] | None = None) -> dict:
     """{compute_s, aggregate_s, iter_s} of one steady-state iteration: the slowest rank's compute, the
     runner's non-finite checks of the gradient (before aggregation and of the aggregate) and the
     aggregator's untimed measurement (both at scale 1), aggregation.  ``compute_s``: see
-    :func:`compute_time`; ``cluster``: :func:`aggregation`'s; ``fraction``: the share of the vector
+    :func:`compute_time`; ``cluster``, ``msg``: :func:`aggregation`'s; ``fraction``: the share of the vector
     aggregated (a fragment's: the measurement and :func:`aggregation` of it; a method's syncs are
     :mod:`gvq.predict.sync`'s)."""
     comp = compute_phase(m, n, compute_scale, compute_s)
     meas = m.cal["measure"].get(name, 0.0) * fraction
-    agg = aggregation(m, name, n, bps, alpha, codec_scale, fraction=fraction, cluster=cluster)
+    agg = aggregation(m, name, n, bps, alpha, codec_scale, msg=msg, fraction=fraction, cluster=cluster)
     return {"compute_s": comp, "measure_s": meas, "aggregate_s": agg, "iter_s": comp + meas + agg}

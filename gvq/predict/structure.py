@@ -123,7 +123,8 @@ def bucket_rounds(name: str, agg, params, n: int) -> list[dict]:
     if rings is None:
         raise ValueError(f"gvq.predict: aggregator {name!r} ({type(agg).__name__}) declares no rings "
                          "(Aggregator.rings): the cost model cannot price it")
-    return [_qgz_round(name, r, n) if r.kind == "qgz" else _round(name, across_nodes(r, n)) for r in rings]
+    return [_qgz_round(name, r, n) if r.kind == "qgz" else {**_round(name, across_nodes(r, n)), **node_units(r)}
+            for r in rings]
 
 
 def _qgz_round(name: str, ring, n: int) -> dict:
@@ -157,6 +158,28 @@ def across_nodes(ring, n: int):
     from gvq.comm.hierarchy import inner_ring
     numel = ring.segs if isinstance(ring.segs, int) else ring.segs[-1]
     return inner_ring(ring, slice(0, numel), n)
+
+
+def node_units(ring) -> dict:
+    """``{"units": ...}``: the codec's units (:func:`gvq.predict.qgz.units`, the spans between the cuts
+    :func:`gvq.comm.hierarchy.node_shards` cuts a node's shards on: a hierarchical ring's ``segs``, else its
+    codec's cuts; every value one for plain values) with their payload bytes, from which the cost model lays
+    out the shards and segments of any M x R (:func:`gvq.predict.two_level.shard_rounds`); empty for the
+    rings with no hierarchical form priced (sparse, gathers)."""
+    if ring.kind not in ("plain", "additive", "reencode", "hierarchical"):
+        return {}
+    last = ring.segs[-1]
+    numel = ring.segs if isinstance(ring.segs, int) else last if isinstance(last, int) else (
+        last.stop if isinstance(last, slice) else last[-1].stop)
+    cuts = ring.segs if ring.kind == "hierarchical" else numel if ring.codec is None else ring.codec.cuts(numel)
+    if isinstance(cuts, int) or ring.codec is None:
+        return {"units": [[numel, 1, 4]]} if isinstance(cuts, int) else _units(cuts, lambda q: 4 * (q.stop - q.start))
+    return _units(cuts, ring.codec.payload_nbytes)
+
+
+def _units(cuts: list[int], size) -> dict:
+    from gvq.predict.qgz import units
+    return {"units": units(list(cuts), [size(slice(a, b)) for a, b in zip(cuts, cuts[1:])])}
 
 
 def rounds(name: str, agg, n: int) -> list[dict]:

@@ -105,7 +105,8 @@ def predict_validate(cfg, paths) -> pd.DataFrame:
     """``python -m gvq.predict validate``: the model against virtual-time benchmarks, cell by cell."""
     from gvq.predict import validate
     args = namespace(cfg, paths)
-    return validate.report_validation(M.Calibrated.load(args.calibration or ROOT_DIR / args.model), args)
+    folder = args.calibration or ROOT_DIR / args.model
+    return validate.report_validation(M.Calibrated.load(folder), args, validate.host_msg(folder))
 
 
 def predict_validate_overlap(cfg, paths) -> pd.DataFrame:

@@ -38,3 +38,26 @@ def hierarchical_ring(shard_bytes: np.ndarray, add: np.ndarray, intra: S.Link, n
     if per > 1:
         S.allgather(R, np.asarray(shard_bytes, float))
     return R.t.reshape(-1)
+
+
+def shard_rounds(rnd: dict, per: int, nodes: int) -> tuple[np.ndarray, list[dict]]:
+    """The shards a node's ``per`` ranks hold and the ring across ``nodes`` on each, as
+    :func:`gvq.comm.hierarchy.node_shards` and :func:`~gvq.comm.hierarchy.shard_segments` cut them on the
+    round's stored units (:func:`gvq.predict.structure.node_units`): (each shard's values, per shard the
+    round with its M segments' values and payload bytes, one piece a segment), times the round's
+    ``fraction`` (a fragment's).  The pieces' timings are not the shard's: its codec curves price it."""
+    from gvq.comm.hierarchy import node_shards, shard_segments
+    counts, vals, nbytes = (np.asarray(c) for c in zip(*rnd["units"]))
+    numel = int((counts * vals).sum())
+    every = len(counts) == 1 and int(vals[0]) == 1          # every offset a cut: the code's int form
+    cuts = numel if every else np.concatenate([[0], np.cumsum(np.repeat(vals, counts))]).astype(int).tolist()
+    cum = np.concatenate([[0.0], np.cumsum(np.repeat(nbytes, counts).astype(float))])
+    share = rnd.get("fraction", 1.0)
+    at = (lambda x: x) if every else (lambda x: int(np.searchsorted(cuts, x)))
+    shards, out = node_shards(cuts, per), []
+    for shard in shards:
+        segs = shard_segments(cuts, shard, nodes)
+        out.append({**rnd, "fraction": share * (shard.stop - shard.start) / max(numel, 1),
+                    "vals": [[(q.stop - q.start) * share] for q in segs],
+                    "bytes": [[(cum[at(q.stop)] - cum[at(q.start)]) * share] for q in segs]})
+    return np.array([(q.stop - q.start) * share for q in shards], float), out

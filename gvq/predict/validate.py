@@ -102,15 +102,26 @@ def _compute_now(cal: dict) -> list[float]:
         torch.set_num_threads(threads)
 
 
-def compare(m: M.Calibrated, measured: list[dict], cluster: Cluster = M.FLAT) -> pd.DataFrame:
+def host_msg(folder) -> dict[int, tuple[float, float]]:
+    """N -> [fixed, per byte] seconds a message costs with N ranks sharing this host's cores, as
+    ``calibrate-overlap host_ranks=[...]`` timed them (``overlap.json``'s ``host_msg``); empty without."""
+    from pathlib import Path
+    path = Path(folder) / "overlap.json"
+    got = json.loads(path.read_text()).get("host_msg", {}) if path.exists() else {}
+    return {int(n): tuple(c) for n, c in got.items()}
+
+
+def compare(m: M.Calibrated, measured: list[dict], cluster: Cluster = M.FLAT,
+            msg: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
     """One row per cell: the measurements, the model's figures (``model_compute_s``: the slowest of N
-    ranks' compute from the freshest samples; ``cluster``: on its nodes) and the ratios model / measured."""
+    ranks' compute from the freshest samples; ``cluster``: on its nodes, messages at ``msg[N]``'s cost
+    where given, else the calibration's) and the ratios model / measured."""
     rows = []
     for r in measured:
         r = dict(r)
         samples = r.pop("compute_samples", None)
         it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=samples or r.get("compute_now_s"),
-                         cluster=cluster)
+                         cluster=cluster, msg=(msg or {}).get(r["N"]))
         rows.append({**r, "model_compute_s": it["compute_s"], "model_aggregate_s": it["aggregate_s"],
                      "model_iter_s": it["iter_s"],
                      "agg_ratio": it["aggregate_s"] / r["aggregate_s"] if r.get("aggregate_s") else None,
@@ -125,7 +136,10 @@ def summary(df: pd.DataFrame) -> str:
             f"{int((off > 0.25).sum())} beyond 25%; ratio range {ratios.min():.2f}-{ratios.max():.2f}")
 
 
-def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
+def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
+    """The table, printed; ``host`` (:func:`host_msg`): on nodes of several ranks, each N's messages at
+    what N ranks on this host pay where timed (its benchmarks' ranks share the host's cores), else the
+    calibration's one-rank cost."""
     from gvq.predict.keys import cluster_of
     from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators
@@ -136,9 +150,11 @@ def report_validation(m: M.Calibrated, args) -> pd.DataFrame:
     cluster = cluster_of(args)
     for n in args.world_size:       # a shape the model cannot price is refused before any benchmark runs
         M.aggregation(m, names[0], n, args.bandwidth[0], cluster=cluster)
-    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster)
+    host = {} if cluster.flat else {n: c for n, c in (host or {}).items() if n in args.world_size}
+    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster, host)
     nodes = "" if cluster.flat else (f"; nodes of {cluster.ranks_per_node} ranks at {cluster.intra_bandwidth_bps:g} "
-                                     "bit/s inside, hierarchical rings, link_bps between nodes, aggregation only")
+                                     "bit/s inside, hierarchical rings, link_bps between nodes, aggregation only; "
+                                     f"messages as N ranks on this host pay them at N={sorted(host) or 'none'}")
     print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}{nodes}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))
     print(summary(df))

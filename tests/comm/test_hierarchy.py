@@ -43,6 +43,9 @@ def _sums(rank, world, shapes, numel):
             Ring("hierarchical", numel if codec is None else codec.cuts(numel), codec, inner=inner).run_(
                 flat, p2p, Stopwatch())
             got[name] = (flat, p2p.bytes_sent, p2p.bytes_inter)
+        again = _x(rank, numel)                # the P2P's kept views and the kept buffers of both layouts
+        Ring("hierarchical", numel, inner="plain").run_(again, p2p, Stopwatch())
+        got["again"] = again
         out.append(got)
     whole = slice(0, numel)
     return ref, Projection().decompress(Projection().compress(ref, whole), whole), out
@@ -53,6 +56,7 @@ def _check(results, shapes, numel, world):
         for per, got in zip(shapes, per_shape):
             flat, sent, inter = got["plain"]
             assert torch.allclose(flat, ref, atol=1e-4, rtol=1e-5), per
+            assert torch.equal(got["again"], flat), per          # a second call sums as the first
             assert torch.allclose(got["projection"][0], projected, atol=1e-4, rtol=1e-4), per
             assert torch.linalg.vector_norm(got["qsgd"][0] - ref) < 0.05 * torch.linalg.vector_norm(ref), per
             nodes = world // per
@@ -156,3 +160,20 @@ def test_fp16_inside_the_node_halves_the_intra_node_bytes_only(tmp_path):
         assert inter16 == inter32 == 4 * numel / 2                       # the ring across nodes: fp32 as before
         assert sent32 - inter32 == 4 * numel and sent16 - inter16 == 2 * numel
     assert all(torch.equal(s, sums[0]) for s in sums)                   # every rank the same bits
+
+
+def test_a_view_among_the_same_ranks_is_made_once_and_buffers_of_two_layouts_are_kept():
+    """A hierarchical all-reduce asks for its two views and cuts two segment layouts at every call: both are
+    made once (the views share the parent's counters), so a call rebuilds neither."""
+    from gvq.comm.ring_plain import _scratch
+    p2p = P2P(1, 4, cluster=Cluster(2))
+    inside = p2p.among([0, 1])
+    assert p2p.among([0, 1]) is inside and p2p.among([1, 3]) is not inside
+    assert (inside.rank, inside.world_size, inside.peer(0)) == (1, 2, 0)
+    inside._tally.sent += 5
+    assert p2p.bytes_sent == 5
+    flat = torch.zeros(12)
+    node, across = [slice(0, 6), slice(6, 12)], [slice(0, 3), slice(3, 6)]
+    first = _scratch(flat, node)
+    _scratch(flat, across)
+    assert _scratch(flat, node) is first

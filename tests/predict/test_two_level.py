@@ -80,3 +80,37 @@ def test_the_model_matches_the_hierarchical_ring_in_virtual_time(tmp_path):
     got = max(run_ranks(_virtual, 4, tmp_path, intra, inter, latency, numel))
     model = _plain_two_level(numel, 2, 2, S.Link(intra, latency), S.Link(inter, latency)).max()
     assert got == pytest.approx(model, rel=0.15)
+
+
+def _bytes_across(rank, world, entry, per):
+    """This rank's bytes to other nodes in one hierarchical all-reduce of option ``entry`` on the CNN's
+    gradient (its own declared ring), and its index in its node."""
+    from gvq.predict.structure import build_on_one_rank
+    agg, numel = build_on_one_rank(f"{entry}:topology=hierarchical", "cnn", 10)
+    (ring,) = agg.rings(agg.everything, world)
+    p2p = P2P(rank, world, cluster=Cluster(per))
+    ring.run_(torch.randn(numel), p2p, Stopwatch())
+    agg.close()
+    return p2p.bytes_inter, rank % per
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,per", [(4, 2), (8, 4)])
+def test_the_models_shards_carry_the_bytes_the_code_sends_across_nodes(tmp_path, world, per):
+    """2 x 2 and 2 x 4, rar and 4-bit QSGD (2048-value buckets: the node's shards are unequal): the model's
+    shards, laid out on the stored round's units, each carry what the rank holding it sends to the other
+    node (at M = 2 a rank sends every segment of its shard once: one in the reduce-scatter, one in the
+    all-gather)."""
+    from gvq.predict.structure import build_on_one_rank, rounds
+    from gvq.predict.two_level import shard_rounds
+    for entry in ("rar", "qsgd"):
+        agg, _ = build_on_one_rank(entry, "cnn", 10)
+        (rnd,) = rounds(entry, agg, world // per)
+        agg.close()
+        vals, inner = shard_rounds(rnd, per, world // per)
+        model = [sum(b for seg in r["bytes"] for b in seg) for r in inner]
+        if entry == "qsgd":
+            assert len(set(model)) > 1                  # unequal shards: equal 1/R slices would be wrong
+        for sent, local in run_ranks(_bytes_across, world, tmp_path, entry, per):
+            assert sent == model[(local + 1) % per]     # reduce_scatter_ leaves shard local + 1 with it
+        assert vals.sum() == sum(sum(v) for v in rnd["vals"])

@@ -260,3 +260,25 @@ def test_a_two_level_validation_runs_qgz_as_it_is_beside_hierarchical_rings(monk
     assert list(cfg.grid.settings) == ["qsgd", "qgz"]
     want = M.iteration(m, "qgz", 4, 1e9, cluster=Cluster(2, 2.4e12))["aggregate_s"]
     assert df.set_index("aggregator").loc["qgz", "model_aggregate_s"] == pytest.approx(want)
+
+
+def test_a_two_level_validation_prices_messages_as_n_ranks_on_this_host_pay_them(monkeypatch, tmp_path):
+    """``calibrate-overlap host_ranks=[4]`` timed messages at N = 4: on nodes of 2 the model's figure at N = 4
+    is the two-level one at that cost (read from ``overlap.json``); an N it did not time, and the flat net,
+    keep the calibration's."""
+    from pathlib import Path
+
+    from gvq.comm.links import Cluster
+    monkeypatch.setattr(validate, "run_bench", lambda sub, keys, pin=False: [
+        {"aggregator": "rar", "N": n, "bandwidth_bps": 1e9, "median_s": 0.01} for n in (4, 8)])
+    (tmp_path / "overlap.json").write_text(json.dumps({"host_msg": {"4": [5e-4, 0.0]}}))
+    host = validate.host_msg(tmp_path)
+    assert host == {4: (5e-4, 0.0)} and validate.host_msg(tmp_path / "none") == {}
+    m = M.Calibrated.load(Path("tests/records/predict/cnn"))
+    args = argparse.Namespace(aggregators=["rar"], world_size=[4, 8], bandwidth=[1e9], reps=2, iters=3,
+                              ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=0.0, out=None)
+    got = validate.report_validation(m, args, host).set_index("N")["model_aggregate_s"]
+    cluster = Cluster(2, 2.4e12)
+    assert got[4] == pytest.approx(M.aggregation(m, "rar", 4, 1e9, msg=(5e-4, 0.0), cluster=cluster))
+    assert got[4] > M.aggregation(m, "rar", 4, 1e9, cluster=cluster)
+    assert got[8] == pytest.approx(M.aggregation(m, "rar", 8, 1e9, cluster=cluster))
