@@ -182,13 +182,11 @@ class Overlap:
         return replay_lanes(ph, ready, costs, shared, self.finite_s)
 
     def post_iteration(self, name: str, n: int, bps: float, alpha: float = 0.0, codec_scale: float = 1.0,
-                       compute_scale: float = 1.0, phases: Phases | None = None, host: bool = False,
-                       cluster=M.FLAT) -> dict:
+                       compute_scale: float = 1.0, phases: Phases | None = None, host: bool = False) -> dict:
         """Today's post-backward model with the same phases: compute, two non-finite checks, the
-        untimed measurement, aggregation (``cluster``: :func:`gvq.predict.cost_model.aggregation`'s, nodes
-        of ranks on their own links; the overlapped :meth:`iteration` prices the flat ring only)."""
+        untimed measurement, aggregation."""
         ph = phases or self.phases(n, compute_scale)
-        agg = M.aggregation(self.m, name, n, bps, alpha, codec_scale, self.msg(n, host), cluster=cluster)
+        agg = M.aggregation(self.m, name, n, bps, alpha, codec_scale, self.msg(n, host))
         meas = self.m.cal["measure"].get(name, 0.0)
         return {"compute_s": ph.forward + ph.backward, "aggregate_s": agg,
                 "iter_s": ph.total + 2 * self.finite_s + meas + agg,

@@ -186,12 +186,13 @@ NODE_BASELINE = "post_only"      # a two-level cell's baseline column: nothing o
 
 def node_grid(ov, worlds, links, scales, cluster) -> pd.DataFrame:
     """:func:`overlap_grid`'s cells on nodes of ``cluster.ranks_per_node`` ranks: every setting post-backward
-    only, compute + the hierarchical aggregation (:meth:`gvq.predict.overlap.Overlap.post_iteration` with
-    the cluster, as :func:`gvq.predict.cost_model.iteration` prices it).  The overlapped model's buckets
-    replay flat rings at N and NCCL's baseline is a flat ring: neither has a two-level form, so no mode is
-    overlapped here and no gain over overlapped fp16 (``margin``) is given (:data:`NODE_LINE`)."""
+    only, priced as plain ``project ranks_per_node=R`` prices it (:func:`gvq.predict.cost_model.iteration`
+    with the cluster: the calibration's compute + the hierarchical aggregation), so the two rankings share one
+    iteration.  The overlapped model's buckets replay flat rings at N and NCCL's baseline is a flat ring:
+    neither has a two-level form, so no mode is overlapped here and no gain over overlapped fp16
+    (``margin``) is given (:func:`node_line`)."""
     rows = [{"N": n, "link_bps": b, "compute_scale": c, "baseline": NODE_BASELINE, "aggregator": a, "mode": "post",
-             **ov.post_iteration(a, n, b, compute_scale=c, cluster=cluster)}
+             **M.iteration(ov.m, a, n, b, compute_scale=c, cluster=cluster)}
             for n in worlds for b in links for c in scales for a in ov.m.aggregators]
     return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
 
@@ -199,7 +200,8 @@ def node_grid(ov, worlds, links, scales, cluster) -> pd.DataFrame:
 def node_line(cluster) -> str:
     """What a two-level ``project overlap=true`` priced, said in its table's head and every heatmap's."""
     return (f"nodes of {cluster.ranks_per_node} ranks ({cluster.intra_bandwidth_bps:.3g} bit/s inside, the link "
-            "between nodes across): every setting post-backward (compute + hierarchical aggregation); the "
+            "between nodes across): every setting post-backward (compute + hierarchical aggregation, as project "
+            f"ranks_per_node={cluster.ranks_per_node} prices it); the "
             "overlapped model and NCCL's baseline price the flat ring only, so nothing is overlapped and no "
             "gain over overlapped fp16 is given")
 
