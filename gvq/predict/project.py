@@ -276,7 +276,7 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
         worlds = overlap_worlds(ov.m.world_sizes, max_world, per)
         win = overlap_winners(overlap_grid(ov, worlds, baseline=baseline, cluster=cluster), iters, spread)
         win = win.assign(model=model) if cluster.flat else win.assign(model=model, nodes=win["N"] // per)
-        title = f"{model}, " + ("post | overlapped" if cluster.flat else f"{per} ranks a node, post-backward")
+        title = f"{model}, " + ("post | overlapped" if cluster.flat else f"{per}/node, post")
         plot(win, title, out / f"projection_overlap_{model}{tag}.png", note, GAIN, modes=True)
         if iters:               # the same cells ranked by time to the target, ties within the seed spread marked
             plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"], tied=win["tta_tied"]),
