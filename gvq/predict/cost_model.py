@@ -143,7 +143,7 @@ def _piece_costs(rnd: dict, costs: dict, scale: float, present: np.ndarray):
 def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
     """One round of :func:`gvq.predict.structure.rounds` replayed from every rank's ``start``: each
     rank's clock at its end."""
-    kind, n = rnd["kind"], len(rnd["vals"])
+    kind = rnd["kind"]
     if kind == "qgz":                               # its all-to-alls on the flat net
         return replay_qgz(rnd, cal, link, None, 1, codec_scale, start, op_cost)
     if kind == "plain":
@@ -162,9 +162,9 @@ def replay_ring(rnd: dict, cal: dict, link: S.Link, codec_scale: float, start) -
         hop = _piece_costs(rnd, costs, codec_scale, p.present)("hop", seg_vals)[:, 0]
         return S.reencode_ring(p.nbytes[:, 0], p.compress[:, 0], p.decompress[:, 0], hop, link, start)
     gather = S.gather_ring if kind == "allgather" else S.through_server
-    numel = float(rnd["vals"][0][0])
+    numel = float(rnd["vals"][0][0])             # one whole-vector round: its ranks are the clocks it starts from
     return gather(float(p.nbytes[0, 0]), float(p.compress[0, 0]), float(p.decompress[0, 0]),
-                  float(op_cost(cal["vector"]["add"], numel, codec_scale)), link, n, start)
+                  float(op_cost(cal["vector"]["add"], numel, codec_scale)), link, len(start), start)
 
 
 def replay_two_level(rnd: dict, cal: dict, link: S.Link, intra: S.Link, per: int, codec_scale: float,

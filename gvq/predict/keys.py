@@ -112,7 +112,8 @@ class ProjectKeys(CodecCostKeys, NodeKeys):
     models: List[str] = field(default_factory=lambda: ["resnet32"])   # each calibrated under --calibration/<model>
     max_world_size: int = 1024           # the largest N projected; higher => more cells
     # post-backward and overlapped modes (N >= 8, 50 Mbit/s..100 Gbit/s, compute x1 and x1/6) against
-    # overlapped fp16; needs calibrate-overlap
+    # overlapped fp16; needs calibrate-overlap; with ranks_per_node > 1 every setting post-backward only
+    # (the overlapped model prices flat rings), N = ranks_per_node x 2.. nodes
     overlap: bool = False
     # overlap: also rank by time to accuracy, e.g. [rar=120,fp16=113,'qsgd bits=2=140'] (the frontier's mean
     # iterations per calibrated name, a setting's as the report names it; the others are left out of it)

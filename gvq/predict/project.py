@@ -95,6 +95,9 @@ def predict_project(cfg, paths):
     def pricing(m):
         return codec_costs.apply(m, args, args.aggregators)
     methods = methods_asked(args)            # beside every_step: projection_methods.csv (overlap=true: refused)
+    if not args.overlap and (args.frontier or args.iterations_to_target):
+        raise M.PredictError("gvq.predict project: time to the target (--frontier, iterations_to_target) is ranked "
+                             "by overlap=true (on nodes: every setting post-backward); add overlap=true")
     if args.overlap:
         iters, spread, left = frontier_iterations(args.frontier) if args.frontier else ({}, {}, [])
         if left:
@@ -103,7 +106,7 @@ def predict_project(cfg, paths):
         try:
             return project_overlap(args.models, args.calibration, args.out, args.max_world_size,
                                    {**iters, **typed}, pricing, {k: v for k, v in spread.items() if k not in typed},
-                                   frozenset(iters) - frozenset(typed), nccl.from_args(args))
+                                   frozenset(iters) - frozenset(typed), nccl.from_args(args), cluster_of(args))
         except FileNotFoundError as e:
             raise M.PredictError(f"gvq.predict project overlap=true: {e}") from None
     frames, cluster = [], cluster_of(args)
@@ -152,11 +155,14 @@ OVERLAP_SCALES = [1.0, 1 / 6]            # a CPU cluster; the GradiVeQ paper's G
 
 
 def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared: bool = True,
-                 baseline=None) -> pd.DataFrame:
+                 baseline=None, cluster=M.FLAT) -> pd.DataFrame:
     """Every (N, link, compute scale, aggregator, mode): post-backward and overlapped at DDP's default
     buckets, seconds per iteration (the model of :mod:`gvq.predict.overlap`); ``baseline`` (a
     :class:`gvq.predict.nccl.Nccl`; None: ``gvq_ring``) prices overlapped fp16, and adds ``ddp``, in the
-    cells it applies to; the ``baseline`` column says which priced each cell."""
+    cells it applies to; the ``baseline`` column says which priced each cell.  ``cluster`` of more than one
+    rank a node: :func:`node_grid` (post-backward only)."""
+    if not cluster.flat:
+        return node_grid(ov, worlds, links, scales, cluster)
     rows = []
     for n in worlds:
         for b in links:
@@ -173,6 +179,31 @@ def overlap_grid(ov, worlds, links=OVERLAP_LINKS, scales=OVERLAP_SCALES, shared:
                     rows.append({**cell, "aggregator": DDP, "mode": "overlap",
                                  **baseline.iteration(ov, DDP, n, b, c)})
     return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
+
+
+NODE_BASELINE = "post_only"      # a two-level cell's baseline column: nothing overlapped priced
+
+
+def node_grid(ov, worlds, links, scales, cluster) -> pd.DataFrame:
+    """:func:`overlap_grid`'s cells on nodes of ``cluster.ranks_per_node`` ranks: every setting post-backward
+    only, priced as plain ``project ranks_per_node=R`` prices it (:func:`gvq.predict.cost_model.iteration`
+    with the cluster: the calibration's compute + the hierarchical aggregation), so the two rankings share one
+    iteration.  The overlapped model's buckets replay flat rings at N and NCCL's baseline is a flat ring:
+    neither has a two-level form, so no mode is overlapped here and no gain over overlapped fp16
+    (``margin``) is given (:func:`node_line`)."""
+    rows = [{"N": n, "link_bps": b, "compute_scale": c, "baseline": NODE_BASELINE, "aggregator": a, "mode": "post",
+             **M.iteration(ov.m, a, n, b, compute_scale=c, cluster=cluster)}
+            for n in worlds for b in links for c in scales for a in ov.m.aggregators]
+    return pd.DataFrame(rows).assign(model=ov.m.cal["model"])
+
+
+def node_line(cluster) -> str:
+    """What a two-level ``project overlap=true`` priced, said in its table's head and every heatmap's."""
+    return (f"nodes of {cluster.ranks_per_node} ranks ({cluster.intra_bandwidth_bps:.3g} bit/s inside, the link "
+            "between nodes across): every setting post-backward (compute + hierarchical aggregation, as project "
+            f"ranks_per_node={cluster.ranks_per_node} prices it); the "
+            "overlapped model and NCCL's baseline price the flat ring only, so nothing is overlapped and no "
+            "gain over overlapped fp16 is given")
 
 
 def overlap_winners(df: pd.DataFrame, iters: dict[str, float] | None = None,
@@ -225,41 +256,54 @@ def _fastest_to_target(g: pd.DataFrame, iters: dict[str, float], spread: dict[st
 
 def project_overlap(models, calibration: Path, out: Path, max_world: int,
                     iters: dict[str, float] | None = None, pricing=None, spread: dict[str, float] | None = None,
-                    optional: frozenset = frozenset(), baseline=None) -> pd.DataFrame:
+                    optional: frozenset = frozenset(), baseline=None, cluster=M.FLAT) -> pd.DataFrame:
     """``project overlap=true``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
     ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``);
     ``pricing``: the codec costs (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a
     frontier's settings that were not calibrated: left out, said so), where any other it lacks is refused in one
     line; ``baseline``: what prices overlapped fp16 in the GPU regime (:func:`baseline_line`), named in the
-    table's head, the CSV and every heatmap's title."""
+    table's head, the CSV and every heatmap's title; ``cluster``: nodes of ranks (:func:`node_grid`: every
+    setting post-backward, ranked by the same rules)."""
     from gvq.predict.overlap import Overlap
-    frames = []
+    frames, per = [], cluster.ranks_per_node
+    note = baseline_line(baseline) if cluster.flat else node_line(cluster)
+    tag = "" if cluster.flat else f"_nodes{per}"
     for model in models:
         ov = Overlap.load(M.calibration_folder(calibration, model), pricing)
         iters, spread, optional = _as_calibrated(model, ov.m, iters, spread, optional)
         _refuse_uncalibrated(model, ov.m.aggregators, iters or {}, optional)
-        worlds = [n for n in ov.m.world_sizes if n & (n - 1) == 0 and 8 <= n <= max_world]
-        win = overlap_winners(overlap_grid(ov, worlds, baseline=baseline), iters, spread).assign(model=model)
-        plot(win, f"{model}, post | overlapped", out / f"projection_overlap_{model}.png", baseline_line(baseline),
-             GAIN, modes=True)
+        worlds = overlap_worlds(ov.m.world_sizes, max_world, per)
+        win = overlap_winners(overlap_grid(ov, worlds, baseline=baseline, cluster=cluster), iters, spread)
+        win = win.assign(model=model) if cluster.flat else win.assign(model=model, nodes=win["N"] // per)
+        title = f"{model}, " + ("post | overlapped" if cluster.flat else f"{per}/node, post")
+        plot(win, title, out / f"projection_overlap_{model}{tag}.png", note, GAIN, modes=True)
         if iters:               # the same cells ranked by time to the target, ties within the seed spread marked
             plot(win.assign(winner=win["tta_winner"], margin=win["tta_margin"], tied=win["tta_tied"]),
-                 f"{model}, time to target", out / f"projection_overlap_tta_{model}.png", baseline_line(baseline),
+                 f"{title}, time to target", out / f"projection_overlap_tta_{model}{tag}.png", note,
                  TTA_GAIN, modes=True)
         frames.append(win)
     full = pd.concat(frames).sort_values(["model", "compute_scale", "N", "link_bps"],
                                          ascending=[True, False, True, True])
-    full.to_csv(out / "projection_overlap.csv", index=False)
+    full.to_csv(out / f"projection_overlap{tag}.csv", index=False)
     show = full.assign(link=full["link_bps"].map(lambda b: f"{b / 1e9:g}G" if b >= 1e9 else f"{b / 1e6:g}M"))
     print("# winner (aggregator, mode) per cell and its gain over overlapped fp16 (virtual-time terms)")
-    print(f"# {baseline_line(baseline)}")
-    cols = ["model", "compute_scale", "N", "link", "baseline", "winner", "margin", "runner_up"]
+    print(f"# {note}")
+    cols = ["model", "compute_scale", "N"] + ["nodes"] * (per > 1) + ["link", "baseline", "winner", "margin",
+                                                                   "runner_up"]
     if iters:          # an aggregator's iterations to the target taken as the same at every N and link
         print(f"# time to accuracy: iterations to the target {iters} x seconds per iteration")
         cols += ["tta_winner", "tta_margin"] + (["tta_tied"] if spread else [])
     print(show[cols].to_markdown(index=False, floatfmt=".3g"))
     return full
+
+
+def overlap_worlds(calibrated: list[int], max_world: int, per: int = 1) -> list[int]:
+    """``project overlap=true``'s N: the calibrated powers of two from 8 (one rank a node), or ``per`` x the
+    calibrated powers of two from 2 nodes (the ring across nodes is calibrated at N = nodes)."""
+    if per == 1:
+        return [n for n in calibrated if n & (n - 1) == 0 and 8 <= n <= max_world]
+    return [k * per for k in calibrated if k & (k - 1) == 0 and k > 1 and k * per <= max_world]
 
 
 def baseline_line(baseline) -> str:

@@ -11,7 +11,11 @@ from gvq.schema.setting import canonical, split_name
 
 
 def calibrated_name(name: str) -> str:
-    """``name`` (``OPTION KEY=VALUE ...``) under the key a calibration prices it by."""
+    """``name`` (``OPTION KEY=VALUE ...``) under the key a calibration prices it by; a name with a word that
+    is no ``KEY=VALUE`` (a method's setting, ``topk_chunk diloco every=1``, as a frontier names it) is no
+    aggregator's: kept as written, so no calibration holds it (a frontier's: left out, said so)."""
+    if any("=" not in word for word in name.split(" ")[1:]):
+        return name
     return canonical(name)
 
 

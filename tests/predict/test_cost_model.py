@@ -162,3 +162,15 @@ def test_a_sparse_round_is_priced_on_the_sparse_rings_schedule():
     want = S.sparse_ring(np.array([60.0, 40.0]), np.array([600.0, 400.0]), codec, merge,
                          2.0 * (1e-5 + 1e-8 * 1000), link, np.zeros(2))
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_an_allgather_round_forwards_its_payload_n_minus_1_times_on_every_rank():
+    """An allgather round is stored as one whole-vector segment (``[[numel]]``): its ranks are the clocks it
+    replays from, not its segments, so N - 1 payloads cross the link (before, one segment priced no hop)."""
+    rnd = {"kind": "allgather", "key": "topk", "vals": [[1000]], "bytes": [[800]]}
+    cal = {"codecs": {"topk": {"compress": [1e-4, 0.0], "decompress": [2e-5, 0.0]}}, "vector": {"add": [0.0, 0.0]}}
+    link = S.Link(1e9, 0.0, 1e-5, 0.0)
+    for n in (4, 16):
+        got = M.replay_ring(rnd, cal, link, 1.0, np.zeros(n))
+        assert got == pytest.approx(S.gather_ring(800.0, 1e-4, 2e-5, 0.0, link, n))
+        assert got.max() >= 1e-4 + (n - 1) * (8 * 800 / 1e9 + 1e-5) + n * 2e-5 - 1e-12

@@ -161,3 +161,51 @@ def test_the_projection_reads_the_reports_frontier(calibrated_settings, tmp_path
     assert (tmp_path / "out" / "projection_overlap_tta_cnn.png").stat().st_size > 10_000   # settings ranked
     full = main([*base, "--frontier", str(csv), "iterations_to_target=[qsgd bits=2=1000]"])
     assert not any(str(w).startswith("qsgd bits=2") for w in full["tta_winner"])
+
+
+def _recorded_overlap(tmp_path):
+    """The recorded CNN calibration (rar, qsgd; nothing timed) with a bucketless ``overlap.json``: ``project
+    overlap=true`` loads one, and on nodes prices nothing in it."""
+    import json
+    import shutil
+    from tests.helpers.records import RECORDS
+    folder = tmp_path / "cal" / "cnn"
+    shutil.copytree(RECORDS / "predict" / "cnn", folder)
+    profile = {"forward": [0.001], "backward": [0.002], "step": [0.0005], "ready": []}
+    (folder / "overlap.json").write_text(json.dumps({"profile": profile, "buckets": {}, "host_msg": {}}))
+    return folder
+
+
+def test_time_to_target_on_nodes_is_iterations_times_the_two_level_post_backward_iteration(tmp_path, capsys):
+    """``project overlap=true ranks_per_node=4 iterations_to_target=[...]``: every setting post-backward on
+    the two-level net (the overlapped model prices flat rings), said in the table's head; time to the target =
+    iterations x the hierarchical iteration's seconds (``cost_model.iteration``'s, as plain ``project
+    ranks_per_node=4`` prices it), ranked by the flat net's rule."""
+    from gvq.comm.links import Cluster
+    folder = _recorded_overlap(tmp_path)
+    full = cli.main(["project", "overlap=true", "ranks_per_node=4", "models=[cnn]", "max_world_size=16",
+                     "--calibration", str(folder.parent), "--out", str(tmp_path), "baseline=gvq_ring",
+                     "iterations_to_target=[rar=100,qsgd=300]"])
+    assert "every setting post-backward" in capsys.readouterr().out
+    assert sorted(full["N"].unique()) == [8, 16] and (full["nodes"] == full["N"] // 4).all()
+    assert (full["baseline"] == project.NODE_BASELINE).all() and full["margin"].isna().all()
+    m, nodes = M.Calibrated.load(folder), Cluster(4, 2.4e12)
+    for _, cell in full.iterrows():
+        want = {a: iters * M.iteration(m, a, cell["N"], cell["link_bps"], compute_scale=cell["compute_scale"],
+                                       cluster=nodes)["iter_s"] for a, iters in (("rar", 100), ("qsgd", 300))}
+        best = min(want, key=want.get)
+        assert cell["tta_winner"] == f"{best} post" and cell["tta_s"] == pytest.approx(want[best], rel=1e-9)
+        assert cell["winner_s"] == pytest.approx(min(M.iteration(m, a, cell["N"], cell["link_bps"], compute_scale=
+                                                 cell["compute_scale"], cluster=nodes)["iter_s"] for a in want))
+    assert (tmp_path / "projection_overlap_tta_cnn_nodes4.png").stat().st_size > 10_000
+    # the hierarchical ring is not the flat one (a 1 Gbit/s link between nodes carries 1/4 of rar's bytes a rank)
+    assert M.iteration(m, "rar", 16, 1e9, cluster=nodes)["iter_s"] < M.iteration(m, "rar", 16, 1e9)["iter_s"]
+
+
+def test_time_to_target_without_overlap_is_refused_in_one_line(tmp_path, capsys):
+    """The per-iteration projection has no time to the target: iterations given to it are refused, not ignored."""
+    folder = _recorded_overlap(tmp_path)
+    with pytest.raises(SystemExit):
+        cli.main(["project", "ranks_per_node=4", "models=[cnn]", "--calibration", str(folder.parent),
+                  "--out", str(tmp_path), "iterations_to_target=[rar=100]"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("add overlap=true")

@@ -20,6 +20,9 @@ def test_a_name_is_found_under_the_calibrated_one_only_where_every_value_agrees(
     assert calibrated_name("powersgd rank=2") == "powersgd"        # PowerSGD's own default rank
     assert calibrated_name("powersgd rank=6") == "powersgd rank=6"
     assert calibrated_name("nosuch k=1") == "nosuch k=1"           # not an option: as given (not calibrated)
+    # a method's setting as a frontier names it is no aggregator's: as given (a frontier's: left out), not a crash
+    method = "topk_chunk diloco every=1 outer_lr=1 outer_momentum=0"
+    assert calibrated_name(method) == method
     assert uncalibrated("powersgd", ["rar", "powersgd rank=6"]) == \
         "powersgd: not calibrated (the calibration priced powersgd rank=6)"
     assert uncalibrated("nosuch", ["rar"]) == "nosuch: not calibrated (have rar)"
