@@ -209,3 +209,12 @@ def test_time_to_target_without_overlap_is_refused_in_one_line(tmp_path, capsys)
         cli.main(["project", "ranks_per_node=4", "models=[cnn]", "--calibration", str(folder.parent),
                   "--out", str(tmp_path), "iterations_to_target=[rar=100]"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("add overlap=true")
+
+
+def test_a_cell_without_overlapped_fp16_takes_its_gain_over_fp16_post_backward():
+    """On nodes nothing is overlapped (:func:`project.node_grid`): the gain is over fp16 post-backward, and a
+    flat cell's stays over overlapped fp16."""
+    nodes = pd.DataFrame({"aggregator": ["rar", "fp16", "qsgd"], "mode": ["post"] * 3, "iter_s": [2.0, 3.0, 1.5]})
+    assert project._fastest(nodes)["margin"] == pytest.approx(3.0 / 1.5)
+    flat = pd.concat([nodes, pd.DataFrame({"aggregator": ["fp16"], "mode": ["overlap"], "iter_s": [2.4]})])
+    assert project._fastest(flat)["margin"] == pytest.approx(2.4 / 1.5)
