@@ -187,6 +187,11 @@ def launch(cfg: DictConfig) -> dict | None:
         plain["world_size"] = torchrun_world()
         return _fail_if_unlearned(_torchrun_rank(plain, meta))
     run_dir = Path(meta["run_dir"])
+    if (run_dir / "summary.json").exists() or (run_dir / "metrics.csv").exists():
+        # never over another run's records, nor its failure taken for this run's ("after training completed")
+        print(f"gvq: run refused: {run_dir} already holds a run (its summary.json or metrics.csv): give this run "
+              "its own directory (hydra.run.dir=..., or in a sweep hydra.sweep.dir=...)", file=sys.stderr)
+        return _end_job(meta, RunFailed(2))
     meta["launcher_pid"] = os.getpid()
     mark(meta, "spawn")
     _plain_start_method()

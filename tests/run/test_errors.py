@@ -192,3 +192,19 @@ def test_a_bad_invocation_is_one_line_and_leaves_nothing(outcomes, args, needle,
     assert "Traceback" not in out["stderr"] + out["stdout"]
     assert out["left"] == [], out["left"]                       # nothing under runs/
     assert out["stray"] == []
+
+
+def test_a_run_into_a_directory_holding_a_run_is_refused_in_one_line(tmp_path):
+    """A second run into the first's directory: refused before its ranks start (exit 2, one line), the
+    first's records untouched; before, its logger's failure was taken for a failure after training."""
+    from tests.helpers.cli import cli_in_process
+    run = tmp_path / "run"
+    args = ("iterations=2", "eval_every=2", "logger.progress=false", f"hydra.run.dir={run}")
+    first = cli_in_process(*args)
+    assert first.returncode == 0, first.stderr
+    before = (run / "metrics.csv").read_bytes()
+    second = cli_in_process(*args)
+    assert second.returncode == 2
+    lines = [line for line in second.stderr.splitlines() if line.startswith("gvq:")]
+    assert len(lines) == 1 and "already holds a run" in lines[0], second.stderr
+    assert (run / "metrics.csv").read_bytes() == before
