@@ -136,8 +136,8 @@ def netns_plan(n: int, rate_bps: float, burst: str | None = None, ranks_per_node
     bridge, its egress one FIFO per class (to other nodes at ``rate_bps``, the model's per-rank inter link; to
     its node at ``intra_bps``, unshaped when None or above :data:`TBF_MAX_BPS`), and each node's bridge
     joined to the hub by an uplink shaped at the sum of its ranks' inter links (what the node can carry)."""
-    if ranks_per_node < 1 or n % ranks_per_node:
-        raise ValueError(f"ranks_per_node={ranks_per_node}: must divide the {n} ranks (whole nodes)")
+    from gvq.comm.links import whole_nodes
+    whole_nodes(n, ranks_per_node)
     burst = burst or auto_burst(rate_bps)
     intra = None if intra_bps is None or intra_bps > TBF_MAX_BPS else intra_bps
     if ranks_per_node == 1:

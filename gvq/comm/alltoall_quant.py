@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from gvq.comm.clock import Stopwatch
-from gvq.comm.hierarchy import check_shape
+from gvq.comm.links import whole_nodes
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_plain import timed_alone
 from gvq.compressors._segments import balanced_segments
@@ -121,8 +121,7 @@ def qgz_allreduce_(flat: torch.Tensor, ring, p2p: P2P, stopwatch: Stopwatch) -> 
     codec's cuts (an int: the vector's length), ``ring.inner`` the intra-node reduce's wire (``compressed``,
     ``fp16`` or ``fp32``), ``ring.gather`` the all-gather's (``compressed`` or ``fp32``)."""
     per = p2p.cluster.ranks_per_node
-    check_shape(p2p.world_size, per)
-    nodes, (node, local) = p2p.world_size // per, divmod(p2p.rank, per)
+    nodes, (node, local) = whole_nodes(p2p.world_size, per), divmod(p2p.rank, per)
     inside = p2p.among([node * per + k for k in range(per)])
     across = p2p.among([k * per + local for k in range(nodes)])
     parts = shard_pieces(ring.segs, per, nodes)

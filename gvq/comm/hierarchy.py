@@ -24,23 +24,16 @@ import torch.distributed as dist
 
 from gvq.comm import clock as rank_clock
 from gvq.comm.clock import Stopwatch
+from gvq.comm.links import whole_nodes
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_plain import allgather_, reduce_scatter_, timed_alone
 from gvq.compressors._segments import balanced_segments
 
 
-def check_shape(world_size: int, ranks_per_node: int) -> None:
-    """A one-line ``ValueError`` unless the ranks fill whole nodes."""
-    if ranks_per_node < 1 or world_size % ranks_per_node:
-        raise ValueError(f"net.ranks_per_node={ranks_per_node}: must divide world_size={world_size} "
-                         "(whole nodes of consecutive ranks)")
-
-
 def node_groups(rank: int, world_size: int, ranks_per_node: int) -> tuple:
     """This rank's two process groups on a two-level net: its node's ranks, and one rank of every node (the
     ranks at its own local index).  Collective: every rank makes every group, in the same order."""
-    check_shape(world_size, ranks_per_node)
-    per, nodes = ranks_per_node, world_size // ranks_per_node
+    per, nodes = ranks_per_node, whole_nodes(world_size, ranks_per_node)
     node, local = divmod(rank, per)
     inside = [dist.new_group([m * per + j for j in range(per)]) for m in range(nodes)]
     across = [dist.new_group([m * per + j for m in range(nodes)]) for j in range(per)]
@@ -80,8 +73,7 @@ def node_phases(flat, cuts, p2p: P2P):
     ``cluster.intra_dtype``: fp16 sends a float16 copy (half the bytes; every rank ends with the same bits,
     its own shard rounded as the others receive it)."""
     per = p2p.cluster.ranks_per_node
-    check_shape(p2p.world_size, per)
-    nodes, (node, local) = p2p.world_size // per, divmod(p2p.rank, per)
+    nodes, (node, local) = whole_nodes(p2p.world_size, per), divmod(p2p.rank, per)
     inside = p2p.among([node * per + j for j in range(per)])
     across = p2p.among([m * per + local for m in range(nodes)])
     cut = node_shards(cuts, per)

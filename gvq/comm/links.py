@@ -38,6 +38,15 @@ class Cluster:
         return self.ranks_per_node == 1
 
 
+def whole_nodes(world_size: int, ranks_per_node: int) -> int:
+    """The nodes ``world_size`` ranks fill, ``ranks_per_node`` consecutive ranks each: a one-line
+    ``ValueError`` unless they fill whole nodes (the one check of the shape; its callers prefix their key)."""
+    if ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node}: must divide world_size={world_size} "
+                         "(whole nodes of consecutive ranks)")
+    return world_size // ranks_per_node
+
+
 def wait_all(handles, timeout) -> None:
     """Wait for every handle within one ``timeout`` overall (a message in k chunks must not get k
     timeouts: a lost peer is reported after timeout_s, not k x timeout_s)."""

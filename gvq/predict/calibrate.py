@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gvq.predict.cost_model import PredictError
+from gvq.predict.messages import message_cost
 from gvq.predict.structure import (
     AGGREGATORS,
     CALIBRATION_VERSION,
@@ -189,51 +190,6 @@ def _time_call(into: list, q: slice, evict, fn, size: int | None = None):
     out = fn()
     into.append((q.stop - q.start if size is None else size, time.thread_time() - t0))
     return out
-
-
-MSG_SEGMENTS = (32, 65536)               # ring segments of 128 B and 256 KB
-
-
-def message_cost(reps: int = 40, world: int = 2) -> list[float]:
-    """[fixed, per byte] CPU seconds the virtual clock counts per posted send or receive, from
-    virtual-time rings of ``world`` ranks on this host, of two sizes (everything but the blocked waits,
-    less the ring's own adds).  ``world`` 2: a rank a core here, the cluster the model projects to;
-    more: ranks sharing this host's cores, as its N-rank benchmarks run them (a rank woken after others
-    ran on its core pays more per message: ``calibrate-overlap host_ranks=[...]``)."""
-    from gvq.bench.common import spawn_loopback
-    per_post = spawn_loopback(_message_rank, world, world, reps)["per_post"]
-    return linear([(v * 4, t) for v, t in zip(MSG_SEGMENTS, per_post)])
-
-
-def _message_rank(rank: int, world: int, reps: int, init: str, out: str) -> None:
-    import torch.distributed as dist
-
-    from gvq.aggregators.base import equal_segments
-    from gvq.comm import clock, ring
-    from gvq.comm.p2p import P2P
-    torch.set_num_threads(1)
-    clock.configure("virtual", exclusive=True)   # as the benchmarks: the ring timed alone
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        p2p, per_post = P2P(rank, world, 600.0, 1e15), []
-        for seg in MSG_SEGMENTS:
-            x, segs = torch.zeros(seg * world), equal_segments(seg * world, world)
-            ring.allreduce_(x, segs, p2p)
-            blocks = []
-            for _ in range(5):                  # median of blocks: one hiccup of the host is not a cost
-                t0 = clock.sync()
-                for _ in range(reps):
-                    ring.allreduce_(x, segs, p2p)
-                blocks.append((clock.sync() - t0) / reps)
-            per_call = statistics.median(blocks)
-            part, buf = x[segs[0]], torch.zeros(seg)
-            add = statistics.median(_cpu_seconds(lambda: part.__iadd__(buf)) for _ in range(reps))
-            # 2 (N - 1) steps, each a receive and a send posted; N - 1 of them add
-            per_post.append((per_call - (world - 1) * add) / (4 * (world - 1)))
-        if rank == 0:
-            Path(out).write_text(json.dumps({"per_post": per_post}))
-    finally:
-        dist.destroy_process_group()
 
 
 def measure_cost(agg, numel: int, reps: int = 5) -> float:

@@ -127,12 +127,12 @@ def codec_factor(name: str, agg, params: list[int], curves: dict, reps: int = 3)
     return own / model if model > 0 else 1.0
 
 
-def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS, host_ranks=()) -> dict:
+def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS, host_ranks=(),
+                      host_ranks_per_node=(1,)) -> dict:
     """Profile backward and cut DDP's buckets for the model ``folder/calibration.json`` was made on,
-    with its aggregators and settings; time messages with each of ``host_ranks`` ranks on this host
-    (``host_msg``: what validation against this host's N-rank benchmarks needs); write
-    ``folder/overlap.json``."""
-    from gvq.predict.calibrate import message_cost
+    with its aggregators and settings; time messages with each of ``host_ranks`` ranks on this host, on
+    flat rings and on the hierarchical rings of nodes of each ``host_ranks_per_node`` that divides it
+    (:func:`host_messages`); write ``folder/overlap.json``."""
     from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_workload
     cal = json.loads((folder / "calibration.json").read_text())
     named = calibrated_entries(cal, json.loads((folder / "structure.json").read_text()))
@@ -142,16 +142,31 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
     torch.manual_seed(0)
     prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps, shape)
     layouts = {cap_key(c): assign_buckets(prof["nbytes"], prof["order"], bucket_limits(c)) for c in [None, *caps]}
-    out = {"model": cal["model"], "profile": prof, "buckets": {}, "host_msg": {}}
-    for n in host_ranks:                        # fewer calls at large N: each posts 4 (N - 1) messages
-        out["host_msg"][str(n)] = message_cost(max(4, 80 // n), n)
-        print(f"gvq.predict calibrate-overlap: {n} ranks on this host: {out['host_msg'][str(n)][0] * 1e6:.1f} "
-              "us per message posted", flush=True)
+    out = {"model": cal["model"], "profile": prof, "buckets": {}, **host_messages(host_ranks, host_ranks_per_node)}
     for name, entry in named.items():
         agg, numel = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"], work.in_channels)
         out["buckets"][name] = {k: bucket_entries(name, agg, b, numel, cal["codecs"]) for k, b in layouts.items()}
         print(f"gvq.predict calibrate-overlap: {name}: buckets {[len(b) for b in layouts.values()]}", flush=True)
     (folder / "overlap.json").write_text(json.dumps(out))
+    return out
+
+
+def host_messages(host_ranks, ranks_per_node=(1,)) -> dict:
+    """``overlap.json``'s message costs as N ranks sharing this host's cores pay them (what validation against
+    this host's N-rank benchmarks needs): ``host_msg`` {N: [fixed, per byte]} on flat rings (R = 1), and
+    ``host_msg_nodes`` {R: {N: ...}} on hierarchical rings of nodes of R, for each R dividing N into 2 or more
+    nodes (the others are no shape)."""
+    from gvq.predict.messages import message_cost
+    out = {"host_msg": {}, "host_msg_nodes": {}}
+    for per in ranks_per_node:
+        for n in host_ranks:
+            if per > 1 and (n % per or n // per < 2):
+                continue
+            cost = message_cost(max(4, 80 // n), n, per)     # fewer calls at large N: each posts ~4 N messages
+            (out["host_msg"] if per == 1 else out["host_msg_nodes"].setdefault(str(per), {}))[str(n)] = cost
+            shape = "flat" if per == 1 else f"nodes of {per}"
+            print(f"gvq.predict calibrate-overlap: {n} ranks on this host ({shape}): {cost[0] * 1e6:.1f} "
+                  "us per message posted", flush=True)
     return out
 
 
@@ -169,7 +184,8 @@ def predict_calibrate_overlap(cfg, paths) -> dict:
     if not (folder / "calibration.json").exists():
         raise PredictError(f"gvq.predict calibrate-overlap: no {folder}/calibration.json: run "
                          f"`python -m gvq.predict calibrate model={args.model}` first")
-    out = calibrate_overlap(folder, args.bucket_mb, host_ranks=args.host_ranks)
+    out = calibrate_overlap(folder, args.bucket_mb, host_ranks=args.host_ranks,
+                            host_ranks_per_node=args.host_ranks_per_node)
     prof = out["profile"]
     print(f"gvq.predict calibrate-overlap: forward {statistics.median(prof['forward']) * 1e3:.1f} ms, backward "
           f"{statistics.median(prof['backward']) * 1e3:.1f} ms, step {statistics.median(prof['step']) * 1e3:.1f} "

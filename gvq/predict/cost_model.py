@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gvq.comm.links import Cluster
+from gvq.comm.links import Cluster, whole_nodes
 from gvq.comm.ring_sparse import PAIR_BYTES
 from gvq.predict import schedule as S
 from gvq.predict.qgz import replay_qgz
-from gvq.predict.two_level import hierarchical_ring, shard_rounds
+from gvq.predict.two_level import fragment_rounds, hierarchical_ring, shard_round, shard_rounds
 
 FLAT = Cluster()             # one rank a node: the flat ring at one link
 
@@ -188,14 +188,6 @@ def replay_two_level(rnd: dict, cal: dict, link: S.Link, intra: S.Link, per: int
                              lambda j, s: replay_ring(inner[j], cal, link, codec_scale, s), start)
 
 
-def shard_round(rnd: dict, share: float) -> dict:
-    """``rnd`` on a shard ``share`` of its vector, as :func:`gvq.comm.hierarchy.inner_ring` cuts it: the same
-    M segments, each of the shard's values (one piece a segment: the pieces joined), their bytes scaled
-    (:func:`fragment_rounds`; the node's shards are equal, to a codec unit)."""
-    joined = {**rnd, "vals": [[sum(v)] for v in rnd["vals"]], "bytes": [[sum(b)] for b in rnd["bytes"]]}
-    return fragment_rounds([joined], share)[0]
-
-
 def _replay_sparse(rnd: dict, cal: dict, costs: dict, link: S.Link, codec_scale: float, start) -> np.ndarray:
     """The sparse ring (``topology=sparse_ring``): the codec's compress and decode of the whole vector
     (its curves at the vector's size), a merge per reduce-scatter hop priced as a vector add over the
@@ -232,13 +224,12 @@ def aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float = 0.0
     return m.cache[key]
 
 
-def fragment_rounds(rounds: list[dict], fraction: float) -> list[dict]:
-    """``rounds`` of the whole vector as a fragment ``fraction`` of its size runs them: each piece's values
-    and bytes scaled (a payload's fixed header with them, a small error), its message count kept."""
-    if fraction == 1.0:
-        return rounds
-    return [{**r, "fraction": fraction, "vals": [[v * fraction for v in seg] for seg in r["vals"]],
-             "bytes": [[b * fraction for b in seg] for seg in r["bytes"]]} for r in rounds]
+def nodes_of(n: int, cluster: Cluster) -> int:
+    """M, the nodes N ranks fill on ``cluster``; a one-line refusal unless they fill whole nodes."""
+    try:
+        return whole_nodes(n, cluster.ranks_per_node)
+    except ValueError as e:
+        raise PredictError(f"gvq.predict: {e}") from None
 
 
 def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: float, codec_scale: float,
@@ -246,10 +237,7 @@ def _simulate_aggregation(m: Calibrated, name: str, n: int, bps: float, alpha: f
     per_n = m.struct["aggregators"].get(name)
     if per_n is None:
         raise PredictError(f"gvq.predict: aggregator {name!r} not calibrated (have {', '.join(m.aggregators)})")
-    per = cluster.ranks_per_node
-    if per < 1 or n % per:
-        raise PredictError(f"gvq.predict: ranks_per_node={per} must divide N={n} (whole nodes)")
-    nodes = n // per
+    per, nodes = cluster.ranks_per_node, nodes_of(n, cluster)
     if str(nodes) not in per_n:
         what = f"N={n}" if per == 1 else f"{nodes} nodes (N={n} as {nodes} x {per})"
         raise PredictError(f"gvq.predict: {what} not in the calibrated structure (have {m.world_sizes})")

@@ -100,6 +100,9 @@ class CalibrateOverlapKeys:
     # world sizes whose per-message cost on this host (ranks sharing its cores) validate-overlap needs:
     # those of the benchmarks validated, e.g. [4,8,16,32]; more => longer
     host_ranks: List[int] = field(default_factory=list)
+    # host_ranks timed on flat rings (1) and on the hierarchical rings of nodes of each R listed (validate
+    # ranks_per_node=R reads them), e.g. [1,2,4,8]; more => longer
+    host_ranks_per_node: List[int] = field(default_factory=lambda: [1])
 
 
 @dataclass

@@ -113,10 +113,7 @@ def nodes_of(n: int, cluster) -> int:
     """M, the nodes of ``workers=node`` at N ranks: a one-line refusal where a node holds one rank (the flat
     net) or the ranks fill no whole nodes."""
     require_nodes(cluster)
-    per = cluster.ranks_per_node
-    if n % per:
-        raise M.PredictError(f"gvq.predict: ranks_per_node={per} must divide N={n} (whole nodes)")
-    return n // per
+    return M.nodes_of(n, cluster)
 
 
 def node_iteration(m: M.Calibrated, name: str, n: int, bps: float, sync: Sync, alpha: float, codec_scale: float,

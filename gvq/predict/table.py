@@ -106,7 +106,8 @@ def predict_validate(cfg, paths) -> pd.DataFrame:
     from gvq.predict import validate
     args = namespace(cfg, paths)
     folder = args.calibration or ROOT_DIR / args.model
-    return validate.report_validation(M.Calibrated.load(folder), args, validate.host_msg(folder))
+    host = validate.host_msg(folder, args.ranks_per_node)
+    return validate.report_validation(M.Calibrated.load(folder), args, host)
 
 
 def predict_validate_overlap(cfg, paths) -> pd.DataFrame:

@@ -61,3 +61,20 @@ def shard_rounds(rnd: dict, per: int, nodes: int) -> tuple[np.ndarray, list[dict
                     "vals": [[(q.stop - q.start) * share] for q in segs],
                     "bytes": [[(cum[at(q.stop)] - cum[at(q.start)]) * share] for q in segs]})
     return np.array([(q.stop - q.start) * share for q in shards], float), out
+
+
+def fragment_rounds(rounds: list[dict], fraction: float) -> list[dict]:
+    """``rounds`` of the whole vector as a fragment ``fraction`` of its size runs them: each piece's values
+    and bytes scaled (a payload's fixed header with them, a small error), its message count kept."""
+    if fraction == 1.0:
+        return rounds
+    return [{**r, "fraction": fraction, "vals": [[v * fraction for v in seg] for seg in r["vals"]],
+             "bytes": [[b * fraction for b in seg] for seg in r["bytes"]]} for r in rounds]
+
+
+def shard_round(rnd: dict, share: float) -> dict:
+    """``rnd`` on a shard ``share`` of its vector, as :func:`gvq.comm.hierarchy.inner_ring` cuts it: the same
+    M segments, each of the shard's values (one piece a segment: the pieces joined), their bytes scaled
+    (:func:`fragment_rounds`; the node's shards are equal, to a codec unit)."""
+    joined = {**rnd, "vals": [[sum(v)] for v in rnd["vals"]], "bytes": [[sum(b)] for b in rnd["bytes"]]}
+    return fragment_rounds([joined], share)[0]

@@ -81,9 +81,7 @@ def with_ratios(rows: list[dict], targets) -> pd.DataFrame:
 def check_world(m: M.Calibrated, n: int, cluster) -> None:
     """A one-line refusal unless N's rings (N / R across nodes of R ranks) are in the calibrated structure."""
     per = cluster.ranks_per_node
-    if per < 1 or n % per:
-        raise M.PredictError(f"ranks_per_node={per}: must divide world_size={n} (whole nodes)")
-    if n // per not in m.world_sizes:
+    if M.nodes_of(n, cluster) not in m.world_sizes:
         what = f"world_size={n}" if per == 1 else f"{n // per} nodes (world_size={n} as {n // per} x {per})"
         raise M.PredictError(f"{what}: not in the calibrated structure (have {m.world_sizes})")
 

@@ -102,12 +102,15 @@ def _compute_now(cal: dict) -> list[float]:
         torch.set_num_threads(threads)
 
 
-def host_msg(folder) -> dict[int, tuple[float, float]]:
+def host_msg(folder, ranks_per_node: int = 1) -> dict[int, tuple[float, float]]:
     """N -> [fixed, per byte] seconds a message costs with N ranks sharing this host's cores, as
-    ``calibrate-overlap host_ranks=[...]`` timed them (``overlap.json``'s ``host_msg``); empty without."""
+    ``calibrate-overlap host_ranks=[...]`` timed them (``overlap.json``): on flat rings (``host_msg``), or on
+    nodes of ``ranks_per_node`` on the hierarchical rings (``host_msg_nodes``, ``host_ranks_per_node``); a
+    flat ring's figure never stands for a hierarchical one's.  Empty without."""
     from pathlib import Path
     path = Path(folder) / "overlap.json"
-    got = json.loads(path.read_text()).get("host_msg", {}) if path.exists() else {}
+    got = json.loads(path.read_text()) if path.exists() else {}
+    got = got.get("host_msg", {}) if ranks_per_node == 1 else got.get("host_msg_nodes", {}).get(str(ranks_per_node), {})
     return {int(n): tuple(c) for n, c in got.items()}
 
 
@@ -137,9 +140,9 @@ def summary(df: pd.DataFrame) -> str:
 
 
 def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
-    """The table, printed; ``host`` (:func:`host_msg`): on nodes of several ranks, each N's messages at
-    what N ranks on this host pay where timed (its benchmarks' ranks share the host's cores), else the
-    calibration's one-rank cost."""
+    """The table, printed; ``host`` (:func:`host_msg` of the same nodes): on nodes of several ranks, each N's
+    messages at what N ranks on this host pay on those hierarchical rings where timed (its benchmarks' ranks
+    share the host's cores), else the calibration's one-rank cost."""
     from gvq.predict.keys import cluster_of
     from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators

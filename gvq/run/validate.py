@@ -61,8 +61,11 @@ def validate(cfg) -> None:
 def _check_nodes(cfg) -> None:
     """A two-level net: whole nodes, and every link modelled where the clock computes time."""
     net, per = cfg.net, cfg.net.ranks_per_node
-    _require(per >= 1 and cfg.world_size % per == 0, f"net.ranks_per_node={per}: must divide world_size="
-             f"{cfg.world_size} (whole nodes of consecutive ranks)")
+    from gvq.comm.links import whole_nodes      # on use: composing a config imports no torch
+    try:
+        whole_nodes(cfg.world_size, per)
+    except ValueError as e:
+        raise ConfigError(f"net.{e}") from None
     _require(net.intra_bandwidth_bps is None or net.intra_bandwidth_bps > 0,
              f"net.intra_bandwidth_bps={net.intra_bandwidth_bps}: must be > 0 (or null: unshaped)")
     _require(net.intra_latency_s >= 0, f"net.intra_latency_s={net.intra_latency_s}: must be >= 0")

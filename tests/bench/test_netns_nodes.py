@@ -53,7 +53,7 @@ def test_the_two_level_plan_puts_each_node_behind_its_uplink_and_each_rank_has_t
     assert ("ip", "netns", "exec", "tr0", "tc", "class", "add", "dev", "v0", "parent", "1:", "classid", "1:10", "htb",
             "rate", "1000000000bit", "ceil", "1000000000bit", "burst", "125000b", "cburst", "125000b") \
         in slow.commands()
-    with pytest.raises(ValueError, match="ranks_per_node=3: must divide the 4 ranks"):
+    with pytest.raises(ValueError, match="ranks_per_node=3: must divide world_size=4"):
         netns_links.netns_plan(4, 1e8, ranks_per_node=3)
 
 

@@ -232,7 +232,7 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
     assert df.set_index("aggregator")["agg_ratio"].to_dict() == pytest.approx({a: t / 0.01 for a, t in two.items()})
     assert df["iter_ratio"].isna().all()
     seen.clear()
-    with pytest.raises(M.PredictError, match="ranks_per_node=2 must divide N=3"):
+    with pytest.raises(M.PredictError, match="gvq.predict: ranks_per_node=2: must divide world_size=3"):
         validate.report_validation(m, argparse.Namespace(**{**vars(args), "world_size": [4, 3]}))
     assert seen == []
 
@@ -263,17 +263,19 @@ def test_a_two_level_validation_runs_qgz_as_it_is_beside_hierarchical_rings(monk
 
 
 def test_a_two_level_validation_prices_messages_as_n_ranks_on_this_host_pay_them(monkeypatch, tmp_path):
-    """``calibrate-overlap host_ranks=[4]`` timed messages at N = 4: on nodes of 2 the model's figure at N = 4
-    is the two-level one at that cost (read from ``overlap.json``); an N it did not time, and the flat net,
-    keep the calibration's."""
+    """``calibrate-overlap host_ranks=[4] host_ranks_per_node=[1,2]`` timed messages at N = 4 on flat rings and
+    on nodes of 2: on nodes of 2 the model's figure at N = 4 is the two-level one at the hierarchical rings'
+    cost (read from ``overlap.json``), never the flat rings'; an N it did not time keeps the calibration's."""
     from pathlib import Path
 
     from gvq.comm.links import Cluster
     monkeypatch.setattr(validate, "run_bench", lambda sub, keys, pin=False: [
         {"aggregator": "rar", "N": n, "bandwidth_bps": 1e9, "median_s": 0.01} for n in (4, 8)])
-    (tmp_path / "overlap.json").write_text(json.dumps({"host_msg": {"4": [5e-4, 0.0]}}))
-    host = validate.host_msg(tmp_path)
-    assert host == {4: (5e-4, 0.0)} and validate.host_msg(tmp_path / "none") == {}
+    (tmp_path / "overlap.json").write_text(json.dumps({"host_msg": {"4": [9e-4, 0.0]},
+                                                       "host_msg_nodes": {"2": {"4": [5e-4, 0.0]}}}))
+    host = validate.host_msg(tmp_path, 2)
+    assert host == {4: (5e-4, 0.0)} and validate.host_msg(tmp_path) == {4: (9e-4, 0.0)}
+    assert validate.host_msg(tmp_path, 4) == {} and validate.host_msg(tmp_path / "none", 2) == {}
     m = M.Calibrated.load(Path("tests/records/predict/cnn"))
     args = argparse.Namespace(aggregators=["rar"], world_size=[4, 8], bandwidth=[1e9], reps=2, iters=3,
                               ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=0.0, out=None)
