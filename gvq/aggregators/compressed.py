@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from gvq.aggregators.flat import FlatAggregator
+from gvq.comm.hierarchy import compact_cuts
 from gvq.comm.ring import Ring
 from gvq.compressors.base import Compressor, split_on_cuts
 
@@ -75,6 +76,11 @@ class CompressedAggregator(FlatAggregator):
         """The ring's N segments of a vector of ``numel`` values, on the compressor's cuts."""
         return self.memo(("segments", numel, n), lambda: split_on_cuts(self.compressor.cuts(numel), n))
 
+    def node_cuts(self, numel: int) -> list[int] | int:
+        """The codec's cuts of a vector of ``numel`` as the two-level rings take them (the length where every
+        offset is one: :func:`gvq.comm.hierarchy.compact_cuts`)."""
+        return self.memo(("cuts", numel), lambda: compact_cuts(self.compressor.cuts(numel)))
+
     @property
     def across(self) -> str:
         """``topology=hierarchical``: the ring across nodes, by the hop rule (summed payloads, else decode-add-
@@ -86,8 +92,7 @@ class CompressedAggregator(FlatAggregator):
         if self.topology == "sparse_ring":       # compressed whole, summed as N segments' sparse chunks
             return [Ring("sparse", self.segments(numel, n), codec)]
         if self.topology == "hierarchical":
-            return [Ring("hierarchical", self.memo(("cuts", numel), lambda: self.compressor.cuts(numel)), codec,
-                         inner=self.across)]
+            return [Ring("hierarchical", self.node_cuts(numel), codec, inner=self.across)]
         if self.topology != "ring":
             return [Ring(self.topology, [[slice(0, numel)]], codec)]
         return [Ring("additive" if self.sum_hop else "reencode", self.segments(numel, n), codec)]

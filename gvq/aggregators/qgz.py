@@ -24,5 +24,5 @@ class QgZAggregator(CompressedAggregator):
 
     def rings(self, params, n):
         numel = self.numel_of(params)
-        return [Ring("qgz", self.memo(("cuts", numel), lambda: self.compressor.cuts(numel)), self.codec_for(params),
+        return [Ring("qgz", self.node_cuts(numel), self.codec_for(params),
                      inner=self.intra, gather=self.gather)]

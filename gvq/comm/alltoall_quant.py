@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from gvq.comm.clock import Stopwatch
+from gvq.comm.hierarchy import node_shards, shard_segments
 from gvq.comm.links import whole_nodes
 from gvq.comm.p2p import P2P
 from gvq.comm.ring_plain import timed_alone
-from gvq.compressors._segments import balanced_segments
 from gvq.compressors.base import Compressor
 
 PLAIN = {"fp16": torch.float16, "fp32": torch.float32}     # a phase's wire other than the codec's payloads
@@ -36,14 +36,7 @@ PLAIN = {"fp16": torch.float16, "fp32": torch.float32}     # a phase's wire othe
 def shard_pieces(cuts, ranks_per_node: int, nodes: int) -> list[list[slice]]:
     """``[j][m]``: piece m of shard j, every boundary on the codec's ``cuts`` (an int: the vector's length,
     every offset a cut); absolute positions, so a codec laid out per tensor sees its own layout."""
-    out = []
-    for s in balanced_segments(cuts, ranks_per_node):
-        if isinstance(cuts, int):
-            out.append([slice(p.start + s.start, p.stop + s.start)
-                        for p in balanced_segments(s.stop - s.start, nodes)])
-        else:
-            out.append(balanced_segments([c for c in cuts if s.start <= c <= s.stop], nodes))
-    return out
+    return [shard_segments(cuts, s, nodes) for s in node_shards(cuts, ranks_per_node)]
 
 
 class Wire:

@@ -16,6 +16,7 @@ positions of the ring (global ranks ``m R ... m R + R - 1`` on the default group
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from contextlib import contextmanager
 
@@ -46,11 +47,18 @@ def node_shards(cuts, per: int) -> list[slice]:
 
 
 def shard_segments(cuts, shard: slice, nodes: int) -> list[slice]:
-    """The M segments of the ring across nodes on ``shard``: on the cuts inside it (absolute positions)."""
+    """The M segments of the ring across nodes on ``shard``: on the cuts inside it (absolute positions;
+    found by bisection, as every call runs it)."""
     if isinstance(cuts, int):
         return [slice(s.start + shard.start, s.stop + shard.start)
                 for s in balanced_segments(shard.stop - shard.start, nodes)]
-    return balanced_segments([c for c in cuts if shard.start <= c <= shard.stop], nodes)
+    return balanced_segments(cuts[bisect.bisect_left(cuts, shard.start):bisect.bisect_right(cuts, shard.stop)], nodes)
+
+
+def compact_cuts(cuts: list[int]) -> list[int] | int:
+    """A codec's cuts in the form the hierarchical rings take: the length where every offset is a cut (fp16's,
+    the base codec's: a list of N + 1 offsets would be searched on every call), else the list."""
+    return cuts[-1] if len(cuts) == cuts[-1] - cuts[0] + 1 else cuts
 
 
 def inner_ring(ring, shard: slice, nodes: int):

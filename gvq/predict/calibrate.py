@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gvq.predict.cost_model import PredictError
+from gvq.predict.curves import linear
 from gvq.predict.messages import message_cost
 from gvq.predict.structure import (
     AGGREGATORS,
@@ -34,18 +35,6 @@ def _cpu_seconds(fn) -> float:
     t0 = time.thread_time()
     fn()
     return time.thread_time() - t0
-
-
-def linear(points: list[tuple[float, float]]) -> list[float]:
-    """[fixed, per_value] of ``seconds = fixed + per_value * values`` (least squares, both >= 0)."""
-    x = np.array([p[0] for p in points], float)
-    y = np.array([p[1] for p in points], float)
-    if len(set(x)) < 2:
-        return [0.0, float(y.mean() / max(x.mean(), 1))]
-    per, fixed = np.polyfit(x, y, 1)
-    if fixed < 0:
-        return [0.0, float((x * y).sum() / (x * x).sum())]
-    return [float(fixed), float(max(per, 0.0))]
 
 
 def vector_ops(reps: int = 20) -> dict:

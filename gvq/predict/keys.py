@@ -27,6 +27,14 @@ class NodeKeys:
     intra_latency: float = 0.0           # seconds per message inside a node; higher => intra phases cost more
 
 
+@dataclass
+class PostingKeys:
+    """Whether a projection pays this host's CPU for every message posted (:mod:`gvq.predict.pricing`)."""
+    # false: messages post for free (a NIC or NCCL posts them; Table 4's simulator has no such cost), so only
+    # the link, codecs and compute remain; true: the calibration's CPU a message, which at large N floors a ring
+    posting: bool = True
+
+
 def cluster_of(args):
     """The :class:`gvq.comm.links.Cluster` of a command's :class:`NodeKeys`."""
     from gvq.comm.links import Cluster
@@ -111,7 +119,7 @@ class RingsKeys:
 
 
 @dataclass
-class ProjectKeys(CodecCostKeys, NodeKeys):
+class ProjectKeys(CodecCostKeys, NodeKeys, PostingKeys):
     models: List[str] = field(default_factory=lambda: ["resnet32"])   # each calibrated under --calibration/<model>
     max_world_size: int = 1024           # the largest N projected; higher => more cells
     # post-backward and overlapped modes (N >= 8, 50 Mbit/s..100 Gbit/s, compute x1 and x1/6) against
@@ -130,7 +138,7 @@ class ProjectKeys(CodecCostKeys, NodeKeys):
 
 
 @dataclass
-class UtilizationKeys(CodecCostKeys, NodeKeys):
+class UtilizationKeys(CodecCostKeys, NodeKeys, PostingKeys):
     model: str = "resnet32"              # reads runs/predict/<model>/ (calibrate model=<model> writes it)
     world_size: int = 64                 # ranks N; more => a longer ring (2(N-1)/N of the bytes each way)
     # compute utilizations (compute / iteration) to solve the link for; nearer 1 => faster links needed
@@ -139,9 +147,6 @@ class UtilizationKeys(CodecCostKeys, NodeKeys):
     compute_scale: List[float] = field(default_factory=lambda: [1.0])
     latency: float = 0.0                 # alpha: seconds per message; higher => some targets out of reach
     codec_scale: float = 1.0             # codec CPU time x this; higher => some targets out of reach
-    # false: messages post for free (a NIC or NCCL posts them; Table 4's simulator has no such cost), so only
-    # the link, codecs and compute remain; true: the calibration's CPU a message, which at large N floors a ring
-    posting: bool = True
     aggregators: List[str] = field(default_factory=lambda: ["rar"])   # calibrated names, each under every method
     # methods as the report names them (knobs from conf/method/; e.g. 'streaming_diloco every=100 fragments=8
     # delay=1' where that option exists); data-parallel is every_step, and ddp / fp16 overlapped on NCCL where

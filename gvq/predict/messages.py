@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gvq.predict.curves import linear
+
 MSG_SEGMENTS = (32, 65536)               # ring segments of 128 B and 256 KB
 
 
@@ -36,7 +38,6 @@ def fit(world: int, per: int, per_call: list[float], adds: list[float]) -> list[
     """[fixed, per byte] from each :data:`MSG_SEGMENTS` size's seconds a call, less its adds: the call's cost
     over its posts, against the bytes a post carries on average (on the flat ring every post carries one
     segment: the per-post figure at each size)."""
-    from gvq.predict.calibrate import linear
     points = []
     for seg, call, add in zip(MSG_SEGMENTS, per_call, adds):
         n_posts, n_bytes, _ = posts(world, per, seg)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gvq.predict import codec_costs, nccl
+from gvq.predict import nccl
+from gvq.predict import pricing as prices
 from gvq.predict import cost_model as M
 from gvq.predict.heatmap import plot
 from gvq.predict.keys import cluster_of
@@ -93,7 +94,7 @@ def predict_project(cfg, paths):
     args = namespace(cfg, paths)
     args.out.mkdir(parents=True, exist_ok=True)
     def pricing(m):
-        return codec_costs.apply(m, args, args.aggregators)
+        return prices.as_keys_price(m, args, args.aggregators)
     methods = methods_asked(args)            # beside every_step: projection_methods.csv (overlap=true: refused)
     if not args.overlap and (args.frontier or args.iterations_to_target):
         raise M.PredictError("gvq.predict project: time to the target (--frontier, iterations_to_target) is ranked "
@@ -268,10 +269,10 @@ def project_overlap(models, calibration: Path, out: Path, max_world: int,
     """``project overlap=true``: per model, the grid, the winners (``projection_overlap.csv``) and a heatmap
     (``projection_overlap_<model>.png``: the winner's colour, its gain over overlapped fp16); with
     ``iters`` (and ``spread``: ties), the winners by time to accuracy too (``projection_overlap_tta_<model>.png``);
-    ``pricing``: the codec costs (``codec_costs.apply``); ``optional``: names of ``iters`` a model may lack (a
-    frontier's settings that were not calibrated: left out, said so), where any other it lacks is refused in one
-    line; ``baseline``: what prices overlapped fp16 in the GPU regime (:func:`baseline_line`), named in the
-    table's head, the CSV and every heatmap's title; ``cluster``: nodes of ranks (:func:`node_grid`: every
+    ``pricing``: the codec costs and message posting (``pricing.as_keys_price``); ``optional``: names of ``iters`` a
+    model may lack (a frontier's settings that were not calibrated: left out, said so), where any other it lacks
+    is refused in one line; ``baseline``: what prices overlapped fp16 in the GPU regime (:func:`baseline_line`),
+    named in the table's head, the CSV and every heatmap's title; ``cluster``: nodes of ranks (:func:`node_grid`: every
     setting post-backward, ranked by the same rules)."""
     from gvq.predict.overlap import Overlap
     frames, per = [], cluster.ranks_per_node

@@ -109,7 +109,7 @@ def require_nodes(cluster) -> None:
                              "net (give ranks_per_node=R, or workers=rank)")
 
 
-def nodes_of(n: int, cluster) -> int:
+def node_workers(n: int, cluster) -> int:
     """M, the nodes of ``workers=node`` at N ranks: a one-line refusal where a node holds one rank (the flat
     net) or the ranks fill no whole nodes."""
     require_nodes(cluster)
@@ -120,7 +120,7 @@ def node_iteration(m: M.Calibrated, name: str, n: int, bps: float, sync: Sync, a
                    compute_scale: float, compute_s, cluster) -> dict:
     """:func:`method_iteration` with the nodes as workers (the module docstring): the node's ring every
     step, and a sync = the aggregator across the M nodes on 1/R of the fragment, then its all-gather."""
-    nodes, per = nodes_of(n, cluster), cluster.ranks_per_node
+    nodes, per = node_workers(n, cluster), cluster.ranks_per_node
     share, values = sync.fraction / per, float(m.struct["numel"])
     intra = S.Link(cluster.intra_bandwidth_bps, cluster.intra_latency_s, *m.cal["msg"])
     seg = np.full(per, values / per)
@@ -139,7 +139,7 @@ def bytes_per_rank(m: M.Calibrated, name: str, n: int, sync: Sync, cluster=M.FLA
     per, values = cluster.ranks_per_node, 4.0 * m.struct["numel"]
     ring = 2 * (per - 1) / per * values                 # an fp32 ring over the node's ranks
     if sync.workers == "node":
-        across, _ = traffic(m, name, nodes_of(n, cluster))
+        across, _ = traffic(m, name, node_workers(n, cluster))
         inter = across / per * sync.fraction / sync.period
         intra = ring + (per - 1) / per * values * sync.fraction / sync.period      # + the blocks' all-gather
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gvq.predict import codec_costs
+from gvq.predict import pricing
 from gvq.predict import cost_model as M
 from gvq.predict import sync as Y
 from gvq.predict.keys import ROOT_DIR, cluster_of
@@ -92,9 +92,7 @@ def predict_utilization(cfg, paths) -> pd.DataFrame:
     if not all(0 < t < 1 for t in args.utilization):
         raise M.PredictError(f"utilization={args.utilization}: each a share of the iteration, 0 < u < 1")
     folder = args.calibration or ROOT_DIR / args.model
-    m, priced = codec_costs.apply(M.Calibrated.load(folder), args, args.aggregators)
-    if not args.posting:                   # the same calibration, its messages posted for free
-        m, priced = M.Calibrated({**m.cal, "msg": [0.0, 0.0]}, m.struct), f"{priced}; messages posted free"
+    m, priced = pricing.as_keys_price(M.Calibrated.load(folder), args, args.aggregators)
     cluster = cluster_of(args)
     check_world(m, args.world_size, cluster)
     rows = model_rows(m, args.aggregators, args.methods, args.world_size, args.utilization, args.compute_scale,

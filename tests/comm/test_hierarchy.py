@@ -177,3 +177,21 @@ def test_a_view_among_the_same_ranks_is_made_once_and_buffers_of_two_layouts_are
     first = _scratch(flat, node)
     _scratch(flat, across)
     assert _scratch(flat, node) is first
+
+
+def test_a_codec_cutting_everywhere_is_given_as_its_length_and_its_shards_are_cut_alike():
+    """fp16 (the base codec's cuts: every offset) reaches the two-level rings as its length, so no call scans
+    a list of N + 1 offsets; a list of cuts finds a shard's by bisection, the same segments a scan finds."""
+    from gvq.comm.hierarchy import compact_cuts, node_shards, shard_segments
+    from gvq.compressors._segments import balanced_segments
+    from gvq.predict.structure import build_on_one_rank
+    assert compact_cuts(list(range(11))) == 10 and compact_cuts([0, 4, 10]) == [0, 4, 10]
+    for option, cut in (("fp16", int), ("qsgd", list)):
+        agg, numel = build_on_one_rank(f"{option}:topology=hierarchical", "cnn", 10)
+        (ring,) = agg.rings(agg.everything, 4)
+        assert ring.kind == "hierarchical" and isinstance(ring.segs, cut)
+        assert ring.segs == numel if cut is int else ring.segs[-1] == numel
+    cuts = sorted({0, 1000, *range(7, 1000, 13), *range(400, 460)})
+    for shard in node_shards(cuts, 4):
+        scanned = balanced_segments([c for c in cuts if shard.start <= c <= shard.stop], 3)
+        assert shard_segments(cuts, shard, 3) == scanned

@@ -30,6 +30,20 @@ def test_project_writes_heatmap_and_csv(calibrated, tmp_path):
     assert len(cross) == 3 * len(project.SCALES) and "rar_bandwidth_bound_to_bps" in cross
 
 
+def test_posting_false_projects_every_cell_with_messages_posted_free(calibrated, tmp_path):
+    """``project posting=false`` (a NIC or NCCL posts the messages): each cell is the model's with the
+    calibration's message cost zero, as ``utilization posting=false`` prices it; rar at N = 8 and 10 Gbit/s is
+    message-bound here, so it is faster than with this host's posting."""
+    cli.main(["project", f"models=[{calibrated.name}]", "--calibration", str(calibrated.parent),
+              "max_world_size=8", "posting=false", "--out", str(tmp_path)])
+    m = M.Calibrated.load(calibrated)
+    free = M.Calibrated({**m.cal, "msg": [0.0, 0.0]}, m.struct)
+    df = pd.read_csv(tmp_path / "projection.csv").set_index(["aggregator", "N", "link_bps", "compute_scale"])
+    got = df.loc[("rar", 8, 1e10, 1.0), "iter_s"]
+    assert got == pytest.approx(M.iteration(free, "rar", 8, 1e10)["iter_s"], rel=1e-9)
+    assert got < M.iteration(m, "rar", 8, 1e10)["iter_s"]
+
+
 def test_project_takes_the_folder_calibrate_wrote_as_its_calibration(calibrated, tmp_path, capsys):
     """``calibrate --out DIR`` then ``project models=[cnn] --calibration DIR``: DIR is the calibration (it
     was read as DIR/cnn, with advice to calibrate into DIR/cnn); a folder of calibrations (DIR/<model>, the
