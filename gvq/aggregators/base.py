@@ -63,6 +63,10 @@ class RunContext:
     #: position in it and its size (``method.workers=node``: the nodes' ring at one local index); None: the
     #: default group, every rank
     group: object | None = None
+    #: false: the codecs' compression-error column is not measured (NaN; its whole-vector round trip skipped):
+    #: ``gvq.bench aggregate`` times aggregation alone, and in virtual time on a shared host the round trip's
+    #: spread across ranks (each timed with co-runners) is waited out inside the ring after it
+    compression_error: bool = True
 
 
 def refuse_optimizer_momentum(option: str, cfg: dict) -> None:

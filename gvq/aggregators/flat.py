@@ -155,13 +155,11 @@ class FlatAggregator(Aggregator):
         its exact mean added to the iteration's (:meth:`add_error`).  Returns the measurements."""
         raw = self.raw_copy(flat)
         bucket = self.bucket_of(flat, params, iteration)
-        with clock.phase("measure"):        # timed alone (gvq/comm/clock.py): the ring never waits out its spread
-            extra = self.measure(bucket)
+        extra = self.measure(bucket)
         t0 = clock.now()
         extra.update(self.average(bucket) or {})
         extra["aggregate_s"] = clock.now() - t0
-        with clock.phase("measure"):
-            extra.update(self.measure_after(bucket))
+        extra.update(self.measure_after(bucket))
         self.add_error(flat, raw)
         if bucket.params != self.everything:
             for k, whole in self.per_parameter().items():

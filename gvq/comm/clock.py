@@ -17,8 +17,7 @@ Time a rank spends blocked in a real wait is never counted, and nothing sleeps, 
 simulate 16 ranks on a 10 Gbit/s network.
 
 ``exclusive`` (``net.exclusive``, on by default): a timed phase (compute, codec, and the ring engine's
-own CPU, phase ``ring`` at scale 1, and an aggregator's measurements around its ring, phase ``measure`` at
-scale 1) runs only while its rank holds this host's clock lock (one per
+own CPU, phase ``ring`` at scale 1) runs only while its rank holds this host's clock lock (one per
 user, shared by every gvq run), so no two timed phases ever run at once, as SimGrid's SMPI runs one
 rank at a time.  Without it, ranks' phases that run at once on shared cores slow each other
 (shared caches and memory, time slicing): the host's contention leaks into virtual time, and more
@@ -67,10 +66,7 @@ class RankClock:
             if not v > 0:
                 raise ValueError(f"{key}={v!r}: must be > 0")
         self.mode = mode
-        # measure: an aggregator's measurements beside its ring (the compression error: a whole-vector round trip),
-        # timed alone at scale 1 as the cost model prices them: ranks timed with co-runners on shared cores
-        # would finish them at different virtual times, and the ring after them would wait out the spread
-        self.scales = {"compute": float(compute_scale), "codec": float(codec_scale), "ring": 1.0, "measure": 1.0}
+        self.scales = {"compute": float(compute_scale), "codec": float(codec_scale), "ring": 1.0}
         self._t = 0.0                           # virtual seconds banked so far
         # per thread, the CPU reading the bank is up to date with (two hooks' threads may read one lane: each
         # counts its own CPU since its own last reading, never one thread's clock minus another's)

@@ -165,6 +165,32 @@ def test_without_error_feedback_the_option_keeps_no_memory_and_sends_the_raw_gra
         agg.close()
 
 
+def test_the_compression_error_is_measured_unless_the_context_turns_it_off():
+    """``RunContext(compression_error=False)`` (``gvq.bench aggregate``: aggregation alone): the column NaN and
+    one whole-vector compress fewer (the measurement's round trip), the ring's own calls untouched."""
+    import math
+
+    from gvq.hooks.config import build_aggregator
+    got = {}
+    for measured in (True, False):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+        agg = build_aggregator("qsgd")
+        agg.setup(params, RunContext(0, 1, compression_error=measured))
+        calls, codec = [], agg.codec_for(agg.everything)
+        compress = codec.compress
+        codec.compress = lambda x, seg, compress=compress, calls=calls: calls.append(seg) or compress(x, seg)
+        try:
+            for p, g in zip(params, _params(0, 0)):
+                p.grad.copy_(g)
+            stats = agg.aggregate(0)
+            assert math.isnan(stats["compression_error"]) != measured
+            got[measured] = len(calls)
+            assert all(torch.isfinite(p.grad).all() for p in params)
+        finally:
+            agg.close()
+    assert got[True] == got[False] + 1 and got[False] >= 1
+
+
 def test_error_feedback_knobs_are_refused_without_error_feedback():
     from gvq.hooks.config import build_aggregator
     from gvq.schema.errors import ConfigError
