@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gvq.predict.cost_model import PredictError
-from gvq.predict.curves import linear
+from gvq.predict.curves import cpu_seconds, linear
 from gvq.predict.messages import message_cost
 from gvq.predict.structure import (
     AGGREGATORS,
@@ -31,12 +31,6 @@ from gvq.predict.structure import (
 VEC_SIZES = (4096, 65536, 470000)
 
 
-def _cpu_seconds(fn) -> float:
-    t0 = time.thread_time()
-    fn()
-    return time.thread_time() - t0
-
-
 def vector_ops(reps: int = 20) -> dict:
     """The uncompressed ring's ``flat[inc] += buf``, the final ``div_`` and the runner's non-finite check
     of the gradient (one sum: :func:`gvq.run.guards.nonfinite`'s fast path): [fixed, per value] each."""
@@ -44,9 +38,9 @@ def vector_ops(reps: int = 20) -> dict:
     for n in VEC_SIZES:
         a, b = torch.randn(n), torch.randn(n)
         for _ in range(reps):
-            add.append((n, _cpu_seconds(lambda: a.__iadd__(b))))
-            div.append((n, _cpu_seconds(lambda: a.div_(4))))
-            finite.append((n, _cpu_seconds(lambda: math.isfinite(float(a.sum())))))
+            add.append((n, cpu_seconds(lambda: a.__iadd__(b))))
+            div.append((n, cpu_seconds(lambda: a.div_(4))))
+            finite.append((n, cpu_seconds(lambda: math.isfinite(float(a.sum())))))
     return {"add": linear(add), "div": linear(div), "finite": linear(finite)}
 
 
@@ -69,7 +63,7 @@ def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS, 
         loss.backward()
         opt.step()
     step()
-    return sorted(_cpu_seconds(step) for _ in range(reps))
+    return sorted(cpu_seconds(step) for _ in range(reps))
 
 
 CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (sizes in between interpolate)
@@ -192,7 +186,7 @@ def measure_cost(agg, numel: int, reps: int = 5) -> float:
         agg.measure(bucket)
         agg.measure_after(bucket)
     run()
-    return statistics.median(_cpu_seconds(run) for _ in range(reps))
+    return statistics.median(cpu_seconds(run) for _ in range(reps))
 
 
 def calibrate(model: str, batch: int, num_classes: int, out: Path, cold: bool = True,

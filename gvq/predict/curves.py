@@ -2,7 +2,16 @@
 cost the model replays takes (a codec call, an add, a posted message)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
+
+
+def cpu_seconds(fn) -> float:
+    """CPU seconds of this thread running ``fn()`` once (what the virtual clock counts)."""
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
 
 
 def linear(points: list[tuple[float, float]]) -> list[float]:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from gvq.predict.curves import linear
+from gvq.predict.curves import cpu_seconds, linear
 
 MSG_SEGMENTS = (32, 65536)               # ring segments of 128 B and 256 KB
 
@@ -99,9 +97,4 @@ def _plain_ring(numel: int, world: int, per: int):
 def _add_seconds(values: int, reps: int) -> float:
     """Median CPU seconds of one ring step's add of ``values`` received values."""
     part, buf = torch.zeros(values), torch.zeros(values)
-    samples = []
-    for _ in range(reps):
-        t0 = time.thread_time()
-        part += buf
-        samples.append(time.thread_time() - t0)
-    return float(np.median(samples))
+    return statistics.median(cpu_seconds(lambda: part.__iadd__(buf)) for _ in range(reps))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gvq.comm.links import whole_nodes
 from gvq.run.checkpoint import complete_sets
 from gvq.schema.config import KNOBS, TOP_LEVEL_KEYS
 from gvq.schema.errors import ConfigError
@@ -61,7 +62,6 @@ def validate(cfg) -> None:
 def _check_nodes(cfg) -> None:
     """A two-level net: whole nodes, and every link modelled where the clock computes time."""
     net, per = cfg.net, cfg.net.ranks_per_node
-    from gvq.comm.links import whole_nodes      # on use: composing a config imports no torch
     try:
         whole_nodes(cfg.world_size, per)
     except ValueError as e:
