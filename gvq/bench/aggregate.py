@@ -152,7 +152,7 @@ def aggregation_args(cfg, paths) -> SimpleNamespace:
         raise ConfigError("grid.settings: at least one; grid.world_sizes and reps >= 1")
     if any(b is not None and b <= 0 for b in args.bandwidth):
         raise ConfigError("grid.links_bps: each > 0")
-    check_net(args.net, args.bandwidth, ("bandwidth_bps",))
+    check_net(args.net, args.bandwidth, args.world_size)
     if args.rank is not None and (len(args.world_size) != 1 or len(args.bandwidth) != 1 or not args.init):
         raise ConfigError("rank: needs one of grid.world_sizes, at most one of grid.links_bps, and init")
     args.latency = args.net["latency_s"]

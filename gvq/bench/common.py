@@ -144,15 +144,18 @@ def net_defaults() -> dict:
             for v in [getattr(NetSchema(), f.name)]}
 
 
-def check_net(net: dict, links, own=("bandwidth_bps",)) -> None:
+def check_net(net: dict, links, worlds=(), own=("bandwidth_bps",)) -> None:
     """A benchmark's composed ``net`` node: the keys in ``own`` left at their defaults (the benchmark sets
-    them: its links are ``grid.links_bps``), then the run's clock rules (:func:`gvq.run.validate.check_clock`)
+    them: its links are ``grid.links_bps``), its nodes whole at every size of ``worlds``
+    (:func:`gvq.run.validate.check_nodes`), then the run's clock rules (:func:`gvq.run.validate.check_clock`)
     with ``links`` as the link model; :class:`ConfigError`, one line naming the key, where not."""
-    from gvq.run.validate import NET_KEYS, check_clock
+    from gvq.run.validate import NET_KEYS, check_clock, check_nodes
     default = net_defaults()
     changed = [k for k in own if net[k] != default[k]]
     if changed:
         raise ConfigError(f"net.{changed[0]}: this benchmark sets it (its links: grid.links_bps)")
+    for world in worlds:
+        check_nodes(net, world)
     check_clock(net["clock"], net["compute_scale"], net["codec_scale"], all(b is not None for b in links),
                 {**NET_KEYS, "link": "grid.links_bps=[1e9]"})
 

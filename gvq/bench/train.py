@@ -25,6 +25,7 @@ from gvq.bench.common import (build_model, check_net, clock_label, collections_u
 from gvq.bench.keys import TrainKeys
 from gvq.report.intervals import CONFIDENCE, Interval, median_interval
 from gvq.comm import clock
+from gvq.comm.links import Cluster
 from gvq.comm.group import process_group
 from gvq.methods.every_step import EveryStep
 from gvq.run import train
@@ -76,7 +77,8 @@ class _Mode:
             # as the runner builds it: aggregator.overlap=true runs the ring inside backward, via DDP
             self.agg = make_aggregator(spec.option, list(spec.overrides))
             # the link applies to gvq's aggregators only: torch DDP's collectives are not shaped
-            ctx = RunContext(rank, world, 0, args.timeout, spec.bandwidth)
+            # net.ranks_per_node: nodes of the net (topology=hierarchical's rings), as a run's ranks sit
+            ctx = RunContext(rank, world, 0, args.timeout, spec.bandwidth, cluster=Cluster.of_net(args.net))
             self.agg.setup(list(net.parameters()), ctx)
             if args.compressed_only:
                 # pin the compressed phase (GradiVeQ: a fitted basis, no sampling; PowerSGD: no warm-up)
@@ -231,7 +233,7 @@ def iteration_args(cfg, paths) -> SimpleNamespace:
     if any(b is not None and b <= 0 for b in args.links):
         raise ConfigError("grid.links_bps: each > 0")
     choose("device", args.device, ("cpu", "cuda"))
-    check_net(args.net, args.links, ("bandwidth_bps", "latency_s"))
+    check_net(args.net, args.links, args.world_size, ("bandwidth_bps", "latency_s"))
     if args.rank is not None and (len(args.world_size) != 1 or len(args.links) != 1 or not args.init):
         raise ConfigError("rank: needs one of grid.world_sizes, at most one of grid.links_bps, and init")
     unseen = [m for m in args.aggregators if m.startswith(("ddp", "torch_ddp"))]

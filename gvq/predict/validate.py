@@ -12,8 +12,8 @@ With ``ranks_per_node`` R > 1 (:class:`gvq.predict.keys.NodeKeys`) every cell is
 of R: ``bench aggregate`` runs every aggregator as ``aggregator.topology=hierarchical`` on the same
 ``net.ranks_per_node`` and intra links, ``link_bps`` the links between nodes, and the model prices it as
 two levels (:func:`gvq.predict.cost_model.replay_two_level`); qgZ (``aggregator=qgz``) runs as it is, its
-all-to-alls inside, then across nodes (:mod:`gvq.predict.qgz`); aggregation only (``bench train``'s ranks sit
-on a flat net).
+all-to-alls inside, then across nodes (:mod:`gvq.predict.qgz`); ``bench train``'s whole iterations run on the
+same nodes and rings.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
             iters: int, cluster: Cluster = M.FLAT) -> list[dict]:
     """One record per (N, B, aggregator): measured aggregate_s (bench aggregate) and iter_s (bench train),
     each under its calibrated name (the benches time options with the calibration's ``set``: ``powersgd``
-    there is the calibrated ``powersgd rank=6``); on nodes of several ranks (``cluster``) aggregate_s of
-    the hierarchical rings only."""
+    there is the calibrated ``powersgd rank=6``); on nodes of several ranks (``cluster``) both benches run
+    the hierarchical rings."""
     from gvq.predict.structure import calibrated_entries
     cal, cells = m.cal, {}
     name_of = {e: n for n, e in calibrated_entries(cal, m.struct).items() if n in names}
@@ -49,8 +49,7 @@ def measure(m: M.Calibrated, names: list[str], worlds: list[int], links: list[fl
         for r in _virtual_bench("aggregate", [f"grid.world_sizes=[{n}]", f"grid.links_bps={json.dumps(links)}",
                                               f"reps={reps}", *common, *node_keys(cluster)]):
             cells[(n, float(r["bandwidth_bps"]), name_of[r["aggregator"]])] = {"aggregate_s": r["median_s"]}
-    if cluster.flat:
-        _measure_iterations(cal, cells, name_of, worlds, links, iters, common)
+    _measure_iterations(cal, cells, name_of, worlds, links, iters, [*common, *node_keys(cluster)])
     return [{"N": n, "link_bps": b, "aggregator": a, **v} for (n, b, a), v in sorted(cells.items())]
 
 
@@ -156,7 +155,7 @@ def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]
     host = {} if cluster.flat else {n: c for n, c in (host or {}).items() if n in args.world_size}
     df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster, host)
     nodes = "" if cluster.flat else (f"; nodes of {cluster.ranks_per_node} ranks at {cluster.intra_bandwidth_bps:g} "
-                                     "bit/s inside, hierarchical rings, link_bps between nodes, aggregation only; "
+                                     "bit/s inside, hierarchical rings, link_bps between nodes; "
                                      f"messages as N ranks on this host pay them at N={sorted(host) or 'none'}")
     print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}{nodes}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))

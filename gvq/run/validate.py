@@ -53,23 +53,24 @@ def validate(cfg) -> None:
     _require(net.bandwidth_bps is None or net.bandwidth_bps > 0,
              f"net.bandwidth_bps={net.bandwidth_bps}: must be > 0 (or null for no emulation)")
     _require(net.latency_s >= 0, f"net.latency_s={net.latency_s}: must be >= 0")
-    _check_nodes(cfg)
+    check_nodes(net, cfg.world_size)
     check_clock(net.clock, net.compute_scale, net.codec_scale, net.bandwidth_bps is not None)
     _require(net.clock != "virtual" or cfg.device == "cpu", "net.clock=virtual: CPU time does not measure GPU "
              "kernels; use device=cpu (and net.compute_scale for a faster machine)")
 
 
-def _check_nodes(cfg) -> None:
-    """A two-level net: whole nodes, and every link modelled where the clock computes time."""
-    net, per = cfg.net, cfg.net.ranks_per_node
+def check_nodes(net, world_size: int) -> None:
+    """A two-level net (a run's ``net`` node, or a benchmark's, at each of its world sizes): whole nodes, and
+    every link modelled where the clock computes time."""
+    per = net["ranks_per_node"]
     try:
-        whole_nodes(cfg.world_size, per)
+        whole_nodes(world_size, per)
     except ValueError as e:
         raise ConfigError(f"net.{e}") from None
-    _require(net.intra_bandwidth_bps is None or net.intra_bandwidth_bps > 0,
-             f"net.intra_bandwidth_bps={net.intra_bandwidth_bps}: must be > 0 (or null: unshaped)")
-    _require(net.intra_latency_s >= 0, f"net.intra_latency_s={net.intra_latency_s}: must be >= 0")
-    _require(per == 1 or net.clock != "virtual" or net.intra_bandwidth_bps is not None,
+    intra = net["intra_bandwidth_bps"]
+    _require(intra is None or intra > 0, f"net.intra_bandwidth_bps={intra}: must be > 0 (or null: unshaped)")
+    _require(net["intra_latency_s"] >= 0, f"net.intra_latency_s={net['intra_latency_s']}: must be >= 0")
+    _require(per == 1 or net["clock"] != "virtual" or intra is not None,
              "net.clock=virtual with net.ranks_per_node > 1 needs net.intra_bandwidth_bps (the links inside a node)")
 
 

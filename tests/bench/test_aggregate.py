@@ -32,6 +32,8 @@ def test_aggregate_bench_writes_records_with_bounds(tmp_path, capsys):
 @pytest.mark.parametrize("keys, says", [
     (["grid.links_bps=[0]"], "grid.links_bps: each > 0"),
     (["net.bandwidth_bps=1e9"], "net.bandwidth_bps: this benchmark sets it"),
+    (["grid.world_sizes=[3]", "net.ranks_per_node=2", "net.intra_bandwidth_bps=1e12"],
+     "net.ranks_per_node=2: must divide world_size=3"),
     (["net.clock=virtual", "grid.links_bps=[]"], "net.clock=virtual: there is no link model"),
     (["net.compute_scale=0.5"], "net.compute_scale=0.5: scales apply to the virtual clock only"),
     (["rank=0"], "rank: needs one of grid.world_sizes"),

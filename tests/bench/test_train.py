@@ -47,9 +47,38 @@ def test_train_bench_interleaves_runner_and_ddp_modes_on_loopback(capsys):
     (["net.clock=virtual", "grid.links_bps=[1e9]"], "net.clock=virtual: ddp, torch_ddp communicate outside"),
     (["net.latency_s=0.01"], "net.latency_s: this benchmark sets it"),
     (["iters=0"], "iters >= 1"),
+    (["grid.world_sizes=[4,3]", "net.ranks_per_node=2", "net.intra_bandwidth_bps=1e12"],
+     "net.ranks_per_node=2: must divide world_size=3"),
 ])
 def test_a_bad_train_key_is_one_line_before_any_rank_starts(keys, says, capsys):
     assert says in refusal(bench_main, ["train", *keys], capsys)
+
+
+def test_train_bench_ranks_sit_on_the_nets_nodes(monkeypatch):
+    """``net.ranks_per_node=2``: each mode's aggregator is set up on the net's nodes (its intra links), as a
+    run's is, so ``aggregator.topology=hierarchical`` times two-level rings, not a flat one."""
+    from gvq.bench import train as bench_train
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.comm.links import Cluster
+    from gvq.schema.tool import parse_command
+    seen = []
+
+    class Recording:
+        def setup(self, params, ctx):
+            seen.append(ctx)
+
+        def wrap(self, net):
+            return net
+
+    monkeypatch.setattr(bench_train, "make_aggregator", lambda option, overrides: Recording())
+    monkeypatch.setattr(bench_train.EveryStep, "setup", lambda self, params, agg: None)
+    argv = ["grid.world_sizes=[4]", "grid.settings=[rar]", "net.ranks_per_node=2", "net.intra_bandwidth_bps=1e12",
+            "net.intra_latency_s=1e-6", "model=cnn"]
+    args = bench_train.iteration_args(*reversed(parse_command("python -m gvq.bench train", COMMANDS["train"], argv)))
+    bench_train._Mode(bench_train.mode_specs(args)[0], 3, 4, bench_train.with_run_defaults(args),
+                      bench_train.workload(args), torch.device("cpu"))
+    (ctx,) = seen
+    assert (ctx.rank, ctx.world_size, ctx.cluster) == (3, 4, Cluster(2, 1e12, 1e-6))
 
 
 def test_netns_train_ranks_run_the_train_bench_with_the_workload_and_no_emulated_link():

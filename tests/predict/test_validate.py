@@ -200,9 +200,10 @@ def test_the_benchmarks_validation_runs_are_given_the_calibrations_workload_as_k
 
 
 def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_them_so(monkeypatch):
-    """``ranks_per_node=2``: ``bench aggregate`` composes with its ranks on nodes of 2 (the intra links
-    given) and every ring ``topology=hierarchical``; ``bench train`` (a flat net) is not run; the model's
-    figure is the two-level one; a world the nodes do not fill is refused before any benchmark runs."""
+    """``ranks_per_node=2``: ``bench aggregate`` and ``bench train`` compose with their ranks on nodes of 2
+    (the intra links given) and every ring ``topology=hierarchical``; the model's figures, aggregation and
+    whole iterations, are the two-level ones; a world the nodes do not fill is refused before any
+    benchmark runs."""
     from pathlib import Path
 
     from gvq.bench.__main__ import COMMANDS
@@ -213,24 +214,25 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
     def bench(sub, keys, pin=False):
         cfg = compose_command(COMMANDS[sub], keys)
         seen.append((sub, cfg))
-        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01}
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
                 for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
     monkeypatch.setattr(validate, "run_bench", bench)
+    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
     m = M.Calibrated.load(Path("tests/records/predict/cnn"))
     args = argparse.Namespace(aggregators=["rar", "qsgd"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
                               ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=1e-6, out=None)
-    df = validate.report_validation(m, args)
-    assert [sub for sub, _ in seen] == ["aggregate"]
-    cfg = seen[0][1]
-    assert (cfg.net.ranks_per_node, cfg.net.intra_bandwidth_bps, cfg.net.intra_latency_s) == (2, 2.4e12, 1e-6)
-    assert list(cfg.grid.set)[-2:] == [f"{a}:aggregator.topology=hierarchical" for a in ("rar", "qsgd")]
-    assert cfg.net.clock.name == "virtual"
+    df = validate.report_validation(m, args).set_index("aggregator")
+    assert [sub for sub, _ in seen] == ["aggregate", "train"]
+    for _, cfg in seen:
+        assert (cfg.net.ranks_per_node, cfg.net.intra_bandwidth_bps, cfg.net.intra_latency_s) == (2, 2.4e12, 1e-6)
+        assert list(cfg.grid.set)[-2:] == [f"{a}:aggregator.topology=hierarchical" for a in ("rar", "qsgd")]
+        assert cfg.net.clock.name == "virtual"
     cluster = Cluster(2, 2.4e12, 1e-6)
-    two = {a: M.iteration(m, a, 4, 1e9, cluster=cluster)["aggregate_s"] for a in ("rar", "qsgd")}
-    assert df.set_index("aggregator")["model_aggregate_s"].to_dict() == pytest.approx(two)
-    assert two["rar"] != pytest.approx(M.iteration(m, "rar", 4, 1e9)["aggregate_s"])   # not the flat ring's
-    assert df.set_index("aggregator")["agg_ratio"].to_dict() == pytest.approx({a: t / 0.01 for a, t in two.items()})
-    assert df["iter_ratio"].isna().all()
+    two = {a: M.iteration(m, a, 4, 1e9, compute_s=[0.1], cluster=cluster) for a in ("rar", "qsgd")}
+    assert df["model_aggregate_s"].to_dict() == pytest.approx({a: t["aggregate_s"] for a, t in two.items()})
+    assert two["rar"]["aggregate_s"] != pytest.approx(M.iteration(m, "rar", 4, 1e9)["aggregate_s"])   # not flat
+    assert df["agg_ratio"].to_dict() == pytest.approx({a: t["aggregate_s"] / 0.01 for a, t in two.items()})
+    assert df["iter_ratio"].to_dict() == pytest.approx({a: t["iter_s"] / 0.2 for a, t in two.items()})
     seen.clear()
     with pytest.raises(M.PredictError, match="gvq.predict: ranks_per_node=2: must divide world_size=3"):
         validate.report_validation(m, argparse.Namespace(**{**vars(args), "world_size": [4, 3]}))
@@ -248,16 +250,17 @@ def test_a_two_level_validation_runs_qgz_as_it_is_beside_hierarchical_rings(monk
     def bench(sub, keys, pin=False):
         cfg = compose_command(COMMANDS[sub], keys)
         seen.append(cfg)
-        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01}
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
                 for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
     monkeypatch.setattr(validate, "run_bench", bench)
+    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
     m = records_with_qgz
     args = argparse.Namespace(aggregators=["qsgd", "qgz"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
                               ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=0.0, out=None)
     df = validate.report_validation(m, args)
-    (cfg,) = seen
-    assert list(cfg.grid.set)[-1] == "qsgd:aggregator.topology=hierarchical"
-    assert list(cfg.grid.settings) == ["qsgd", "qgz"]
+    for cfg in seen:                                   # bench aggregate, then bench train
+        assert list(cfg.grid.set)[-1] == "qsgd:aggregator.topology=hierarchical"
+        assert list(cfg.grid.settings) == ["qsgd", "qgz"]
     want = M.iteration(m, "qgz", 4, 1e9, cluster=Cluster(2, 2.4e12))["aggregate_s"]
     assert df.set_index("aggregator").loc["qgz", "model_aggregate_s"] == pytest.approx(want)
 
@@ -270,7 +273,9 @@ def test_a_two_level_validation_prices_messages_as_n_ranks_on_this_host_pay_them
 
     from gvq.comm.links import Cluster
     monkeypatch.setattr(validate, "run_bench", lambda sub, keys, pin=False: [
-        {"aggregator": "rar", "N": n, "bandwidth_bps": 1e9, "median_s": 0.01} for n in (4, 8)])
+        {"aggregator": "rar", "N": n, "bandwidth_bps": 1e9, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
+        for n in (4, 8)])
+    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
     (tmp_path / "overlap.json").write_text(json.dumps({"host_msg": {"4": [9e-4, 0.0]},
                                                        "host_msg_nodes": {"2": {"4": [5e-4, 0.0]}}}))
     host = validate.host_msg(tmp_path, 2)
