@@ -162,25 +162,30 @@ def test_validation_by_the_post_backward_benchmarks_refuses_a_setting_in_one_lin
         validate.report_validation(m, args)
 
 
+def _scripted_benches(monkeypatch, seen: list, **row):
+    """``run_bench`` replaced: each command's keys composed against its schema (kept in ``seen`` as
+    (command, config)), and one row per (N, link, setting) it was asked for, with ``row``'s figures."""
+    from gvq.bench.__main__ import COMMANDS
+    from gvq.schema.tool import compose_command
+
+    def bench(sub, keys, pin=False):
+        cfg = compose_command(COMMANDS[sub], keys)
+        seen.append((sub, cfg))
+        return [{"aggregator": a, "N": n, "bandwidth_bps": b, **row}
+                for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
+    monkeypatch.setattr(validate, "run_bench", bench)
+    monkeypatch.setattr(validate, "_compute_now", lambda cal: [row["compute_s"]])
+
+
 def test_the_benchmarks_validation_runs_are_given_the_calibrations_workload_as_keys(monkeypatch):
     """``measure`` runs ``gvq.bench aggregate`` and ``train`` as subprocesses: the keys it passes compose
     against each command's schema (so a renamed key fails here, not hours into a validation) and carry the
     calibration's model, batch, input, settings, world sizes and links, on the virtual clock."""
     from types import SimpleNamespace
 
-    from gvq.bench.__main__ import COMMANDS
-    from gvq.schema.tool import compose_command
     from gvq.predict.structure import SETTINGS
     seen = []
-
-    def bench(sub, keys, pin=False):
-        cfg = compose_command(COMMANDS[sub], keys)
-        seen.append((sub, cfg))
-        worlds, links = cfg.grid.world_sizes, cfg.grid.links_bps
-        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 1.0, "iter_s": 2.0, "compute_s": 0.5}
-                for n in worlds for b in links for a in cfg.grid.settings]
-    monkeypatch.setattr(validate, "run_bench", bench)
-    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.5])
+    _scripted_benches(monkeypatch, seen, median_s=1.0, iter_s=2.0, compute_s=0.5)
     cal = {"model": "cnn", "num_classes": 10, "batch_size": 16, "input_shape": [1, 28, 28],
            "entries": {"rar": "rar", "qsgd": "qsgd", "powersgd rank=6": "powersgd"}}
     rows = validate.measure(SimpleNamespace(cal=cal, struct={}), ["rar", "powersgd rank=6"], [2, 4], [5e7, 1e9],
@@ -206,18 +211,9 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
     benchmark runs."""
     from pathlib import Path
 
-    from gvq.bench.__main__ import COMMANDS
     from gvq.comm.links import Cluster
-    from gvq.schema.tool import compose_command
     seen = []
-
-    def bench(sub, keys, pin=False):
-        cfg = compose_command(COMMANDS[sub], keys)
-        seen.append((sub, cfg))
-        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
-                for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
-    monkeypatch.setattr(validate, "run_bench", bench)
-    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
+    _scripted_benches(monkeypatch, seen, median_s=0.01, iter_s=0.2, compute_s=0.1)
     m = M.Calibrated.load(Path("tests/records/predict/cnn"))
     args = argparse.Namespace(aggregators=["rar", "qsgd"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
                               ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=1e-6, out=None)
@@ -242,23 +238,14 @@ def test_a_two_level_validation_runs_hierarchical_rings_on_the_nodes_and_prices_
 def test_a_two_level_validation_runs_qgz_as_it_is_beside_hierarchical_rings(monkeypatch, records_with_qgz):
     """qgZ has no topology: ``bench aggregate`` runs it as its option file says (its all-to-alls on the same
     nodes), the rings beside it hierarchical; the model's figure is its two-level price."""
-    from gvq.bench.__main__ import COMMANDS
     from gvq.comm.links import Cluster
-    from gvq.schema.tool import compose_command
     seen = []
-
-    def bench(sub, keys, pin=False):
-        cfg = compose_command(COMMANDS[sub], keys)
-        seen.append(cfg)
-        return [{"aggregator": a, "N": n, "bandwidth_bps": b, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
-                for n in cfg.grid.world_sizes for b in cfg.grid.links_bps for a in cfg.grid.settings]
-    monkeypatch.setattr(validate, "run_bench", bench)
-    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
+    _scripted_benches(monkeypatch, seen, median_s=0.01, iter_s=0.2, compute_s=0.1)
     m = records_with_qgz
     args = argparse.Namespace(aggregators=["qsgd", "qgz"], world_size=[4], bandwidth=[1e9], reps=2, iters=3,
                               ranks_per_node=2, intra_bandwidth=2.4e12, intra_latency=0.0, out=None)
     df = validate.report_validation(m, args)
-    for cfg in seen:                                   # bench aggregate, then bench train
+    for _, cfg in seen:                                # bench aggregate, then bench train
         assert list(cfg.grid.set)[-1] == "qsgd:aggregator.topology=hierarchical"
         assert list(cfg.grid.settings) == ["qsgd", "qgz"]
     want = M.iteration(m, "qgz", 4, 1e9, cluster=Cluster(2, 2.4e12))["aggregate_s"]
