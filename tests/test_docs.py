@@ -194,7 +194,7 @@ def test_the_readme_hook_snippet_calls_what_the_state_offers_and_names_declared_
     assert promised and promised <= set(BY_NAME), promised - set(BY_NAME)
 
 
-# what the README's "Not covered yet" names, and the config file that would exist once it is built
+# what the README's "Status" paragraph says is not built yet, and the config file that would exist once it is
 NOT_COVERED: dict[str, str] = {}
 #: what the same paragraph says is built, and its option
 BUILT = {"local SGD": "method/local_sgd.yaml", "DiLoCo": "method/diloco.yaml",
@@ -212,7 +212,7 @@ def test_the_readme_says_what_is_not_built_yet_and_stops_once_it_is():
     """Each method the README lists as not covered has no option in conf/ yet; the day one lands, this fails
     until the README's list says so."""
     text = README.read_text()
-    section = text.split("**Not covered yet.**", 1)[1].split("\n\n", 1)[0]
+    section = text.split("**Status.**", 1)[1].split("\n\n", 1)[0]
     for method, option in NOT_COVERED.items():
         assert method in section, method
         assert not (ROOT / "conf" / option).exists(), f"{option} exists: take {method} off the README's list"
