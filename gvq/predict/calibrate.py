@@ -51,14 +51,6 @@ def compute(model: str, batch: int, num_classes: int, reps: int = COMPUTE_REPS, 
     """CPU seconds of one forward + backward + SGD step (what the compute phase times) on inputs of
     ``shape`` (default: the model's default data's), ``reps`` samples sorted: their spread on one quiet
     rank is the spread between ranks of one iteration."""
-    step = compute_step(model, batch, num_classes, shape)
-    step()
-    return sorted(cpu_seconds(step) for _ in range(reps))
-
-
-def compute_step(model: str, batch: int, num_classes: int, shape=None):
-    """The compute phase :func:`compute` times, as a function: one forward + backward + SGD step of a
-    fresh model on one synthetic batch (also what ``calibrate-overlap host_ranks`` times on N ranks)."""
     from gvq.bench.common import build_model, model_workload
     work = model_workload(model, num_classes, shape)
     net = build_model(model, work.num_classes, work.in_channels)
@@ -70,7 +62,8 @@ def compute_step(model: str, batch: int, num_classes: int, shape=None):
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
-    return step
+    step()
+    return sorted(cpu_seconds(step) for _ in range(reps))
 
 
 CAL_NS = (2, 4, 8, 16, 32, 128, 1024)   # world sizes whose pieces are timed (sizes in between interpolate)

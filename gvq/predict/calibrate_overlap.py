@@ -132,9 +132,7 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
     """Profile backward and cut DDP's buckets for the model ``folder/calibration.json`` was made on,
     with its aggregators and settings; time messages with each of ``host_ranks`` ranks on this host, on
     flat rings and on the hierarchical rings of nodes of each ``host_ranks_per_node`` that divides it
-    (:func:`host_messages`), and the compute with each of them (:mod:`gvq.predict.host_compute`); write
-    ``folder/overlap.json``."""
-    from gvq.predict.host_compute import host_compute
+    (:func:`host_messages`); write ``folder/overlap.json``."""
     from gvq.predict.structure import build_on_one_rank, calibrated_entries, calibrated_workload
     cal = json.loads((folder / "calibration.json").read_text())
     named = calibrated_entries(cal, json.loads((folder / "structure.json").read_text()))
@@ -144,8 +142,7 @@ def calibrate_overlap(folder: Path, caps: list[float], reps: int = PROFILE_REPS,
     torch.manual_seed(0)
     prof = backward_profile(cal["model"], cal["batch_size"], cal["num_classes"], reps, shape)
     layouts = {cap_key(c): assign_buckets(prof["nbytes"], prof["order"], bucket_limits(c)) for c in [None, *caps]}
-    out = {"model": cal["model"], "profile": prof, "buckets": {}, **host_messages(host_ranks, host_ranks_per_node),
-           **host_compute(cal, host_ranks)}
+    out = {"model": cal["model"], "profile": prof, "buckets": {}, **host_messages(host_ranks, host_ranks_per_node)}
     for name, entry in named.items():
         agg, numel = build_on_one_rank(entry, cal["model"], cal["num_classes"], cal["settings"], work.in_channels)
         out["buckets"][name] = {k: bucket_entries(name, agg, b, numel, cal["codecs"]) for k, b in layouts.items()}

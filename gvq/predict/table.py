@@ -103,11 +103,11 @@ def predict_table(cfg, paths) -> pd.DataFrame:
 
 def predict_validate(cfg, paths) -> pd.DataFrame:
     """``python -m gvq.predict validate``: the model against virtual-time benchmarks, cell by cell."""
-    from gvq.predict import host_compute, validate
+    from gvq.predict import validate
     args = namespace(cfg, paths)
     folder = args.calibration or ROOT_DIR / args.model
     host = validate.host_msg(folder, args.ranks_per_node)
-    return validate.report_validation(M.Calibrated.load(folder), args, host, host_compute.read(folder))
+    return validate.report_validation(M.Calibrated.load(folder), args, host)
 
 
 def predict_validate_overlap(cfg, paths) -> pd.DataFrame:

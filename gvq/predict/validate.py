@@ -5,9 +5,8 @@ median of repetitions) and ``gvq.bench train net.clock=virtual compressed_only=t
 iterations) with the calibration's model, batch and aggregator settings, run as subprocesses; then the
 model's figure for the same cell and the ratio model / measured.  The compute step is re-timed on one
 quiet rank just before and after each ``bench train`` (``compute_now_s``: the calibration's own
-samples, taken again because this host's speed drifts; the model takes the slowest of N from them, or,
-where ``calibrate-overlap host_ranks`` timed N ranks' compute on this host (:mod:`gvq.predict.host_compute`),
-from those rescaled to the fresh samples' speed); nothing is adjusted to the outcome.
+samples, taken again because this host's speed drifts; the model takes the slowest of N from them);
+nothing is adjusted to the outcome.
 
 With ``ranks_per_node`` R > 1 (:class:`gvq.predict.keys.NodeKeys`) every cell is N = M x R ranks on nodes
 of R: ``bench aggregate`` runs every aggregator as ``aggregator.topology=hierarchical`` on the same
@@ -115,18 +114,14 @@ def host_msg(folder, ranks_per_node: int = 1) -> dict[int, tuple[float, float]]:
 
 
 def compare(m: M.Calibrated, measured: list[dict], cluster: Cluster = M.FLAT,
-            msg: dict[int, tuple[float, float]] | None = None, compute: dict[int, dict] | None = None) -> pd.DataFrame:
+            msg: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
     """One row per cell: the measurements, the model's figures (``model_compute_s``: the slowest of N
-    ranks' compute from the freshest samples, or where ``compute`` (:func:`gvq.predict.host_compute.read`)
-    timed N ranks on this host, from theirs at the freshest samples' speed; ``cluster``: on its nodes,
-    messages at ``msg[N]``'s cost where given, else the calibration's) and the ratios model / measured."""
-    from gvq.predict.host_compute import at_speed
+    ranks' compute from the freshest samples; ``cluster``: on its nodes, messages at ``msg[N]``'s cost
+    where given, else the calibration's) and the ratios model / measured."""
     rows = []
     for r in measured:
         r = dict(r)
         samples = r.pop("compute_samples", None)
-        if samples and r["N"] in (compute or {}):
-            samples = at_speed(compute[r["N"]], samples)
         it = M.iteration(m, r["aggregator"], r["N"], r["link_bps"], compute_s=samples or r.get("compute_now_s"),
                          cluster=cluster, msg=(msg or {}).get(r["N"]))
         rows.append({**r, "model_compute_s": it["compute_s"], "model_aggregate_s": it["aggregate_s"],
@@ -143,12 +138,10 @@ def summary(df: pd.DataFrame) -> str:
             f"{int((off > 0.25).sum())} beyond 25%; ratio range {ratios.min():.2f}-{ratios.max():.2f}")
 
 
-def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]] | None = None,
-                      compute: dict[int, dict] | None = None) -> pd.DataFrame:
+def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
     """The table, printed; ``host`` (:func:`host_msg` of the same nodes): on nodes of several ranks, each N's
     messages at what N ranks on this host pay on those hierarchical rings where timed (its benchmarks' ranks
-    share the host's cores), else the calibration's one-rank cost; ``compute``
-    (:func:`gvq.predict.host_compute.read`): each N's compute as N ranks on this host pay it, where timed."""
+    share the host's cores), else the calibration's one-rank cost."""
     from gvq.predict.keys import cluster_of
     from gvq.predict.structure import calibrated_entries
     names = args.aggregators or m.aggregators
@@ -160,14 +153,11 @@ def report_validation(m: M.Calibrated, args, host: dict[int, tuple[float, float]
     for n in args.world_size:       # a shape the model cannot price is refused before any benchmark runs
         M.aggregation(m, names[0], n, args.bandwidth[0], cluster=cluster)
     host = {} if cluster.flat else {n: c for n, c in (host or {}).items() if n in args.world_size}
-    compute = {n: e for n, e in (compute or {}).items() if n in args.world_size}
-    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster, host,
-                 compute)
+    df = compare(m, measure(m, names, args.world_size, args.bandwidth, args.reps, args.iters, cluster), cluster, host)
     nodes = "" if cluster.flat else (f"; nodes of {cluster.ranks_per_node} ranks at {cluster.intra_bandwidth_bps:g} "
                                      "bit/s inside, hierarchical rings, link_bps between nodes; "
                                      f"messages as N ranks on this host pay them at N={sorted(host) or 'none'}")
-    print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}{nodes}; compute as N "
-          f"ranks on this host pay it at N={sorted(compute) or 'none'}; ratio 1 = exact)")
+    print(f"# model / virtual-time benchmark ({m.cal['model']}, batch {m.cal['batch_size']}{nodes}; ratio 1 = exact)")
     print(df.to_markdown(index=False, floatfmt=".4g"))
     print(summary(df))
     if args.out:

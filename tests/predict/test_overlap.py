@@ -68,13 +68,11 @@ def test_the_finite_check_precedes_the_wait_for_the_last_bucket():
 
 def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messages(calibrated, tmp_path):
     """calibrate-overlap on a real calibration: every aggregator's buckets priced from their own rings,
-    at N ranks sharing this host's cores (``host_ranks``, which also times their compute) and at a rank a
-    core; an N not calibrated for the host, and an overlap.json from before buckets kept their rings,
-    refused in one line."""
+    at N ranks sharing this host's cores (``host_ranks``) and at a rank a core; an N not calibrated
+    for the host, and an overlap.json from before buckets kept their rings, refused in one line."""
     import json
     import shutil
 
-    from gvq.predict import host_compute
     from gvq.predict.calibrate_overlap import calibrate_overlap
     from gvq.predict.cost_model import PredictError, op_cost
     from gvq.predict.overlap import Overlap
@@ -82,9 +80,6 @@ def test_a_calibrated_overlap_model_prices_every_aggregator_and_the_hosts_messag
     shutil.copytree(calibrated, own_copy)
     calibrate_overlap(own_copy, [0.01], reps=2, host_ranks=[3])
     ov = Overlap.load(own_copy)
-    timed = host_compute.read(own_copy)[3]              # every rank's every timed step, each a real cost
-    assert len(timed["samples"]) == 3 * host_compute.HOST_ITERS and timed["samples"] == sorted(timed["samples"])
-    assert 0 < timed["samples"][0] < 10 and timed["quiet_s"] > 0
     host, own = ov.msg(3, True), ov.msg(3, False)
     assert min(host) >= 0 and sum(host) > 0 and own == tuple(ov.m.cal["msg"])   # a fit may put all in one term
     for name in ov.m.aggregators:
