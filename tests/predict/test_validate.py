@@ -259,10 +259,7 @@ def test_a_two_level_validation_prices_messages_as_n_ranks_on_this_host_pay_them
     from pathlib import Path
 
     from gvq.comm.links import Cluster
-    monkeypatch.setattr(validate, "run_bench", lambda sub, keys, pin=False: [
-        {"aggregator": "rar", "N": n, "bandwidth_bps": 1e9, "median_s": 0.01, "iter_s": 0.2, "compute_s": 0.1}
-        for n in (4, 8)])
-    monkeypatch.setattr(validate, "_compute_now", lambda cal: [0.1])
+    _scripted_benches(monkeypatch, [], median_s=0.01, iter_s=0.2, compute_s=0.1)
     (tmp_path / "overlap.json").write_text(json.dumps({"host_msg": {"4": [9e-4, 0.0]},
                                                        "host_msg_nodes": {"2": {"4": [5e-4, 0.0]}}}))
     host = validate.host_msg(tmp_path, 2)
